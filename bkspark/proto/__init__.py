@@ -1,0 +1,1 @@
+"""The bookie wire protocol: ``bookie.proto`` and its generated modules (``make proto``)."""

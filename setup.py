@@ -1,0 +1,43 @@
+"""Build bkspark: the Python packages, the bookie storage C extension and the CLI."""
+import glob
+
+from setuptools import Extension, find_packages, setup
+
+native = Extension(
+    "bkspark._native",
+    sources=sorted(glob.glob("bookie_native/*.c")),
+    include_dirs=["bookie_native"],
+    extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+    libraries=["pthread"],
+)
+
+setup(
+    name="bkspark",
+    version="0.1.0",
+    description="A BookKeeper-style replicated log store with a PySpark data source",
+    python_requires=">=3.10",
+    packages=find_packages(include=["bkspark", "bkspark.*", "metadata", "metadata.*"]),
+    py_modules=["pyspark_bookkeeper"],
+    package_data={"bkspark.proto": ["*.proto"], "bkspark": ["py.typed"]},
+    ext_modules=[native],
+    install_requires=[
+        "grpcio>=1.60,<2",
+        "protobuf>=5.26,<8",
+        "kazoo>=2.10,<3",
+        "crc32c>=2.4,<3",
+        "pyarrow>=15,<30",
+        "pandas>=2.0,<3",
+        "pyspark>=4.2,<5",
+        "prometheus-client>=0.17,<1",  # bookie /metrics
+        "rich>=13,<16",  # shell tables and progress bars
+    ],
+    extras_require={
+        "test": [
+            "pytest>=8",
+            "pytest-timeout>=2.2",
+            "hypothesis>=6.100",
+            "grpcio-tools>=1.60,<2",  # make proto / staleness test
+        ],
+    },
+    entry_points={"console_scripts": ["bkspark=bkspark.cli.main:main"]},
+)
