@@ -251,7 +251,7 @@ class ForceResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[StatusCode, str]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class FaultRule(_message.Message):
-    __slots__ = ("op", "action", "delay_ms", "error", "ledger_id", "entry_id", "probability", "count")
+    __slots__ = ("op", "action", "delay_ms", "error", "ledger_id", "entry_id", "probability", "count", "match_entry")
     OP_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
     DELAY_MS_FIELD_NUMBER: _ClassVar[int]
@@ -260,6 +260,7 @@ class FaultRule(_message.Message):
     ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
     PROBABILITY_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
+    MATCH_ENTRY_FIELD_NUMBER: _ClassVar[int]
     op: str
     action: str
     delay_ms: int
@@ -268,7 +269,8 @@ class FaultRule(_message.Message):
     entry_id: int
     probability: float
     count: int
-    def __init__(self, op: _Optional[str] = ..., action: _Optional[str] = ..., delay_ms: _Optional[int] = ..., error: _Optional[_Union[StatusCode, str]] = ..., ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., probability: _Optional[float] = ..., count: _Optional[int] = ...) -> None: ...
+    match_entry: bool
+    def __init__(self, op: _Optional[str] = ..., action: _Optional[str] = ..., delay_ms: _Optional[int] = ..., error: _Optional[_Union[StatusCode, str]] = ..., ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., probability: _Optional[float] = ..., count: _Optional[int] = ..., match_entry: _Optional[bool] = ...) -> None: ...
 
 class SetFaultsRequest(_message.Message):
     __slots__ = ("rules",)

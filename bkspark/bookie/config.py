@@ -1,0 +1,129 @@
+"""Bookie configuration: one dataclass, loadable from an INI file and overridable by flags.
+
+``examples/bookie.conf`` documents every setting. Unknown keys in a config file are an
+error naming the key (a typo must not silently fall back to a default).
+"""
+from __future__ import annotations
+
+import configparser
+import dataclasses
+import os
+from dataclasses import dataclass, field
+
+from bkspark.errors import BadRequestError
+
+
+@dataclass
+class BookieConfig:
+    # identity and network
+    metadata_uri: str = ""
+    bookie_id: str = ""                 # default: "<advertised_address>:<port>"
+    listen_address: str = "127.0.0.1"
+    advertised_address: str = ""        # default: listen_address (or 127.0.0.1 for 0.0.0.0)
+    port: int = 3181
+    rack: str = ""                      # placement label ("/region/rack")
+    http_port: int = 0                  # admin endpoint; 0 = pick a free port, -1 = disabled
+    # directories
+    journal_dir: str = ""
+    ledger_dirs: list[str] = field(default_factory=list)
+    # storage engine
+    write_cache_mb: int = 64
+    journal_max_group_wait_ms: float = 2.0
+    journal_buffered_writes_threshold_kb: int = 512
+    journal_max_size_mb: int = 512
+    journal_max_backups: int = 5
+    journal_sync: bool = True           # False only for benchmarks: acks before data is durable
+    entry_log_max_size_mb: int = 1024
+    compaction_threshold: float = 0.5
+    # server limits
+    max_entry_bytes: int = 5 << 20
+    max_message_bytes: int = 64 << 20
+    max_inflight_add_mb: int = 128      # beyond this, adds answer ETOOMANYREQUESTS
+    grpc_workers: int = 64
+    long_poll_max_ms: int = 10_000
+    # lifecycle
+    metadata_session_timeout_s: float = 10.0
+    disk_usage_threshold: float = 0.95  # read-only above this fraction used
+    disk_usage_lwm: float = 0.90        # writable again below this
+    disk_check_interval_s: float = 5.0
+    gc_interval_s: float = 60.0
+    checkpoint_interval_s: float = 10.0
+    # security / testing
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    fault_injection: bool = False       # test-only SetFaults RPC
+    autorecovery: bool = False          # run auditor + replication worker in-process
+    log_format: str = "text"            # "text" or "json"
+    log_level: str = "INFO"
+
+    def finalize(self) -> "BookieConfig":
+        """Fill derived defaults and validate; raises BadRequestError naming the bad setting."""
+        if not self.metadata_uri:
+            self.metadata_uri = os.environ.get("BKSPARK_METADATA_URI", "")
+        if not self.metadata_uri:
+            raise BadRequestError("metadata_uri is required (--metadata or BKSPARK_METADATA_URI)")
+        if not self.journal_dir:
+            raise BadRequestError("journal_dir is required")
+        if not self.ledger_dirs:
+            raise BadRequestError("ledger_dirs needs at least one directory")
+        if not (0 < self.port < 65536):
+            raise BadRequestError(f"port must be in 1..65535, got {self.port}")
+        if not self.advertised_address:
+            self.advertised_address = ("127.0.0.1" if self.listen_address in ("0.0.0.0", "::", "")
+                                       else self.listen_address)
+        if not self.bookie_id:
+            self.bookie_id = f"{self.advertised_address}:{self.port}"
+        if not (0.0 < self.disk_usage_lwm <= self.disk_usage_threshold <= 1.0):
+            raise BadRequestError("need 0 < disk_usage_lwm <= disk_usage_threshold <= 1")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise BadRequestError("tls_cert_file and tls_key_file go together")
+        if self.log_format not in ("text", "json"):
+            raise BadRequestError(f"log_format must be text or json, got {self.log_format!r}")
+        for name in ("write_cache_mb", "max_entry_bytes", "max_message_bytes", "grpc_workers",
+                     "max_inflight_add_mb", "journal_max_size_mb"):
+            if getattr(self, name) <= 0:
+                raise BadRequestError(f"{name} must be positive")
+        return self
+
+    @classmethod
+    def from_file(cls, path: str) -> "BookieConfig":
+        """Load ``[bookie]`` settings from an INI file."""
+        parser = configparser.ConfigParser()
+        if not parser.read(path):
+            raise BadRequestError(f"cannot read config file {path}")
+        if "bookie" not in parser:
+            raise BadRequestError(f"config file {path} has no [bookie] section")
+        config = cls()
+        config.update({k: v for k, v in parser["bookie"].items()}, source=path)
+        return config
+
+    def update(self, values: dict, source: str = "flags") -> None:
+        """Set fields from strings or typed values, converting to each field's type."""
+        fields = {f.name: f for f in dataclasses.fields(self)}
+        for key, raw in values.items():
+            if raw is None:
+                continue
+            if key not in fields:
+                raise BadRequestError(f"unknown bookie setting {key!r} in {source}")
+            setattr(self, key, _convert(key, fields[key].type, raw))
+
+
+def _convert(key: str, type_name, raw):
+    if not isinstance(raw, str):
+        return raw
+    try:
+        if type_name in ("int", int):
+            return int(raw)
+        if type_name in ("float", float):
+            return float(raw)
+        if type_name in ("bool", bool):
+            if raw.strip().lower() in ("1", "true", "yes", "on"):
+                return True
+            if raw.strip().lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if type_name in ("list[str]",):
+            return [p.strip() for p in raw.split(",") if p.strip()]
+    except ValueError:
+        raise BadRequestError(f"bad value {raw!r} for bookie setting {key!r}") from None
+    return raw

@@ -1,0 +1,107 @@
+"""Bookie cookies: the identity stamp that ties a bookie id to its disks and its cluster.
+
+A cookie (bookie id, journal dir, ledger dirs, cluster instance id) is written in every
+directory and in the metadata store at ``/cookies/<bookie-id>`` when a bookie first starts.
+On every later start they must agree: a bookie whose disks were replaced, swapped or
+belong to another cluster refuses to start, because serving "no such entry" for entries it
+once acknowledged could truncate ledgers during recovery.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from bkspark.errors import BKError, BadVersionError, NoNodeError, NodeExistsError
+from metadata import registry
+
+COOKIE_FILE = "COOKIE"
+
+
+class CookieMismatchError(BKError):
+    """The bookie's directories or metadata disagree with its identity: refuse to start."""
+
+
+def expected_cookie(config, instance_id: str) -> dict:
+    return {"version": 1, "bookie_id": config.bookie_id, "instance_id": instance_id,
+            "journal_dir": os.path.abspath(config.journal_dir),
+            "ledger_dirs": [os.path.abspath(d) for d in config.ledger_dirs]}
+
+
+def _read_local(directory: str) -> dict | None:
+    path = os.path.join(directory, COOKIE_FILE)
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise CookieMismatchError(f"cookie file {path} is unreadable: {exc}") from None
+
+
+def _write_local(directory: str, cookie: dict) -> None:
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, COOKIE_FILE)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(json.dumps(cookie, sort_keys=True).encode())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _differences(found: dict, expected: dict) -> list[str]:
+    return [f"{key}: found {found.get(key)!r}, expected {expected.get(key)!r}"
+            for key in ("bookie_id", "instance_id", "journal_dir", "ledger_dirs")
+            if found.get(key) != expected.get(key)]
+
+
+def validate_or_create(store, config) -> dict:
+    """Check the cookies of every directory and of the metadata store; create them on first start.
+
+    Raises CookieMismatchError with a message naming the directory and the field that differ.
+    """
+    instance_id = registry.instance_id(store)
+    expected = expected_cookie(config, instance_id)
+    directories = [config.journal_dir] + list(config.ledger_dirs)
+    local = {d: _read_local(d) for d in directories}
+    try:
+        remote, version = registry.read_cookie(store, config.bookie_id)
+    except NoNodeError:
+        remote, version = None, None
+
+    for directory, cookie in local.items():
+        if cookie is not None and _differences(cookie, expected):
+            raise CookieMismatchError(
+                f"cookie in {directory} does not match this bookie ("
+                + "; ".join(_differences(cookie, expected))
+                + "): the directory belongs to another bookie or cluster; refusing to start")
+    missing = [d for d, c in local.items() if c is None]
+    if remote is not None:
+        diffs = _differences(remote, expected)
+        if diffs:
+            raise CookieMismatchError(
+                f"cookie of {config.bookie_id} in the metadata store does not match ("
+                + "; ".join(diffs) + "): refusing to start")
+        if missing:
+            raise CookieMismatchError(
+                f"bookie {config.bookie_id} is known to the cluster but directories {missing} have "
+                "no cookie: its disks were replaced or emptied. Entries it acknowledged are gone; "
+                "decommission the bookie (bkspark shell decommission) before reusing its id")
+        return expected
+    if len(missing) != len(directories):
+        raise CookieMismatchError(
+            f"directories {[d for d in directories if d not in missing]} carry a cookie for "
+            f"{config.bookie_id} but the metadata store has none: wrong cluster or wiped metadata; "
+            "refusing to start")
+    try:
+        registry.write_cookie(store, config.bookie_id, expected, version=None)
+    except (NodeExistsError, BadVersionError):
+        raise CookieMismatchError(f"another bookie registered cookie {config.bookie_id} concurrently") from None
+    for directory in directories:
+        _write_local(directory, expected)
+    return expected

@@ -1,0 +1,69 @@
+"""Prometheus metrics of one bookie (served on the admin endpoint's /metrics)."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from bkspark import errors
+
+
+class BookieMetrics:
+    """Counters for adds/reads/bytes, add latency, and the storage engine's own figures."""
+
+    def __init__(self, storage, service_ref) -> None:
+        self.registry = CollectorRegistry()
+        self.adds = Counter("bookie_adds", "Entries added, by status", ["status"], registry=self.registry)
+        self.add_bytes = Counter("bookie_add_bytes", "Bytes of entries added", registry=self.registry)
+        self.reads = Counter("bookie_read_entries", "Entries read", registry=self.registry)
+        self.read_bytes = Counter("bookie_read_bytes", "Bytes of entries read", registry=self.registry)
+        self.add_latency = Histogram(
+            "bookie_add_batch_seconds", "Time to store a batch of adds durably",
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
+            registry=self.registry)
+        self.read_only = Gauge("bookie_read_only", "1 when the bookie is read-only", registry=self.registry)
+        self.registry.register(_StorageCollector(storage, service_ref))
+
+    def record_adds(self, requests, statuses, seconds: float) -> None:
+        ok_bytes = 0
+        counts: dict[int, int] = {}
+        for req, status in zip(requests, statuses):
+            counts[status] = counts.get(status, 0) + 1
+            if status == errors.EOK:
+                ok_bytes += len(req.body)
+        for status, n in counts.items():
+            self.adds.labels(status=errors.status_name(status)).inc(n)
+        self.add_bytes.inc(ok_bytes)
+        self.add_latency.observe(seconds)
+
+    def record_read(self, nbytes: int, entries: int = 1) -> None:
+        self.reads.inc(entries)
+        self.read_bytes.inc(nbytes)
+
+
+class _StorageCollector:
+    """Exports Storage.stats() (journal syncs, sync latency, cache bytes) at scrape time."""
+
+    def __init__(self, storage, service_ref) -> None:
+        self._storage = storage
+        self._service_ref = service_ref
+
+    def collect(self):
+        try:
+            stats = self._storage.stats()
+        except Exception:  # noqa: BLE001 - a closed storage must not break /metrics
+            stats = {}
+        for key, value in sorted(stats.items()):
+            if not isinstance(value, (int, float)):
+                continue
+            name = "bookie_storage_" + key
+            if key.endswith(("_total", "syncs", "adds", "bytes_written")) or key in ("adds", "bytes"):
+                family = CounterMetricFamily(name, f"storage {key}")
+            else:
+                family = GaugeMetricFamily(name, f"storage {key}")
+            family.add_metric([], float(value))
+            yield family
+        service = self._service_ref()
+        if service is not None:
+            gauge = GaugeMetricFamily("bookie_inflight_add_bytes", "Bytes of adds waiting for the journal")
+            gauge.add_metric([], float(service.inflight_bytes))
+            yield gauge

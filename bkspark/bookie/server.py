@@ -1,0 +1,288 @@
+"""A bookie process: storage engine + gRPC service + registration + housekeeping.
+
+Lifecycle: open storage (journal replay) -> validate cookies -> serve gRPC -> register
+``/available/<bookie-id>`` (or ``/available/readonly/<bookie-id>``) as an ephemeral record
+-> background threads for disk usage (read-only switch), garbage collection and the admin
+HTTP endpoint. SIGTERM stops gracefully: stop accepting, let in-flight adds finish their
+journal sync, checkpoint, unregister. ``kill -9`` loses nothing acknowledged (journal).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+import weakref
+
+import grpc
+
+from bkspark import errors
+from bkspark.bookie import cookie as cookies
+from bkspark.bookie.config import BookieConfig
+from bkspark.bookie.http_admin import AdminHttpServer
+from bkspark.bookie.metrics import BookieMetrics
+from bkspark.bookie.service import BookieService
+from bkspark.bookie.storage import Storage, StorageConfig
+from bkspark.proto import bookie_pb2_grpc as pb_grpc
+from metadata import ledgers as ledger_store
+from metadata import open_store, registry
+
+log = logging.getLogger("bkspark.bookie")
+
+
+class BookieState:
+    """Mode of the bookie as seen by the service and the admin endpoint."""
+
+    def __init__(self, config: BookieConfig) -> None:
+        self.bookie_id = config.bookie_id
+        self._dirs = [config.journal_dir] + list(config.ledger_dirs)
+        self.manual_read_only = False
+        self.disk_read_only = False
+        self.running = False
+        self.registered_as: str | None = None
+
+    @property
+    def read_only(self) -> bool:
+        return self.manual_read_only or self.disk_read_only
+
+    def disk_space(self) -> tuple[int, int]:
+        """(total, free) bytes over the distinct filesystems of the bookie's directories."""
+        seen, total, free = set(), 0, 0
+        for directory in self._dirs:
+            st = os.statvfs(directory)
+            if st.f_fsid in seen:
+                continue
+            seen.add(st.f_fsid)
+            total += st.f_blocks * st.f_frsize
+            free += st.f_bavail * st.f_frsize
+        return total, free
+
+    def disk_usage(self) -> float:
+        total, free = self.disk_space()
+        return 1.0 - free / total if total else 0.0
+
+
+def storage_config(config: BookieConfig) -> StorageConfig:
+    return StorageConfig(
+        journal_dir=config.journal_dir, ledger_dirs=list(config.ledger_dirs),
+        write_cache_bytes=config.write_cache_mb << 20,
+        journal_max_group_wait_ms=config.journal_max_group_wait_ms,
+        journal_buffered_writes_threshold=config.journal_buffered_writes_threshold_kb << 10,
+        journal_max_size_mb=config.journal_max_size_mb, journal_max_backups=config.journal_max_backups,
+        journal_sync=config.journal_sync, entry_log_max_size=config.entry_log_max_size_mb << 20,
+        compaction_threshold=config.compaction_threshold,
+        checkpoint_interval_s=config.checkpoint_interval_s)
+
+
+class BookieServer:
+    """Runs one bookie until :meth:`stop` (or SIGTERM/SIGINT via :meth:`run`)."""
+
+    def __init__(self, config: BookieConfig) -> None:
+        self.config = config.finalize()
+        self.state = BookieState(self.config)
+        self.store = None
+        self.storage = None
+        self.service = None
+        self.grpc_server = None
+        self.http = None
+        self.metrics = None
+        self._stop_requested = threading.Event()
+        self._stop = threading.Event()
+        self._register_lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+
+    # ---- start / stop -----------------------------------------------------------------
+
+    def start(self) -> None:
+        cfg = self.config
+        for directory in [cfg.journal_dir, *cfg.ledger_dirs]:
+            os.makedirs(directory, exist_ok=True)
+        self.store = open_store(cfg.metadata_uri, session_timeout=cfg.metadata_session_timeout_s)
+        registry.ensure_layout(self.store)
+        cookies.validate_or_create(self.store, cfg)
+        self.storage = Storage(storage_config(cfg))
+        self.service = BookieService(self.storage, cfg, self.state)
+        self.metrics = BookieMetrics(self.storage, weakref.ref(self.service))
+        self.service.metrics = self.metrics
+        self.grpc_server = grpc.server(
+            _thread_pool(cfg.grpc_workers),
+            options=[("grpc.max_receive_message_length", cfg.max_message_bytes),
+                     ("grpc.max_send_message_length", cfg.max_message_bytes),
+                     ("grpc.so_reuseport", 0)])
+        pb_grpc.add_BookieServicer_to_server(self.service, self.grpc_server)
+        address = f"{cfg.listen_address}:{cfg.port}"
+        if cfg.tls_cert_file:
+            with open(cfg.tls_key_file, "rb") as k, open(cfg.tls_cert_file, "rb") as c:
+                creds = grpc.ssl_server_credentials([(k.read(), c.read())])
+            bound = self.grpc_server.add_secure_port(address, creds)
+        else:
+            bound = self.grpc_server.add_insecure_port(address)
+        if not bound:
+            raise errors.BKError(f"cannot listen on {address}")
+        self.grpc_server.start()
+        if cfg.http_port >= 0:
+            self.http = AdminHttpServer(self, cfg.listen_address, cfg.http_port)
+            self.http.start()
+        self.state.running = True
+        self._update_disk_state()
+        self._register()
+        self.store.on_session_lost(self._on_session_lost)
+        self._spawn(self._disk_loop, "bookie-disk-monitor")
+        self._spawn(self._gc_loop, "bookie-gc")
+        log.info("bookie started id=%s address=%s http=%s journal=%s ledgers=%s",
+                 cfg.bookie_id, address, self.http.port if self.http else None,
+                 cfg.journal_dir, ",".join(cfg.ledger_dirs))
+
+    def _spawn(self, target, name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Graceful shutdown: unregister, stop accepting, finish in-flight adds, checkpoint."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self.state.running = False
+        log.info("bookie stopping id=%s", self.config.bookie_id)
+        self._unregister()
+        if self.grpc_server is not None:
+            self.grpc_server.stop(grace).wait()
+        if self.service is not None:
+            self.service.stop()
+        if self.http is not None:
+            self.http.stop()
+        if self.storage is not None:
+            self.storage.close()
+        if self.store is not None:
+            self.store.close()
+        log.info("bookie stopped id=%s", self.config.bookie_id)
+
+    def run(self) -> None:
+        """Start, then block until SIGTERM/SIGINT, then stop gracefully."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self._stop_requested.set())
+        self.start()
+        try:
+            while not self._stop_requested.wait(0.5):
+                pass
+        finally:
+            self.stop()
+
+    # ---- registration and read-only mode ----------------------------------------------
+
+    def _register(self) -> None:
+        """(Re-)register under available/ or available/readonly/ according to the mode."""
+        with self._register_lock:
+            if self._stop.is_set():
+                return
+            want = "readonly" if self.state.read_only else "available"
+            if self.state.registered_as == want:
+                return
+            info = {"address": f"{self.config.advertised_address}:{self.config.port}",
+                    "rack": self.config.rack, "http_port": self.http.port if self.http else -1,
+                    "pid": os.getpid()}
+            deadline = time.monotonic() + 3 * self.config.metadata_session_timeout_s + 10
+            while True:
+                try:
+                    registry.register_bookie(self.store, self.config.bookie_id, info,
+                                             readonly=self.state.read_only)
+                    break
+                except errors.NodeExistsError:
+                    # a previous incarnation's ephemeral record: wait for its session to expire
+                    if time.monotonic() > deadline:
+                        raise errors.BKError(
+                            f"bookie {self.config.bookie_id} is still registered by another "
+                            "process; is it already running?") from None
+                    time.sleep(0.2)
+            if self.state.registered_as is not None:
+                try:
+                    registry.unregister_bookie(self.store, self.config.bookie_id,
+                                               readonly=self.state.registered_as == "readonly")
+                except errors.NoNodeError:
+                    pass
+            self.state.registered_as = want
+            log.info("bookie registered id=%s mode=%s", self.config.bookie_id, want)
+
+    def _unregister(self) -> None:
+        with self._register_lock:
+            if self.state.registered_as is None:
+                return
+            try:
+                registry.unregister_bookie(self.store, self.config.bookie_id,
+                                           readonly=self.state.registered_as == "readonly")
+            except errors.BKError:
+                pass
+            self.state.registered_as = None
+
+    def _on_session_lost(self, *_args) -> None:
+        log.warning("metadata session lost; re-registering id=%s", self.config.bookie_id)
+        with self._register_lock:
+            self.state.registered_as = None
+        threading.Thread(target=self._register_quietly, daemon=True).start()
+
+    def _register_quietly(self) -> None:
+        try:
+            self._register()
+        except errors.BKError as exc:
+            log.error("re-registration failed: %s", exc)
+
+    def set_manual_read_only(self, value: bool) -> None:
+        self.state.manual_read_only = value
+        self._register()
+
+    def _update_disk_state(self) -> None:
+        usage = self.state.disk_usage()
+        if not self.state.disk_read_only and usage >= self.config.disk_usage_threshold:
+            log.warning("disk usage %.3f above threshold %.3f: going read-only",
+                        usage, self.config.disk_usage_threshold)
+            self.state.disk_read_only = True
+        elif self.state.disk_read_only and usage < self.config.disk_usage_lwm:
+            log.info("disk usage %.3f below %.3f: writable again", usage, self.config.disk_usage_lwm)
+            self.state.disk_read_only = False
+        if self.metrics is not None:
+            self.metrics.read_only.set(1 if self.state.read_only else 0)
+
+    def _disk_loop(self) -> None:
+        while not self._stop.wait(self.config.disk_check_interval_s):
+            try:
+                self._update_disk_state()
+                self._register()
+            except Exception as exc:  # noqa: BLE001 - keep monitoring
+                log.error("disk monitor: %s", exc)
+
+    # ---- garbage collection --------------------------------------------------------
+
+    def garbage_collect(self) -> list[int]:
+        """Delete local ledgers whose metadata no longer exists; never one that does.
+
+        A ledger is deleted only on an explicit NoSuchLedger answer for it; any metadata
+        error skips it (an unreachable store must not look like a deleted ledger).
+        """
+        deleted = []
+        for ledger_id in self.storage.ledgers():
+            try:
+                ledger_store.read_ledger(self.store, ledger_id)
+            except errors.NoSuchLedgerError:
+                self.storage.delete_ledger(ledger_id)
+                self.service.lac.forget(ledger_id)
+                deleted.append(ledger_id)
+            except errors.BKError as exc:
+                log.warning("gc: skipping ledger %d: %s", ledger_id, exc)
+        if deleted:
+            log.info("gc deleted ledgers %s", deleted)
+        self.storage.compact()
+        return deleted
+
+    def _gc_loop(self) -> None:
+        while not self._stop.wait(self.config.gc_interval_s):
+            try:
+                self.garbage_collect()
+            except Exception as exc:  # noqa: BLE001 - keep collecting
+                log.error("gc failed: %s", exc)
+
+
+def _thread_pool(workers: int):
+    from concurrent.futures import ThreadPoolExecutor
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bookie-grpc")

@@ -1,0 +1,440 @@
+"""The bookie's gRPC service: the wire protocol of ``bookie.proto`` on top of the storage engine.
+
+Durability: an add is answered EOK only after ``Storage.add_entries`` returned, i.e. after
+its journal record was synced. A fencing read answers only after the fence is durable.
+Ordering: acks of a streamed batch may come in any order, each entry exactly once.
+Failure: every error becomes a status code (never an exception through gRPC); a corrupt
+entry is EIO, never ENOENTRY; overload is ETOOMANYREQUESTS with bounded in-flight bytes.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import struct
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from bkspark import errors
+from bkspark.bookie.faults import ANY_ENTRY, Fault, FaultInjector, FaultRule
+from bkspark.proto import bookie_pb2 as pb
+from bkspark.proto import bookie_pb2_grpc as pb_grpc
+
+log = logging.getLogger("bkspark.bookie.service")
+
+MASTER_KEY_LEN = 20          # SHA1("ledger" || password)
+ENTRY_HEADER_LEN = 32        # ledger id, entry id, lac, length: 4 x int64
+_LAC = struct.Struct(">q")
+_STREAM_MAX_INFLIGHT_BATCHES = 16
+_RANGE_DEFAULT_BYTES = 4 << 20
+
+
+def entry_lac(body: bytes) -> int:
+    """The writer's LAC piggybacked in a framed entry body (bytes 16..24)."""
+    return _LAC.unpack_from(body, 16)[0] if len(body) >= 24 else -1
+
+
+class LacTracker:
+    """Highest LAC this bookie knows per ledger, with long-poll waiting for it to advance."""
+
+    def __init__(self, storage) -> None:
+        self._storage = storage
+        self._lac: dict[int, int] = {}
+        self._cond = threading.Condition()
+        self._waiters: dict[int, int] = {}
+
+    def get(self, ledger_id: int) -> int:
+        lac = self._lac.get(ledger_id)
+        if lac is None:
+            lac = self._load(ledger_id)
+            with self._cond:
+                lac = max(lac, self._lac.get(ledger_id, -1))
+                self._lac[ledger_id] = lac
+        return lac
+
+    def _load(self, ledger_id: int) -> int:
+        lac = -1
+        try:
+            lac = entry_lac(self._storage.read_entry(ledger_id, -1))
+        except errors.BKError:
+            pass
+        explicit = self._storage.explicit_lac(ledger_id)
+        if explicit:
+            lac = max(lac, entry_lac(explicit))
+        return lac
+
+    def advance(self, updates: dict[int, int]) -> None:
+        with self._cond:
+            woke = False
+            for ledger_id, lac in updates.items():
+                if lac > self._lac.get(ledger_id, -1):
+                    self._lac[ledger_id] = lac
+                    woke = woke or ledger_id in self._waiters
+            if woke:
+                self._cond.notify_all()
+
+    def forget(self, ledger_id: int) -> None:
+        with self._cond:
+            self._lac.pop(ledger_id, None)
+
+    def wait_beyond(self, ledger_id: int, previous: int, timeout_s: float, stopped) -> int:
+        """Block until the LAC exceeds ``previous`` or the timeout passes; return the LAC."""
+        lac = self.get(ledger_id)
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            self._waiters[ledger_id] = self._waiters.get(ledger_id, 0) + 1
+            try:
+                while lac <= previous and not stopped():
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._cond.wait(min(remaining, 0.25))
+                    lac = self._lac.get(ledger_id, lac)
+            finally:
+                self._waiters[ledger_id] -= 1
+                if not self._waiters[ledger_id]:
+                    del self._waiters[ledger_id]
+        return lac
+
+
+class BookieService(pb_grpc.BookieServicer):
+    """Implements every RPC of ``bookie.proto`` against a ``Storage``."""
+
+    def __init__(self, storage, config, state, metrics=None) -> None:
+        self.storage = storage
+        self.config = config
+        self.state = state              # BookieState: read_only flag, bookie id, disk usage
+        self.metrics = metrics
+        self.lac = LacTracker(storage)
+        self.faults = FaultInjector()
+        self._inflight_bytes = 0
+        self._inflight_lock = threading.Lock()
+        self._max_inflight = config.max_inflight_add_mb << 20
+        self._add_pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="bookie-add")
+        self._stopping = False
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._add_pool.shutdown(wait=True)
+
+    # ---- adds ------------------------------------------------------------------------
+
+    def _validate_add(self, req: pb.AddRequest) -> tuple[int, str] | None:
+        if req.ledger_id < 0 or req.entry_id < 0:
+            return errors.EBADREQ, "negative ledger or entry id"
+        if len(req.master_key) != MASTER_KEY_LEN:
+            return errors.EBADREQ, f"master key must be {MASTER_KEY_LEN} bytes"
+        if len(req.body) < ENTRY_HEADER_LEN:
+            return errors.EBADREQ, "entry body shorter than its header"
+        if len(req.body) > self.config.max_entry_bytes:
+            return errors.EBADREQ, f"entry of {len(req.body)} bytes exceeds max_entry_bytes"
+        if req.flags & ~pb.AddRequest.RECOVERY_ADD:
+            return errors.EBADREQ, f"unknown add flags {req.flags:#x}"
+        if self.state.read_only:
+            return errors.EREADONLY, "bookie is read-only"
+        return None
+
+    def _reserve(self, nbytes: int) -> bool:
+        with self._inflight_lock:
+            if self._inflight_bytes and self._inflight_bytes + nbytes > self._max_inflight:
+                return False
+            self._inflight_bytes += nbytes
+            return True
+
+    def _release(self, nbytes: int) -> None:
+        with self._inflight_lock:
+            self._inflight_bytes -= nbytes
+
+    @property
+    def inflight_bytes(self) -> int:
+        return self._inflight_bytes
+
+    def _process_adds(self, adds) -> list[pb.AddResponse]:
+        """Validate, apply faults, store durably; one response per add that is answered.
+
+        Dropped adds (fault injection) get no response at all.
+        """
+        responses: list[pb.AddResponse] = []
+        accepted = []
+        delay = 0.0
+        for req in adds:
+            bad = self._validate_add(req)
+            if bad is None:
+                fault = self.faults.check("add", req.ledger_id, req.entry_id)
+                if fault is not None:
+                    delay = max(delay, fault.delay_s)
+                    if fault.drop:
+                        continue
+                    if fault.error:
+                        bad = (fault.error, "injected fault")
+            if bad is not None:
+                responses.append(pb.AddResponse(status=bad[0], ledger_id=req.ledger_id,
+                                                entry_id=req.entry_id, request_id=req.request_id,
+                                                message=bad[1]))
+            else:
+                accepted.append(req)
+        if not accepted:
+            if delay:
+                time.sleep(delay)
+            return responses
+        nbytes = sum(len(r.body) for r in accepted)
+        if not self._reserve(nbytes):
+            responses.extend(pb.AddResponse(status=errors.ETOOMANYREQUESTS, ledger_id=r.ledger_id,
+                                            entry_id=r.entry_id, request_id=r.request_id,
+                                            message="bookie overloaded") for r in accepted)
+            return responses
+        started = time.perf_counter()
+        try:
+            if delay:           # injected slowness holds its in-flight bytes, like a slow disk
+                time.sleep(delay)
+            statuses = self.storage.add_entries(
+                [(r.ledger_id, r.entry_id, r.master_key,
+                  bool(r.flags & pb.AddRequest.RECOVERY_ADD), r.body) for r in accepted])
+            messages = [""] * len(accepted)
+        except errors.BKError as exc:
+            log.error("add batch failed: %s", exc)
+            statuses = [exc.status or errors.EIO] * len(accepted)
+            messages = [str(exc)] * len(accepted)
+        finally:
+            self._release(nbytes)
+        lacs: dict[int, int] = {}
+        for req, status, message in zip(accepted, statuses, messages):
+            if status == errors.EOK:
+                lac = entry_lac(req.body)
+                if lac > lacs.get(req.ledger_id, -1):
+                    lacs[req.ledger_id] = lac
+            responses.append(pb.AddResponse(status=status, ledger_id=req.ledger_id,
+                                            entry_id=req.entry_id, request_id=req.request_id,
+                                            message=message))
+        if lacs:
+            self.lac.advance(lacs)
+        if self.metrics is not None:
+            self.metrics.record_adds(accepted, statuses, time.perf_counter() - started)
+        return responses
+
+    def Add(self, request, context):
+        responses = self._process_adds([request])
+        if not responses:       # dropped by fault injection: never answer
+            FaultInjector.apply_delay(Fault(drop=True), cancelled=lambda: not context.is_active())
+            return pb.AddResponse(status=errors.EIO, message="dropped")
+        return responses[0]
+
+    def AddStream(self, request_iterator, context):
+        """Pipelined adds: batches are stored concurrently; acks stream back as they are durable."""
+        out: queue.Queue = queue.Queue()
+        slots = threading.Semaphore(_STREAM_MAX_INFLIGHT_BATCHES)
+        done_reading = threading.Event()
+        pending = [0]
+        pending_lock = threading.Lock()
+
+        def finished(future):
+            try:
+                responses = future.result()
+            except Exception as exc:  # noqa: BLE001 - must answer, never kill the stream
+                log.exception("add batch crashed: %s", exc)
+                responses = []
+            out.put(pb.AddBatchResponse(responses=responses))
+            slots.release()
+            with pending_lock:
+                pending[0] -= 1
+
+        def reader():
+            try:
+                for batch in request_iterator:
+                    if self._stopping:
+                        break
+                    while not slots.acquire(timeout=0.5):
+                        if not context.is_active():
+                            return
+                    with pending_lock:
+                        pending[0] += 1
+                    self._add_pool.submit(self._process_adds, list(batch.adds)).add_done_callback(finished)
+            except Exception:  # noqa: BLE001 - client went away or sent garbage
+                pass
+            finally:
+                done_reading.set()
+                out.put(None)
+
+        threading.Thread(target=reader, name="bookie-addstream-reader", daemon=True).start()
+        while True:
+            try:
+                item = out.get(timeout=0.5)
+            except queue.Empty:
+                if not context.is_active():
+                    return
+                continue
+            if item is None:
+                # reader finished: drain what is still in flight, then end the stream
+                while True:
+                    with pending_lock:
+                        if pending[0] == 0 and out.empty():
+                            return
+                    try:
+                        item = out.get(timeout=0.5)
+                    except queue.Empty:
+                        if not context.is_active():
+                            return
+                        continue
+                    if item is not None and item.responses:
+                        yield item
+            elif item.responses:
+                yield item
+
+    # ---- reads -----------------------------------------------------------------------
+
+    def _read_error(self, req, status, message=""):
+        return pb.ReadResponse(status=status, ledger_id=req.ledger_id, entry_id=req.entry_id,
+                               max_lac=-1, message=message)
+
+    def Read(self, request, context):
+        if request.ledger_id < 0 or request.entry_id < -1:
+            return self._read_error(request, errors.EBADREQ, "bad ledger or entry id")
+        fault = self.faults.check("read", request.ledger_id, request.entry_id)
+        if fault is not None:
+            FaultInjector.apply_delay(fault, cancelled=lambda: not context.is_active())
+            if fault.error:
+                return self._read_error(request, fault.error, "injected fault")
+            if fault.drop:
+                return self._read_error(request, errors.EIO, "dropped")
+        if request.flags & pb.ReadRequest.FENCE_LEDGER:
+            if len(request.master_key) != MASTER_KEY_LEN:
+                return self._read_error(request, errors.EBADREQ, "fencing read needs the master key")
+            try:
+                status = self.storage.fence(request.ledger_id, request.master_key)
+            except errors.BKError as exc:
+                return self._read_error(request, exc.status or errors.EIO, str(exc))
+            if status != errors.EOK:
+                return self._read_error(request, status, "fence refused")
+        lac = None
+        if request.has_previous_lac:
+            timeout_s = min(request.timeout_ms, self.config.long_poll_max_ms) / 1000.0
+            lac = self.lac.wait_beyond(request.ledger_id, request.previous_lac, timeout_s,
+                                       stopped=lambda: self._stopping or not context.is_active())
+            if lac <= request.previous_lac or not (request.flags & pb.ReadRequest.ENTRY_PIGGYBACK):
+                return pb.ReadResponse(status=errors.EOK, ledger_id=request.ledger_id,
+                                       entry_id=request.entry_id, max_lac=lac)
+        try:
+            body = self.storage.read_entry(request.ledger_id, request.entry_id)
+        except errors.BKError as exc:
+            if request.has_previous_lac and exc.status in (errors.ENOENTRY, errors.ENOLEDGER):
+                return pb.ReadResponse(status=errors.EOK, ledger_id=request.ledger_id,
+                                       entry_id=request.entry_id, max_lac=lac)
+            return self._read_error(request, exc.status or errors.EIO, str(exc))
+        entry_id = request.entry_id if request.entry_id >= 0 else _entry_id_of(body)
+        if self.metrics is not None:
+            self.metrics.record_read(len(body))
+        return pb.ReadResponse(status=errors.EOK, ledger_id=request.ledger_id, entry_id=entry_id,
+                               body=body, max_lac=lac if lac is not None else self.lac.get(request.ledger_id))
+
+    def ReadRange(self, request, context):
+        lid, first, last = request.ledger_id, request.first_entry_id, request.last_entry_id
+        if lid < 0 or first < 0 or last < first:
+            yield pb.ReadRangeResponse(status=errors.EBADREQ, next_entry_id=first,
+                                       message="bad ledger id or entry range")
+            return
+        max_bytes = min(request.max_bytes_per_message or _RANGE_DEFAULT_BYTES,
+                        self.config.max_message_bytes // 2)
+        next_id = first
+        while next_id <= last and context.is_active():
+            fault = self.faults.check("read_range", lid, next_id)
+            if fault is not None:
+                FaultInjector.apply_delay(fault, cancelled=lambda: not context.is_active())
+                if fault.error or fault.drop:
+                    yield pb.ReadRangeResponse(status=fault.error or errors.EIO, next_entry_id=next_id,
+                                               message="injected fault")
+                    return
+            try:
+                chunk = self.storage.read_range(lid, next_id, last, max_bytes)
+            except errors.BKError as exc:
+                yield pb.ReadRangeResponse(status=exc.status or errors.EIO, next_entry_id=next_id,
+                                           message=str(exc))
+                return
+            if not chunk:
+                yield pb.ReadRangeResponse(status=errors.ENOENTRY, next_entry_id=next_id)
+                return
+            next_id = chunk[-1][0] + 1
+            if self.metrics is not None:
+                self.metrics.record_read(sum(len(b) for _, b in chunk), len(chunk))
+            yield pb.ReadRangeResponse(status=errors.EOK, next_entry_id=next_id,
+                                       entries=[pb.EntryBody(entry_id=e, body=b) for e, b in chunk])
+
+    # ---- LAC ---------------------------------------------------------------------------
+
+    def ReadLac(self, request, context):
+        fault = self.faults.check("read_lac", request.ledger_id)
+        if fault is not None:
+            FaultInjector.apply_delay(fault, cancelled=lambda: not context.is_active())
+            if fault.error or fault.drop:
+                return pb.ReadLacResponse(status=fault.error or errors.EIO, ledger_id=request.ledger_id)
+        if not self.storage.has_ledger(request.ledger_id):
+            return pb.ReadLacResponse(status=errors.ENOLEDGER, ledger_id=request.ledger_id)
+        lac_body = self.storage.explicit_lac(request.ledger_id) or b""
+        try:
+            last = self.storage.read_entry(request.ledger_id, -1)
+        except (errors.NoSuchEntryError, errors.NoSuchLedgerError):
+            last = b""
+        except errors.BKError as exc:
+            return pb.ReadLacResponse(status=exc.status or errors.EIO, ledger_id=request.ledger_id,
+                                      message=str(exc))
+        return pb.ReadLacResponse(status=errors.EOK, ledger_id=request.ledger_id,
+                                  lac_body=lac_body, last_entry_body=last)
+
+    def WriteLac(self, request, context):
+        fault = self.faults.check("write_lac", request.ledger_id)
+        if fault is not None:
+            FaultInjector.apply_delay(fault, cancelled=lambda: not context.is_active())
+            if fault.error or fault.drop:
+                return pb.WriteLacResponse(status=fault.error or errors.EIO)
+        if len(request.master_key) != MASTER_KEY_LEN or request.ledger_id < 0:
+            return pb.WriteLacResponse(status=errors.EBADREQ, message="bad ledger id or master key")
+        if self.state.read_only:
+            return pb.WriteLacResponse(status=errors.EREADONLY)
+        known = self.storage.master_key(request.ledger_id)
+        if known is not None and known != request.master_key:
+            return pb.WriteLacResponse(status=errors.EUA, message="wrong master key")
+        try:
+            self.storage.set_explicit_lac(request.ledger_id, request.lac_body)
+        except errors.BKError as exc:
+            return pb.WriteLacResponse(status=exc.status or errors.EIO, message=str(exc))
+        self.lac.advance({request.ledger_id: request.lac})
+        return pb.WriteLacResponse(status=errors.EOK)
+
+    # ---- info, listing, force, faults ------------------------------------------------
+
+    def GetBookieInfo(self, request, context):
+        total, free = self.state.disk_space()
+        return pb.BookieInfoResponse(status=errors.EOK, bookie_id=self.state.bookie_id,
+                                     total_disk_bytes=total, free_disk_bytes=free,
+                                     read_only=self.state.read_only)
+
+    def ListEntries(self, request, context):
+        if not self.storage.has_ledger(request.ledger_id):
+            return pb.ListEntriesResponse(status=errors.ENOLEDGER)
+        ranges = self.storage.list_entries(request.ledger_id)
+        return pb.ListEntriesResponse(status=errors.EOK,
+                                      ranges=[pb.EntryRange(first=a, last=b) for a, b in ranges])
+
+    def Force(self, request, context):
+        try:
+            self.storage.force(request.ledger_id)
+        except errors.BKError as exc:
+            return pb.ForceResponse(status=exc.status or errors.EIO, message=str(exc))
+        return pb.ForceResponse(status=errors.EOK)
+
+    def SetFaults(self, request, context):
+        if not self.config.fault_injection:
+            return pb.SetFaultsResponse(status=errors.EBADREQ)
+        self.faults.set_rules([
+            FaultRule(op=r.op or "any", action=r.action or "fail", delay_ms=r.delay_ms,
+                      error=r.error or errors.EIO, ledger_id=r.ledger_id,
+                      entry_id=r.entry_id if r.match_entry else ANY_ENTRY,
+                      probability=r.probability or 1.0, remaining=r.count)
+            for r in request.rules])
+        return pb.SetFaultsResponse(status=errors.EOK)
+
+
+def _entry_id_of(body: bytes) -> int:
+    return _LAC.unpack_from(body, 8)[0] if len(body) >= 16 else -1
+
+
+__all__ = ["BookieService", "LacTracker", "entry_lac", "ANY_ENTRY"]

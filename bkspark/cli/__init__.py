@@ -1,0 +1,1 @@
+"""The ``bkspark`` command: bookie launcher, local cluster, shell, autorecovery."""

@@ -1,0 +1,28 @@
+"""Entry point of the ``bkspark`` command."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from bkspark.cli import bookie_cmd, localcluster_cmd
+
+    parser = argparse.ArgumentParser(prog="bkspark", description="bkspark: replicated logs for Spark")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("bookie", help="run a bookie (storage server)")
+    bookie_cmd.add_arguments(p)
+    p.set_defaults(run=bookie_cmd.run)
+    p = sub.add_parser("localcluster", help="run an embedded metadata store and N bookies")
+    localcluster_cmd.add_arguments(p)
+    p.set_defaults(run=localcluster_cmd.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.run(args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,214 @@
+"""Run N bookie processes (and pick the embedded metadata store) on one machine.
+
+Used by ``bkspark localcluster``, by the examples and by tests. Each bookie is a real
+``python -m bkspark.bookie`` subprocess on a free loopback port with its own journal and
+ledger directory under ``data_dir``; restarting bookie ``i`` reuses its directories and
+port, so it comes back with the same identity (and cookie).
+
+While a local cluster runs, ``~/.bkspark/localcluster.json`` (or ``$BKSPARK_HOME``) names
+its metadata URI so that clients and the Spark connector can find it without options.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from bkspark.errors import BKError
+
+REGISTRY_FILE = "localcluster.json"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def bkspark_home() -> str:
+    return os.environ.get("BKSPARK_HOME") or os.path.join(os.path.expanduser("~"), ".bkspark")
+
+
+def running_cluster_uri() -> str | None:
+    """Metadata URI of the local cluster running on this machine, if any."""
+    path = os.path.join(bkspark_home(), REGISTRY_FILE)
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+        os.kill(int(doc["pid"]), 0)
+        return doc["metadata_uri"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+class BookieProcess:
+    """One bookie subprocess with fixed directories and port."""
+
+    def __init__(self, index: int, metadata_uri: str, data_dir: str, extra_args: list[str]):
+        self.index = index
+        self.port = free_port()
+        self.http_port = free_port()
+        self.bookie_id = f"127.0.0.1:{self.port}"
+        self.dir = os.path.join(data_dir, f"bookie-{index}")
+        self.metadata_uri = metadata_uri
+        self.extra_args = list(extra_args)
+        self.proc: subprocess.Popen | None = None
+        self.log_path = os.path.join(self.dir, "bookie.log")
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "bkspark.bookie", "--metadata", self.metadata_uri,
+                "--port", str(self.port), "--http-port", str(self.http_port),
+                "--journal-dir", os.path.join(self.dir, "journal"),
+                "--ledger-dirs", os.path.join(self.dir, "ledgers"), *self.extra_args]
+
+    def start(self) -> None:
+        os.makedirs(self.dir, exist_ok=True)
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive:
+            os.kill(self.proc.pid, sig)
+
+    def wait(self, timeout: float) -> None:
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                return b"\n".join(f.read().splitlines()[-lines:]).decode(errors="replace")
+        except OSError:
+            return ""
+
+
+class LocalCluster:
+    """N bookies on loopback against ``metadata_uri`` (default: an embedded SQLite store).
+
+    ``extra_args`` are passed to every bookie (e.g. ``["--fault-injection"]``).
+    """
+
+    def __init__(self, metadata_uri: str | None = None, num_bookies: int = 3,
+                 data_dir: str = "./data", extra_args: list[str] | None = None,
+                 start_timeout: float = 60.0, publish: bool = False):
+        self.data_dir = os.path.abspath(data_dir)
+        os.makedirs(self.data_dir, exist_ok=True)
+        self.metadata_uri = metadata_uri or f"sqlite:///{os.path.join(self.data_dir, 'metadata.db')}"
+        self.extra_args = list(extra_args or [])
+        self.start_timeout = start_timeout
+        self.publish = publish
+        self.bookies = [BookieProcess(i, self.metadata_uri, self.data_dir, self.extra_args)
+                        for i in range(num_bookies)]
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    def __enter__(self) -> "LocalCluster":
+        self.start_all()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop_all()
+
+    @property
+    def bookie_ids(self) -> list[str]:
+        return [b.bookie_id for b in self.bookies]
+
+    def start_all(self) -> None:
+        for bookie in self.bookies:
+            bookie.start()
+        for bookie in self.bookies:
+            self.wait_ready(bookie.index)
+        if self.publish:
+            os.makedirs(bkspark_home(), exist_ok=True)
+            with open(os.path.join(bkspark_home(), REGISTRY_FILE), "w") as f:
+                json.dump({"metadata_uri": self.metadata_uri, "pid": os.getpid(),
+                           "bookies": self.bookie_ids}, f)
+
+    def stop_all(self) -> None:
+        for bookie in self.bookies:
+            bookie.signal(signal.SIGCONT)
+            bookie.signal(signal.SIGTERM)
+        for bookie in self.bookies:
+            bookie.wait(20)
+        if self.publish:
+            try:
+                os.unlink(os.path.join(bkspark_home(), REGISTRY_FILE))
+            except OSError:
+                pass
+
+    def add_bookie(self, wait: bool = True) -> int:
+        bookie = BookieProcess(len(self.bookies), self.metadata_uri, self.data_dir, self.extra_args)
+        self.bookies.append(bookie)
+        bookie.start()
+        if wait:
+            self.wait_ready(bookie.index)
+        return bookie.index
+
+    def start(self, i: int, wait: bool = True) -> None:
+        """(Re)start bookie ``i`` with its directories and port."""
+        if self.bookies[i].alive:
+            return
+        self.bookies[i].start()
+        if wait:
+            self.wait_ready(i)
+
+    def kill(self, i: int) -> None:
+        """SIGKILL bookie ``i`` (no shutdown work at all)."""
+        bookie = self.bookies[i]
+        bookie.signal(signal.SIGCONT)
+        bookie.signal(signal.SIGKILL)
+        bookie.wait(10)
+
+    def stop(self, i: int) -> None:
+        """SIGTERM bookie ``i`` and wait for its graceful exit."""
+        bookie = self.bookies[i]
+        bookie.signal(signal.SIGTERM)
+        bookie.wait(30)
+
+    def restart(self, i: int, kill: bool = True) -> None:
+        self.kill(i) if kill else self.stop(i)
+        self.start(i)
+
+    def pause(self, i: int) -> None:
+        self.bookies[i].signal(signal.SIGSTOP)
+
+    def resume(self, i: int) -> None:
+        self.bookies[i].signal(signal.SIGCONT)
+
+    def wait_ready(self, i: int) -> None:
+        """Wait until bookie ``i`` serves and has registered itself in the metadata store."""
+        bookie = self.bookies[i]
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if not bookie.alive:
+                raise BKError(f"bookie {bookie.bookie_id} exited with {bookie.proc.returncode}:\n"
+                              + bookie.log_tail())
+            if bookie_state(bookie.http_port).get("registeredAs"):
+                return
+            time.sleep(0.1)
+        raise BKError(f"bookie {bookie.bookie_id} did not become ready in {self.start_timeout}s:\n"
+                      + bookie.log_tail())
+
+
+def bookie_state(http_port: int) -> dict:
+    """The bookie's /api/v1/bookie/state document, or {} if it does not answer."""
+    import urllib.request
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/api/v1/bookie/state", timeout=1) as r:
+            return json.loads(r.read())
+    except (OSError, ValueError):
+        return {}

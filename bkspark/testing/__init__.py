@@ -1,0 +1,1 @@
+"""Test tooling shipped with bkspark: bookie clusters with fault injection (like kazoo.testing)."""

@@ -1,0 +1,190 @@
+/* bkspark bookie storage engine: journal (group commit), write cache, entry logs + index,
+ * ledger state, checkpoint/LastLogMark, compaction.  See README.md for the file formats.
+ *
+ * Threading: one mutex `mu` guards all in-memory state (ledger map, index, write caches,
+ * pending journal buffer, log table).  The journal thread writes+syncs outside `mu`.
+ * `ckpt_mu` serialises checkpoints, compaction and close (lock order ckpt_mu -> mu).
+ * No function here touches Python objects; the binding layer (module.c) releases the GIL
+ * around every call that may block.
+ */
+#ifndef BKS_ENGINE_H
+#define BKS_ENGINE_H
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define BKS_EOK 0
+#define BKS_EUA 502
+#define BKS_EFENCED 504
+
+/* engine error kinds (returned as negative ints by engine calls) */
+enum { E_OK = 0, E_NOLEDGER = -1, E_NOENTRY = -2, E_IO = -3, E_BADREQ = -4, E_CLOSED = -5, E_UA = -6 };
+
+#define WHERE_CACHE0 0xFFFFFFF0u
+#define IS_CACHE(w) ((w) >= WHERE_CACHE0)
+
+#define MAX_BODY (64u << 20)
+#define MAX_KEY 1024u
+
+typedef struct {
+    int64_t entry;
+    uint32_t where; /* entry-log id (>= 1) or WHERE_CACHE0 + slot */
+    uint32_t len;   /* body length */
+    uint64_t off;   /* record offset in the entry log / byte offset in the cache arena */
+} Loc;
+
+typedef struct Ledger {
+    uint64_t id;
+    uint64_t inc; /* incarnation: distinguishes a re-created ledger from a deleted one */
+    int has_key, fenced, has_lac;
+    uint16_t keylen;
+    unsigned char key[MAX_KEY];
+    unsigned char *lac;
+    uint32_t laclen;
+    Loc *locs; /* sorted by entry */
+    size_t n, cap;
+    struct Ledger *next; /* hash chain */
+} Ledger;
+
+typedef struct {
+    uint64_t ledger, inc, off;
+    int64_t entry;
+    uint32_t len, lcrc; /* lcrc: entry-log record crc, computed before insertion */
+} CEnt;
+
+typedef struct {
+    unsigned char *buf;
+    size_t used, cap;
+    CEnt *ents;
+    size_t n, ncap;
+} Cache;
+
+typedef struct LogFile {
+    uint32_t id;
+    int dir;     /* index into ledger_dirs */
+    int fd, idx_fd;
+    uint64_t size, idx_size; /* bytes written (including header) */
+    uint64_t live, total;    /* record bytes referenced by the index / written */
+    int refs, dead, writable;
+} LogFile;
+
+typedef struct {
+    uint64_t id, start_seq;
+} JFile;
+
+typedef struct {
+    /* buffer used for one group: */
+    unsigned char *buf;
+    size_t len, cap;
+} Buf;
+
+typedef struct Engine {
+    /* config */
+    char *journal_dir;
+    char **ledger_dirs;
+    int nldirs;
+    size_t cache_half;
+    uint64_t group_wait_ns, threshold, jmax_size, entry_log_max;
+    int max_backups, jsync;
+    double compaction_threshold;
+    uint64_t compaction_max_bytes, ckpt_interval_ns;
+
+    pthread_mutex_t mu, ckpt_mu;
+    pthread_cond_t jcv, synced_cv, cache_cv, ckpt_cv;
+
+    /* ledgers */
+    Ledger **buckets;
+    size_t nbuckets, nledgers;
+    uint64_t next_inc;
+
+    /* write cache */
+    Cache cache[2];
+    int active;
+    int flush_pending;       /* cache[!active] holds data awaiting flush */
+    uint64_t flush_mark_seq; /* journal seq covering everything in the flushing cache */
+
+    /* journal */
+    Buf pending, writing;
+    uint64_t j_enq, j_written, j_synced; /* logical byte sequence numbers */
+    uint64_t pending_since_ns;
+    int j_failed, j_stop, j_waiters;
+    int jfd;
+    uint64_t jcur_id, jpos, jprealloc;
+    JFile *jfiles;
+    size_t njfiles, jfcap;
+    pthread_t jthread;
+    int jthread_started;
+
+    /* entry logs */
+    LogFile **logs; /* sorted by id */
+    size_t nlogs, logcap;
+    LogFile *wlog; /* current write log */
+    uint32_t next_log_id;
+    int next_log_dir;
+
+    /* checkpoint thread */
+    pthread_t cthread;
+    int cthread_started, c_stop;
+    uint64_t mark_id, mark_pos;
+
+    int closed;
+    char errmsg[512];
+
+    /* stats */
+    uint64_t st_adds, st_add_bytes, st_syncs, st_sync_ns, st_jbytes, st_checkpoints, st_compactions,
+        st_compacted_logs, st_compacted_bytes, st_deleted_logs, st_replay_records, st_replay_truncated,
+        st_bg_errors, st_fences, st_cache_waits;
+} Engine;
+
+typedef struct {
+    uint64_t ledger;
+    int64_t entry;
+    const unsigned char *key;
+    uint32_t keylen;
+    int recovery;
+    const unsigned char *body;
+    uint32_t len;
+    uint32_t jcrc, lcrc; /* filled by eng_add_entries */
+} AddReq;
+
+typedef struct {
+    const char *journal_dir;
+    const char **ledger_dirs;
+    int nldirs;
+    uint64_t write_cache_bytes, group_wait_us, threshold, jmax_size;
+    int max_backups, jsync;
+    uint64_t entry_log_max;
+    double compaction_threshold;
+    uint64_t compaction_max_bytes, ckpt_interval_ms;
+} EngineConfig;
+
+typedef struct {
+    uint64_t logs_examined, logs_compacted, logs_deleted, bytes_copied, bytes_reclaimed, entries_copied,
+        corrupt_entries;
+} CompactStats;
+
+int eng_open(const EngineConfig *cfg, Engine **out, char *err, size_t errlen);
+void eng_close(Engine *e, int do_checkpoint);
+void eng_free(Engine *e);
+int eng_add_entries(Engine *e, AddReq *reqs, size_t n, int *status);
+int eng_fence(Engine *e, uint64_t ledger, const unsigned char *key, uint32_t keylen);
+int eng_set_lac(Engine *e, uint64_t ledger, const unsigned char *lac, uint32_t len);
+int eng_delete(Engine *e, uint64_t ledger);
+int eng_force(Engine *e);
+int eng_checkpoint(Engine *e);
+int eng_compact(Engine *e, CompactStats *cs);
+/* read: on success *out is malloc'ed (caller frees) */
+int eng_read(Engine *e, uint64_t ledger, int64_t entry, unsigned char **out, uint32_t *len, int64_t *eid);
+typedef struct {
+    int64_t entry;
+    unsigned char *data;
+    uint32_t len;
+} RangeItem;
+int eng_read_range(Engine *e, uint64_t ledger, int64_t first, int64_t last, uint64_t max_bytes, RangeItem **items,
+                   size_t *nitems);
+/* ledger accessors (take mu) */
+Ledger *eng_find(Engine *e, uint64_t ledger); /* caller must hold mu */
+void eng_lock(Engine *e);
+void eng_unlock(Engine *e);
+
+#endif

@@ -1,0 +1,64 @@
+"""bkspark metadata layer: a versioned, hierarchical store with two implementations.
+
+>>> from metadata import open_store, BadVersionError, NodeExistsError, NoNodeError
+>>> store = open_store("sqlite:///tmp/meta.db")        # or "zk://127.0.0.1:2181/ledgers"
+
+See :class:`metadata.store.MetadataStore` for the operations and their semantics, and
+:mod:`metadata.layout`, :mod:`metadata.ledgers`, :mod:`metadata.registry` for BookKeeper's
+layout on top of it.
+"""
+from __future__ import annotations
+
+from bkspark.errors import (
+    BadRequestError,
+    BadVersionError,
+    BKError,
+    InvalidUriError,
+    MetadataConnectionError,
+    MetadataError,
+    MetadataFormatError,
+    NodeExistsError,
+    NoNodeError,
+    NoSuchLedgerError,
+    NotEmptyError,
+    SessionExpiredError,
+)
+
+from .store import MetadataStore, Transaction
+from .uri import SqliteUri, ZkUri, parse_uri
+
+__all__ = [
+    "open_store", "parse_uri", "MetadataStore", "Transaction",
+    "BKError", "MetadataError", "NodeExistsError", "NoNodeError", "NotEmptyError",
+    "BadVersionError", "SessionExpiredError", "MetadataConnectionError",
+    "MetadataFormatError", "InvalidUriError", "BadRequestError", "NoSuchLedgerError",
+]
+
+
+def open_store(uri: str, *, session_timeout: float = 10.0,
+               connect_timeout: float = 10.0) -> MetadataStore:
+    """Open the metadata store named by ``uri``.
+
+    * ``zk://host:port[,host:port]/root`` — ZooKeeper (kazoo); ``root`` is a chroot,
+      created if missing.
+    * ``sqlite:///abs/path.db`` — embedded SQLite file shared by the processes of one machine.
+
+    ``session_timeout``: seconds after which a silent owner's ephemeral records vanish.
+    ``connect_timeout``: bound on the time spent reaching the store.
+
+    :raises InvalidUriError: malformed URI or unknown scheme (the message says which).
+    :raises MetadataConnectionError: the store could not be reached within
+        ``connect_timeout`` (the message names the address).
+    """
+    for name, value in (("session_timeout", session_timeout),
+                        ("connect_timeout", connect_timeout)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise BadRequestError(f"{name} must be a positive number of seconds, got {value!r}")
+    parsed = parse_uri(uri)
+    if isinstance(parsed, SqliteUri):
+        from .sqlite_store import SqliteStore
+        return SqliteStore(parsed.path, uri, session_timeout=session_timeout,
+                           connect_timeout=connect_timeout)
+    from .zk_store import ZkStore
+    return ZkStore(parsed, uri, session_timeout=session_timeout,
+                   connect_timeout=connect_timeout)

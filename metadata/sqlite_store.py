@@ -1,0 +1,586 @@
+"""Embedded metadata store on one SQLite file, safe for many processes of one machine.
+
+Design:
+
+* WAL journal, ``synchronous=FULL`` (a committed write survives a crash of the machine),
+  a long busy timeout, and every write in a ``BEGIN IMMEDIATE`` transaction, so concurrent
+  writers from any number of processes serialise on the database lock and a
+  compare-and-set is checked and applied atomically.
+* ``nodes`` holds the tree (path, parent, data, version, ephemeral owner, sequence
+  counter for sequential children). ``/`` always exists.
+* ``sessions`` holds one row per open store with a wall-clock heartbeat, refreshed every
+  ``session_timeout / 3`` by a daemon thread. A session whose heartbeat is older than its
+  timeout is dead: any process deletes it and its ephemeral nodes inside its next write
+  transaction, before any read, and on every heartbeat/poll. ``close()`` deletes them at
+  once. A store whose own session row disappeared starts a new session and calls its
+  ``on_session_lost`` callbacks (like a ZooKeeper client after expiry).
+* Watches are served by one polling thread per store (every 0.25 s).
+* Ids come from a counter row incremented inside a write transaction.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import sqlite3
+import threading
+import time
+import uuid
+from typing import Callable
+
+from bkspark.errors import (
+    BadRequestError,
+    BadVersionError,
+    MetadataConnectionError,
+    MetadataError,
+    MetadataFormatError,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    SessionExpiredError,
+)
+
+from .store import (
+    MetadataStore,
+    Transaction,
+    join,
+    parent_of,
+    validate_data,
+    validate_path,
+    validate_version,
+)
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+POLL_INTERVAL = 0.25
+BUSY_TIMEOUT = 60.0
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS nodes (
+    path TEXT PRIMARY KEY,
+    parent TEXT NOT NULL,
+    data BLOB NOT NULL,
+    version INTEGER NOT NULL,
+    owner TEXT,
+    seq INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS nodes_parent ON nodes (parent);
+CREATE INDEX IF NOT EXISTS nodes_owner ON nodes (owner) WHERE owner IS NOT NULL;
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY,
+    heartbeat REAL NOT NULL,
+    timeout REAL NOT NULL,
+    pid INTEGER NOT NULL,
+    host TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+"""
+
+
+class _Watch:
+    __slots__ = ("kind", "path", "callback", "last", "active")
+
+    def __init__(self, kind, path, callback, last):
+        self.kind, self.path, self.callback, self.last = kind, path, callback, last
+        self.active = True
+
+
+class SqliteTransaction(Transaction):
+    def __init__(self, store: "SqliteStore"):
+        super().__init__()
+        self._store = store
+
+    def commit(self) -> list:
+        if self.committed:
+            raise BadRequestError("transaction already committed")
+        self.committed = True
+        return self._store._commit(self.ops)
+
+
+class SqliteStore(MetadataStore):
+    """See the module docstring. Open through :func:`metadata.open_store`."""
+
+    def __init__(self, path: str, uri: str | None = None, *, session_timeout: float = 10.0,
+                 connect_timeout: float = 10.0):
+        if session_timeout <= 0:
+            raise BadRequestError(f"session_timeout must be > 0, got {session_timeout!r}")
+        self.path = path
+        self.uri = uri or f"sqlite://{path}"
+        self.session_timeout = float(session_timeout)
+        self.connect_timeout = float(connect_timeout)
+        self._pid = os.getpid()
+        self._lock = threading.RLock()
+        self._local = threading.local()
+        self._conns: list[sqlite3.Connection] = []
+        self._closed = False
+        self._stop = threading.Event()
+        self._lost_callbacks: list[Callable[[], None]] = []
+        self._watches: list[_Watch] = []
+        self._poll_thread: threading.Thread | None = None
+        self._session: str = ""
+        parent = os.path.dirname(path)
+        try:
+            if parent:
+                os.makedirs(parent, exist_ok=True)
+        except OSError as e:
+            raise MetadataConnectionError(
+                f"cannot create the directory of sqlite metadata store {path}: {e}") from e
+        try:
+            self._init_schema()
+            self._session = self._insert_session()
+        except BaseException:
+            self._close_connections()
+            raise
+        self._hb_thread = threading.Thread(
+            target=self._heartbeat_loop, name=f"bkspark-sqlite-heartbeat-{self._session[:8]}",
+            daemon=True)
+        self._hb_thread.start()
+
+    # ---- connections and transactions ----------------------------------------------
+
+    def _conn(self) -> sqlite3.Connection:
+        if self._closed:
+            raise MetadataError(f"metadata store {self.uri} is closed")
+        if os.getpid() != self._pid:
+            raise MetadataError(
+                f"metadata store {self.uri} was opened in another process (fork); "
+                "open a new store in this process")
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            with self._errors():
+                conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT, isolation_level=None,
+                                       check_same_thread=False)
+                conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT * 1000)}")
+                conn.execute("PRAGMA synchronous=FULL")
+                conn.execute("PRAGMA foreign_keys=OFF")
+            with self._lock:
+                if self._closed:
+                    conn.close()
+                    raise MetadataError(f"metadata store {self.uri} is closed")
+                self._conns.append(conn)
+            self._local.conn = conn
+        return conn
+
+    @contextlib.contextmanager
+    def _errors(self):
+        """Map sqlite3 errors to the metadata error hierarchy."""
+        try:
+            yield
+        except sqlite3.OperationalError as e:
+            msg = str(e)
+            if "locked" in msg or "busy" in msg:
+                raise MetadataConnectionError(
+                    f"sqlite metadata store {self.path} stayed locked for more than "
+                    f"{BUSY_TIMEOUT:.0f}s: {msg}") from e
+            if "unable to open" in msg:
+                raise MetadataConnectionError(
+                    f"cannot open sqlite metadata store {self.path}: {msg}") from e
+            raise MetadataError(f"sqlite metadata store {self.path}: {msg}") from e
+        except sqlite3.DatabaseError as e:
+            msg = str(e)
+            if "not a database" in msg or "malformed" in msg or "corrupt" in msg:
+                raise MetadataFormatError(
+                    f"{self.path} is not a valid bkspark sqlite metadata store: {msg}") from e
+            raise MetadataError(f"sqlite metadata store {self.path}: {msg}") from e
+
+    @contextlib.contextmanager
+    def _write(self, reap: bool = True):
+        """A ``BEGIN IMMEDIATE`` transaction, committed on success, rolled back on error.
+        Dead sessions are reaped first."""
+        conn = self._conn()
+        with self._errors():
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                if reap:
+                    self._reap(conn)
+                yield conn
+            except BaseException:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:  # pragma: no cover - rollback after a failed commit
+                    pass
+                raise
+            else:
+                conn.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def _read(self):
+        """A consistent read snapshot (deferred transaction), after reaping dead sessions."""
+        conn = self._conn()
+        with self._errors():
+            if self._has_dead_sessions(conn):
+                with self._write():
+                    pass
+            conn.execute("BEGIN")
+            try:
+                yield conn
+            finally:
+                conn.execute("COMMIT")
+
+    def _init_schema(self):
+        conn = self._conn()
+        deadline = time.monotonic() + max(self.connect_timeout, 1.0)
+        with self._errors():
+            while True:  # switching to WAL needs a moment without other writers
+                try:
+                    mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+                    break
+                except sqlite3.OperationalError as e:
+                    if "locked" not in str(e) or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+            if str(mode).lower() != "wal":
+                raise MetadataError(f"sqlite metadata store {self.path}: cannot enable WAL "
+                                    f"(journal_mode is {mode})")
+        with self._write(reap=False) as c:
+            for stmt in _SCHEMA.split(";"):
+                if stmt.strip():
+                    c.execute(stmt)
+            row = c.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            if row is None:
+                c.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+                c.execute("INSERT OR IGNORE INTO nodes VALUES ('/', '', x'', 0, NULL, 0)")
+                c.execute("INSERT OR IGNORE INTO counters VALUES ('ids', 0)")
+            elif row[0] != str(SCHEMA_VERSION):
+                raise MetadataFormatError(
+                    f"sqlite metadata store {self.path} has schema version {row[0]!r}; "
+                    f"this bkspark supports {SCHEMA_VERSION}")
+
+    # ---- sessions ----------------------------------------------------------------------
+
+    def _insert_session(self) -> str:
+        sid = uuid.uuid4().hex
+        with self._write() as c:
+            c.execute("INSERT INTO sessions VALUES (?, ?, ?, ?, ?)",
+                      (sid, time.time(), self.session_timeout, os.getpid(), socket.gethostname()))
+        return sid
+
+    def _has_dead_sessions(self, conn) -> bool:
+        row = conn.execute(
+            "SELECT 1 FROM sessions WHERE heartbeat + timeout < ? AND id != ? LIMIT 1",
+            (time.time(), self._session)).fetchone()
+        return row is not None
+
+    def _reap(self, conn) -> None:
+        dead = [r[0] for r in conn.execute(
+            "SELECT id FROM sessions WHERE heartbeat + timeout < ? AND id != ?",
+            (time.time(), self._session))]
+        for sid in dead:
+            _delete_session(conn, sid)
+            log.info("sqlite metadata store %s: expired session %s", self.path, sid)
+
+    def _heartbeat_once(self) -> None:
+        """Refresh our heartbeat (reaping dead sessions); start a new session if ours is gone."""
+        sid = self._session
+        with self._write() as c:
+            alive = c.execute("UPDATE sessions SET heartbeat=? WHERE id=?",
+                              (time.time(), sid)).rowcount
+        if not alive:
+            self._session_lost(sid)
+
+    def _heartbeat_loop(self):
+        interval = self.session_timeout / 3.0
+        while not self._stop.wait(interval):
+            try:
+                self._heartbeat_once()
+            except Exception as e:  # keep heart-beating through transient errors
+                if self._closed:
+                    return
+                log.warning("sqlite metadata store %s: heartbeat failed: %s", self.path, e)
+
+    def _session_lost(self, old_sid: str) -> None:
+        with self._lock:
+            if self._closed or self._session != old_sid:
+                return
+            log.warning("sqlite metadata store %s: session %s expired; starting a new one",
+                        self.path, old_sid)
+            self._session = self._insert_session()
+            callbacks = list(self._lost_callbacks)
+        for cb in callbacks:
+            threading.Thread(target=_safe_call, args=(cb,), daemon=True,
+                             name="bkspark-session-lost").start()
+
+    @property
+    def session_id(self) -> str:
+        return self._session
+
+    def on_session_lost(self, callback: Callable[[], None]) -> None:
+        with self._lock:
+            self._lost_callbacks.append(callback)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._stop.set()
+        if os.getpid() == self._pid:
+            try:
+                with self._write(reap=False) as c:
+                    _delete_session(c, self._session)
+            except MetadataError as e:
+                log.warning("sqlite metadata store %s: closing session: %s", self.path, e)
+        with self._lock:
+            self._closed = True
+        for t in (self._hb_thread, self._poll_thread):
+            if t is not None and t is not threading.current_thread():
+                t.join(timeout=2.0)
+        self._close_connections()
+
+    def _close_connections(self):
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for c in conns:
+            try:
+                c.close()
+            except sqlite3.Error:  # pragma: no cover
+                pass
+        self._local = threading.local()
+
+    # ---- basic operations ----------------------------------------------------------------
+
+    def create(self, path: str, data: bytes = b"", ephemeral: bool = False,
+               sequential: bool = False, makepath: bool = True) -> str:
+        path = validate_path(path)
+        data = validate_data(data)
+        sid = self._session
+        try:
+            with self._write() as c:
+                return self._create(c, path, data, bool(ephemeral), bool(sequential),
+                                    bool(makepath), sid)
+        except SessionExpiredError:
+            self._session_lost(sid)
+            raise
+
+    def _create(self, c, path, data, ephemeral, sequential, makepath, sid) -> str:
+        if path == "/" and not sequential:
+            raise NodeExistsError(f"node already exists: {path}")
+        if ephemeral:
+            if c.execute("SELECT 1 FROM sessions WHERE id=?", (sid,)).fetchone() is None:
+                raise SessionExpiredError(
+                    f"session {sid} of {self.uri} expired; ephemeral {path} not created")
+        parent = parent_of(path)
+        prow = c.execute("SELECT owner, seq FROM nodes WHERE path=?", (parent,)).fetchone()
+        if prow is None:
+            if not makepath:
+                raise NoNodeError(f"parent node does not exist: {parent} (creating {path})")
+            self._make_parents(c, parent)
+            prow = (None, 0)
+        if prow[0] is not None:
+            raise BadRequestError(f"ephemeral node {parent} cannot have children ({path})")
+        if sequential:
+            seq = prow[1]
+            c.execute("UPDATE nodes SET seq=seq+1 WHERE path=?", (parent,))
+            path = f"{path}{seq:010d}"
+        if c.execute("SELECT 1 FROM nodes WHERE path=?", (path,)).fetchone() is not None:
+            raise NodeExistsError(f"node already exists: {path}")
+        c.execute("INSERT INTO nodes VALUES (?, ?, ?, 0, ?, 0)",
+                  (path, parent, data, sid if ephemeral else None))
+        return path
+
+    def _make_parents(self, c, path):
+        missing = []
+        while path != "/":
+            row = c.execute("SELECT owner FROM nodes WHERE path=?", (path,)).fetchone()
+            if row is not None:
+                if row[0] is not None:
+                    raise BadRequestError(f"ephemeral node {path} cannot have children")
+                break
+            missing.append(path)
+            path = parent_of(path)
+        for p in reversed(missing):
+            c.execute("INSERT INTO nodes VALUES (?, ?, x'', 0, NULL, 0)", (p, parent_of(p)))
+
+    def get(self, path: str) -> tuple[bytes, int]:
+        path = validate_path(path)
+        with self._read() as c:
+            row = c.execute("SELECT data, version FROM nodes WHERE path=?", (path,)).fetchone()
+        if row is None:
+            raise NoNodeError(f"no such node: {path}")
+        return bytes(row[0]), row[1]
+
+    def exists(self, path: str) -> int | None:
+        path = validate_path(path)
+        with self._read() as c:
+            row = c.execute("SELECT version FROM nodes WHERE path=?", (path,)).fetchone()
+        return None if row is None else row[0]
+
+    def set(self, path: str, data: bytes, version: int = -1) -> int:
+        path, data, version = validate_path(path), validate_data(data), validate_version(version)
+        with self._write() as c:
+            return self._set(c, path, data, version)
+
+    @staticmethod
+    def _set(c, path, data, version) -> int:
+        row = c.execute("SELECT version FROM nodes WHERE path=?", (path,)).fetchone()
+        if row is None:
+            raise NoNodeError(f"no such node: {path}")
+        if version != -1 and row[0] != version:
+            raise BadVersionError(f"version conflict on {path}: expected {version}, is {row[0]}")
+        c.execute("UPDATE nodes SET data=?, version=version+1 WHERE path=?", (data, path))
+        return row[0] + 1
+
+    def delete(self, path: str, version: int = -1) -> None:
+        path, version = validate_path(path), validate_version(version)
+        with self._write() as c:
+            self._delete(c, path, version)
+
+    @staticmethod
+    def _delete(c, path, version) -> None:
+        if path == "/":
+            raise BadRequestError("the root node cannot be deleted")
+        row = c.execute("SELECT version FROM nodes WHERE path=?", (path,)).fetchone()
+        if row is None:
+            raise NoNodeError(f"no such node: {path}")
+        if version != -1 and row[0] != version:
+            raise BadVersionError(f"version conflict on {path}: expected {version}, is {row[0]}")
+        if c.execute("SELECT 1 FROM nodes WHERE parent=? LIMIT 1", (path,)).fetchone():
+            raise NotEmptyError(f"node has children: {path}")
+        c.execute("DELETE FROM nodes WHERE path=?", (path,))
+
+    @staticmethod
+    def _check(c, path, version) -> None:
+        row = c.execute("SELECT version FROM nodes WHERE path=?", (path,)).fetchone()
+        if row is None:
+            raise NoNodeError(f"no such node: {path}")
+        if version != -1 and row[0] != version:
+            raise BadVersionError(f"version conflict on {path}: expected {version}, is {row[0]}")
+
+    def children(self, path: str) -> list[str]:
+        path = validate_path(path)
+        with self._read() as c:
+            names = self._children(c, path)
+        if names is None:
+            raise NoNodeError(f"no such node: {path}")
+        return names
+
+    @staticmethod
+    def _children(c, path) -> list[str] | None:
+        if c.execute("SELECT 1 FROM nodes WHERE path=?", (path,)).fetchone() is None:
+            return None
+        cut = 1 if path == "/" else len(path) + 1
+        return sorted(r[0][cut:] for r in c.execute(
+            "SELECT path FROM nodes WHERE parent=?", (path,)) if r[0] != "/")
+
+    def transaction(self) -> Transaction:
+        return SqliteTransaction(self)
+
+    def _commit(self, ops) -> list:
+        sid = self._session
+        results = []
+        try:
+            with self._write() as c:
+                for op in ops:
+                    kind = op[0]
+                    if kind == "create":
+                        results.append(self._create(c, *op[1:], sid))
+                    elif kind == "set":
+                        results.append(self._set(c, *op[1:]))
+                    elif kind == "delete":
+                        results.append(self._delete(c, *op[1:]))
+                    elif kind == "check":
+                        results.append(self._check(c, *op[1:]))
+                    else:  # pragma: no cover
+                        raise BadRequestError(f"unknown transaction op {kind!r}")
+        except SessionExpiredError:
+            self._session_lost(sid)
+            raise
+        return results
+
+    def generate_id(self) -> int:
+        with self._write() as c:
+            return c.execute(
+                "UPDATE counters SET value=value+1 WHERE name='ids' RETURNING value").fetchone()[0]
+
+    # ---- watches ------------------------------------------------------------------------
+
+    def _snapshot(self, kind, path):
+        with self._read() as c:
+            if kind == "children":
+                return tuple(self._children(c, path) or ())
+            row = c.execute("SELECT data, version FROM nodes WHERE path=?", (path,)).fetchone()
+            return (None, None) if row is None else (bytes(row[0]), row[1])
+
+    def _deliver(self, w: _Watch, value):
+        if w.kind == "children":
+            w.callback(list(value))
+        else:
+            w.callback(*value)
+
+    def _add_watch(self, kind, path, callback) -> Callable[[], None]:
+        path = validate_path(path)
+        if not callable(callback):
+            raise BadRequestError("watch callback must be callable")
+        w = _Watch(kind, path, callback, self._snapshot(kind, path))
+        self._deliver(w, w.last)
+        with self._lock:
+            self._watches.append(w)
+            if self._poll_thread is None:
+                self._poll_thread = threading.Thread(
+                    target=self._poll_loop, daemon=True, name="bkspark-sqlite-watch")
+                self._poll_thread.start()
+
+        def cancel():
+            w.active = False
+            with self._lock:
+                if w in self._watches:
+                    self._watches.remove(w)
+        return cancel
+
+    def watch_children(self, path, callback):
+        return self._add_watch("children", path, callback)
+
+    def watch_data(self, path, callback):
+        return self._add_watch("data", path, callback)
+
+    def _poll_loop(self):
+        while not self._stop.wait(POLL_INTERVAL):
+            with self._lock:
+                watches = list(self._watches)
+            for w in watches:
+                if not w.active or self._stop.is_set():
+                    continue
+                try:
+                    value = self._snapshot(w.kind, w.path)
+                except Exception as e:
+                    if self._closed:
+                        return
+                    log.warning("sqlite watch on %s failed: %s", w.path, e)
+                    continue
+                if value != w.last and w.active:
+                    w.last = value
+                    _safe_call(self._deliver, w, value)
+
+    # ---- test hooks (used by metadata.testing) ----------------------------------------
+
+    def _expire_session_now(self) -> None:
+        """Kill our session as a reaper would, then let the store notice."""
+        sid = self._session
+        with self._write(reap=False) as c:
+            _delete_session(c, sid)
+        self._heartbeat_once()
+
+    def _drop_connection(self) -> None:
+        """Close this thread's SQLite connection; the next operation reopens one."""
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            self._local.conn = None
+            with self._lock:
+                if conn in self._conns:
+                    self._conns.remove(conn)
+            conn.close()
+
+
+def _delete_session(conn, sid: str) -> None:
+    # Ephemeral nodes never have children, so deleting them cannot orphan anything.
+    conn.execute("DELETE FROM nodes WHERE owner=?", (sid,))
+    conn.execute("DELETE FROM sessions WHERE id=?", (sid,))
+
+
+def _safe_call(fn, *args):
+    try:
+        fn(*args)
+    except Exception:
+        log.exception("metadata callback %r failed", fn)

@@ -1,0 +1,229 @@
+"""The metadata store interface shared by the ZooKeeper and the SQLite implementations.
+
+A store is a tree of records ("nodes") addressed by absolute slash-separated paths inside
+the store root, modelled on ZooKeeper:
+
+* every node has ``data`` (bytes) and an integer ``version`` that starts at 0 when the node is
+  created and grows by one on every :meth:`MetadataStore.set`;
+* writes may be conditional on a version (compare-and-set); ``version=-1`` means
+  unconditional;
+* a node may be *ephemeral*: it belongs to the store's session and vanishes when the
+  session ends (:meth:`MetadataStore.close`) or expires (the owner stopped heart-beating);
+  ephemeral nodes cannot have children;
+* a *sequential* create appends a 10-digit, per-parent, increasing counter to the name;
+* watches report changes of a node's children or data.
+
+Errors all derive from :class:`bkspark.errors.MetadataError` (re-exported by
+:mod:`metadata`).
+"""
+from __future__ import annotations
+
+import abc
+import re
+from typing import Callable
+
+from bkspark.errors import BadRequestError
+
+#: ZooKeeper's default maximum znode payload (jute.maxbuffer is 0xfffff minus overhead).
+MAX_DATA_SIZE = 1024 * 1024 - 1024
+
+_BAD_PATH_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def validate_path(path: str) -> str:
+    """Check ``path`` is an absolute, normalised store path; return it.
+
+    :raises BadRequestError: naming what is wrong with the path.
+    """
+    if not isinstance(path, str):
+        raise BadRequestError(f"metadata path must be a str, got {type(path).__name__}")
+    if not path.startswith("/"):
+        raise BadRequestError(f"metadata path must be absolute (start with '/'): {path!r}")
+    if path == "/":
+        return path
+    if path.endswith("/"):
+        raise BadRequestError(f"metadata path must not end with '/': {path!r}")
+    for part in path[1:].split("/"):
+        if part == "":
+            raise BadRequestError(f"metadata path has an empty component: {path!r}")
+        if part in (".", ".."):
+            raise BadRequestError(f"metadata path has a relative component {part!r}: {path!r}")
+    if _BAD_PATH_CHARS.search(path):
+        raise BadRequestError(f"metadata path contains control characters: {path!r}")
+    return path
+
+
+def validate_data(data) -> bytes:
+    """Return ``data`` as bytes, rejecting non-bytes and oversized payloads."""
+    if isinstance(data, (bytearray, memoryview)):
+        data = bytes(data)
+    if not isinstance(data, bytes):
+        raise BadRequestError(f"metadata data must be bytes, got {type(data).__name__}")
+    if len(data) > MAX_DATA_SIZE:
+        raise BadRequestError(
+            f"metadata record of {len(data)} bytes exceeds the {MAX_DATA_SIZE}-byte limit")
+    return data
+
+
+def validate_version(version) -> int:
+    if isinstance(version, bool) or not isinstance(version, int) or version < -1:
+        raise BadRequestError(f"version must be an int >= -1 (-1 = any), got {version!r}")
+    return version
+
+
+def parent_of(path: str) -> str:
+    parent = path.rsplit("/", 1)[0]
+    return parent or "/"
+
+
+def join(parent: str, name: str) -> str:
+    return ("" if parent == "/" else parent) + "/" + name
+
+
+class Transaction(abc.ABC):
+    """A multi-operation, all-or-nothing write.
+
+    Operations are queued by :meth:`create`, :meth:`set`, :meth:`delete` and :meth:`check`
+    and applied atomically by :meth:`commit`, which returns one result per operation (the
+    created path for ``create``, the new version for ``set``, ``None`` otherwise) or raises
+    the error of the first failing operation (e.g. :class:`BadVersionError`) having applied
+    nothing. Usable as a context manager (commits on a clean exit).
+    """
+
+    def __init__(self):
+        self.ops: list[tuple] = []
+        self.committed = False
+
+    def _add(self, op: tuple) -> "Transaction":
+        if self.committed:
+            raise BadRequestError("transaction already committed")
+        self.ops.append(op)
+        return self
+
+    def create(self, path: str, data: bytes = b"", ephemeral: bool = False,
+               sequential: bool = False, makepath: bool = True) -> "Transaction":
+        return self._add(("create", validate_path(path), validate_data(data),
+                          bool(ephemeral), bool(sequential), bool(makepath)))
+
+    def set(self, path: str, data: bytes, version: int = -1) -> "Transaction":
+        return self._add(("set", validate_path(path), validate_data(data),
+                          validate_version(version)))
+
+    def delete(self, path: str, version: int = -1) -> "Transaction":
+        return self._add(("delete", validate_path(path), validate_version(version)))
+
+    def check(self, path: str, version: int) -> "Transaction":
+        return self._add(("check", validate_path(path), validate_version(version)))
+
+    @abc.abstractmethod
+    def commit(self) -> list:
+        """Apply every queued operation atomically; see the class docstring."""
+
+    def __enter__(self) -> "Transaction":
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None and not self.committed:
+            self.commit()
+
+
+class MetadataStore(abc.ABC):
+    """Versioned, hierarchical metadata store (see the module docstring).
+
+    Open one with :func:`metadata.open_store`. Thread-safe. Use as a context manager or call
+    :meth:`close`.
+    """
+
+    #: the URI the store was opened with
+    uri: str
+    #: the requested session timeout, seconds
+    session_timeout: float
+
+    @abc.abstractmethod
+    def create(self, path: str, data: bytes = b"", ephemeral: bool = False,
+               sequential: bool = False, makepath: bool = True) -> str:
+        """Create ``path`` holding ``data``; return the created path (with the sequence
+        suffix when ``sequential``). Missing parents are created (persistent) when
+        ``makepath``, else :class:`NoNodeError`.
+
+        :raises NodeExistsError: the node already exists.
+        """
+
+    @abc.abstractmethod
+    def get(self, path: str) -> tuple[bytes, int]:
+        """Return ``(data, version)``. :raises NoNodeError: absent."""
+
+    @abc.abstractmethod
+    def exists(self, path: str) -> int | None:
+        """Return the node's version, or ``None`` if absent."""
+
+    @abc.abstractmethod
+    def set(self, path: str, data: bytes, version: int = -1) -> int:
+        """Replace the data if the version matches (``-1``: any); return the new version.
+
+        :raises BadVersionError: the node's version is not ``version``.
+        :raises NoNodeError: absent.
+        """
+
+    @abc.abstractmethod
+    def delete(self, path: str, version: int = -1) -> None:
+        """Delete the node. :raises NoNodeError, BadVersionError, NotEmptyError:"""
+
+    @abc.abstractmethod
+    def children(self, path: str) -> list[str]:
+        """Names of the node's children, sorted. :raises NoNodeError: absent."""
+
+    @abc.abstractmethod
+    def watch_children(self, path: str, callback: Callable[[list[str]], None]) -> Callable[[], None]:
+        """Call ``callback(sorted_children)`` now and whenever the children change (``[]``
+        while the node does not exist). Returns a function that cancels the watch.
+        Callbacks run on a store thread; keep them short."""
+
+    @abc.abstractmethod
+    def watch_data(self, path: str,
+                   callback: Callable[[bytes | None, int | None], None]) -> Callable[[], None]:
+        """Call ``callback(data, version)`` now and whenever the node changes;
+        ``(None, None)`` while it does not exist. Returns a cancel function."""
+
+    @abc.abstractmethod
+    def transaction(self) -> Transaction:
+        """Start a multi-op transaction (see :class:`Transaction`)."""
+
+    @abc.abstractmethod
+    def generate_id(self) -> int:
+        """Return a positive 64-bit integer never returned before by any client of this
+        store (across processes)."""
+
+    @property
+    @abc.abstractmethod
+    def session_id(self) -> str:
+        """Identifier of the current session (changes after the session is lost)."""
+
+    @abc.abstractmethod
+    def on_session_lost(self, callback: Callable[[], None]) -> None:
+        """Register ``callback()``, called (on a store thread) after the session expired and
+        a new session is in place, so owners can recreate their ephemeral nodes."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """End the session (its ephemeral nodes vanish) and release resources. Idempotent."""
+
+    # ---- conveniences shared by both implementations ---------------------------------
+
+    def ensure_path(self, path: str) -> None:
+        """Create ``path`` (and parents) with empty data if it does not exist."""
+        from bkspark.errors import NodeExistsError
+        if self.exists(path) is None:
+            try:
+                self.create(path, b"", makepath=True)
+            except NodeExistsError:
+                pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return f"<{type(self).__name__} {self.uri!r} session={self.session_id}>"

@@ -1,0 +1,125 @@
+"""Parsing of metadata service URIs.
+
+* ``zk://host:port[,host:port...]/root`` — ZooKeeper; ``root`` is the chroot of the store
+  (``/`` or empty for none); the port defaults to 2181.
+* ``sqlite:///abs/path/meta.db`` — embedded SQLite database file (absolute path).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from bkspark.errors import InvalidUriError
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$", re.S)
+_HOSTNAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
+_ZK_ROOT_PART = re.compile(r"^[A-Za-z0-9_.:@+=-]+$")
+
+SCHEMES = ("zk", "sqlite")
+
+
+@dataclass(frozen=True)
+class ZkUri:
+    hosts: tuple[tuple[str, int], ...]
+    root: str  # "/" for no chroot
+
+    @property
+    def hosts_string(self) -> str:
+        return ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.hosts)
+
+
+@dataclass(frozen=True)
+class SqliteUri:
+    path: str
+
+
+def parse_uri(uri) -> ZkUri | SqliteUri:
+    """Parse a metadata URI. :raises InvalidUriError: naming the problem."""
+    if not isinstance(uri, str):
+        raise InvalidUriError(f"metadata URI must be a string, got {type(uri).__name__}: {uri!r}")
+    if not uri.strip():
+        raise InvalidUriError("metadata URI is empty (expected zk://host:port/root or "
+                              "sqlite:///abs/path.db)")
+    if uri != uri.strip() or any(c in uri for c in "\r\n\t\x00"):
+        raise InvalidUriError(f"metadata URI contains whitespace or control characters: {uri!r}")
+    m = _SCHEME.match(uri)
+    if not m:
+        raise InvalidUriError(
+            f"malformed metadata URI {uri!r}: expected scheme://..., e.g. "
+            "zk://127.0.0.1:2181/ledgers or sqlite:///abs/path/meta.db")
+    scheme, rest = m.group(1).lower(), m.group(2)
+    if scheme == "zk":
+        return _parse_zk(uri, rest)
+    if scheme == "sqlite":
+        return _parse_sqlite(uri, rest)
+    raise InvalidUriError(
+        f"unknown metadata URI scheme {scheme!r} in {uri!r}: supported schemes are "
+        "zk:// (ZooKeeper) and sqlite:/// (embedded)")
+
+
+def _parse_sqlite(uri: str, rest: str) -> SqliteUri:
+    if "?" in rest or "#" in rest:
+        raise InvalidUriError(f"sqlite URI {uri!r} must not have a query or fragment")
+    if not rest.startswith("/"):
+        raise InvalidUriError(
+            f"sqlite URI {uri!r} must name an absolute file path with three slashes, "
+            "e.g. sqlite:///tmp/meta.db (a host part is not allowed)")
+    path = rest
+    if path.startswith("//"):
+        raise InvalidUriError(f"sqlite URI {uri!r} has an empty path component")
+    if path.endswith("/") or path == "/":
+        raise InvalidUriError(f"sqlite URI {uri!r} names a directory, not a database file")
+    if "//" in path:
+        raise InvalidUriError(f"sqlite URI {uri!r} has an empty path component")
+    return SqliteUri(path=path)
+
+
+def _parse_zk(uri: str, rest: str) -> ZkUri:
+    if "?" in rest or "#" in rest:
+        raise InvalidUriError(f"zk URI {uri!r} must not have a query or fragment")
+    slash = rest.find("/")
+    netloc, root = (rest, "/") if slash < 0 else (rest[:slash], rest[slash:])
+    if "@" in netloc:
+        raise InvalidUriError(f"zk URI {uri!r}: credentials in the URI are not supported")
+    if not netloc:
+        raise InvalidUriError(f"zk URI {uri!r} names no host (expected zk://host:port/root)")
+    hosts = []
+    for item in netloc.split(","):
+        if not item:
+            raise InvalidUriError(f"zk URI {uri!r} has an empty host in its host list")
+        if item.startswith("["):  # [ipv6]:port
+            end = item.find("]")
+            if end < 0:
+                raise InvalidUriError(f"zk URI {uri!r}: unterminated IPv6 address {item!r}")
+            host, tail = item[1:end], item[end + 1:]
+            if tail and not tail.startswith(":"):
+                raise InvalidUriError(f"zk URI {uri!r}: malformed host {item!r}")
+            port_s = tail[1:] if tail else ""
+            if not host or not all(c in "0123456789abcdefABCDEF:." for c in host):
+                raise InvalidUriError(f"zk URI {uri!r}: malformed IPv6 address {item!r}")
+        else:
+            host, sep, port_s = item.partition(":")
+            if not sep:
+                port_s = ""
+            if not _HOSTNAME.match(host or ""):
+                raise InvalidUriError(f"zk URI {uri!r}: malformed host name {host!r}")
+        if port_s == "" and (":" in item and not item.startswith("[") or item.endswith(":")):
+            raise InvalidUriError(f"zk URI {uri!r}: empty port in {item!r}")
+        if port_s == "":
+            port = 2181
+        else:
+            if not port_s.isdigit():
+                raise InvalidUriError(f"zk URI {uri!r}: port {port_s!r} of {item!r} is not a number")
+            port = int(port_s)
+            if not 1 <= port <= 65535:
+                raise InvalidUriError(f"zk URI {uri!r}: port {port} of {item!r} is out of range")
+        hosts.append((host, port))
+    if root != "/":
+        if root.endswith("/"):
+            root = root.rstrip("/") or "/"
+    if root != "/":
+        for part in root[1:].split("/"):
+            if part in ("", ".", "..") or not _ZK_ROOT_PART.match(part):
+                raise InvalidUriError(
+                    f"zk URI {uri!r}: invalid root path {root!r} (component {part!r})")
+    return ZkUri(hosts=tuple(hosts), root=root)

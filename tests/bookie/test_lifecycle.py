@@ -1,0 +1,169 @@
+"""Bookie lifecycle with real processes: restarts, kill -9, cookies, read-only, GC, SIGTERM."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from bkspark import errors
+from bkspark.proto import bookie_pb2 as pb
+from bkspark.testing.cluster import BookieCluster
+from metadata import open_store, registry
+from metadata.ledger_metadata import LedgerMetadata
+from metadata import ledgers as ledger_store
+
+from .conftest import MASTER_KEY, add_request, frame, stub_for
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    with BookieCluster(f"sqlite:///{tmp_path}/meta.db", num_bookies=1, data_dir=tmp_path) as c:
+        yield c
+
+
+def _http(cluster, path, method="GET", body=None):
+    req = urllib.request.Request(f"http://127.0.0.1:{cluster.bookies[0].http_port}{path}", method=method,
+                                 data=json.dumps(body).encode() if body is not None else None)
+    with urllib.request.urlopen(req, timeout=10) as reply:
+        return json.loads(reply.read())
+
+
+def test_fence_survives_kill_and_restart(cluster):
+    stub, channel = stub_for(cluster.bookie_ids[0])
+    assert stub.Add(add_request(7, 0), timeout=10).status == errors.EOK
+    fence = stub.Read(pb.ReadRequest(ledger_id=7, entry_id=-1, flags=pb.ReadRequest.FENCE_LEDGER,
+                                     master_key=MASTER_KEY), timeout=10)
+    assert fence.status == errors.EOK
+    channel.close()
+    cluster.kill(0)
+    cluster.start(0)
+    stub, channel = stub_for(cluster.bookie_ids[0])
+    assert stub.Add(add_request(7, 1), timeout=10).status == errors.EFENCED
+    assert stub.Read(pb.ReadRequest(ledger_id=7, entry_id=0), timeout=10).status == errors.EOK
+    channel.close()
+
+
+def test_kill_9_under_load_loses_nothing_acknowledged(cluster):
+    stub, channel = stub_for(cluster.bookie_ids[0])
+    acked: list[int] = []
+    stop = threading.Event()
+
+    def batches():
+        e = 0
+        while not stop.is_set():
+            yield pb.AddBatch(adds=[add_request(11, e + i, b"%d" % (e + i) * 50) for i in range(50)])
+            e += 50
+
+    def writer():
+        try:
+            for reply in stub.AddStream(batches(), timeout=60):
+                acked.extend(r.entry_id for r in reply.responses if r.status == errors.EOK)
+        except Exception:  # noqa: BLE001 - the bookie dies under us: expected
+            pass
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while len(acked) < 2000 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    cluster.kill(0)
+    stop.set()
+    thread.join(30)
+    channel.close()
+    assert len(acked) >= 2000
+    snapshot = sorted(acked)
+    cluster.start(0)
+    stub, channel = stub_for(cluster.bookie_ids[0])
+    for e in snapshot:
+        reply = stub.Read(pb.ReadRequest(ledger_id=11, entry_id=e), timeout=10)
+        assert reply.status == errors.EOK, f"acknowledged entry {e} lost after kill -9"
+        assert reply.body == frame(11, e, b"%d" % e * 50)
+    channel.close()
+
+
+def test_replaced_disk_refuses_to_start(cluster):
+    cluster.stop(0)
+    journal = os.path.join(cluster.bookies[0].dir, "journal")
+    shutil.rmtree(journal)
+    os.makedirs(journal)
+    with pytest.raises(errors.BKError, match="disks were replaced"):
+        cluster.start(0)
+
+
+def test_swapped_directories_refuse_to_start(tmp_path):
+    with BookieCluster(f"sqlite:///{tmp_path}/meta.db", num_bookies=2, data_dir=tmp_path) as c:
+        c.stop(0)
+        c.stop(1)
+        a, b = c.bookies[0].dir, c.bookies[1].dir
+        os.rename(a, a + ".tmp")
+        os.rename(b, a)
+        os.rename(a + ".tmp", b)
+        with pytest.raises(errors.BKError, match="cookie in .* does not match"):
+            c.start(0)
+
+
+def test_read_only_switch_moves_registration_and_refuses_adds(cluster):
+    store = open_store(cluster.metadata_uri)
+    bookie_id = cluster.bookie_ids[0]
+    stub, channel = stub_for(bookie_id)
+    try:
+        assert _http(cluster, "/api/v1/bookie/state/readonly", "PUT", {"readOnly": True})["readOnly"]
+        assert bookie_id in registry.list_bookies(store, readonly=True)
+        assert bookie_id not in registry.list_bookies(store)
+        assert stub.Add(add_request(21, 0), timeout=10).status == errors.EREADONLY
+        assert stub.GetBookieInfo(pb.BookieInfoRequest(), timeout=10).read_only
+        assert not _http(cluster, "/api/v1/bookie/state/readonly", "PUT", {"readOnly": False})["readOnly"]
+        assert bookie_id in registry.list_bookies(store)
+        assert stub.Add(add_request(21, 0), timeout=10).status == errors.EOK
+    finally:
+        channel.close()
+        store.close()
+
+
+def test_disk_usage_threshold_makes_bookie_read_only(tmp_path):
+    args = ["--disk-usage-threshold", "0.0001", "--disk-usage-lwm", "0.00005", "--disk-check-interval-s", "0.2"]
+    with BookieCluster(f"sqlite:///{tmp_path}/meta.db", num_bookies=1, data_dir=tmp_path, extra_args=args) as c:
+        store = open_store(c.metadata_uri)
+        assert c.bookie_ids[0] in registry.list_bookies(store, readonly=True)
+        store.close()
+        stub, channel = stub_for(c.bookie_ids[0])
+        assert stub.Add(add_request(5, 0), timeout=10).status == errors.EREADONLY
+        channel.close()
+
+
+def test_gc_deletes_only_ledgers_missing_from_metadata(cluster):
+    store = open_store(cluster.metadata_uri)
+    bookie_id = cluster.bookie_ids[0]
+    live = ledger_store.create_ledger(store, LedgerMetadata(
+        ledger_id=-1, ensemble_size=1, write_quorum=1, ack_quorum=1,
+        ensembles=[(0, [bookie_id])], password=b"pw"))
+    dead = live.ledger_id + 1_000_000
+    stub, channel = stub_for(bookie_id)
+    for lid in (live.ledger_id, dead):
+        assert stub.Add(add_request(lid, 0), timeout=10).status == errors.EOK
+    deleted = _http(cluster, "/api/v1/bookie/gc", "POST", {})["deletedLedgers"]
+    assert deleted == [dead]
+    assert stub.Read(pb.ReadRequest(ledger_id=live.ledger_id, entry_id=0), timeout=10).status == errors.EOK
+    assert stub.Read(pb.ReadRequest(ledger_id=dead, entry_id=0), timeout=10).status == errors.ENOLEDGER
+    channel.close()
+    store.close()
+
+
+def test_sigterm_is_graceful_and_unregisters(cluster):
+    store = open_store(cluster.metadata_uri)
+    assert cluster.bookie_ids[0] in registry.list_bookies(store)
+    cluster.stop(0)
+    assert cluster.bookies[0].proc.returncode == 0
+    assert cluster.bookie_ids[0] not in registry.list_bookies(store)
+    store.close()
+
+
+def test_bad_flags_exit_with_a_clear_message(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "bkspark.bookie", "--metadata", f"sqlite:///{tmp_path}/m.db",
+                           "--journal-dir", str(tmp_path / "j")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "ledger_dirs" in proc.stderr

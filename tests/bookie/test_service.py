@@ -1,0 +1,199 @@
+"""Every status-code path of the bookie service, against a real bookie process."""
+import itertools
+import json
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from bkspark import errors
+from bkspark.proto import bookie_pb2 as pb
+
+from .conftest import MASTER_KEY, OTHER_KEY, add_request, frame, stub_for
+
+_ids = itertools.count(1000)
+
+
+def new_ledger_id():
+    return next(_ids)
+
+
+def read(stub, lid, eid, **kw):
+    return stub.Read(pb.ReadRequest(ledger_id=lid, entry_id=eid, **kw), timeout=20)
+
+
+def test_add_then_read_and_read_last(stub):
+    lid = new_ledger_id()
+    for e in range(3):
+        assert stub.Add(add_request(lid, e, b"payload-%d" % e, lac=e - 1), timeout=10).status == errors.EOK
+    reply = read(stub, lid, 1)
+    assert reply.status == errors.EOK and reply.body == frame(lid, 1, b"payload-1", 0)
+    last = read(stub, lid, -1)
+    assert last.status == errors.EOK and last.entry_id == 2 and last.body.endswith(b"payload-2")
+    assert last.max_lac == 1
+
+
+def test_missing_entry_and_missing_ledger(stub):
+    lid = new_ledger_id()
+    assert stub.Add(add_request(lid, 0), timeout=10).status == errors.EOK
+    assert read(stub, lid, 5).status == errors.ENOENTRY
+    assert read(stub, new_ledger_id(), 0).status == errors.ENOLEDGER
+
+
+def test_wrong_master_key_is_unauthorized(stub):
+    lid = new_ledger_id()
+    assert stub.Add(add_request(lid, 0), timeout=10).status == errors.EOK
+    assert stub.Add(add_request(lid, 1, key=OTHER_KEY), timeout=10).status == errors.EUA
+    fence = read(stub, lid, -1, flags=pb.ReadRequest.FENCE_LEDGER, master_key=OTHER_KEY)
+    assert fence.status == errors.EUA
+    # the failed fence did not fence: the right writer can still add
+    assert stub.Add(add_request(lid, 1), timeout=10).status == errors.EOK
+
+
+def test_fenced_ledger_rejects_adds_but_accepts_recovery_adds(stub):
+    lid = new_ledger_id()
+    assert stub.Add(add_request(lid, 0), timeout=10).status == errors.EOK
+    fence = read(stub, lid, -1, flags=pb.ReadRequest.FENCE_LEDGER, master_key=MASTER_KEY)
+    assert fence.status == errors.EOK and fence.entry_id == 0
+    assert stub.Add(add_request(lid, 1), timeout=10).status == errors.EFENCED
+    assert stub.Add(add_request(lid, 1, recovery=True), timeout=10).status == errors.EOK
+
+
+def test_fencing_an_unknown_ledger_blocks_later_adds(stub):
+    lid = new_ledger_id()
+    fence = read(stub, lid, -1, flags=pb.ReadRequest.FENCE_LEDGER, master_key=MASTER_KEY)
+    assert fence.status in (errors.ENOENTRY, errors.ENOLEDGER)
+    assert stub.Add(add_request(lid, 0), timeout=10).status == errors.EFENCED
+
+
+@pytest.mark.parametrize("mutate, reason", [
+    (lambda r: r.__setattr__("master_key", b"short"), "master key"),
+    (lambda r: r.__setattr__("body", b"tiny"), "header"),
+    (lambda r: r.__setattr__("entry_id", -5), "negative"),
+    (lambda r: r.__setattr__("flags", 0x80), "flags"),
+    (lambda r: r.__setattr__("body", frame(1, 0, b"z" * (2 << 20))), "max_entry_bytes"),
+])
+def test_malformed_adds_are_bad_requests_and_bookie_stays_up(stub, mutate, reason):
+    req = add_request(new_ledger_id(), 0)
+    mutate(req)
+    reply = stub.Add(req, timeout=10)
+    assert reply.status == errors.EBADREQ and reason in reply.message
+    assert stub.GetBookieInfo(pb.BookieInfoRequest(), timeout=10).status == errors.EOK
+
+
+def test_bad_reads_are_bad_requests(stub):
+    assert read(stub, -1, 0).status == errors.EBADREQ
+    assert read(stub, 1, -7).status == errors.EBADREQ
+    fence_without_key = read(stub, 1, -1, flags=pb.ReadRequest.FENCE_LEDGER)
+    assert fence_without_key.status == errors.EBADREQ
+
+
+def test_streaming_add_acks_every_entry_once(stub):
+    lid = new_ledger_id()
+    batches = [pb.AddBatch(adds=[add_request(lid, b * 100 + i, b"v%d" % (b * 100 + i))
+                                 for i in range(100)]) for b in range(10)]
+    acked = []
+    for reply in stub.AddStream(iter(batches), timeout=60):
+        acked.extend((r.entry_id, r.status) for r in reply.responses)
+    assert sorted(acked) == [(e, errors.EOK) for e in range(1000)]
+    listed = stub.ListEntries(pb.ListEntriesRequest(ledger_id=lid), timeout=10)
+    assert [(r.first, r.last) for r in listed.ranges] == [(0, 999)]
+
+
+def test_streaming_range_read_in_large_messages(stub):
+    lid = new_ledger_id()
+    batch = pb.AddBatch(adds=[add_request(lid, e, bytes([e % 256]) * 4096) for e in range(200)])
+    list(stub.AddStream(iter([batch]), timeout=60))
+    chunks = list(stub.ReadRange(pb.ReadRangeRequest(ledger_id=lid, first_entry_id=10, last_entry_id=199,
+                                                     max_bytes_per_message=100_000), timeout=30))
+    assert all(c.status == errors.EOK for c in chunks)
+    assert 1 < len(chunks) < 190, "entries should travel many per message"
+    entries = [e for c in chunks for e in c.entries]
+    assert [e.entry_id for e in entries] == list(range(10, 200))
+    assert entries[5].body == frame(lid, 15, bytes([15]) * 4096)
+    # a range past the end stops with ENOENTRY at the first missing entry
+    tail = list(stub.ReadRange(pb.ReadRangeRequest(ledger_id=lid, first_entry_id=195, last_entry_id=205),
+                               timeout=30))
+    assert tail[-1].status == errors.ENOENTRY and tail[-1].next_entry_id == 200
+
+
+def test_long_poll_waits_for_lac_to_advance(stub):
+    lid = new_ledger_id()
+    assert stub.Add(add_request(lid, 0, lac=-1), timeout=10).status == errors.EOK
+    result = {}
+
+    def poll():
+        result["reply"] = read(stub, lid, 1, has_previous_lac=True, previous_lac=-1, timeout_ms=10_000,
+                               flags=pb.ReadRequest.ENTRY_PIGGYBACK)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    time.sleep(0.3)
+    assert poller.is_alive(), "long poll returned before the LAC advanced"
+    assert stub.Add(add_request(lid, 1, b"next", lac=0), timeout=10).status == errors.EOK
+    poller.join(15)
+    reply = result["reply"]
+    assert reply.status == errors.EOK and reply.max_lac == 0
+    assert reply.body == frame(lid, 1, b"next", 0)
+    # nothing new: the poll times out with the old LAC
+    expired = read(stub, lid, 2, has_previous_lac=True, previous_lac=0, timeout_ms=200)
+    assert expired.status == errors.EOK and expired.max_lac == 0 and not expired.body
+
+
+def test_explicit_lac_round_trip(stub):
+    lid = new_ledger_id()
+    assert stub.Add(add_request(lid, 0), timeout=10).status == errors.EOK
+    lac_body = frame(lid, -1, b"", 0)
+    reply = stub.WriteLac(pb.WriteLacRequest(ledger_id=lid, lac=0, master_key=MASTER_KEY, lac_body=lac_body),
+                          timeout=10)
+    assert reply.status == errors.EOK
+    got = stub.ReadLac(pb.ReadLacRequest(ledger_id=lid), timeout=10)
+    assert got.status == errors.EOK and got.lac_body == lac_body and got.last_entry_body.endswith(b"x")
+    bad = stub.WriteLac(pb.WriteLacRequest(ledger_id=lid, lac=0, master_key=OTHER_KEY, lac_body=lac_body),
+                        timeout=10)
+    assert bad.status == errors.EUA
+    assert stub.ReadLac(pb.ReadLacRequest(ledger_id=new_ledger_id()), timeout=10).status == errors.ENOLEDGER
+
+
+def test_overload_answers_too_many_requests(one_bookie, stub):
+    lid = new_ledger_id()
+    one_bookie.set_faults(0, [dict(op="add", action="delay", delay_ms=1500, ledger_id=lid, count=1)])
+    slow = threading.Thread(target=lambda: stub.Add(add_request(lid, 0, b"a" * 1_500_000), timeout=30))
+    slow.start()
+    try:
+        deadline = time.monotonic() + 10
+        while _metric(one_bookie, "bookie_inflight_add_bytes") <= 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        reply = stub.Add(add_request(lid + 1, 0, b"b" * 1_000_000), timeout=30)
+        assert reply.status == errors.ETOOMANYREQUESTS
+    finally:
+        slow.join()
+    assert stub.Add(add_request(lid + 1, 0, b"b" * 1000), timeout=30).status == errors.EOK
+
+
+def test_injected_faults_need_the_flag(tmp_path):
+    from bkspark.localcluster import LocalCluster
+    with LocalCluster(f"sqlite:///{tmp_path}/m.db", 1, str(tmp_path)) as cluster:
+        s, channel = stub_for(cluster.bookie_ids[0])
+        reply = s.SetFaults(pb.SetFaultsRequest(rules=[pb.FaultRule(op="add", action="fail")]), timeout=10)
+        assert reply.status == errors.EBADREQ
+        channel.close()
+
+
+def _metric(cluster, name):
+    body = urllib.request.urlopen(f"http://127.0.0.1:{cluster.bookies[0].http_port}/metrics", timeout=5).read()
+    for line in body.decode().splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_admin_endpoint_and_metrics(one_bookie, stub):
+    port = one_bookie.bookies[0].http_port
+    assert urllib.request.urlopen(f"http://127.0.0.1:{port}/heartbeat", timeout=5).read() == b"OK\n"
+    info = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/bookie/info", timeout=5).read())
+    assert info["totalSpace"] >= info["freeSpace"] > 0
+    stub.Add(add_request(new_ledger_id(), 0), timeout=10)
+    assert _metric(one_bookie, "bookie_adds_total") >= 1
+    assert _metric(one_bookie, "bookie_add_bytes_total") > 0
