@@ -172,3 +172,11 @@ def error_for_status(status: int, message: str = "") -> BKError:
 
 def status_name(status: int) -> str:
     return STATUS_NAMES.get(status, str(status))
+
+
+class NoSuchLogError(BKError):
+    """The named log does not exist."""
+
+
+class LogFencedError(FencedError):
+    """This log writer (or checkpoint-store owner) lost ownership: another one took over."""

@@ -108,6 +108,7 @@ typedef struct Engine {
     uint64_t j_enq, j_written, j_synced; /* logical byte sequence numbers */
     uint64_t pending_since_ns;
     int j_failed, j_stop, j_waiters;
+    int j_entering; /* add_entries calls that will enqueue soon (adaptive group commit) */
     int jfd;
     uint64_t jcur_id, jpos, jprealloc;
     JFile *jfiles;

@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 SCHEMA_VERSION = 1
 POLL_INTERVAL = 0.25
 BUSY_TIMEOUT = 60.0
+MAX_IDLE_CONNECTIONS = 4
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -81,11 +82,12 @@ CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NU
 
 
 class _Watch:
-    __slots__ = ("kind", "path", "callback", "last", "active")
+    __slots__ = ("kind", "path", "callback", "last", "active", "fresh")
 
     def __init__(self, kind, path, callback, last):
         self.kind, self.path, self.callback, self.last = kind, path, callback, last
         self.active = True
+        self.fresh = True  # compare once more on the next tick (a change may have raced)
 
 
 class SqliteTransaction(Transaction):
@@ -113,8 +115,7 @@ class SqliteStore(MetadataStore):
         self.connect_timeout = float(connect_timeout)
         self._pid = os.getpid()
         self._lock = threading.RLock()
-        self._local = threading.local()
-        self._conns: list[sqlite3.Connection] = []
+        self._idle: list[sqlite3.Connection] = []
         self._closed = False
         self._stop = threading.Event()
         self._lost_callbacks: list[Callable[[], None]] = []
@@ -141,28 +142,45 @@ class SqliteStore(MetadataStore):
 
     # ---- connections and transactions ----------------------------------------------
 
-    def _conn(self) -> sqlite3.Connection:
+    def _open_connection(self) -> sqlite3.Connection:
+        with self._errors():
+            conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT, isolation_level=None,
+                                   check_same_thread=False)
+            try:
+                conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT * 1000)}")
+                conn.execute("PRAGMA synchronous=FULL")
+            except BaseException:
+                conn.close()
+                raise
+        return conn
+
+    @contextlib.contextmanager
+    def _conn(self):
+        """Borrow a connection from the pool (one per concurrently running operation)."""
         if self._closed:
             raise MetadataError(f"metadata store {self.uri} is closed")
         if os.getpid() != self._pid:
             raise MetadataError(
                 f"metadata store {self.uri} was opened in another process (fork); "
                 "open a new store in this process")
-        conn = getattr(self._local, "conn", None)
+        with self._lock:
+            conn = self._idle.pop() if self._idle else None
         if conn is None:
-            with self._errors():
-                conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT, isolation_level=None,
-                                       check_same_thread=False)
-                conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT * 1000)}")
-                conn.execute("PRAGMA synchronous=FULL")
-                conn.execute("PRAGMA foreign_keys=OFF")
+            conn = self._open_connection()
+        try:
+            yield conn
+        finally:
+            try:
+                ok = not conn.in_transaction  # clean state: reusable even after an error
+            except sqlite3.Error:
+                ok = False
             with self._lock:
-                if self._closed:
+                keep = ok and not self._closed and len(self._idle) < MAX_IDLE_CONNECTIONS
+                if keep:
+                    self._idle.append(conn)
+            if not keep:
+                with contextlib.suppress(sqlite3.Error):
                     conn.close()
-                    raise MetadataError(f"metadata store {self.uri} is closed")
-                self._conns.append(conn)
-            self._local.conn = conn
-        return conn
 
     @contextlib.contextmanager
     def _errors(self):
@@ -187,21 +205,20 @@ class SqliteStore(MetadataStore):
             raise MetadataError(f"sqlite metadata store {self.path}: {msg}") from e
 
     @contextlib.contextmanager
-    def _write(self, reap: bool = True):
+    def _write(self, reap: bool = True, bump: bool = True):
         """A ``BEGIN IMMEDIATE`` transaction, committed on success, rolled back on error.
-        Dead sessions are reaped first."""
-        conn = self._conn()
-        with self._errors():
+        Dead sessions are reaped first. ``bump``: the transaction changes nodes, so advance
+        the change counter that the watch poller looks at."""
+        with self._conn() as conn, self._errors():
             conn.execute("BEGIN IMMEDIATE")
             try:
-                if reap:
-                    self._reap(conn)
+                reaped = self._reap(conn) if reap else 0
                 yield conn
+                if bump or reaped:
+                    conn.execute("UPDATE counters SET value=value+1 WHERE name='changes'")
             except BaseException:
-                try:
+                with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
-                except sqlite3.Error:  # pragma: no cover - rollback after a failed commit
-                    pass
                 raise
             else:
                 conn.execute("COMMIT")
@@ -209,8 +226,7 @@ class SqliteStore(MetadataStore):
     @contextlib.contextmanager
     def _read(self):
         """A consistent read snapshot (deferred transaction), after reaping dead sessions."""
-        conn = self._conn()
-        with self._errors():
+        with self._conn() as conn, self._errors():
             if self._has_dead_sessions(conn):
                 with self._write():
                     pass
@@ -221,9 +237,8 @@ class SqliteStore(MetadataStore):
                 conn.execute("COMMIT")
 
     def _init_schema(self):
-        conn = self._conn()
         deadline = time.monotonic() + max(self.connect_timeout, 1.0)
-        with self._errors():
+        with self._conn() as conn, self._errors():
             while True:  # switching to WAL needs a moment without other writers
                 try:
                     mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
@@ -244,6 +259,7 @@ class SqliteStore(MetadataStore):
                 c.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
                 c.execute("INSERT OR IGNORE INTO nodes VALUES ('/', '', x'', 0, NULL, 0)")
                 c.execute("INSERT OR IGNORE INTO counters VALUES ('ids', 0)")
+                c.execute("INSERT OR IGNORE INTO counters VALUES ('changes', 0)")
             elif row[0] != str(SCHEMA_VERSION):
                 raise MetadataFormatError(
                     f"sqlite metadata store {self.path} has schema version {row[0]!r}; "
@@ -253,7 +269,7 @@ class SqliteStore(MetadataStore):
 
     def _insert_session(self) -> str:
         sid = uuid.uuid4().hex
-        with self._write() as c:
+        with self._write(bump=False) as c:
             c.execute("INSERT INTO sessions VALUES (?, ?, ?, ?, ?)",
                       (sid, time.time(), self.session_timeout, os.getpid(), socket.gethostname()))
         return sid
@@ -264,18 +280,21 @@ class SqliteStore(MetadataStore):
             (time.time(), self._session)).fetchone()
         return row is not None
 
-    def _reap(self, conn) -> None:
+    def _reap(self, conn) -> int:
+        """Delete dead sessions and their ephemeral nodes; return the number of nodes deleted."""
         dead = [r[0] for r in conn.execute(
             "SELECT id FROM sessions WHERE heartbeat + timeout < ? AND id != ?",
             (time.time(), self._session))]
+        deleted = 0
         for sid in dead:
-            _delete_session(conn, sid)
+            deleted += _delete_session(conn, sid)
             log.info("sqlite metadata store %s: expired session %s", self.path, sid)
+        return deleted
 
     def _heartbeat_once(self) -> None:
         """Refresh our heartbeat (reaping dead sessions); start a new session if ours is gone."""
         sid = self._session
-        with self._write() as c:
+        with self._write(bump=False) as c:
             alive = c.execute("UPDATE sessions SET heartbeat=? WHERE id=?",
                               (time.time(), sid)).rowcount
         if not alive:
@@ -331,13 +350,10 @@ class SqliteStore(MetadataStore):
 
     def _close_connections(self):
         with self._lock:
-            conns, self._conns = self._conns, []
-        for c in conns:
-            try:
+            idle, self._idle = self._idle, []
+        for c in idle:
+            with contextlib.suppress(sqlite3.Error):
                 c.close()
-            except sqlite3.Error:  # pragma: no cover
-                pass
-        self._local = threading.local()
 
     # ---- basic operations ----------------------------------------------------------------
 
@@ -490,7 +506,7 @@ class SqliteStore(MetadataStore):
         return results
 
     def generate_id(self) -> int:
-        with self._write() as c:
+        with self._write(bump=False) as c:
             return c.execute(
                 "UPDATE counters SET value=value+1 WHERE name='ids' RETURNING value").fetchone()[0]
 
@@ -535,11 +551,31 @@ class SqliteStore(MetadataStore):
     def watch_data(self, path, callback):
         return self._add_watch("data", path, callback)
 
+    def _change_count(self) -> int:
+        with self._read() as c:
+            return c.execute("SELECT value FROM counters WHERE name='changes'").fetchone()[0]
+
     def _poll_loop(self):
+        seen_changes = None
         while not self._stop.wait(POLL_INTERVAL):
+            try:
+                # one cheap query per tick; the watches are only re-read after a change
+                changes = self._change_count()
+            except Exception as e:
+                if self._closed:
+                    return
+                log.warning("sqlite watch poll failed: %s", e)
+                continue
             with self._lock:
                 watches = list(self._watches)
-            for w in watches:
+                fresh = [w for w in watches if w.fresh]
+                for w in fresh:
+                    w.fresh = False
+            if changes == seen_changes and not fresh:
+                continue
+            to_check = watches if changes != seen_changes else fresh
+            seen_changes = changes
+            for w in to_check:
                 if not w.active or self._stop.is_set():
                     continue
                 try:
@@ -548,6 +584,7 @@ class SqliteStore(MetadataStore):
                     if self._closed:
                         return
                     log.warning("sqlite watch on %s failed: %s", w.path, e)
+                    seen_changes = None  # retry every watch next tick
                     continue
                 if value != w.last and w.active:
                     w.last = value
@@ -563,20 +600,18 @@ class SqliteStore(MetadataStore):
         self._heartbeat_once()
 
     def _drop_connection(self) -> None:
-        """Close this thread's SQLite connection; the next operation reopens one."""
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            self._local.conn = None
-            with self._lock:
-                if conn in self._conns:
-                    self._conns.remove(conn)
+        """Close every idle SQLite connection; the next operations open new ones."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
             conn.close()
 
 
-def _delete_session(conn, sid: str) -> None:
+def _delete_session(conn, sid: str) -> int:
     # Ephemeral nodes never have children, so deleting them cannot orphan anything.
-    conn.execute("DELETE FROM nodes WHERE owner=?", (sid,))
+    deleted = conn.execute("DELETE FROM nodes WHERE owner=?", (sid,)).rowcount
     conn.execute("DELETE FROM sessions WHERE id=?", (sid,))
+    return deleted
 
 
 def _safe_call(fn, *args):

@@ -2,7 +2,8 @@
 
 * ``zk://host:port[,host:port...]/root`` — ZooKeeper; ``root`` is the chroot of the store
   (``/`` or empty for none); the port defaults to 2181.
-* ``sqlite:///abs/path/meta.db`` — embedded SQLite database file (absolute path).
+* ``sqlite:///abs/path/meta.db`` — embedded SQLite database file (absolute path;
+  ``sqlite:////abs/path/meta.db``, SQLAlchemy's spelling, is accepted too).
 """
 from __future__ import annotations
 
@@ -64,10 +65,9 @@ def _parse_sqlite(uri: str, rest: str) -> SqliteUri:
         raise InvalidUriError(
             f"sqlite URI {uri!r} must name an absolute file path with three slashes, "
             "e.g. sqlite:///tmp/meta.db (a host part is not allowed)")
-    path = rest
-    if path.startswith("//"):
-        raise InvalidUriError(f"sqlite URI {uri!r} has an empty path component")
-    if path.endswith("/") or path == "/":
+    # sqlite:////abs/path (SQLAlchemy's spelling of an absolute path) means the same file
+    path = "/" + rest.lstrip("/")
+    if path.endswith("/"):
         raise InvalidUriError(f"sqlite URI {uri!r} names a directory, not a database file")
     if "//" in path:
         raise InvalidUriError(f"sqlite URI {uri!r} has an empty path component")

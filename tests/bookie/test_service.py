@@ -159,13 +159,14 @@ def test_explicit_lac_round_trip(stub):
 def test_overload_answers_too_many_requests(one_bookie, stub):
     lid = new_ledger_id()
     one_bookie.set_faults(0, [dict(op="add", action="delay", delay_ms=1500, ledger_id=lid, count=1)])
-    slow = threading.Thread(target=lambda: stub.Add(add_request(lid, 0, b"a" * 1_500_000), timeout=30))
+    batch = pb.AddBatch(adds=[add_request(lid, e, b"a" * 900_000) for e in range(2)])
+    slow = threading.Thread(target=lambda: list(stub.AddStream(iter([batch]), timeout=30)))
     slow.start()
     try:
         deadline = time.monotonic() + 10
         while _metric(one_bookie, "bookie_inflight_add_bytes") <= 0 and time.monotonic() < deadline:
             time.sleep(0.02)
-        reply = stub.Add(add_request(lid + 1, 0, b"b" * 1_000_000), timeout=30)
+        reply = stub.Add(add_request(lid + 1, 0, b"b" * 900_000), timeout=30)
         assert reply.status == errors.ETOOMANYREQUESTS
     finally:
         slow.join()

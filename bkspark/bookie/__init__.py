@@ -1,0 +1,1 @@
+"""The bookie: storage server of bkspark (gRPC service, storage engine wrapper, GC, admin)."""

@@ -1,0 +1,261 @@
+"""``BookKeeper``: the client entry point (create, open, recover, delete, list ledgers)."""
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from bkspark import errors
+from bkspark.errors import BadRequestError, UnauthorizedError
+from metadata import ledgers as _ledgers
+from metadata import open_store
+from metadata import registry as _registry
+from metadata.ledger_metadata import LedgerMetadata, LedgerState
+
+from . import placement, quorum
+from .bookie_client import BookieClientPool
+from .digest import normalize_digest_type
+from .ledger_handle import LedgerHandle
+from .read_handle import ReadHandle
+from .recovery import LedgerRecovery
+
+log = logging.getLogger("bkspark.client")
+
+
+@dataclass
+class ClientConfig:
+    """Tunables of a :class:`BookKeeper` client (seconds, bytes)."""
+
+    add_timeout: float = 10.0               # unanswered add -> the bookie is replaced
+    read_timeout: float = 10.0              # unanswered read -> unknown / next replica
+    speculative_read_timeout: float = 2.0   # ask a second replica after this (0 = never)
+    read_range_timeout: float = 120.0
+    max_outstanding_bytes: int = 64 << 20   # back-pressure bound of unacknowledged adds
+    read_window: int = 64                   # per-entry reads in flight
+    recovery_read_window: int = 16          # recovery reads in flight
+    recovery_negative_grace: float = 1.0    # wait this long for a late positive answer
+    use_read_range: bool = True
+    metadata_retries: int = 20
+    close_flush_timeout: float = 120.0
+    bookie_cache_seconds: float = 1.0       # how long the writable-bookie list is reused
+
+
+class _Scheduler:
+    """One timer thread for speculative reads (cheaper than a Timer per read)."""
+
+    def __init__(self):
+        self._heap: list = []
+        self._cond = threading.Condition()
+        self._seq = itertools.count()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, daemon=True, name="bk-scheduler")
+        self._thread.start()
+
+    def schedule(self, delay: float, fn) -> None:
+        with self._cond:
+            heapq.heappush(self._heap, (time.monotonic() + delay, next(self._seq), fn))
+            self._cond.notify()
+
+    def _run(self):
+        while True:
+            with self._cond:
+                while not self._stopped and (not self._heap
+                                             or self._heap[0][0] > time.monotonic()):
+                    timeout = (self._heap[0][0] - time.monotonic()) if self._heap else None
+                    self._cond.wait(timeout)
+                if self._stopped:
+                    return
+                _, _, fn = heapq.heappop(self._heap)
+            try:
+                fn()
+            except Exception:  # noqa: BLE001
+                log.exception("scheduled task failed")
+
+    def stop(self):
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+
+
+class BookKeeper:
+    """A BookKeeper client.
+
+    ``BookKeeper("sqlite:///tmp/meta.db")`` or ``BookKeeper("zk://host:2181/ledgers")``, or
+    ``BookKeeper(store=existing_store)`` (the store is then not closed by :meth:`close`).
+    Keyword arguments override :class:`ClientConfig` fields. Thread-safe; use as a context
+    manager.
+    """
+
+    def __init__(self, metadata_uri: str | None = None, *, store=None, **config):
+        if (metadata_uri is None) == (store is None):
+            raise BadRequestError("BookKeeper needs exactly one of metadata_uri or store")
+        unknown = set(config) - set(ClientConfig.__dataclass_fields__)
+        if unknown:
+            raise BadRequestError(f"unknown BookKeeper options: {sorted(unknown)}")
+        self.conf = ClientConfig(**config)
+        self._own_store = store is None
+        self.store = store if store is not None else open_store(metadata_uri)
+        self._pool = BookieClientPool(self._resolve_address)
+        self._executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="bk-client")
+        self._scheduler = _Scheduler()
+        self._writers: weakref.WeakSet = weakref.WeakSet()
+        self._bookie_cache = (0.0, {})
+        self._closed = False
+        self._ticker_stop = threading.Event()
+        self._ticker = threading.Thread(target=self._tick_loop, daemon=True, name="bk-ticker")
+        self._ticker.start()
+
+    # ---- bookies -------------------------------------------------------------------------
+    def _writable_bookies(self, fresh: bool = True) -> dict:
+        ts, cached = self._bookie_cache
+        if fresh or time.monotonic() - ts > self.conf.bookie_cache_seconds:
+            cached = _registry.list_bookies(self.store)
+            self._bookie_cache = (time.monotonic(), cached)
+        return cached
+
+    def _resolve_address(self, bookie_id: str) -> str:
+        info = self._bookie_cache[1].get(bookie_id)
+        if info is None:
+            try:
+                info = _registry.list_bookies(self.store).get(bookie_id)
+                if info is None:
+                    info = _registry.list_bookies(self.store, readonly=True).get(bookie_id)
+            except errors.BKError:
+                info = None
+        addr = info.get("address") if isinstance(info, dict) else None
+        return addr or bookie_id
+
+    # ---- metadata helpers ----------------------------------------------------------------------
+    def _read_md(self, ledger_id: int):
+        return _ledgers.read_ledger(self.store, ledger_id)
+
+    def _write_md(self, md, version: int) -> int:
+        return _ledgers.write_ledger(self.store, md, version)
+
+    # ---- writers' timeouts ------------------------------------------------------------------
+    def _register_writer(self, lh):
+        self._writers.add(lh)
+
+    def _unregister_writer(self, lh):
+        self._writers.discard(lh)
+
+    def _tick_loop(self):
+        period = max(0.05, min(0.5, self.conf.add_timeout / 4))
+        while not self._ticker_stop.wait(period):
+            now = time.monotonic()
+            for lh in list(self._writers):
+                try:
+                    lh._tick(now)
+                except Exception:  # noqa: BLE001
+                    log.exception("add timeout check failed")
+
+    # ---- ledgers -----------------------------------------------------------------------------
+    def create_ledger(self, ensemble_size: int = 3, write_quorum: int = 2, ack_quorum: int = 2,
+                      digest: str = "crc32c", password: bytes = b"",
+                      custom_metadata: dict | None = None) -> LedgerHandle:
+        """Create an OPEN ledger on ``ensemble_size`` writable bookies; return its write
+        handle. :raises BadRequestError: unless E >= Qw >= Qa >= 1.
+        :raises NotEnoughBookiesError: fewer than E writable bookies."""
+        quorum.validate_quorums(ensemble_size, write_quorum, ack_quorum)
+        digest = normalize_digest_type(digest)
+        password = _as_bytes(password, "password")
+        custom = {}
+        for k, v in (custom_metadata or {}).items():
+            custom[str(k)] = v.encode() if isinstance(v, str) else _as_bytes(v, f"custom {k}")
+        self._check_open()
+        ensemble = placement.choose_ensemble(self._writable_bookies(), ensemble_size)
+        md = LedgerMetadata.new(ensemble, write_quorum, ack_quorum, password=password,
+                                digest_type=digest, custom_metadata=custom)
+        md = _ledgers.create_ledger(self.store, md)
+        log.info("created ledger %d on %s (E=%d Qw=%d Qa=%d)", md.ledger_id, ensemble,
+                 ensemble_size, write_quorum, ack_quorum)
+        return LedgerHandle(self, md, _ledgers.CREATED_VERSION, password)
+
+    def create_ledger_async(self, *args, **kwargs) -> Future:
+        return self._executor.submit(self.create_ledger, *args, **kwargs)
+
+    def open_ledger(self, ledger_id: int, password: bytes = b"",
+                    recovery: bool = True) -> ReadHandle:
+        """Open a ledger for reading.
+
+        ``recovery=True`` (default) fences and recovers an OPEN ledger and closes it (see
+        :mod:`bkspark.client.recovery`); the handle then sees the final end. ``recovery=False``
+        neither fences nor closes: for tailing a ledger still being written.
+
+        :raises NoSuchLedgerError: no such ledger. :raises UnauthorizedError: wrong password.
+        :raises LedgerRecoveryError: recovery could not decide the end (retry later).
+        """
+        self._check_open()
+        password = _as_bytes(password, "password")
+        md, version = self._read_md(ledger_id)
+        if md.password != password:
+            raise UnauthorizedError(
+                f"wrong password for ledger {ledger_id}: the password does not match the one "
+                "the ledger was created with")
+        if recovery and md.state is not LedgerState.CLOSED:
+            md, version = LedgerRecovery(self, ledger_id, password).run(md, version)
+            return ReadHandle(self, md, version, password)
+        rh = ReadHandle(self, md, version, password)
+        if md.state is not LedgerState.CLOSED:
+            try:
+                rh.try_read_last_add_confirmed()
+            except errors.BKError as exc:
+                log.info("ledger %d: LAC unknown at open: %s", ledger_id, exc)
+        return rh
+
+    def open_ledger_async(self, ledger_id: int, password: bytes = b"",
+                          recovery: bool = True) -> Future:
+        return self._executor.submit(self.open_ledger, ledger_id, password, recovery)
+
+    def recover_ledger(self, ledger_id: int, password: bytes = b"") -> ReadHandle:
+        """Alias of ``open_ledger(ledger_id, password, recovery=True)``."""
+        return self.open_ledger(ledger_id, password, recovery=True)
+
+    def delete_ledger(self, ledger_id: int) -> None:
+        """Delete the ledger's metadata (bookies garbage-collect its entries)."""
+        self._check_open()
+        _ledgers.delete_ledger(self.store, ledger_id)
+
+    def delete_ledger_async(self, ledger_id: int) -> Future:
+        return self._executor.submit(self.delete_ledger, ledger_id)
+
+    def list_ledgers(self) -> list[int]:
+        return sorted(_ledgers.list_ledgers(self.store))
+
+    def ledger_metadata(self, ledger_id: int):
+        return self._read_md(ledger_id)[0]
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def _check_open(self):
+        if self._closed:
+            raise errors.BKError("BookKeeper client is closed")
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._ticker_stop.set()
+        self._scheduler.stop()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._pool.close()
+        if self._own_store:
+            self.store.close()
+
+    def __enter__(self) -> "BookKeeper":
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _as_bytes(v, what: str) -> bytes:
+    if isinstance(v, str):
+        return v.encode()
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return bytes(v)
+    raise BadRequestError(f"{what} must be bytes, got {type(v).__name__}")

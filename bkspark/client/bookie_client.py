@@ -1,0 +1,289 @@
+"""Per-bookie gRPC clients: one channel per bookie, one add stream per bookie.
+
+* :class:`BookieClient` owns the channel to one bookie. Adds from every ledger handle of the
+  process go down one ``AddStream`` per bookie: appenders put hand-encoded ``AddBatch``
+  elements (see :mod:`bkspark.client.wire`) on a queue; the stream's request generator
+  drains whatever is queued into one message (up to ``MAX_BATCH_BYTES``), so many entries
+  travel per gRPC message; a reader thread hands acks to the ledger handle registered for
+  their ledger id (``sink.on_add_responses(bookie_id, [(entry_id, status), ...])``). When the
+  stream breaks every registered sink hears ``sink.on_bookie_failed(bookie_id, error)``;
+  the next send opens a new stream.
+* Unary calls (reads, recovery adds, LAC reads) return :class:`concurrent.futures.Future`
+  objects; transport failures become :class:`BookieUnavailableError` /
+  :class:`OperationTimeoutError` here and nowhere else (:func:`rpc_error`). Wire statuses
+  are mapped to exceptions by :func:`bkspark.errors.error_for_status` (:func:`check`).
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from concurrent.futures import Future
+
+import grpc
+
+from bkspark import errors
+from bkspark.errors import BookieUnavailableError, OperationTimeoutError
+from bkspark.proto import bookie_pb2 as pb
+from bkspark.proto import bookie_pb2_grpc as pb_grpc
+
+from . import wire
+
+log = logging.getLogger("bkspark.client.bookie")
+
+MAX_BATCH_BYTES = 2 << 20            # one AddBatch message carries at most ~2 MiB
+_CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", 256 << 20),
+    ("grpc.max_receive_message_length", 256 << 20),
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+    ("grpc.enable_retries", 0),
+]
+_ADD_STREAM_METHOD = "/bkspark.bookie.v1.Bookie/AddStream"
+_CLOSE = object()
+
+
+def rpc_error(bookie_id: str, exc: BaseException) -> errors.BKError:
+    """Map a transport failure to the client's exceptions (an *unknown* answer)."""
+    if isinstance(exc, errors.BKError):
+        return exc
+    if isinstance(exc, grpc.RpcError) and hasattr(exc, "code"):
+        code = exc.code()
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return OperationTimeoutError(f"bookie {bookie_id}: request timed out")
+        return BookieUnavailableError(f"bookie {bookie_id}: {code.name} "
+                                      f"{(exc.details() or '').strip()}".rstrip())
+    return BookieUnavailableError(f"bookie {bookie_id}: {exc!r}")
+
+
+def check(status: int, message: str = "", bookie_id: str = "") -> None:
+    """Raise the exception of a non-EOK wire status."""
+    if status != errors.EOK:
+        where = f"bookie {bookie_id}: " if bookie_id else ""
+        raise errors.error_for_status(
+            status, where + (message or f"{errors.status_name(status)}"))
+
+
+class _AddStream:
+    """One open AddStream call and its reader thread."""
+
+    def __init__(self, client: "BookieClient"):
+        self.client = client
+        self.q: queue.SimpleQueue = queue.SimpleQueue()
+        self.dead = False
+        self.call = client._add_stream_callable(self._requests())
+        self.thread = threading.Thread(target=self._read, daemon=True,
+                                       name=f"bk-acks-{client.bookie_id}")
+        self.thread.start()
+
+    def _requests(self):
+        q = self.q
+        while True:
+            item = q.get()
+            if item is _CLOSE:
+                return
+            parts = list(item)
+            size = sum(map(len, parts))
+            while size < MAX_BATCH_BYTES:
+                try:
+                    item = q.get_nowait()
+                except queue.Empty:
+                    break
+                if item is _CLOSE:
+                    if parts:
+                        yield b"".join(parts)
+                    return
+                parts.extend(item)
+                size += sum(map(len, item))
+            yield b"".join(parts)
+
+    def _read(self):
+        error = None
+        sinks = self.client.sinks
+        try:
+            for msg in self.call:
+                responses = msg.responses
+                if not responses:
+                    continue
+                by_ledger: dict[int, list] = {}
+                for r in responses:
+                    lst = by_ledger.get(r.ledger_id)
+                    if lst is None:
+                        lst = by_ledger[r.ledger_id] = []
+                    lst.append((r.entry_id, r.status))
+                for lid, items in by_ledger.items():
+                    sink = sinks.get(lid)
+                    if sink is not None:
+                        try:
+                            sink.on_add_responses(self.client.bookie_id, items)
+                        except Exception:  # noqa: BLE001 - a sink bug must not kill acks
+                            log.exception("add response handler failed")
+            error = BookieUnavailableError(f"bookie {self.client.bookie_id}: add stream ended")
+        except Exception as exc:  # noqa: BLE001
+            error = rpc_error(self.client.bookie_id, exc)
+        self.client._stream_died(self, error)
+
+    def send(self, elems: list[bytes]) -> bool:
+        if self.dead:
+            return False
+        self.q.put(elems)
+        return True
+
+    def close(self):
+        self.q.put(_CLOSE)
+
+
+class BookieClient:
+    """Channel, stub and add stream of one bookie (thread-safe)."""
+
+    def __init__(self, bookie_id: str, address: str, sinks: dict):
+        self.bookie_id = bookie_id
+        self.address = address
+        self.sinks = sinks      # ledger_id -> handle, shared by the whole BookKeeper client
+        self.channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self.stub = pb_grpc.BookieStub(self.channel)
+        self._add_stream_callable = self.channel.stream_stream(
+            _ADD_STREAM_METHOD, request_serializer=wire.identity,
+            response_deserializer=pb.AddBatchResponse.FromString)
+        self._lock = threading.Lock()
+        self._stream: _AddStream | None = None
+        self.closed = False
+
+    # ---- streamed adds -----------------------------------------------------------------
+    def send_adds(self, elems: list[bytes]) -> None:
+        """Queue encoded ``AddBatch`` elements; acks arrive through the sinks."""
+        with self._lock:
+            if self.closed:
+                raise BookieUnavailableError(f"bookie client {self.bookie_id} closed")
+            st = self._stream
+            if st is None or st.dead:
+                st = self._stream = _AddStream(self)
+            st.send(elems)
+
+    def _stream_died(self, stream: _AddStream, error: errors.BKError) -> None:
+        with self._lock:
+            stream.dead = True
+            if self._stream is stream:
+                self._stream = None
+        stream.close()          # ends the request generator
+        if self.closed:
+            return
+        log.info("add stream to %s ended: %s", self.bookie_id, error)
+        for sink in list(self.sinks.values()):
+            try:
+                sink.on_bookie_failed(self.bookie_id, error)
+            except Exception:  # noqa: BLE001
+                log.exception("bookie failure handler failed")
+
+    # ---- unary calls -------------------------------------------------------------------
+    def _wrap(self, grpc_future) -> Future:
+        out: Future = Future()
+
+        def done(f):
+            try:
+                out.set_result(f.result())
+            except BaseException as exc:  # noqa: BLE001
+                out.set_exception(rpc_error(self.bookie_id, exc))
+
+        grpc_future.add_done_callback(done)
+        return out
+
+    def read(self, ledger_id: int, entry_id: int, *, flags: int = 0, master_key: bytes = b"",
+             timeout: float = 10.0, previous_lac: int | None = None,
+             long_poll_ms: int = 0) -> Future:
+        """Future of the ``ReadResponse`` (status not checked)."""
+        req = pb.ReadRequest(ledger_id=ledger_id, entry_id=entry_id, flags=flags,
+                             master_key=master_key)
+        if previous_lac is not None:
+            req.has_previous_lac = True
+            req.previous_lac = previous_lac
+            req.timeout_ms = int(long_poll_ms)
+        try:
+            return self._wrap(self.stub.Read.future(req, timeout=timeout))
+        except Exception as exc:  # noqa: BLE001
+            f: Future = Future()
+            f.set_exception(rpc_error(self.bookie_id, exc))
+            return f
+
+    def add(self, ledger_id: int, entry_id: int, body: bytes, master_key: bytes, *,
+            flags: int = 0, timeout: float = 10.0) -> Future:
+        """Unary add (used by recovery write-back); Future of the ``AddResponse``."""
+        req = pb.AddRequest(ledger_id=ledger_id, entry_id=entry_id, master_key=master_key,
+                            flags=flags, body=body)
+        try:
+            return self._wrap(self.stub.Add.future(req, timeout=timeout))
+        except Exception as exc:  # noqa: BLE001
+            f: Future = Future()
+            f.set_exception(rpc_error(self.bookie_id, exc))
+            return f
+
+    def read_range(self, ledger_id: int, first: int, last: int, *, timeout: float = 60.0,
+                   max_bytes: int = 4 << 20):
+        """Iterate ``(entry_id, body)`` for first..last; raises the first error (status or
+        transport) after yielding what was served before it."""
+        req = pb.ReadRangeRequest(ledger_id=ledger_id, first_entry_id=first,
+                                  last_entry_id=last, max_bytes_per_message=max_bytes)
+        call = self.stub.ReadRange(req, timeout=timeout)
+        try:
+            for msg in call:
+                for e in msg.entries:
+                    yield e.entry_id, e.body
+                if msg.status != errors.EOK:
+                    check(msg.status, msg.message, self.bookie_id)
+        except grpc.RpcError as exc:
+            raise rpc_error(self.bookie_id, exc) from None
+        finally:
+            call.cancel()
+
+    def info(self, timeout: float = 5.0) -> pb.BookieInfoResponse:
+        try:
+            return self.stub.GetBookieInfo(pb.BookieInfoRequest(), timeout=timeout)
+        except grpc.RpcError as exc:
+            raise rpc_error(self.bookie_id, exc) from None
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            st, self._stream = self._stream, None
+        if st is not None:
+            st.close()
+            try:
+                st.call.cancel()
+            except Exception:  # noqa: BLE001
+                pass
+        self.channel.close()
+
+
+class BookieClientPool:
+    """One :class:`BookieClient` per bookie id; addresses from the bookie registry."""
+
+    def __init__(self, resolve_address):
+        self._resolve = resolve_address     # bookie_id -> "host:port"
+        self._clients: dict[str, BookieClient] = {}
+        self._lock = threading.Lock()
+        self.sinks: dict[int, object] = {}
+
+    def get(self, bookie_id: str) -> BookieClient:
+        c = self._clients.get(bookie_id)
+        if c is not None:
+            return c
+        with self._lock:
+            c = self._clients.get(bookie_id)
+            if c is None:
+                c = BookieClient(bookie_id, self._resolve(bookie_id), self.sinks)
+                self._clients[bookie_id] = c
+            return c
+
+    def register(self, ledger_id: int, sink) -> None:
+        self.sinks[ledger_id] = sink
+
+    def unregister(self, ledger_id: int, sink) -> None:
+        if self.sinks.get(ledger_id) is sink:
+            del self.sinks[ledger_id]
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for c in clients:
+            c.close()

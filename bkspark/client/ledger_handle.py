@@ -1,0 +1,495 @@
+"""The write handle: pipelined adds, LAC-ordered acknowledgement, ensemble change, close.
+
+Protocol (``shared/seeds/protocol.txt``):
+
+* entry ``e`` goes to its write set, the ``Qw`` bookies from index ``e mod E`` of the last
+  ensemble; every entry carries ledger id, entry id, the LAC at the time it was framed, the
+  cumulative length and a digest (:mod:`bkspark.client.digest`);
+* an entry is acknowledged to the application once ``Qa`` bookies of its *current* write set
+  acknowledged it **and** every lower entry was acknowledged (acks complete strictly in
+  entry order; the LAC is the last acknowledged entry);
+* a bookie that fails an add (any error but EFENCED/EUA, a broken stream, or no answer
+  within ``add_timeout``) is replaced: placement picks a bookie outside the ensemble, the
+  client CASes a new fragment starting at LAC+1 (replacing the last fragment if it already
+  starts there), drops acks of replaced bookies and resends every unacknowledged entry to
+  the replacement. No ack completes while the change runs. On a CAS conflict the metadata
+  is reread: if the ledger is no longer OPEN every pending add fails with FencedError (another
+  client is recovering or has closed the ledger), else the change is retried;
+* EFENCED / EUA are unrecoverable: every pending add fails with that error;
+* close CASes CLOSED with last entry = LAC; on conflict: still OPEN -> retry, IN_RECOVERY ->
+  error, CLOSED at our LAC -> success, CLOSED elsewhere -> error.
+
+Memory is bounded: ``append`` blocks while more than ``max_outstanding_bytes`` of
+unacknowledged entries are in flight.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+
+from bkspark import errors
+from bkspark.errors import (BadRequestError, BKError, FencedError, LedgerClosedError,
+                            NotEnoughBookiesError, OperationTimeoutError)
+from metadata.ledger_metadata import LedgerState
+
+from . import placement, wire
+from .digest import DigestManager, master_key
+
+log = logging.getLogger("bkspark.client.ledger")
+
+_FATAL = (errors.EFENCED, errors.EUA)
+
+
+class _PendingAdd:
+    __slots__ = ("entry_id", "elem", "size", "length", "acked", "future", "sent", "t0")
+
+    def __init__(self, entry_id, elem, size, length, future, t0):
+        self.entry_id = entry_id
+        self.elem = elem            # encoded AddBatch element, resent as is
+        self.size = size
+        self.length = length        # cumulative ledger length including this entry
+        self.acked: set = set()
+        self.future = future
+        self.sent = False
+        self.t0 = t0
+
+
+class LedgerHandle:
+    """Handle of a ledger this client created and writes (single writer).
+
+    Thread-safe. Use as a context manager (closes the ledger on exit).
+    """
+
+    def __init__(self, bk, md, version: int, password: bytes):
+        self._bk = bk
+        self._md = md
+        self._version = version
+        self.ledger_id = md.ledger_id
+        self._E, self._Qw, self._Qa = md.ensemble_size, md.write_quorum, md.ack_quorum
+        self._digest = DigestManager(md.ledger_id, md.digest_type, password)
+        self._master_key = master_key(password)
+        self._prefix = wire.request_prefix(md.ledger_id, self._master_key)
+        self._set_ensemble(md.last_ensemble())
+
+        self._lock = threading.Lock()
+        self._space = threading.Condition(self._lock)
+        self._pending: deque[_PendingAdd] = deque()
+        self._pmap: dict[int, _PendingAdd] = {}
+        self._next_id = 0
+        self._lac = -1
+        self._length = 0            # cumulative length of the last appended entry
+        self._lac_length = 0        # cumulative length at the LAC
+        self._outstanding = 0
+        self._max_outstanding = bk.conf.max_outstanding_bytes
+        self._changing = False
+        self._failed: dict[str, BKError] = {}
+        self._error: BKError | None = None
+        self._closing = False
+        self._closed = False
+        self._done_q: deque = deque()
+        self._cb_lock = threading.Lock()
+        self.ensemble_changes = 0
+        bk._pool.register(self.ledger_id, self)
+        bk._register_writer(self)
+
+    # ---- properties --------------------------------------------------------------------
+    @property
+    def metadata(self):
+        return self._md
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._lac
+
+    @property
+    def last_add_pushed(self) -> int:
+        return self._next_id - 1
+
+    @property
+    def length(self) -> int:
+        """Cumulative length of the acknowledged entries."""
+        return self._lac_length
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def _set_ensemble(self, ensemble):
+        self._ensemble = list(ensemble)
+        self._index = {b: i for i, b in enumerate(self._ensemble)}
+
+    def _write_set(self, entry_id: int) -> list[str]:
+        ens, e = self._ensemble, self._E
+        s = entry_id % e
+        return [ens[(s + i) % e] for i in range(self._Qw)]
+
+    # ---- appends -----------------------------------------------------------------------
+    def append(self, data, timeout: float | None = None) -> int:
+        """Append one entry; block until it is acknowledged; return its entry id."""
+        return self.append_async(data).result(timeout)
+
+    def append_async(self, data) -> Future:
+        """Append one entry; a Future of its entry id (acknowledged in entry order)."""
+        fut: Future = Future()
+        self._add([data], fut)
+        return fut
+
+    def append_many(self, datas, timeout: float | None = None) -> list[int]:
+        """Append a batch of entries (pipelined together); block until all are acknowledged;
+        return their entry ids."""
+        return self.append_many_async(datas).result(timeout)
+
+    def append_many_async(self, datas) -> Future:
+        """Future of the list of entry ids of ``datas`` (resolved when the last is acked)."""
+        datas = list(datas)
+        out: Future = Future()
+        if not datas:
+            out.set_result([])
+            return out
+        fut: Future = Future()
+        first = self._add(datas, fut)
+
+        def done(f):
+            exc = f.exception()
+            if exc is not None:
+                out.set_exception(exc)
+            else:
+                out.set_result(list(range(first, first + len(datas))))
+        fut.add_done_callback(done)
+        return out
+
+    def _add(self, datas, fut: Future) -> int:
+        """Frame, queue and send ``datas``; ``fut`` resolves with the last entry id."""
+        for d in datas:
+            if not isinstance(d, (bytes, bytearray, memoryview)):
+                raise BadRequestError(f"entry data must be bytes, got {type(d).__name__}")
+        digest, prefix, now = self._digest, self._prefix, time.monotonic()
+        sends: dict[str, list] = {}
+        with self._lock:
+            self._check_writable()
+            while self._outstanding > self._max_outstanding and self._error is None:
+                self._space.wait(1.0)
+                self._check_writable()
+            first = self._next_id
+            last_i = len(datas) - 1
+            changing = self._changing
+            for i, d in enumerate(datas):
+                eid = self._next_id
+                self._next_id = eid + 1
+                self._length += len(d)
+                header, dg = digest.frame_parts(eid, self._lac, self._length, d)
+                elem = wire.encode_add(prefix, eid, 0, (header, dg, d))
+                p = _PendingAdd(eid, elem, len(elem), self._length,
+                                fut if i == last_i else None, now)
+                self._pending.append(p)
+                self._pmap[eid] = p
+                self._outstanding += p.size
+                if not changing:
+                    p.sent = True
+                    for b in self._write_set(eid):
+                        lst = sends.get(b)
+                        if lst is None:
+                            lst = sends[b] = []
+                        lst.append(elem)
+        self._send(sends)
+        return first
+
+    def _check_writable(self):
+        if self._error is not None:
+            raise self._error
+        if self._closing or self._closed:
+            raise LedgerClosedError(f"ledger {self.ledger_id} is closed")
+
+    def _send(self, sends: dict):
+        for b, elems in sends.items():
+            try:
+                self._bk._pool.get(b).send_adds(elems)
+            except BKError as exc:
+                self.on_bookie_failed(b, exc)
+
+    # ---- acks --------------------------------------------------------------------------
+    def on_add_responses(self, bookie_id: str, items) -> None:
+        """Acks of ``bookie_id`` for ``[(entry_id, status), ...]`` (called by its stream)."""
+        e, qw = self._E, self._Qw
+        fatal = None
+        with self._lock:
+            idx = self._index.get(bookie_id)
+            failed = False
+            pmap = self._pmap
+            for eid, status in items:
+                p = pmap.get(eid)
+                if p is None:
+                    continue
+                if status == 0:
+                    # only acks of a current write-set member count
+                    if idx is not None and (idx - eid) % e < qw:
+                        p.acked.add(bookie_id)
+                elif status in _FATAL:
+                    fatal = errors.error_for_status(
+                        status, f"ledger {self.ledger_id}: bookie {bookie_id} answered "
+                        f"{errors.status_name(status)} for entry {eid}"
+                        + (" (the ledger was fenced by a recovering client)"
+                           if status == errors.EFENCED else " (wrong password)"))
+                    break
+                elif idx is not None:
+                    failed = True
+                    err = errors.error_for_status(
+                        status, f"bookie {bookie_id}: {errors.status_name(status)} on add")
+            if fatal is not None:
+                self._fail_all(fatal)
+            elif failed:
+                self._bookie_failed_locked(bookie_id, err)
+            else:
+                self._complete_locked()
+        self._run_callbacks()
+
+    def on_bookie_failed(self, bookie_id: str, error: BKError) -> None:
+        with self._lock:
+            if bookie_id in self._index and self._pending:
+                self._bookie_failed_locked(bookie_id, error)
+
+    def _complete_locked(self):
+        if self._changing:
+            return
+        pending, qa = self._pending, self._Qa
+        popped = False
+        while pending and len(pending[0].acked) >= qa:
+            p = pending.popleft()
+            del self._pmap[p.entry_id]
+            self._lac = p.entry_id
+            self._lac_length = p.length
+            self._outstanding -= p.size
+            popped = True
+            if p.future is not None:
+                self._done_q.append((p.future, p.entry_id, None))
+        if popped:
+            self._space.notify_all()
+
+    def _run_callbacks(self):
+        dq = self._done_q
+        if not dq:
+            return
+        with self._cb_lock:         # resolve futures strictly in entry order
+            while dq:
+                try:
+                    fut, eid, exc = dq.popleft()
+                except IndexError:
+                    break
+                if fut.done():
+                    continue
+                if exc is None:
+                    fut.set_result(eid)
+                else:
+                    fut.set_exception(exc)
+
+    def _fail_all(self, exc: BKError):
+        """Unrecoverable: fail every pending add and refuse further ones (lock held)."""
+        if self._error is None:
+            self._error = exc
+            if self._pending:
+                log.warning("ledger %d: write handle failed: %s", self.ledger_id, exc)
+        for p in self._pending:
+            if p.future is not None:
+                self._done_q.append((p.future, p.entry_id, exc))
+        self._pending.clear()
+        self._pmap.clear()
+        self._outstanding = 0
+        self._failed.clear()
+        self._space.notify_all()
+
+    # ---- timeouts ------------------------------------------------------------------------
+    def _tick(self, now: float) -> None:
+        """Called periodically: bookies that left an add unanswered too long are failed."""
+        timeout = self._bk.conf.add_timeout
+        with self._lock:
+            if not self._pending or self._changing or self._error is not None:
+                return
+            slow = set()
+            for p in self._pending:
+                if now - p.t0 < timeout:
+                    break
+                if p.sent and len(p.acked) < self._Qa:
+                    slow.update(b for b in self._write_set(p.entry_id) if b not in p.acked)
+            for b in slow:
+                self._bookie_failed_locked(b, OperationTimeoutError(
+                    f"bookie {b}: add not acknowledged within {timeout}s"))
+
+    # ---- ensemble change -----------------------------------------------------------------
+    def _bookie_failed_locked(self, bookie_id: str, error: BKError):
+        if self._error is not None or bookie_id not in self._index:
+            return
+        self._failed[bookie_id] = error
+        if not self._changing:
+            self._changing = True
+            self._bk._executor.submit(self._ensemble_change_loop)
+
+    def _ensemble_change_loop(self):
+        try:
+            while True:
+                with self._lock:
+                    failed = {b: e for b, e in self._failed.items() if b in self._index}
+                    self._failed.clear()
+                    if not failed or self._error is not None:
+                        self._changing = False
+                        sends = self._sends_after_change_locked(set())
+                        self._complete_locked()
+                        break
+                    lac = self._lac
+                log.info("ledger %d: replacing %s (%s) at entry %d", self.ledger_id,
+                         sorted(failed), "; ".join(str(e) for e in failed.values()), lac + 1)
+                try:
+                    md, version, replaced = self._change_ensemble_metadata(set(failed), lac)
+                except BKError as exc:
+                    with self._lock:
+                        self._changing = False
+                        self._fail_all(exc)
+                    return
+                with self._lock:
+                    self._md, self._version = md, version
+                    self._set_ensemble(md.last_ensemble())
+                    self.ensemble_changes += 1
+                    sends = self._sends_after_change_locked(set(replaced.values()))
+                self._send(sends)
+            self._send(sends)
+        except Exception as exc:  # noqa: BLE001 - never leave the handle stuck
+            log.exception("ledger %d: ensemble change crashed", self.ledger_id)
+            with self._lock:
+                self._changing = False
+                self._fail_all(exc if isinstance(exc, BKError) else BKError(repr(exc)))
+        finally:
+            self._run_callbacks()
+
+    def _sends_after_change_locked(self, new_bookies: set) -> dict:
+        """Drop acks of bookies no longer in an entry's write set; send each pending entry
+        to the write-set members that have not got it (replacements, never-sent entries)."""
+        sends: dict[str, list] = {}
+        now = time.monotonic()
+        for p in self._pending:
+            ws = self._write_set(p.entry_id)
+            if p.acked:
+                p.acked.intersection_update(ws)
+            targets = ws if not p.sent else [b for b in ws if b in new_bookies
+                                             and b not in p.acked]
+            if targets:
+                p.sent = True
+                p.t0 = now
+                for b in targets:
+                    sends.setdefault(b, []).append(p.elem)
+        return sends
+
+    def _change_ensemble_metadata(self, failed: set, lac: int):
+        """CAS a fragment at lac+1 replacing ``failed``; return (md, version, {old: new})."""
+        bk = self._bk
+        md, version = self._md, self._version
+        exclude = set(failed)
+        for _ in range(bk.conf.metadata_retries):
+            if md.state is not LedgerState.OPEN:
+                raise self._not_open_error(md)
+            ensemble = md.last_ensemble()
+            replaced = {}
+            writable = bk._writable_bookies()
+            new_ens = list(ensemble)
+            for i, b in enumerate(ensemble):
+                if b in failed:
+                    nb = placement.choose_replacement(writable, new_ens, i, exclude)
+                    new_ens[i] = nb
+                    replaced[b] = nb
+            if not replaced:
+                return md, version, {}
+            new_md = md.with_ensemble(lac + 1, new_ens)
+            try:
+                new_version = bk._write_md(new_md, version)
+                log.info("ledger %d: new ensemble %s from entry %d (replaced %s)",
+                         self.ledger_id, new_ens, lac + 1, replaced)
+                return new_md, new_version, replaced
+            except errors.BadVersionError:
+                md, version = bk._read_md(self.ledger_id)
+        raise errors.MetadataError(f"ledger {self.ledger_id}: ensemble change kept conflicting")
+
+    def _not_open_error(self, md) -> BKError:
+        if md.state is LedgerState.IN_RECOVERY:
+            return FencedError(f"ledger {self.ledger_id} is being recovered by another client "
+                               "(metadata IN_RECOVERY); this writer is fenced")
+        return FencedError(f"ledger {self.ledger_id} was recovered and closed by another "
+                           f"client at entry {md.last_entry_id}; this writer is fenced")
+
+    # ---- close ---------------------------------------------------------------------------
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every appended entry is acknowledged (or the handle failed)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while self._pending and self._error is None:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise OperationTimeoutError(
+                        f"ledger {self.ledger_id}: {len(self._pending)} adds still pending")
+                self._space.wait(min(1.0, remaining) if remaining is not None else 1.0)
+
+    def close(self) -> None:
+        """Wait for pending adds, then CAS the metadata to CLOSED at the LAC."""
+        self.close_async().result()
+
+    def close_async(self) -> Future:
+        with self._lock:
+            if self._closed:
+                f: Future = Future()
+                f.set_result(None)
+                return f
+            self._closing = True
+        return self._bk._executor.submit(self._close)
+
+    def _close(self) -> None:
+        bk = self._bk
+        try:
+            self.flush(bk.conf.close_flush_timeout)
+        except OperationTimeoutError as exc:
+            with self._lock:
+                self._fail_all(exc)
+            self._run_callbacks()
+        with self._lock:
+            lac, length = self._lac, self._lac_length
+            md, version = self._md, self._version
+        try:
+            for _ in range(bk.conf.metadata_retries):
+                if md.state is LedgerState.CLOSED:
+                    if md.last_entry_id == lac:
+                        return
+                    raise LedgerClosedError(
+                        f"ledger {self.ledger_id} was closed by another client at entry "
+                        f"{md.last_entry_id}, but this writer acknowledged up to {lac}")
+                if md.state is LedgerState.IN_RECOVERY:
+                    raise FencedError(f"ledger {self.ledger_id} is being recovered by another "
+                                      "client; cannot close it as its writer")
+                try:
+                    version = bk._write_md(md.with_closed(lac, length), version)
+                    with self._lock:
+                        self._md, self._version = md.with_closed(lac, length), version
+                    return
+                except errors.BadVersionError:
+                    md, version = bk._read_md(self.ledger_id)
+            raise errors.MetadataError(f"ledger {self.ledger_id}: close kept conflicting")
+        finally:
+            with self._lock:
+                self._closed = True
+                self._fail_all(self._error or LedgerClosedError(
+                    f"ledger {self.ledger_id} is closed"))
+            self._run_callbacks()
+            bk._pool.unregister(self.ledger_id, self)
+            bk._unregister_writer(self)
+
+    def __enter__(self) -> "LedgerHandle":
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            self.close()
+        except BKError:
+            if exc_type is None:
+                raise
+
+    def __repr__(self):
+        return (f"LedgerHandle(ledger_id={self.ledger_id}, lac={self._lac}, "
+                f"ensemble={self._ensemble})")

@@ -1,0 +1,400 @@
+"""The read handle: entry reads with replica fall-over and speculation, LAC reads, tailing.
+
+* an entry is read from a bookie of its write set; an error, a NoSuchEntry or a digest
+  mismatch makes the read fall over to the next replica, and if a replica has not answered
+  within ``speculative_read_timeout`` a second replica is asked too (first good answer wins);
+* a range whose fragment is fully replicated on each member (Qw == E) is read with one
+  streaming ``ReadRange`` per fragment; otherwise entries are read one by one with a window
+  of requests in flight;
+* :meth:`ReadHandle.read` stops at the LAC (or the last entry of a closed ledger); entries
+  beyond it are only for the tailing APIs (:meth:`read_lac_long_poll`,
+  :meth:`read_unconfirmed`).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from bkspark import errors
+from bkspark.errors import (BadRequestError, BKError, BookieUnavailableError,
+                            DigestMismatchError, NoSuchEntryError)
+from metadata.ledger_metadata import LedgerState
+
+from . import quorum, wire
+from .digest import DigestManager, master_key, peek_header
+
+log = logging.getLogger("bkspark.client.read")
+
+_NEGATIVE = (errors.ENOENTRY, errors.ENOLEDGER)
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    ledger_id: int
+    entry_id: int
+    data: bytes
+    length: int = 0         # cumulative ledger length up to and including this entry
+
+    def __len__(self):
+        return len(self.data)
+
+
+class _EntryRead:
+    """Read of one entry from its write set: fall-over and speculative retries."""
+
+    def __init__(self, rh: "ReadHandle", entry_id: int, bookies: list[str], flags: int = 0):
+        self.rh = rh
+        self.entry_id = entry_id
+        self.bookies = bookies
+        self.flags = flags
+        self.future: Future = Future()
+        self._next = 0
+        self._outstanding = 0
+        self._errors: list[BKError] = []
+        self._lock = threading.Lock()
+
+    def start(self) -> Future:
+        self._send_next()
+        return self.future
+
+    def _send_next(self) -> bool:
+        with self._lock:
+            if self.future.done() or self._next >= len(self.bookies):
+                return False
+            b = self.bookies[self._next]
+            self._next += 1
+            self._outstanding += 1
+        conf = self.rh._bk.conf
+        mk = self.rh._master_key if self.flags & wire.FENCE_LEDGER else b""
+        f = self.rh._bk._pool.get(b).read(self.rh.ledger_id, self.entry_id, flags=self.flags,
+                                          master_key=mk, timeout=conf.read_timeout)
+        f.add_done_callback(lambda fut, b=b: self._on_response(b, fut))
+        if self._next < len(self.bookies) and conf.speculative_read_timeout:
+            self.rh._bk._scheduler.schedule(conf.speculative_read_timeout, self._speculate)
+        return True
+
+    def _speculate(self):
+        if not self.future.done():
+            self._send_next()
+
+    def _on_response(self, bookie: str, fut: Future):
+        try:
+            resp = fut.result()
+            if resp.status != errors.EOK:
+                raise errors.error_for_status(
+                    resp.status, f"bookie {bookie}: {errors.status_name(resp.status)} reading "
+                    f"entry {self.entry_id} of ledger {self.rh.ledger_id}")
+            eid, lac, length, payload = self.rh._digest.verify(resp.body, self.entry_id)
+            entry = LedgerEntry(self.rh.ledger_id, eid, payload, length)
+        except BKError as exc:
+            if isinstance(exc, DigestMismatchError):
+                log.warning("ledger %d entry %d from %s: %s; trying another replica",
+                            self.rh.ledger_id, self.entry_id, bookie, exc)
+            with self._lock:
+                self._outstanding -= 1
+                self._errors.append(exc)
+                outstanding = self._outstanding
+            if not self._send_next() and outstanding == 0:
+                self._fail()
+            return
+        except Exception as exc:  # noqa: BLE001
+            with self._lock:
+                self._outstanding -= 1
+                self._errors.append(BKError(repr(exc)))
+            if not self._send_next() and self._outstanding == 0:
+                self._fail()
+            return
+        with self._lock:
+            self._outstanding -= 1
+        if not self.future.done():
+            try:
+                self.future.set_result(entry)
+            except Exception:  # noqa: BLE001 - lost a race with another replica
+                pass
+            self.rh._saw_lac(lac)
+
+    def _fail(self):
+        errs = self._errors
+        if errs and all(isinstance(e, (errors.NoSuchEntryError, errors.NoSuchLedgerError))
+                        for e in errs):
+            exc: BKError = NoSuchEntryError(
+                f"ledger {self.rh.ledger_id}: entry {self.entry_id} not found on "
+                f"{self.bookies}")
+        else:
+            exc = next((e for e in errs if not isinstance(
+                e, (errors.NoSuchEntryError, errors.NoSuchLedgerError))), None) or BKError(
+                f"ledger {self.rh.ledger_id}: entry {self.entry_id} unreadable")
+            exc = type(exc)(f"ledger {self.rh.ledger_id}: entry {self.entry_id} unreadable "
+                            f"from every replica {self.bookies}: "
+                            + "; ".join(str(e) for e in errs))
+        if not self.future.done():
+            try:
+                self.future.set_exception(exc)
+            except Exception:  # noqa: BLE001
+                pass
+
+
+class ReadHandle:
+    """Handle for reading a ledger (opened with or without recovery). Thread-safe."""
+
+    def __init__(self, bk, md, version: int, password: bytes, lac: int | None = None):
+        self._bk = bk
+        self._md = md
+        self._version = version
+        self.ledger_id = md.ledger_id
+        self._digest = DigestManager(md.ledger_id, md.digest_type, password)
+        self._master_key = master_key(password)
+        self._password = password
+        if md.state is LedgerState.CLOSED:
+            self._lac = md.last_entry_id
+        else:
+            self._lac = -1 if lac is None else lac
+        self._lac_lock = threading.Lock()
+        self._closed = False
+
+    # ---- properties ------------------------------------------------------------------------
+    @property
+    def metadata(self):
+        return self._md
+
+    @property
+    def is_closed(self) -> bool:
+        """True when the ledger's metadata says CLOSED (its end is final)."""
+        return self._md.state is LedgerState.CLOSED
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._lac
+
+    @property
+    def length(self) -> int:
+        return self._md.length
+
+    def _saw_lac(self, lac: int):
+        if lac > self._lac and not self.is_closed:
+            with self._lac_lock:
+                if lac > self._lac:
+                    self._lac = lac
+
+    # ---- entry reads ---------------------------------------------------------------------
+    def read(self, first: int, last: int | None = None):
+        """Iterate the entries ``first..last`` (inclusive; ``last`` defaults to the LAC) in
+        order. Entries beyond the LAC are refused (use :meth:`read_unconfirmed`)."""
+        if last is None:
+            last = self._lac
+        self._check_range(first, last)
+        if last > self._lac:
+            if self.is_closed:
+                raise NoSuchEntryError(
+                    f"ledger {self.ledger_id} is closed at entry {self._md.last_entry_id}; "
+                    f"entry {last} does not exist")
+            raise BadRequestError(
+                f"ledger {self.ledger_id}: entry {last} is beyond the last add confirmed "
+                f"({self._lac}); refresh it with read_last_add_confirmed() or tail with "
+                "read_lac_long_poll(), or use read_unconfirmed()")
+        return self._iter_entries(first, last)
+
+    def read_all(self, first: int = 0, last: int | None = None) -> list[LedgerEntry]:
+        return list(self.read(first, last))
+
+    def read_async(self, first: int, last: int | None = None) -> Future:
+        """Future of the list of entries ``first..last``."""
+        it = self.read(first, last)
+        return self._bk._executor.submit(list, it)
+
+    def read_unconfirmed(self, first: int, last: int):
+        """Iterate entries ``first..last`` without the LAC bound (tailing; an entry beyond the
+        LAC may still be dropped by recovery)."""
+        self._check_range(first, last)
+        return self._iter_entries(first, last)
+
+    def read_entry(self, entry_id: int) -> LedgerEntry:
+        return next(iter(self.read(entry_id, entry_id)))
+
+    def _check_range(self, first, last):
+        if not isinstance(first, int) or not isinstance(last, int) or first < 0:
+            raise BadRequestError(f"bad entry range {first!r}..{last!r}")
+        if last < first:
+            raise BadRequestError(f"bad entry range {first}..{last}: last < first")
+
+    def _segments(self, first: int, last: int):
+        """(seg_first, seg_last, ensemble) pieces of first..last by fragment."""
+        ens = self._md.ensembles
+        for i, (start, bookies) in enumerate(ens):
+            end = ens[i + 1][0] - 1 if i + 1 < len(ens) else None
+            lo = max(first, start)
+            hi = last if end is None else min(last, end)
+            if lo <= hi:
+                yield lo, hi, list(bookies)
+
+    def _iter_entries(self, first: int, last: int):
+        qw, e = self._md.write_quorum, self._md.ensemble_size
+        for lo, hi, ensemble in self._segments(first, last):
+            if qw == e and hi > lo and self._bk.conf.use_read_range:
+                yield from self._read_range_segment(lo, hi, ensemble)
+            else:
+                yield from self._read_window(lo, hi, ensemble)
+
+    def _read_one(self, entry_id: int, ensemble: list[str], flags: int = 0) -> Future:
+        bookies = quorum.write_set_bookies(entry_id, ensemble, self._md.write_quorum)
+        return _EntryRead(self, entry_id, bookies, flags).start()
+
+    def _read_window(self, lo: int, hi: int, ensemble: list[str]):
+        window = self._bk.conf.read_window
+        inflight: deque = deque()
+        nxt = lo
+        try:
+            while nxt <= hi or inflight:
+                while nxt <= hi and len(inflight) < window:
+                    inflight.append(self._read_one(nxt, ensemble))
+                    nxt += 1
+                yield inflight.popleft().result()
+        finally:
+            for f in inflight:
+                f.cancel()
+
+    def _read_range_segment(self, lo: int, hi: int, ensemble: list[str]):
+        """Stream lo..hi from one bookie (Qw == E: each holds the whole fragment); on any
+        failure continue from the next entry with per-entry reads (fall-over)."""
+        start = lo % len(ensemble)
+        bookie = ensemble[start]
+        nxt = lo
+        try:
+            for eid, body in self._bk._pool.get(bookie).read_range(
+                    self.ledger_id, lo, hi, timeout=self._bk.conf.read_range_timeout):
+                if eid != nxt:
+                    raise DigestMismatchError(f"bookie {bookie} sent entry {eid}, expected {nxt}")
+                _, lac, length, payload = self._digest.verify(body, nxt)
+                self._saw_lac(lac)
+                yield LedgerEntry(self.ledger_id, eid, payload, length)
+                nxt += 1
+                if nxt > hi:
+                    return
+        except BKError as exc:
+            log.info("ledger %d: range read from %s stopped at entry %d (%s); falling over",
+                     self.ledger_id, bookie, nxt, exc)
+        if nxt <= hi:
+            yield from self._read_window(nxt, hi, ensemble)
+
+    # ---- LAC ----------------------------------------------------------------------------
+    def _lac_from_response(self, resp) -> int:
+        lac = resp.max_lac if resp.max_lac is not None else -1
+        if resp.body:
+            try:
+                _, blac, _, _ = self._digest.verify(resp.body)
+                lac = max(lac, blac)
+            except DigestMismatchError:
+                pass
+        return lac
+
+    def _read_lac_round(self, require_coverage: bool) -> int:
+        if self.is_closed:
+            return self._lac
+        md = self._md
+        ensemble = md.last_ensemble()
+        conf = self._bk.conf
+        futs = {b: self._bk._pool.get(b).read(self.ledger_id, -1, timeout=conf.read_timeout)
+                for b in ensemble}
+        answered, best, errs = set(), -1, []
+        for i, (b, f) in enumerate(futs.items()):
+            try:
+                resp = f.result()
+            except BKError as exc:
+                errs.append(exc)
+                continue
+            if resp.status == errors.EOK:
+                best = max(best, self._lac_from_response(resp))
+                answered.add(i)
+            elif resp.status in _NEGATIVE:
+                answered.add(i)
+            elif resp.status == errors.EUA:
+                raise errors.UnauthorizedError(f"ledger {self.ledger_id}: wrong password")
+            else:
+                errs.append(errors.error_for_status(resp.status, f"bookie {b}"))
+        if require_coverage and not quorum.rr_coverage(md.ensemble_size, md.write_quorum,
+                                                       md.ack_quorum, answered):
+            raise BookieUnavailableError(
+                f"ledger {self.ledger_id}: too few bookies answered the LAC read "
+                f"({len(answered)} of {len(ensemble)}): " + "; ".join(map(str, errs)))
+        if not answered:
+            raise BookieUnavailableError(
+                f"ledger {self.ledger_id}: no bookie answered the LAC read: "
+                + "; ".join(map(str, errs)))
+        self._saw_lac(best)
+        return self._lac
+
+    def read_last_add_confirmed(self) -> int:
+        """Ask the bookies of the last ensemble for their LAC (needs quorum coverage of
+        answers); return the highest and remember it."""
+        self._refresh_if_open()
+        return self._read_lac_round(require_coverage=True)
+
+    def read_last_add_confirmed_async(self) -> Future:
+        return self._bk._executor.submit(self.read_last_add_confirmed)
+
+    def try_read_last_add_confirmed(self) -> int:
+        """Like :meth:`read_last_add_confirmed` but content with any answer."""
+        return self._read_lac_round(require_coverage=False)
+
+    def read_lac_long_poll(self, previous: int, timeout: float) -> int:
+        """Wait up to ``timeout`` seconds for the LAC to pass ``previous``; return the LAC
+        known then (possibly still ``previous``). A ledger closed meanwhile returns its
+        last entry."""
+        if self.is_closed or self._lac > previous:
+            return self._lac
+        md = self._md
+        conf = self._bk.conf
+        done = threading.Event()
+        lock = threading.Lock()
+        state = {"left": len(md.last_ensemble())}
+
+        def on_resp(fut):
+            try:
+                resp = fut.result()
+                if resp.status == errors.EOK:
+                    self._saw_lac(self._lac_from_response(resp))
+            except BKError:
+                pass
+            with lock:
+                state["left"] -= 1
+                if self._lac > previous or state["left"] == 0:
+                    done.set()
+
+        for b in md.last_ensemble():
+            f = self._bk._pool.get(b).read(
+                self.ledger_id, previous + 1, flags=wire.ENTRY_PIGGYBACK,
+                previous_lac=previous, long_poll_ms=int(timeout * 1000),
+                timeout=timeout + conf.read_timeout)
+            f.add_done_callback(on_resp)
+        done.wait(timeout + conf.read_timeout)
+        if self._lac <= previous:
+            self._refresh_if_open()
+        return self._lac
+
+    def _refresh_if_open(self):
+        if self._md.state is not LedgerState.CLOSED:
+            md, version = self._bk._read_md(self.ledger_id)
+            self._md, self._version = md, version
+            if md.state is LedgerState.CLOSED:
+                self._lac = md.last_entry_id
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def close(self) -> None:
+        self._closed = True
+
+    def __enter__(self) -> "ReadHandle":
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return (f"ReadHandle(ledger_id={self.ledger_id}, state={self._md.state.value}, "
+                f"lac={self._lac})")
+
+
+__all__ = ["ReadHandle", "LedgerEntry", "peek_header"]

@@ -1,0 +1,362 @@
+"""Logs: named, ordered lists of ledgers kept in one versioned metadata record.
+
+The record (``/logs/<name>``, :class:`metadata.log_metadata.LogMetadata`) is the only
+shared state of a log and changes only by compare-and-set. Every entry of the list is a
+ledger: ``{"ledger_id", "state": "open"|"closed", "last_entry_id", "length"}`` (the end is
+recorded once the ledger is closed; ledger metadata stays the source of truth).
+
+Guarantees (those of "Ledgers to logs" in the protocol seed): ledgers keep their order;
+every non-empty ledger stays in the list until truncated; at most one open ledger, the
+last; a new writer fences the last two ledgers before appending its own, so an old writer
+can never add past what the new one saw. Batch commits (:meth:`LogStore.append_ledgers`)
+append already-closed ledgers atomically with an idempotency key, so replaying a commit is
+a no-op.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from typing import Callable
+
+from bkspark import errors
+from bkspark.errors import BadRequestError, BadVersionError, NoNodeError, NodeExistsError, NoSuchLogError
+from bkspark.log.position import EARLIEST, LATEST, Position
+from metadata.layout import LOGS, log_path
+from metadata.log_metadata import LogMetadata
+
+log = logging.getLogger("bkspark.log")
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+CLOSED, OPEN = "closed", "open"
+
+
+def check_log_name(name: str) -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise BadRequestError(f"invalid log name {name!r}: use letters, digits, '.', '_' or '-' "
+                              "(at most 200, not starting with a punctuation mark)")
+    return name
+
+
+def cursor_path(name: str, cursor: str) -> str:
+    return f"{log_path(name)}/cursors/{check_log_name(cursor)}"
+
+
+class _NoChange(Exception):
+    """Raised by an update function to leave the record as it is."""
+
+
+class LogStore:
+    """Catalog and batch primitives of logs, plus factories for writers and readers.
+
+    ``bk`` is a :class:`bkspark.client.BookKeeper`; new ledgers use the given replication
+    settings and ``password``.
+    """
+
+    def __init__(self, bk, *, password: bytes = b"", ensemble_size: int = 3, write_quorum: int = 2,
+                 ack_quorum: int = 2, digest: str = "crc32c") -> None:
+        self.bk = bk
+        self.store = bk.store
+        self.password = password
+        self.ledger_options = dict(ensemble_size=ensemble_size, write_quorum=write_quorum,
+                                   ack_quorum=ack_quorum, digest=digest, password=password)
+
+    # ---- catalog --------------------------------------------------------------------------
+
+    def get(self, name: str) -> tuple[LogMetadata, int]:
+        """(metadata, version) of a log; NoSuchLogError if it does not exist."""
+        try:
+            data, version = self.store.get(log_path(check_log_name(name)))
+        except NoNodeError:
+            raise NoSuchLogError(f"no log named {name!r}") from None
+        return LogMetadata.deserialize(data), version
+
+    def exists(self, name: str) -> bool:
+        return self.store.exists(log_path(check_log_name(name))) is not None
+
+    def create(self, name: str) -> LogMetadata:
+        """Create an empty log if it does not exist yet; return its metadata."""
+        md = LogMetadata(name=check_log_name(name))
+        try:
+            self.store.create(log_path(name), md.serialize())
+            return md
+        except NodeExistsError:
+            return self.get(name)[0]
+
+    def list_logs(self) -> list[str]:
+        try:
+            return sorted(self.store.children(LOGS))
+        except NoNodeError:
+            return []
+
+    def delete(self, name: str) -> None:
+        """Delete a log: its record, its cursors, then its ledgers."""
+        md, version = self.get(name)
+        for cursor in self._cursor_names(name):
+            try:
+                self.store.delete(cursor_path(name, cursor))
+            except NoNodeError:
+                pass
+        try:
+            self.store.delete(f"{log_path(name)}/cursors")
+        except (NoNodeError, errors.NotEmptyError):
+            pass
+        self.store.delete(log_path(name), version=version)
+        self._delete_ledgers(md.ledger_ids())
+
+    def update(self, name: str, change: Callable[[LogMetadata], LogMetadata], create: bool = False
+               ) -> LogMetadata:
+        """Read-modify-CAS loop: apply ``change`` to the latest record until the CAS wins.
+
+        ``change`` may raise to abort (the exception propagates) and is re-run on conflict.
+        """
+        while True:
+            try:
+                md, version = self.get(name)
+            except NoSuchLogError:
+                if not create:
+                    raise
+                self.create(name)
+                continue
+            try:
+                new = change(md)
+            except _NoChange:
+                return md
+            try:
+                self.store.set(log_path(name), new.serialize(), version=version)
+                return new
+            except BadVersionError:
+                log.debug("log %s changed concurrently; retrying", name)
+
+    # ---- batch primitives -----------------------------------------------------------------
+
+    def closed_ledger_entry(self, ledger_id: int) -> dict:
+        """The list entry of a ledger, which must be closed (recovering it if it is not)."""
+        handle = self.bk.open_ledger(ledger_id, password=self.password, recovery=True)
+        try:
+            return {"ledger_id": ledger_id, "state": CLOSED,
+                    "last_entry_id": handle.last_add_confirmed, "length": handle.length}
+        finally:
+            handle.close()
+
+    def _seal_open_tail(self, md: LogMetadata) -> LogMetadata:
+        """Recover (fence) every ledger of the list still marked open and record its end."""
+        ledgers = []
+        for entry in md.ledgers:
+            if entry.get("state") != CLOSED:
+                entry = self.closed_ledger_entry(entry["ledger_id"])
+            ledgers.append(entry)
+        return md.copy(ledgers=ledgers)
+
+    def append_ledgers(self, name: str, ledger_ids: list[int], writer_id: str | None = None,
+                       sequence: int | None = None, epoch: int | None = None) -> bool:
+        """Append closed ledgers to a log in one CAS; False if ``(writer_id, sequence)`` was applied.
+
+        The ledgers must be closed (they are recovered if not). Empty ledgers are left out of
+        the list and deleted. A log tail still open (a streaming writer) is fenced first: a
+        batch commit takes the log over. With ``epoch``, a commit from an owner older than the
+        last committed epoch of ``writer_id`` is refused with LogFencedError (split brain).
+        """
+        check_log_name(name)
+        if (writer_id is None) != (sequence is None):
+            raise BadRequestError("writer_id and sequence go together")
+        entries = [self.closed_ledger_entry(lid) for lid in ledger_ids]
+        keep = [e for e in entries if e["last_entry_id"] >= 0]
+        outcome = {"applied": False}
+
+        def change(md: LogMetadata) -> LogMetadata:
+            outcome["applied"] = False
+            if writer_id is not None:
+                if epoch is not None and md.properties.get(f"epoch:{writer_id}", -1) > epoch:
+                    raise errors.LogFencedError(
+                        f"log {name}: writer {writer_id} epoch {epoch} was superseded")
+                if md.writers.get(writer_id, -1) >= sequence:
+                    raise _NoChange()
+            present = set(md.ledger_ids())
+            md = self._seal_open_tail(md)
+            for entry in keep:
+                if entry["ledger_id"] not in present:
+                    md = md.with_ledger(entry["ledger_id"], **{k: v for k, v in entry.items() if k != "ledger_id"})
+            if writer_id is not None:
+                md = md.with_writer_sequence(writer_id, sequence)
+                if epoch is not None:
+                    md.properties[f"epoch:{writer_id}"] = epoch
+            outcome["applied"] = True
+            return md
+
+        self.update(name, change, create=True)
+        if not outcome["applied"]:
+            log.info("log %s: commit %s/%s already applied; deleting duplicate ledgers", name, writer_id, sequence)
+            # never delete a ledger the log holds (a retried commit may pass the applied ids)
+            present = set(self.get(name)[0].ledger_ids())
+            self._delete_ledgers([lid for lid in ledger_ids if lid not in present])
+            return False
+        self._delete_ledgers([e["ledger_id"] for e in entries if e["last_entry_id"] < 0])
+        return True
+
+    def overwrite(self, name: str, ledger_ids: list[int], writer_id: str | None = None,
+                  sequence: int | None = None) -> bool:
+        """Replace the whole ledger list in one CAS; the old ledgers are deleted afterwards."""
+        entries = [self.closed_ledger_entry(lid) for lid in ledger_ids]
+        outcome = {"applied": False, "replaced": []}
+
+        def change(md: LogMetadata) -> LogMetadata:
+            if writer_id is not None and md.writers.get(writer_id, -1) >= sequence:
+                raise _NoChange()
+            new_ids = {e["ledger_id"] for e in entries}
+            outcome["replaced"] = [lid for lid in md.ledger_ids() if lid not in new_ids]
+            outcome["applied"] = True
+            md = md.copy(ledgers=[e for e in entries if e["last_entry_id"] >= 0])
+            if writer_id is not None:
+                md = md.with_writer_sequence(writer_id, sequence)
+            return md.validate()
+
+        self.update(name, change, create=True)
+        if not outcome["applied"]:
+            present = set(self.get(name)[0].ledger_ids())
+            self._delete_ledgers([lid for lid in ledger_ids if lid not in present])
+            return False
+        self._delete_ledgers(outcome["replaced"] + [e["ledger_id"] for e in entries if e["last_entry_id"] < 0])
+        return True
+
+    def truncate(self, name: str, before: Position, force: bool = False) -> list[int]:
+        """Remove ledgers wholly before ``before`` (then delete them); returns their ids.
+
+        Refuses (BadRequestError) to pass the slowest durable cursor unless ``force``.
+        """
+        removed: list[int] = []
+
+        def change(md: LogMetadata) -> LogMetadata:
+            ids = md.ledger_ids()
+            if before.ledger_id not in ids:
+                raise BadRequestError(f"log {name} has no ledger {before.ledger_id}")
+            cut = ids.index(before.ledger_id)
+            if not force:
+                for cursor, position in self.cursors(name).items():
+                    if position.ledger_id in ids and ids.index(position.ledger_id) < cut:
+                        raise BadRequestError(
+                            f"truncating log {name} before {before} would pass cursor {cursor!r} at "
+                            f"{position}; move the cursor or use force=True")
+            removed[:] = ids[:cut]
+            if not removed:
+                raise _NoChange()
+            return md.without_ledgers(removed)
+
+        self.update(name, change)
+        self._delete_ledgers(removed)
+        return list(removed)
+
+    def _delete_ledgers(self, ledger_ids) -> None:
+        for lid in ledger_ids:
+            try:
+                self.bk.delete_ledger(lid)
+            except errors.NoSuchLedgerError:
+                pass
+            except errors.BKError as exc:   # the bookies' GC removes data of deleted metadata
+                log.warning("could not delete ledger %d: %s", lid, exc)
+
+    # ---- positions ------------------------------------------------------------------------
+
+    def ledger_end(self, entry: dict) -> int:
+        """Last readable entry id of a list entry: its recorded end, or the LAC if still open."""
+        if entry.get("state") == CLOSED:
+            return entry["last_entry_id"]
+        handle = self.bk.open_ledger(entry["ledger_id"], password=self.password, recovery=False)
+        try:
+            return handle.last_add_confirmed
+        finally:
+            handle.close()
+
+    def resolve(self, name: str, where) -> Position:
+        """Turn EARLIEST / LATEST / a Position into the position of the next entry to read."""
+        md, _ = self.get(name)
+        if isinstance(where, Position):
+            return where
+        if where == EARLIEST:
+            return Position(md.ledgers[0]["ledger_id"], 0) if md.ledgers else Position(-1, 0)
+        if where == LATEST:
+            if not md.ledgers:
+                return Position(-1, 0)
+            last = md.ledgers[-1]
+            return Position(last["ledger_id"], self.ledger_end(last) + 1)
+        raise BadRequestError(f"a start position is 'earliest', 'latest' or a Position, got {where!r}")
+
+    def entry_counts(self, name: str) -> list[tuple[int, int]]:
+        """(ledger id, readable entry count) for every ledger of the log, in order."""
+        md, _ = self.get(name)
+        return [(e["ledger_id"], self.ledger_end(e) + 1) for e in md.ledgers]
+
+    # ---- cursors --------------------------------------------------------------------------
+
+    def _cursor_names(self, name: str) -> list[str]:
+        try:
+            return sorted(self.store.children(f"{log_path(name)}/cursors"))
+        except NoNodeError:
+            return []
+
+    def commit_cursor(self, name: str, cursor: str, position: Position) -> None:
+        """Durably record ``cursor``'s position (the next entry it will read)."""
+        import json
+        data = json.dumps(position.to_json()).encode()
+        path = cursor_path(name, cursor)
+        self.get(name)
+        while True:
+            try:
+                _, version = self.store.get(path)
+            except NoNodeError:
+                try:
+                    self.store.create(path, data)
+                    return
+                except NodeExistsError:
+                    continue
+            try:
+                self.store.set(path, data, version=version)
+                return
+            except (BadVersionError, NoNodeError):
+                continue
+
+    def cursor(self, name: str, cursor: str) -> Position | None:
+        try:
+            data, _ = self.store.get(cursor_path(name, cursor))
+        except NoNodeError:
+            return None
+        return Position.from_json(data.decode())
+
+    def cursors(self, name: str) -> dict[str, Position]:
+        found = {}
+        for cursor in self._cursor_names(name):
+            position = self.cursor(name, cursor)
+            if position is not None:
+                found[cursor] = position
+        return found
+
+    def delete_cursor(self, name: str, cursor: str) -> None:
+        try:
+            self.store.delete(cursor_path(name, cursor))
+        except NoNodeError:
+            pass
+
+    def cursor_lags(self, name: str) -> dict[str, tuple[Position, int]]:
+        """Each cursor's position and lag: entries from the cursor to the end of the log."""
+        counts = self.entry_counts(name)
+        ids = [lid for lid, _ in counts]
+        result = {}
+        for cursor, position in self.cursors(name).items():
+            if position.ledger_id in ids:
+                i = ids.index(position.ledger_id)
+                lag = max(0, counts[i][1] - position.entry_id) + sum(n for _, n in counts[i + 1:])
+            else:                       # its ledger was truncated away: everything is ahead
+                lag = sum(n for _, n in counts)
+            result[cursor] = (position, lag)
+        return result
+
+    # ---- writers and readers --------------------------------------------------------------
+
+    def open_writer(self, name: str, **options):
+        """Take over writing to ``name`` (fencing any previous writer); see LogWriter."""
+        from bkspark.log.writer import LogWriter
+        return LogWriter(self, name, **options)
+
+    def open_reader(self, name: str, start=EARLIEST, **options):
+        """Read ``name`` in order from ``start`` (inclusive); see LogReader."""
+        from bkspark.log.reader import LogReader
+        return LogReader(self, name, start, **options)

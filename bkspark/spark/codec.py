@@ -1,0 +1,315 @@
+"""Entry encodings of the connector (pure: no Spark session, no cluster).
+
+``entryFormat=record`` — one row per entry. An entry written by Spark is::
+
+    MAGIC (4 bytes b"\\xffBKR") | version (1 byte, = 1) | flags (1 byte)
+    [timestamp  int64 LE, microseconds since the epoch]          if flags & TS
+    [key        uint32 LE length | bytes]                        if flags & KEY
+    [headers    uint16 LE count | count x (uint16 name length | UTF-8 name |
+                                           int32 value length, -1 = null | value)]  if flags & HDR
+    value       the rest of the entry                            unless flags & NULL_VALUE
+
+The leading 0xff can never start UTF-8 text, so entries written by other producers (plain
+payloads, JSON, ...) do not look like records: they read as ``value`` = the whole entry, with
+``key``, ``timestamp`` and ``headers`` null.
+
+``entryFormat=arrow`` — an entry is one Arrow IPC *record batch message* (no schema: the
+schema is kept once, in the ledger's custom metadata, see :func:`arrow_ledger_metadata`).
+Decoding is zero-copy over the entry's bytes.
+"""
+from __future__ import annotations
+
+import json
+import struct
+
+import pyarrow as pa
+
+MAGIC = b"\xffBKR"
+VERSION = 1
+F_TS, F_KEY, F_HDR, F_NULL_VALUE = 1, 2, 4, 8
+_HEAD = struct.Struct("<4sBB")
+_I64 = struct.Struct("<q")
+_U32 = struct.Struct("<I")
+_U16 = struct.Struct("<H")
+_I32 = struct.Struct("<i")
+
+# ledger custom-metadata keys
+MD_FORMAT = "bkspark.entryFormat"
+MD_ARROW_SCHEMA = "bkspark.arrow.schema"
+MD_SPARK_SCHEMA = "bkspark.spark.schema"
+MD_WRITER = "bkspark.writer"
+
+RECORD_DDL = ("log string, ledger_id long, entry_id long, key binary, value binary, "
+              "timestamp timestamp, headers map<string,binary>")
+
+TS_TYPE = pa.timestamp("us", tz="UTC")
+HEADERS_TYPE = pa.map_(pa.string(), pa.binary())
+
+
+def record_spark_schema():
+    """The read schema of ``entryFormat=record`` as a Spark StructType."""
+    from pyspark.sql.types import (BinaryType, LongType, MapType, StringType, StructField,
+                                   StructType, TimestampType)
+    return StructType([
+        StructField("log", StringType(), True),
+        StructField("ledger_id", LongType(), True),
+        StructField("entry_id", LongType(), True),
+        StructField("key", BinaryType(), True),
+        StructField("value", BinaryType(), True),
+        StructField("timestamp", TimestampType(), True),
+        StructField("headers", MapType(StringType(), BinaryType(), True), True),
+    ])
+
+
+# ---- record entries ---------------------------------------------------------------------
+
+def _b(v, what: str) -> bytes:
+    if isinstance(v, bytes):
+        return v
+    if isinstance(v, str):
+        return v.encode()
+    if isinstance(v, (bytearray, memoryview)):
+        return bytes(v)
+    raise TypeError(f"{what} must be bytes or str, got {type(v).__name__}")
+
+
+def encode_record(value, key=None, timestamp_us: int | None = None, headers=None) -> bytes:
+    """One record entry. ``headers``: dict or iterable of (name, value-or-None) pairs."""
+    flags = 0
+    parts = [b""]
+    if timestamp_us is not None:
+        flags |= F_TS
+        parts.append(_I64.pack(int(timestamp_us)))
+    if key is not None:
+        flags |= F_KEY
+        k = _b(key, "key")
+        parts.append(_U32.pack(len(k)))
+        parts.append(k)
+    if headers is not None:
+        items = list(headers.items()) if isinstance(headers, dict) else list(headers)
+        if len(items) > 0xFFFF:
+            raise ValueError("at most 65535 headers per record")
+        flags |= F_HDR
+        parts.append(_U16.pack(len(items)))
+        for name, hv in items:
+            n = name.encode() if isinstance(name, str) else _b(name, "header name")
+            parts.append(_U16.pack(len(n)))
+            parts.append(n)
+            if hv is None:
+                parts.append(_I32.pack(-1))
+            else:
+                hb = _b(hv, f"header {name!r}")
+                parts.append(_I32.pack(len(hb)))
+                parts.append(hb)
+    if value is None:
+        flags |= F_NULL_VALUE
+    else:
+        parts.append(_b(value, "value"))
+    parts[0] = _HEAD.pack(MAGIC, VERSION, flags)
+    return b"".join(parts)
+
+
+def decode_record(data) -> tuple:
+    """(key, value, timestamp_us, headers-as-list-of-pairs) of one entry (see module doc)."""
+    mv = memoryview(data)
+    if len(mv) < 6 or mv[:4] != MAGIC or mv[4] != VERSION:
+        return None, bytes(mv), None, None
+    flags = mv[5]
+    off = 6
+    ts = key = headers = None
+    if flags & F_TS:
+        ts = _I64.unpack_from(mv, off)[0]
+        off += 8
+    if flags & F_KEY:
+        n = _U32.unpack_from(mv, off)[0]
+        off += 4
+        key = bytes(mv[off:off + n])
+        off += n
+    if flags & F_HDR:
+        count = _U16.unpack_from(mv, off)[0]
+        off += 2
+        headers = []
+        for _ in range(count):
+            n = _U16.unpack_from(mv, off)[0]
+            off += 2
+            name = bytes(mv[off:off + n]).decode()
+            off += n
+            m = _I32.unpack_from(mv, off)[0]
+            off += 4
+            if m < 0:
+                headers.append((name, None))
+            else:
+                headers.append((name, bytes(mv[off:off + m])))
+                off += m
+    value = None if flags & F_NULL_VALUE else bytes(mv[off:])
+    return key, value, ts, headers
+
+
+def records_to_batch(log: str, ledger_id: int, entries, schema: pa.Schema) -> pa.RecordBatch:
+    """A RecordBatch of the record read schema from ``(entry_id, data)`` pairs."""
+    eids, keys, values, tss, hdrs = [], [], [], [], []
+    for eid, data in entries:
+        k, v, ts, h = decode_record(data)
+        eids.append(eid)
+        keys.append(k)
+        values.append(v)
+        tss.append(ts)
+        hdrs.append(h)
+    n = len(eids)
+    arrays = [
+        pa.array([log] * n, pa.string()),
+        pa.array([ledger_id] * n, pa.int64()),
+        pa.array(eids, pa.int64()),
+        pa.array(keys, pa.binary()),
+        pa.array(values, pa.binary()),
+        pa.array(tss, pa.int64()).cast(schema.field("timestamp").type),
+        pa.array(hdrs, schema.field("headers").type),
+    ]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+# ---- record writes: Spark input -> entries --------------------------------------------------
+
+RECORD_WRITE_COLUMNS = ("value", "key", "headers", "timestamp")
+RECORD_IGNORED_COLUMNS = ("log", "ledger_id", "entry_id")
+
+
+def check_record_write_schema(schema) -> None:
+    """Raise BadRequestError unless ``schema`` (Spark StructType) can be written as records."""
+    from pyspark.sql.types import (ArrayType, BinaryType, MapType, StringType, StructType,
+                                   TimestampNTZType, TimestampType)
+
+    from bkspark.errors import BadRequestError
+    names = {f.name: f.dataType for f in schema.fields}
+    if "value" not in names:
+        raise BadRequestError("entryFormat=record writes need a 'value' column (binary or string); "
+                              f"got columns {list(names)}")
+    extra = [n for n in names if n not in RECORD_WRITE_COLUMNS + RECORD_IGNORED_COLUMNS]
+    if extra:
+        raise BadRequestError(f"entryFormat=record writes take columns value, key, headers, "
+                              f"timestamp; unexpected columns {extra} (select them away, or use "
+                              "entryFormat=arrow to store whole rows)")
+    for col in ("value", "key"):
+        if col in names and not isinstance(names[col], (BinaryType, StringType)):
+            raise BadRequestError(f"column {col!r} must be binary or string, got {names[col].simpleString()}")
+    if "timestamp" in names and not isinstance(names["timestamp"], (TimestampType, TimestampNTZType)):
+        raise BadRequestError(f"column 'timestamp' must be a timestamp, got {names['timestamp'].simpleString()}")
+    if "headers" in names:
+        t = names["headers"]
+        ok = (isinstance(t, MapType) and isinstance(t.keyType, StringType)
+              and isinstance(t.valueType, (BinaryType, StringType)))
+        if isinstance(t, ArrayType) and isinstance(t.elementType, StructType):
+            fields = {f.name: f.dataType for f in t.elementType.fields}
+            ok = (set(fields) == {"key", "value"} and isinstance(fields["key"], StringType)
+                  and isinstance(fields["value"], (BinaryType, StringType)))
+        if not ok:
+            raise BadRequestError("column 'headers' must be map<string,binary|string> or "
+                                  f"array<struct<key:string,value:binary>>, got {t.simpleString()}")
+
+
+def batch_to_records(batch: pa.RecordBatch, now_us: int) -> list[bytes]:
+    """Encode every row of an input RecordBatch (columns of RECORD_WRITE_COLUMNS) as an entry."""
+    names = batch.schema.names
+    n = batch.num_rows
+
+    def col(name):
+        if name not in names:
+            return None
+        return batch.column(names.index(name))
+
+    values = col("value").to_pylist()
+    k = col("key")
+    keys = k.to_pylist() if k is not None else [None] * n
+    t = col("timestamp")
+    if t is not None:
+        tss = t.cast(pa.int64()).to_pylist()     # already microseconds since the epoch (UTC)
+        tss = [now_us if x is None else x for x in tss]
+    else:
+        tss = [now_us] * n
+    h = col("headers")
+    if h is None:
+        hdrs = [None] * n
+    else:
+        hdrs = []
+        for row in h.to_pylist():
+            if row is None:
+                hdrs.append(None)
+            elif isinstance(row, list) and row and isinstance(row[0], dict):
+                hdrs.append([(x["key"], x["value"]) for x in row])
+            else:
+                hdrs.append(row)          # map -> list of (key, value) pairs
+    return [encode_record(v, k2, ts, hd) for v, k2, ts, hd in zip(values, keys, tss, hdrs)]
+
+
+# ---- arrow entries ----------------------------------------------------------------------
+
+def arrow_ledger_metadata(arrow_schema: pa.Schema, spark_schema_json: str, writer: str = "") -> dict:
+    md = {MD_FORMAT: b"arrow", MD_ARROW_SCHEMA: arrow_schema.serialize().to_pybytes(),
+          MD_SPARK_SCHEMA: spark_schema_json.encode()}
+    if writer:
+        md[MD_WRITER] = writer.encode()
+    return md
+
+
+def record_ledger_metadata(writer: str = "") -> dict:
+    md = {MD_FORMAT: b"record"}
+    if writer:
+        md[MD_WRITER] = writer.encode()
+    return md
+
+
+def ledger_arrow_schema(custom_metadata: dict) -> pa.Schema | None:
+    raw = (custom_metadata or {}).get(MD_ARROW_SCHEMA)
+    if raw is None:
+        return None
+    return pa.ipc.read_schema(pa.py_buffer(raw))
+
+
+def ledger_spark_schema_json(custom_metadata: dict) -> str | None:
+    raw = (custom_metadata or {}).get(MD_SPARK_SCHEMA)
+    return None if raw is None else bytes(raw).decode()
+
+
+def split_batch(batch: pa.RecordBatch, max_bytes: int):
+    """Slices of ``batch`` of about ``max_bytes`` each (zero-copy)."""
+    n = batch.num_rows
+    if n == 0:
+        return
+    size = batch.nbytes
+    if size <= max_bytes or n == 1:
+        yield batch
+        return
+    rows = max(1, int(n * max_bytes / size))
+    for start in range(0, n, rows):
+        yield batch.slice(start, rows)
+
+
+def encode_arrow(batch: pa.RecordBatch):
+    """The entry of one record batch: its IPC message (a pyarrow Buffer)."""
+    return batch.serialize()
+
+
+def decode_arrow(data, schema: pa.Schema) -> pa.RecordBatch:
+    return pa.ipc.read_record_batch(pa.py_buffer(data) if not isinstance(data, pa.Buffer) else data,
+                                    schema)
+
+
+def conform(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
+    """``batch`` with exactly the schema ``target`` (same columns; types differing only in
+    nullability, field metadata or timestamp zone are re-labelled, not copied)."""
+    if batch.schema.equals(target):
+        return batch
+    if batch.schema.names != target.names:
+        missing = [n for n in target.names if n not in batch.schema.names]
+        if missing:
+            raise ValueError(f"stored batches lack columns {missing}")
+        batch = pa.RecordBatch.from_arrays([batch.column(n) for n in target.names],
+                                           names=target.names)
+    try:
+        return pa.RecordBatch.from_arrays(batch.columns, schema=target)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
+        return batch.cast(target)
+
+
+def schema_json(spark_schema) -> str:
+    return json.dumps(json.loads(spark_schema.json()), sort_keys=True)

@@ -1,0 +1,54 @@
+"""Per-process clients: one BookKeeper client (and LogStore) per metadata URI and process.
+
+Spark runs the connector's code in Python workers that are reused across tasks; building a
+client (metadata session, gRPC channels, threads) per task would dominate small tasks, so
+clients are cached per process id (a forked worker never reuses its parent's client) and
+live until the process exits.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+
+_lock = threading.Lock()
+_clients: dict = {}
+
+
+def bookkeeper(uri: str):
+    from bkspark.client import BookKeeper
+    key = (os.getpid(), uri)
+    with _lock:
+        bk = _clients.get(key)
+        if bk is None or getattr(bk, "_closed", False):
+            bk = BookKeeper(uri)
+            _clients[key] = bk
+        return bk
+
+
+def log_store(opts):
+    """A LogStore over the cached client with the replication settings of ``opts``."""
+    from bkspark.log import LogStore
+    return LogStore(bookkeeper(opts.metadata_uri), password=opts.password, **opts.ledger_options())
+
+
+def drop(uri: str) -> None:
+    """Close and forget this process's client for ``uri`` (after a fatal client error)."""
+    with _lock:
+        bk = _clients.pop((os.getpid(), uri), None)
+    if bk is not None:
+        try:
+            bk.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+@atexit.register
+def _close_all() -> None:
+    pid = os.getpid()
+    for (p, _), bk in list(_clients.items()):
+        if p == pid:
+            try:
+                bk.close()
+            except Exception:  # noqa: BLE001
+                pass

@@ -1,0 +1,266 @@
+"""Options of ``format("bookkeeper")``: parsing and validation (pure; no cluster needed).
+
+Spark hands a data source a case-insensitive dict of strings. :func:`parse_options` turns it
+into a :class:`ConnectorOptions` (typed, validated) and raises
+:class:`~bkspark.errors.BadRequestError` naming the offending option for anything unknown or
+invalid, so a bad option fails the query at planning time, before any task runs.
+
+=======================  ====================================================================
+option                   meaning (default)
+=======================  ====================================================================
+metadataServiceUri       ``zk://...`` or ``sqlite:///...`` (the running local cluster's)
+log / path               one log (``load(name)`` / ``save(name)`` set ``path``)
+logs                     comma-separated logs (read only)
+logPattern               regular expression over log names (read only; re-listed per batch)
+startingOffsets          ``earliest`` | ``latest`` | JSON ``{"log": {"ledger": L, "entry": E}}``
+                         (batch: earliest; streaming: latest)
+endingOffsets            batch read end, exclusive (``latest``); same forms
+maxEntriesPerTrigger     streaming: at most this many entries per micro-batch (no limit)
+failOnDataLoss           fail when a committed offset was truncated away (true)
+ensembleSize / writeQuorumSize / ackQuorumSize   ledgers written by Spark (3 / 2 / 2)
+digestType               ``crc32c`` | ``mac`` | ... (crc32c)
+password                 ledger password ("")
+entryFormat              ``record`` (one row per entry) | ``arrow`` (Arrow IPC batches) (record)
+queryId                  streaming sink: idempotency key of its commits (Spark's query id);
+                         streaming source: name of the cursor it moves (``spark``)
+writerId, writerSequence batch write: optional idempotency key (re-running the same
+                         (writerId, writerSequence) appends nothing)
+maxEntryBytes            arrow writes: target size of one entry (1 MiB, at most 4 MiB)
+entriesPerPartition      reads: split a ledger into ranges of this many entries (auto: ~64 MiB
+                         per partition for arrow, 100000 entries for record)
+=======================  ====================================================================
+
+Spark also passes ``checkpointLocation`` to streaming sinks; it is accepted and ignored.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+from bkspark.errors import BadRequestError
+from bkspark.log.position import EARLIEST, LATEST, Position
+
+FORMAT_NAME = "bookkeeper"
+RECORD, ARROW = "record", "arrow"
+
+#: canonical spelling of every accepted option (matched case-insensitively)
+KNOWN_OPTIONS = (
+    "metadataServiceUri", "log", "logs", "logPattern", "path", "startingOffsets", "endingOffsets",
+    "maxEntriesPerTrigger", "failOnDataLoss", "ensembleSize", "writeQuorumSize", "ackQuorumSize",
+    "digestType", "password", "entryFormat", "queryId", "writerId", "writerSequence",
+    "maxEntryBytes", "entriesPerPartition", "checkpointLocation",
+    "_testFault",        # test-only fault injection (see bkspark.spark.writer)
+)
+_CANON = {name.lower(): name for name in KNOWN_OPTIONS}
+DIGESTS = ("crc32c", "crc32", "mac", "dummy")
+MAX_ENTRY_BYTES_LIMIT = 4 << 20         # bookies refuse entries over 5 MiB by default
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,150}$")
+
+
+@dataclass
+class ConnectorOptions:
+    metadata_uri: str | None = None
+    logs: list[str] = field(default_factory=list)      # explicit logs (log/logs/path)
+    log_pattern: str | None = None
+    starting: object = None          # None (mode default) | "earliest" | "latest" | {log: pos}
+    ending: object = None            # None (latest) | "earliest" | "latest" | {log: pos}
+    max_entries_per_trigger: int | None = None
+    fail_on_data_loss: bool = True
+    ensemble_size: int = 3
+    write_quorum: int = 2
+    ack_quorum: int = 2
+    digest: str = "crc32c"
+    password: bytes = b""
+    entry_format: str = RECORD
+    query_id: str | None = None
+    writer_id: str | None = None
+    writer_sequence: int | None = None
+    max_entry_bytes: int = 1 << 20
+    entries_per_partition: int | None = None
+    test_fault: str | None = None
+
+    # ---- derived ------------------------------------------------------------------------
+    def ledger_options(self) -> dict:
+        return dict(ensemble_size=self.ensemble_size, write_quorum=self.write_quorum,
+                    ack_quorum=self.ack_quorum, digest=self.digest)
+
+    def single_log(self) -> str:
+        """The one log a writer writes (log / path)."""
+        if self.log_pattern is not None or len(self.logs) != 1:
+            raise BadRequestError(f"format({FORMAT_NAME!r}) writes exactly one log: set option "
+                                  "'log' (or save(\"name\")); 'logs' and 'logPattern' are for reads")
+        return self.logs[0]
+
+    def matching_logs(self, all_logs) -> list[str]:
+        """The logs to read: the explicit ones, or those of ``all_logs`` matching logPattern."""
+        if self.log_pattern is None:
+            return list(self.logs)
+        rx = re.compile(self.log_pattern)
+        return sorted(n for n in all_logs if rx.fullmatch(n) and not n.startswith("__"))
+
+    def require_logs(self) -> None:
+        if not self.logs and self.log_pattern is None:
+            raise BadRequestError(f"format({FORMAT_NAME!r}) needs option 'log', 'logs' or "
+                                  "'logPattern' (or a name passed to load()/save())")
+
+
+def _bool(name: str, value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("true", "1", "yes"):
+        return True
+    if v in ("false", "0", "no"):
+        return False
+    raise BadRequestError(f"option {name!r} must be true or false, got {value!r}")
+
+
+def _int(name: str, value: str, minimum: int, maximum: int | None = None) -> int:
+    try:
+        n = int(value.strip())
+    except (ValueError, AttributeError):
+        raise BadRequestError(f"option {name!r} must be an integer, got {value!r}") from None
+    if n < minimum or (maximum is not None and n > maximum):
+        bound = f">= {minimum}" if maximum is None else f"between {minimum} and {maximum}"
+        raise BadRequestError(f"option {name!r} must be {bound}, got {n}")
+    return n
+
+
+def parse_offsets(name: str, value: str):
+    """``earliest`` | ``latest`` | ``{"log": {"ledger": L, "entry": E} | "earliest" | "latest"}``."""
+    v = value.strip()
+    if v.lower() in (EARLIEST, LATEST):
+        return v.lower()
+    try:
+        obj = json.loads(v)
+    except ValueError:
+        raise BadRequestError(f"option {name!r} must be 'earliest', 'latest' or JSON like "
+                              f'{{"mylog": {{"ledger": 12, "entry": 0}}}}, got {value!r}') from None
+    if not isinstance(obj, dict) or not obj:
+        raise BadRequestError(f"option {name!r}: JSON offsets must be a non-empty object "
+                              f"log -> position, got {value!r}")
+    out = {}
+    for log_name, pos in obj.items():
+        if isinstance(pos, str) and pos.lower() in (EARLIEST, LATEST):
+            out[log_name] = pos.lower()
+            continue
+        try:
+            out[log_name] = Position.from_json(pos)
+        except BadRequestError as e:
+            raise BadRequestError(f"option {name!r}, log {log_name!r}: {e}") from None
+        if out[log_name].entry_id < 0:
+            raise BadRequestError(f"option {name!r}, log {log_name!r}: entry must be >= 0")
+    return out
+
+
+def _identifier(name: str, value: str) -> str:
+    v = value.strip()
+    if not _ID.match(v):
+        raise BadRequestError(f"option {name!r} must be letters, digits, '.', '_' or '-' "
+                              f"(not starting with punctuation), got {value!r}")
+    return v
+
+
+def parse_options(options, *, default_uri=None) -> ConnectorOptions:
+    """Validate Spark's options mapping; ``default_uri()`` supplies metadataServiceUri."""
+    raw: dict[str, str] = {}
+    for key, value in dict(options).items():
+        canon = _CANON.get(str(key).lower())
+        if canon is None:
+            raise BadRequestError(
+                f"unknown option {key!r} for format({FORMAT_NAME!r}); known options: "
+                + ", ".join(n for n in KNOWN_OPTIONS if not n.startswith("_")))
+        if canon in raw:
+            raise BadRequestError(f"option {canon!r} given twice")
+        raw[canon] = "" if value is None else str(value)
+    o = ConnectorOptions()
+
+    # -- where ----------------------------------------------------------------------------
+    uri = raw.get("metadataServiceUri")
+    if uri is not None and not uri.strip():
+        raise BadRequestError("option 'metadataServiceUri' is empty")
+    if uri is None and default_uri is not None:
+        uri = default_uri()
+    if uri is None:
+        raise BadRequestError("option 'metadataServiceUri' is not set and no local cluster is "
+                              "running (start one with `bkspark localcluster`, or pass e.g. "
+                              ".option('metadataServiceUri', 'zk://host:2181/ledgers'))")
+    o.metadata_uri = uri.strip()
+
+    given = [k for k in ("log", "logs", "logPattern", "path") if raw.get(k, "").strip()]
+    if len(given) > 1:
+        raise BadRequestError(f"options {' and '.join(repr(g) for g in given)} are exclusive: "
+                              "name the logs once")
+    from bkspark.log.store import check_log_name
+    for key in ("log", "path"):
+        if key in given:
+            try:
+                o.logs = [check_log_name(raw[key].strip())]
+            except BadRequestError as e:
+                raise BadRequestError(f"option {key!r}: {e}") from None
+    if "logs" in given:
+        names = [n.strip() for n in raw["logs"].split(",") if n.strip()]
+        try:
+            o.logs = list(dict.fromkeys(check_log_name(n) for n in names))
+        except BadRequestError as e:
+            raise BadRequestError(f"option 'logs': {e}") from None
+    if "logPattern" in given:
+        try:
+            re.compile(raw["logPattern"])
+        except re.error as e:
+            raise BadRequestError(f"option 'logPattern' is not a valid regular expression: {e}") from None
+        o.log_pattern = raw["logPattern"]
+
+    # -- reads ----------------------------------------------------------------------------
+    if "startingOffsets" in raw:
+        o.starting = parse_offsets("startingOffsets", raw["startingOffsets"])
+    if "endingOffsets" in raw:
+        o.ending = parse_offsets("endingOffsets", raw["endingOffsets"])
+    for key, value in (("startingOffsets", o.starting), ("endingOffsets", o.ending)):
+        if isinstance(value, dict) and o.log_pattern is None:
+            extra = sorted(set(value) - set(o.logs))
+            if extra:
+                raise BadRequestError(f"option {key!r} names logs that are not read: {extra}")
+    if "maxEntriesPerTrigger" in raw:
+        o.max_entries_per_trigger = _int("maxEntriesPerTrigger", raw["maxEntriesPerTrigger"], 1)
+    if "failOnDataLoss" in raw:
+        o.fail_on_data_loss = _bool("failOnDataLoss", raw["failOnDataLoss"])
+    if "entriesPerPartition" in raw:
+        o.entries_per_partition = _int("entriesPerPartition", raw["entriesPerPartition"], 1)
+
+    # -- writes ---------------------------------------------------------------------------
+    if "ensembleSize" in raw:
+        o.ensemble_size = _int("ensembleSize", raw["ensembleSize"], 1, 64)
+    if "writeQuorumSize" in raw:
+        o.write_quorum = _int("writeQuorumSize", raw["writeQuorumSize"], 1, 64)
+    if "ackQuorumSize" in raw:
+        o.ack_quorum = _int("ackQuorumSize", raw["ackQuorumSize"], 1, 64)
+    if not o.ensemble_size >= o.write_quorum >= o.ack_quorum:
+        raise BadRequestError(
+            f"options 'ensembleSize' ({o.ensemble_size}) >= 'writeQuorumSize' ({o.write_quorum}) "
+            f">= 'ackQuorumSize' ({o.ack_quorum}) must hold")
+    if "digestType" in raw:
+        d = raw["digestType"].strip().lower()
+        if d not in DIGESTS:
+            raise BadRequestError(f"option 'digestType' must be one of {', '.join(DIGESTS)}, "
+                                  f"got {raw['digestType']!r}")
+        o.digest = d
+    if "password" in raw:
+        o.password = raw["password"].encode()
+    if "entryFormat" in raw:
+        f = raw["entryFormat"].strip().lower()
+        if f not in (RECORD, ARROW):
+            raise BadRequestError(f"option 'entryFormat' must be 'record' or 'arrow', "
+                                  f"got {raw['entryFormat']!r}")
+        o.entry_format = f
+    if "queryId" in raw:
+        o.query_id = _identifier("queryId", raw["queryId"])
+    if "writerId" in raw:
+        o.writer_id = _identifier("writerId", raw["writerId"])
+    if "writerSequence" in raw:
+        o.writer_sequence = _int("writerSequence", raw["writerSequence"], 0)
+    if (o.writer_id is None) != (o.writer_sequence is None):
+        raise BadRequestError("options 'writerId' and 'writerSequence' go together")
+    if "maxEntryBytes" in raw:
+        o.max_entry_bytes = _int("maxEntryBytes", raw["maxEntryBytes"], 1024, MAX_ENTRY_BYTES_LIMIT)
+    o.test_fault = raw.get("_testFault") or None
+    return o

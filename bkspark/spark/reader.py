@@ -1,0 +1,294 @@
+"""Reading logs: planning ledger ranges, filter pushdown, and the batch reader.
+
+A log is an ordered list of ledgers. A read from position ``start`` (the next entry to read)
+to ``end`` (exclusive; ``None`` = the current end) becomes one span per ledger: closed ledgers
+to their recorded last entry, the open (last) ledger to its LAC, read without fencing, so a
+read never disturbs a writer. Large spans are split into several input partitions. Every
+partition carries all that ``read()`` needs (it runs on an executor from a pickled copy).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from pyspark.sql.datasource import DataSourceReader, InputPartition
+
+from bkspark.errors import BadRequestError, BKError, NoSuchLogError
+from bkspark.log.position import EARLIEST, LATEST, Position
+from bkspark.spark import codec, conn
+from bkspark.spark.options import ARROW, RECORD
+
+log = logging.getLogger("bkspark.spark")
+
+EMPTY = Position(-1, 0)                  # "before the first ledger" (an empty log)
+RECORD_ENTRIES_PER_PARTITION = 100_000
+ARROW_BYTES_PER_PARTITION = 64 << 20
+ARROW_ENTRIES_PER_PARTITION = 64
+RECORD_BATCH_ROWS = 4096
+
+
+class DataLossError(BKError):
+    """Data a query was to read is gone (its ledger was truncated away or overwritten)."""
+
+
+@dataclass
+class LedgerRange(InputPartition):
+    """Entries ``first..last`` (inclusive) of ledger ``ledger_id`` of log ``log``."""
+
+    log: str
+    ledger_id: int
+    first: int
+    last: int
+
+    def __init__(self, log: str, ledger_id: int, first: int, last: int):  # noqa: D107
+        super().__init__((log, ledger_id, first, last))
+        self.log, self.ledger_id, self.first, self.last = log, ledger_id, first, last
+
+
+# ---- planning ---------------------------------------------------------------------------
+
+def ledger_last(logs, entry: dict) -> int:
+    """Last readable entry of a list entry (closed: recorded; open: LAC, without fencing)."""
+    return logs.ledger_end(entry)
+
+
+def spans(logs, name: str, md, start: Position, end: Position | None, fail_on_data_loss: bool,
+          ledger_ok=None) -> list[tuple[int, int, int, dict]]:
+    """(ledger_id, first, last, list entry) for the entries of ``name`` in [start, end)."""
+    ids = md.ledger_ids()
+    if not ids or (end is not None and end.ledger_id == -1):
+        return []
+    if start.ledger_id == -1:
+        start = Position(ids[0], 0)
+    elif start.ledger_id not in ids:
+        msg = (f"log {name!r}: ledger {start.ledger_id} of position {tuple(start)} is no longer in "
+               "the log (truncated or overwritten)")
+        if fail_on_data_loss:
+            raise DataLossError(msg + "; set failOnDataLoss=false to continue from the log's start")
+        log.warning("%s; continuing from the start of the log", msg)
+        start = Position(ids[0], 0)
+    si = ids.index(start.ledger_id)
+    if end is None:
+        ei = len(ids) - 1
+    elif end.ledger_id in ids:
+        ei = ids.index(end.ledger_id)
+    else:
+        raise DataLossError(f"log {name!r}: ledger {end.ledger_id} of end position {tuple(end)} is "
+                            "not in the log")
+    out = []
+    for i in range(si, ei + 1):
+        entry = md.ledgers[i]
+        lid = entry["ledger_id"]
+        if ledger_ok is not None and not ledger_ok(lid):
+            continue
+        first = start.entry_id if i == si else 0
+        last = ledger_last(logs, entry)
+        if end is not None and i == ei:
+            last = min(last, end.entry_id - 1)
+        if first <= last:
+            out.append((lid, first, last, entry))
+    return out
+
+
+def resolve_start(logs, name: str, where) -> Position:
+    """Position of the next entry to read for earliest / latest / a Position (empty log: EMPTY)."""
+    try:
+        md, _ = logs.get(name)
+    except NoSuchLogError:
+        return EMPTY
+    if isinstance(where, Position):
+        if where.ledger_id not in md.ledger_ids():
+            raise BadRequestError(f"log {name!r} has no ledger {where.ledger_id} (offset {tuple(where)})")
+        return where
+    if not md.ledgers:
+        return EMPTY
+    if where == EARLIEST:
+        return Position(md.ledgers[0]["ledger_id"], 0)
+    if where == LATEST:
+        last = md.ledgers[-1]
+        return Position(last["ledger_id"], ledger_last(logs, last) + 1)
+    raise BadRequestError(f"bad offset {where!r}")
+
+
+def offset_for(spec, name: str, default: str):
+    """The per-log offset spec of startingOffsets / endingOffsets."""
+    if spec is None:
+        return default
+    if isinstance(spec, dict):
+        return spec.get(name, default)
+    return spec
+
+
+def split_span(opts, lid: int, first: int, last: int, entry: dict, fmt: str):
+    """Cut one ledger span into partition-sized ranges."""
+    per = opts.entries_per_partition
+    if per is None:
+        if fmt == ARROW:
+            n_total = entry.get("last_entry_id", -1) + 1
+            length = entry.get("length") or 0
+            if entry.get("state") == "closed" and n_total > 0 and length > 0:
+                per = max(1, int(ARROW_BYTES_PER_PARTITION * n_total / length))
+            else:
+                per = ARROW_ENTRIES_PER_PARTITION
+        else:
+            per = RECORD_ENTRIES_PER_PARTITION
+    lo = first
+    while lo <= last:
+        hi = min(last, lo + per - 1)
+        yield lid, lo, hi
+        lo = hi + 1
+
+
+# ---- filter pushdown ---------------------------------------------------------------------
+
+class Pushed:
+    """Conjunction of pushed filters on log / ledger_id / entry_id (record format)."""
+
+    def __init__(self):
+        self.logs: set | None = None
+        self.ledgers: set | None = None
+        self.ledger_lo, self.ledger_hi = None, None
+        self.entry_lo, self.entry_hi = 0, None
+
+    def accept(self, f) -> bool:
+        from pyspark.sql import datasource as ds
+        attr = getattr(f, "attribute", None)
+        if not isinstance(attr, tuple) or len(attr) != 1 or attr[0] not in ("log", "ledger_id", "entry_id"):
+            return False
+        col = attr[0]
+        if col == "log":
+            if isinstance(f, ds.EqualTo) and isinstance(f.value, str):
+                vals = {f.value}
+            elif isinstance(f, ds.In) and all(isinstance(v, str) for v in f.value):
+                vals = set(f.value)
+            else:
+                return False
+            self.logs = vals if self.logs is None else self.logs & vals
+            return True
+        if isinstance(f, ds.In):
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in f.value):
+                return False
+            if col == "ledger_id":
+                self.ledgers = set(f.value) if self.ledgers is None else self.ledgers & set(f.value)
+                return True
+            return False           # entry_id IN (...) is left to Spark
+        value = getattr(f, "value", None)
+        if not isinstance(value, int) or isinstance(value, bool):
+            return False
+        lo = hi = None
+        if isinstance(f, ds.EqualTo):
+            lo = hi = value
+        elif isinstance(f, ds.GreaterThan):
+            lo = value + 1
+        elif isinstance(f, ds.GreaterThanOrEqual):
+            lo = value
+        elif isinstance(f, ds.LessThan):
+            hi = value - 1
+        elif isinstance(f, ds.LessThanOrEqual):
+            hi = value
+        else:
+            return False
+        if col == "ledger_id":
+            if lo is not None:
+                self.ledger_lo = lo if self.ledger_lo is None else max(self.ledger_lo, lo)
+            if hi is not None:
+                self.ledger_hi = hi if self.ledger_hi is None else min(self.ledger_hi, hi)
+        else:
+            if lo is not None:
+                self.entry_lo = max(self.entry_lo, lo)
+            if hi is not None:
+                self.entry_hi = hi if self.entry_hi is None else min(self.entry_hi, hi)
+        return True
+
+    def log_ok(self, name: str) -> bool:
+        return self.logs is None or name in self.logs
+
+    def ledger_ok(self, lid: int) -> bool:
+        return ((self.ledgers is None or lid in self.ledgers)
+                and (self.ledger_lo is None or lid >= self.ledger_lo)
+                and (self.ledger_hi is None or lid <= self.ledger_hi))
+
+    def clip(self, first: int, last: int):
+        first = max(first, self.entry_lo)
+        if self.entry_hi is not None:
+            last = min(last, self.entry_hi)
+        return first, last
+
+
+# ---- reading ----------------------------------------------------------------------------
+
+def read_range(opts, fmt: str, schema, part: LedgerRange):
+    """Yield RecordBatches (exactly ``to_arrow_schema(schema)``) of one LedgerRange."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    target = to_arrow_schema(schema, timezone="UTC")
+    bk = conn.bookkeeper(opts.metadata_uri)
+    rh = bk.open_ledger(part.ledger_id, password=opts.password, recovery=False)
+    try:
+        if part.last <= rh.last_add_confirmed:
+            entries = rh.read(part.first, part.last)
+        else:        # the planner saw a newer LAC than this fresh handle: those entries are confirmed
+            entries = rh.read_unconfirmed(part.first, part.last)
+        if fmt == ARROW:
+            stored = codec.ledger_arrow_schema(rh.metadata.custom_metadata)
+            if stored is None:
+                raise BadRequestError(
+                    f"ledger {part.ledger_id} of log {part.log!r} was not written with "
+                    "entryFormat=arrow (no Arrow schema in its metadata); read it with "
+                    "entryFormat=record")
+            for e in entries:
+                batch = codec.decode_arrow(e.data, stored)
+                if batch.num_rows:
+                    yield codec.conform(batch, target)
+        else:
+            chunk = []
+            for e in entries:
+                chunk.append((e.entry_id, e.data))
+                if len(chunk) >= RECORD_BATCH_ROWS:
+                    yield codec.records_to_batch(part.log, part.ledger_id, chunk, target)
+                    chunk = []
+            if chunk:
+                yield codec.records_to_batch(part.log, part.ledger_id, chunk, target)
+    finally:
+        rh.close()
+
+
+class BookKeeperBatchReader(DataSourceReader):
+    """``spark.read.format("bookkeeper")``: one partition per ledger range."""
+
+    def __init__(self, opts, schema):
+        self.opts = opts
+        self.schema = schema
+        self.fmt = opts.entry_format
+        self.pushed = Pushed()
+
+    def pushFilters(self, filters):
+        if self.fmt != RECORD:
+            return list(filters)
+        return [f for f in filters if not self.pushed.accept(f)]
+
+    def partitions(self):
+        opts = self.opts
+        logs = conn.log_store(opts)
+        names = opts.matching_logs(logs.list_logs())
+        parts = []
+        for name in names:
+            if not self.pushed.log_ok(name):
+                continue
+            try:
+                md, _ = logs.get(name)
+            except NoSuchLogError:
+                if opts.log_pattern is None:
+                    raise BadRequestError(f"option 'log': no log named {name!r}") from None
+                continue
+            start = resolve_start(logs, name, offset_for(opts.starting, name, EARLIEST))
+            end_spec = offset_for(opts.ending, name, LATEST)
+            end = None if end_spec == LATEST else resolve_start(logs, name, end_spec)
+            for lid, first, last, entry in spans(logs, name, md, start, end, opts.fail_on_data_loss,
+                                                 self.pushed.ledger_ok):
+                first, last = self.pushed.clip(first, last)
+                for lid2, lo, hi in split_span(opts, lid, first, last, entry, self.fmt):
+                    parts.append(LedgerRange(name, lid2, lo, hi))
+        return parts
+
+    def read(self, partition):
+        yield from read_range(self.opts, self.fmt, self.schema, partition)

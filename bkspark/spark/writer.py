@@ -1,0 +1,375 @@
+"""Writing logs exactly once: task ledgers, then one atomic append by the driver.
+
+Every Spark task writes its rows to a new ledger of its own, closes it and names it in its
+commit message. Nothing reaches the log until the driver's ``commit`` appends all the
+ledgers named in the messages with one compare-and-set of the log's ledger list
+(:meth:`LogStore.append_ledgers`, or :meth:`LogStore.overwrite` for ``mode("overwrite")``):
+a job leaves the log with all of its rows or none.
+
+Ledgers of failed or superseded task attempts are never named in a commit message, so they
+never reach the log. To delete them too, each task registers its ledger under
+``/spark/pending/<write key>/<ledger id>`` in the metadata store right after creating it;
+``commit`` and ``abort`` delete every registered ledger that is not part of the log.
+
+Streaming sink (:class:`BookKeeperStreamWriter`): the same task ledgers; ``commit(messages,
+batchId)`` appends them with ``writer_id`` = the query id and ``sequence`` = the batch id,
+so re-running a batch after a crash appends nothing twice. The sink's
+:class:`~bkspark.log.CheckpointStore` (``spark-sink.<query id>``) records which Spark run
+owns the query: a new run takes over (fencing the old owner's store and, through the epoch
+passed to ``append_ledgers``, the old owner's commits); a superseded run can never commit
+again.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+
+from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamArrowWriter,
+                                    WriterCommitMessage)
+
+from bkspark import errors
+from bkspark.errors import BadRequestError, LogFencedError, NoNodeError
+from bkspark.spark import codec, conn
+from bkspark.spark.options import ARROW
+
+log = logging.getLogger("bkspark.spark")
+
+PENDING_ROOT = "/spark/pending"
+MAX_BATCHES_IN_FLIGHT = 32
+
+
+class InjectedFault(errors.BKError):
+    """A failure requested by the test-only ``_testFault`` option."""
+
+
+@dataclass
+class BKCommitMessage(WriterCommitMessage):
+    ledgers: list = field(default_factory=list)
+    entries: int = 0
+    rows: int = 0
+    bytes: int = 0
+    partition: int = -1
+    attempt: int = 0
+    query_id: str | None = None     # Spark's streaming query id (sink tasks)
+    run_id: str | None = None       # Spark's streaming run id (sink tasks)
+
+
+def faults(opts) -> dict:
+    """``_testFault`` = ``failTask:P`` | ``failCommitBeforeAppend:B`` | ``failCommitAfterAppend:B``."""
+    out = {}
+    for item in (opts.test_fault or "").split(","):
+        if ":" in item:
+            k, v = item.split(":", 1)
+            out[k.strip()] = int(v)
+    return out
+
+
+# ---- pending-ledger registry -------------------------------------------------------------
+
+def _pending_dir(key: str) -> str:
+    return f"{PENDING_ROOT}/{key}"
+
+
+def register_pending(store, key: str, ledger_id: int, info: dict) -> None:
+    try:
+        store.create(f"{_pending_dir(key)}/{ledger_id}", json.dumps(info).encode(), makepath=True)
+    except errors.NodeExistsError:
+        pass
+
+
+def unregister_pending(store, key: str, ledger_id: int) -> None:
+    try:
+        store.delete(f"{_pending_dir(key)}/{ledger_id}")
+    except NoNodeError:
+        pass
+
+
+def clean_pending(logs, key: str, log_name: str | None, keep=(), upto_batch: int | None = None,
+                  remove_dir: bool = False) -> list[int]:
+    """Delete registered ledgers of ``key`` that are not in ``log_name``'s list (nor in
+    ``keep``); with ``upto_batch`` only those registered for batches <= it. Returns the
+    deleted ledger ids."""
+    store = logs.store
+    try:
+        children = store.children(_pending_dir(key))
+    except NoNodeError:
+        return []
+    in_log = set()
+    if log_name is not None:
+        try:
+            in_log = set(logs.get(log_name)[0].ledger_ids())
+        except errors.NoSuchLogError:
+            pass
+    deleted = []
+    keep = set(keep)
+    for child in children:
+        try:
+            lid = int(child)
+        except ValueError:
+            continue
+        if upto_batch is not None:
+            try:
+                info = json.loads(store.get(f"{_pending_dir(key)}/{child}")[0] or b"{}")
+            except (NoNodeError, ValueError):
+                info = {}
+            if info.get("batch", -1) > upto_batch:
+                continue
+        if lid not in in_log and lid not in keep:
+            try:
+                logs.bk.delete_ledger(lid)
+                deleted.append(lid)
+            except errors.NoSuchLedgerError:
+                pass
+            except errors.BKError as exc:
+                log.warning("could not delete orphan ledger %d: %s", lid, exc)
+                continue
+        unregister_pending(store, key, lid)
+    if remove_dir:
+        try:
+            store.delete(_pending_dir(key))
+        except (NoNodeError, errors.NotEmptyError):
+            pass
+    return deleted
+
+
+# ---- the task side ----------------------------------------------------------------------
+
+def write_task(opts, fmt: str, spark_schema_json: str, pending_key: str, iterator,
+               info: dict, writer_label: str) -> BKCommitMessage:
+    """Write the task's batches into one new ledger; close it; describe it."""
+    from pyspark import TaskContext
+    tc = TaskContext.get()
+    partition = tc.partitionId() if tc else -1
+    attempt = tc.attemptNumber() if tc else 0
+    fail_task = faults(opts).get("failTask")
+    bk = conn.bookkeeper(opts.metadata_uri)
+    lh = None
+    inflight: deque = deque()
+    msg = BKCommitMessage(partition=partition, attempt=attempt)
+    now_us = int(time.time() * 1_000_000)
+    try:
+        for batch in iterator:
+            if batch.num_rows == 0:
+                continue
+            if fmt == ARROW:
+                entries = [memoryview(codec.encode_arrow(b))
+                           for b in codec.split_batch(batch, opts.max_entry_bytes)]
+            else:
+                entries = codec.batch_to_records(batch, now_us)
+            if lh is None:
+                custom = (codec.arrow_ledger_metadata(batch.schema, spark_schema_json, writer_label)
+                          if fmt == ARROW else codec.record_ledger_metadata(writer_label))
+                lh = bk.create_ledger(password=opts.password, custom_metadata=custom,
+                                      **opts.ledger_options())
+                register_pending(bk.store, pending_key, lh.ledger_id,
+                                 dict(info, partition=partition, attempt=attempt))
+            inflight.append(lh.append_many_async(entries))
+            msg.entries += len(entries)
+            msg.rows += batch.num_rows
+            msg.bytes += sum(len(e) for e in entries)
+            while len(inflight) > MAX_BATCHES_IN_FLIGHT:
+                inflight.popleft().result()
+            if fail_task is not None and fail_task == partition and attempt == 0:
+                for f in inflight:
+                    f.result()
+                raise InjectedFault(f"_testFault: task for partition {partition} fails on its "
+                                    "first attempt")
+        while inflight:
+            inflight.popleft().result()
+        if lh is not None:
+            lh.close()
+            msg.ledgers = [lh.ledger_id]
+        return msg
+    except BaseException:
+        if lh is not None:          # best effort: the driver's cleanup catches what this misses
+            try:
+                lh.close()
+            except Exception:  # noqa: BLE001
+                pass
+            try:
+                bk.delete_ledger(lh.ledger_id)
+                unregister_pending(bk.store, pending_key, lh.ledger_id)
+            except Exception:  # noqa: BLE001
+                pass
+        raise
+
+
+def _ledger_ids(messages) -> list[int]:
+    return [lid for m in messages if m is not None for lid in (getattr(m, "ledgers", None) or [])]
+
+
+# ---- batch writer -----------------------------------------------------------------------
+
+class BookKeeperBatchWriter(DataSourceArrowWriter):
+    """``df.write.format("bookkeeper")``: task ledgers, one atomic append (or overwrite)."""
+
+    def __init__(self, opts, schema, overwrite: bool):
+        self.opts = opts
+        self.log_name = opts.single_log()
+        self.fmt = opts.entry_format
+        self.overwrite = overwrite
+        self.schema_json = codec.schema_json(schema)
+        self.job = f"batch-{uuid.uuid4().hex}"
+
+    def write(self, iterator):
+        return write_task(self.opts, self.fmt, self.schema_json, self.job, iterator, {},
+                          self.job)
+
+    def commit(self, messages):
+        logs = conn.log_store(self.opts)
+        ids = _ledger_ids(messages)
+        kw = dict(writer_id=self.opts.writer_id, sequence=self.opts.writer_sequence)
+        try:
+            if self.overwrite:
+                applied = logs.overwrite(self.log_name, ids, **kw)
+            else:
+                applied = logs.append_ledgers(self.log_name, ids, **kw)
+            if not applied:
+                log.info("log %s: write %s/%s was already applied; nothing appended",
+                         self.log_name, self.opts.writer_id, self.opts.writer_sequence)
+        finally:
+            clean_pending(logs, self.job, self.log_name, remove_dir=True)
+
+    def abort(self, messages):
+        logs = conn.log_store(self.opts)
+        logs._delete_ledgers(_ledger_ids(messages))
+        clean_pending(logs, self.job, self.log_name, remove_dir=True)
+
+
+# ---- streaming sink ---------------------------------------------------------------------
+
+def _task_query_ids():
+    from pyspark import TaskContext
+    tc = TaskContext.get()
+    if tc is None:
+        return None, None
+    qid = tc.getLocalProperty("sql.streaming.queryId")
+    run = tc.getLocalProperty("spark.jobGroup.id")
+    return qid, run
+
+
+def sink_writer_id(opts, spark_query_id: str | None) -> str:
+    if opts.query_id:
+        return opts.query_id
+    if not spark_query_id:
+        raise BadRequestError("the bookkeeper sink cannot tell the streaming query id; set "
+                              "option 'queryId'")
+    return f"spark-{spark_query_id}"
+
+
+_sink_lock = threading.Lock()
+_sink_stores: dict = {}          # (pid, uri, writer id) -> CheckpointStore
+
+
+def _sink_store(logs, opts, wid: str, fresh: bool = False):
+    from bkspark.log import CheckpointStore
+    key = (os.getpid(), opts.metadata_uri, wid)
+    with _sink_lock:
+        store = _sink_stores.get(key)
+        if store is not None and fresh:
+            try:
+                store.close()
+            except Exception:  # noqa: BLE001
+                pass
+            store = None
+        if store is None:
+            store = CheckpointStore(logs, f"spark-sink.{wid}", compact_after=64)
+            _sink_stores[key] = store
+        return store
+
+
+def _forget_sink_store(opts, wid: str) -> None:
+    with _sink_lock:
+        _sink_stores.pop((os.getpid(), opts.metadata_uri, wid), None)
+
+
+class BookKeeperStreamWriter(DataSourceStreamArrowWriter):
+    """``writeStream.format("bookkeeper")``: exactly-once micro-batch commits."""
+
+    def __init__(self, opts, schema):
+        self.opts = opts
+        self.log_name = opts.single_log()
+        self.fmt = opts.entry_format
+        self.schema_json = codec.schema_json(schema)
+
+    def write(self, iterator):
+        qid, run = _task_query_ids()
+        wid = sink_writer_id(self.opts, qid)
+        from pyspark import TaskContext
+        tc = TaskContext.get()
+        batch = tc.getLocalProperty("streaming.sql.batchId") if tc else None
+        msg = write_task(self.opts, self.fmt, self.schema_json, f"sink-{wid}", iterator,
+                         {"batch": int(batch) if batch is not None else -1, "run": run}, wid)
+        msg.query_id, msg.run_id = qid, run
+        return msg
+
+    def commit(self, messages, batchId):
+        present = [m for m in messages if m is not None]
+        ids = _ledger_ids(present)
+        if not present:
+            return
+        qid = next((m.query_id for m in present if m.query_id), None)
+        run = next((m.run_id for m in present if m.run_id), None) or "unknown"
+        wid = sink_writer_id(self.opts, qid)
+        logs = conn.log_store(self.opts)
+        fault = faults(self.opts)
+        for attempt in range(3):
+            store = _sink_store(logs, self.opts, wid, fresh=attempt > 0)
+            try:
+                self._commit_once(logs, store, wid, run, ids, batchId, fault)
+                break
+            except LogFencedError:
+                # someone opened our store (maybe a later commit process of this same run):
+                # reopen and decide again from the recorded owner
+                _forget_sink_store(self.opts, wid)
+                if attempt == 2:
+                    raise
+        clean_pending(logs, f"sink-{wid}", self.log_name, keep=(), upto_batch=batchId)
+
+    def _commit_once(self, logs, store, wid, run, ids, batch_id, fault):
+        latest = store.latest()
+        owner, superseded = None, []
+        if latest is not None:
+            payload = latest[1] or {}
+            owner, superseded = payload.get("run"), list(payload.get("superseded", []))
+        if run in superseded:
+            raise LogFencedError(f"streaming query {wid}: this run ({run}) was superseded by a "
+                                 f"newer run ({owner}) of the same query; it may not commit")
+        if owner is not None and owner != run:
+            superseded = (superseded + [owner])[-32:]
+            log.info("sink %s: run %s takes over from run %s", wid, run, owner)
+        md, _ = logs.get(self.log_name) if logs.exists(self.log_name) else (None, None)
+        done = md.writers.get(wid, -1) if md is not None else -1
+        if batch_id < done:
+            raise BadRequestError(
+                f"log {self.log_name!r} already holds batch {done} of query {wid!r}, but Spark "
+                f"is committing batch {batch_id}: the query's checkpoint was reset or belongs to "
+                "another query; use a new checkpointLocation together with a new 'queryId'")
+        store.commit(batch_id, {"run": run, "superseded": superseded, "log": self.log_name,
+                                "ledgers": ids})
+        if fault.get("failCommitBeforeAppend") == batch_id:
+            raise InjectedFault(f"_testFault: sink commit of batch {batch_id} fails before append")
+        applied = logs.append_ledgers(self.log_name, ids, writer_id=wid, sequence=batch_id,
+                                      epoch=store.epoch)
+        if not applied:
+            log.info("sink %s: batch %d was already in log %s; nothing appended twice",
+                     wid, batch_id, self.log_name)
+        if fault.get("failCommitAfterAppend") == batch_id:
+            raise InjectedFault(f"_testFault: sink commit of batch {batch_id} fails after append")
+        if batch_id % 32 == 0 and batch_id > 64:
+            store.purge(batch_id - 64)
+
+    def abort(self, messages, batchId):
+        logs = conn.log_store(self.opts)
+        ids = _ledger_ids(messages)
+        try:
+            in_log = set(logs.get(self.log_name)[0].ledger_ids())
+        except errors.NoSuchLogError:
+            in_log = set()
+        logs._delete_ledgers([lid for lid in ids if lid not in in_log])

@@ -1,0 +1,2155 @@
+/* bkspark bookie storage engine (see engine.h for the threading model, README.md for formats). */
+#define _GNU_SOURCE
+#include "engine.h"
+#include "crc32c.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---------------------------------------------------------------- formats */
+#define J_MAGIC "BKSJ"
+#define J_VERSION 1u
+#define J_HDR 512u
+#define JR_HDR 12u /* u32 len, u32 type, u32 crc */
+enum { JR_ADD = 1, JR_MKEY = 2, JR_FENCE = 3, JR_LAC = 4, JR_DELETE = 5 };
+
+#define L_MAGIC "BKSL"
+#define L_VERSION 1u
+#define L_HDR 64u
+#define LR_HDR 24u /* u32 len(=16+body), u32 crc, u64 ledger, i64 entry */
+
+#define I_MAGIC "BKSI"
+#define I_HDR 64u
+#define IR_SIZE 40u /* u64 ledger, i64 entry, u64 inc, u64 off, u32 len, u32 zero */
+
+#define S_MAGIC "BKSS"
+#define S_VERSION 1u
+#define M_MAGIC "BKSM"
+
+#define JPREALLOC (16u << 20)
+
+/* ---------------------------------------------------------------- helpers */
+static uint64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+static void put32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
+static void put64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
+static uint32_t get32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static uint64_t get64(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+
+static void seterr(Engine *e, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->errmsg, sizeof e->errmsg, fmt, ap);
+    va_end(ap);
+}
+
+static int buf_reserve(Buf *b, size_t extra)
+{
+    if (b->len + extra <= b->cap)
+        return 0;
+    size_t nc = b->cap ? b->cap : (1 << 20);
+    while (nc < b->len + extra)
+        nc *= 2;
+    unsigned char *p = realloc(b->buf, nc);
+    if (!p)
+        return -1;
+    b->buf = p;
+    b->cap = nc;
+    return 0;
+}
+
+static int write_full(int fd, const void *buf, size_t len, uint64_t off)
+{
+    const unsigned char *p = buf;
+    while (len) {
+        ssize_t w = pwrite(fd, p, len, (off_t)off);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        p += w;
+        off += (uint64_t)w;
+        len -= (size_t)w;
+    }
+    return 0;
+}
+
+static int read_full(int fd, void *buf, size_t len, uint64_t off)
+{
+    unsigned char *p = buf;
+    while (len) {
+        ssize_t r = pread(fd, p, len, (off_t)off);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        if (r == 0) {
+            errno = ENODATA;
+            return -1;
+        }
+        p += r;
+        off += (uint64_t)r;
+        len -= (size_t)r;
+    }
+    return 0;
+}
+
+static int fsync_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd < 0)
+        return -1;
+    int r = fsync(fd);
+    close(fd);
+    return r;
+}
+
+static int mkdirs(const char *path)
+{
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(tmp, 0755) < 0 && errno != EEXIST)
+                return -1;
+            *p = '/';
+        }
+    }
+    if (mkdir(tmp, 0755) < 0 && errno != EEXIST)
+        return -1;
+    return 0;
+}
+
+/* atomically replace dir/name with data: tmp + fsync + rename + fsync dir */
+static int write_atomic(const char *dir, const char *name, const void *data, size_t len)
+{
+    char tmp[4200], dst[4200];
+    snprintf(tmp, sizeof tmp, "%s/%s.tmp", dir, name);
+    snprintf(dst, sizeof dst, "%s/%s", dir, name);
+    int fd = open(tmp, O_CREAT | O_TRUNC | O_WRONLY, 0644);
+    if (fd < 0)
+        return -1;
+    if (write_full(fd, data, len, 0) < 0 || fsync(fd) < 0) {
+        int s = errno;
+        close(fd);
+        errno = s;
+        return -1;
+    }
+    close(fd);
+    if (rename(tmp, dst) < 0)
+        return -1;
+    return fsync_dir(dir);
+}
+
+/* ---------------------------------------------------------------- ledger map */
+static size_t hslot(Engine *e, uint64_t id)
+{
+    uint64_t h = id * 0x9E3779B97F4A7C15ull;
+    return (size_t)(h >> 20) & (e->nbuckets - 1);
+}
+
+Ledger *eng_find(Engine *e, uint64_t id)
+{
+    for (Ledger *l = e->buckets[hslot(e, id)]; l; l = l->next)
+        if (l->id == id)
+            return l;
+    return NULL;
+}
+
+static Ledger *ledger_create(Engine *e, uint64_t id, uint64_t inc)
+{
+    if (e->nledgers + 1 > e->nbuckets) {
+        size_t nb = e->nbuckets * 2;
+        Ledger **nbk = calloc(nb, sizeof *nbk);
+        if (!nbk)
+            return NULL;
+        Ledger **old = e->buckets;
+        size_t onb = e->nbuckets;
+        e->buckets = nbk;
+        e->nbuckets = nb;
+        for (size_t i = 0; i < onb; i++) {
+            Ledger *l = old[i];
+            while (l) {
+                Ledger *nx = l->next;
+                size_t s = hslot(e, l->id);
+                l->next = e->buckets[s];
+                e->buckets[s] = l;
+                l = nx;
+            }
+        }
+        free(old);
+    }
+    Ledger *l = calloc(1, sizeof *l);
+    if (!l)
+        return NULL;
+    l->id = id;
+    l->inc = inc;
+    if (inc >= e->next_inc)
+        e->next_inc = inc + 1;
+    size_t s = hslot(e, id);
+    l->next = e->buckets[s];
+    e->buckets[s] = l;
+    e->nledgers++;
+    return l;
+}
+
+static LogFile *log_find(Engine *e, uint32_t id)
+{
+    size_t lo = 0, hi = e->nlogs;
+    while (lo < hi) {
+        size_t m = (lo + hi) / 2;
+        if (e->logs[m]->id < id)
+            lo = m + 1;
+        else
+            hi = m;
+    }
+    if (lo < e->nlogs && e->logs[lo]->id == id)
+        return e->logs[lo];
+    return NULL;
+}
+
+static void log_release(LogFile *lf)
+{
+    if (lf->fd >= 0)
+        close(lf->fd);
+    if (lf->idx_fd >= 0)
+        close(lf->idx_fd);
+    free(lf);
+}
+
+static void ledger_free_locs(Engine *e, Ledger *l)
+{
+    for (size_t i = 0; i < l->n; i++) {
+        if (!IS_CACHE(l->locs[i].where)) {
+            LogFile *lf = log_find(e, l->locs[i].where);
+            if (lf)
+                lf->live -= LR_HDR + l->locs[i].len;
+        }
+    }
+    free(l->locs);
+    l->locs = NULL;
+    l->n = l->cap = 0;
+}
+
+static void ledger_remove(Engine *e, uint64_t id)
+{
+    Ledger **pp = &e->buckets[hslot(e, id)];
+    while (*pp) {
+        if ((*pp)->id == id) {
+            Ledger *l = *pp;
+            *pp = l->next;
+            ledger_free_locs(e, l);
+            free(l->lac);
+            free(l);
+            e->nledgers--;
+            return;
+        }
+        pp = &(*pp)->next;
+    }
+}
+
+/* index of the first loc with entry >= id */
+static size_t loc_lower(Ledger *l, int64_t id)
+{
+    if (l->n && l->locs[l->n - 1].entry < id)
+        return l->n;
+    size_t lo = 0, hi = l->n;
+    while (lo < hi) {
+        size_t m = (lo + hi) / 2;
+        if (l->locs[m].entry < id)
+            lo = m + 1;
+        else
+            hi = m;
+    }
+    return lo;
+}
+
+static Loc *loc_get(Ledger *l, int64_t id)
+{
+    size_t i = loc_lower(l, id);
+    if (i < l->n && l->locs[i].entry == id)
+        return &l->locs[i];
+    return NULL;
+}
+
+/* set the location of an entry (insert or replace); keeps log live-byte accounting */
+static int loc_set(Engine *e, Ledger *l, int64_t entry, uint32_t where, uint32_t len, uint64_t off)
+{
+    size_t i = loc_lower(l, entry);
+    if (i < l->n && l->locs[i].entry == entry) {
+        Loc *o = &l->locs[i];
+        if (!IS_CACHE(o->where)) {
+            LogFile *lf = log_find(e, o->where);
+            if (lf)
+                lf->live -= LR_HDR + o->len;
+        }
+    } else {
+        if (l->n == l->cap) {
+            size_t nc = l->cap ? l->cap * 2 : 16;
+            Loc *p = realloc(l->locs, nc * sizeof *p);
+            if (!p)
+                return -1;
+            l->locs = p;
+            l->cap = nc;
+        }
+        if (i < l->n)
+            memmove(&l->locs[i + 1], &l->locs[i], (l->n - i) * sizeof(Loc));
+        l->n++;
+    }
+    Loc *o = &l->locs[i];
+    o->entry = entry;
+    o->where = where;
+    o->len = len;
+    o->off = off;
+    if (!IS_CACHE(where)) {
+        LogFile *lf = log_find(e, where);
+        if (lf)
+            lf->live += LR_HDR + len;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- write cache */
+static int cache_put(Cache *c, uint64_t ledger, uint64_t inc, int64_t entry, const unsigned char *body, uint32_t len,
+                     uint32_t lcrc, int grow, uint64_t *off)
+{
+    if (c->used + len > c->cap) {
+        if (!grow && c->used > 0)
+            return 1; /* full */
+        size_t nc = c->cap ? c->cap : (1 << 20);
+        while (nc < c->used + len)
+            nc *= 2;
+        unsigned char *p = realloc(c->buf, nc);
+        if (!p)
+            return -1;
+        c->buf = p;
+        c->cap = nc;
+    }
+    if (c->n == c->ncap) {
+        size_t nc = c->ncap ? c->ncap * 2 : 1024;
+        CEnt *p = realloc(c->ents, nc * sizeof *p);
+        if (!p)
+            return -1;
+        c->ents = p;
+        c->ncap = nc;
+    }
+    memcpy(c->buf + c->used, body, len);
+    CEnt *ce = &c->ents[c->n++];
+    ce->ledger = ledger;
+    ce->inc = inc;
+    ce->entry = entry;
+    ce->off = c->used;
+    ce->len = len;
+    ce->lcrc = lcrc;
+    *off = c->used;
+    c->used += len;
+    return 0;
+}
+
+static void cache_reset(Cache *c, size_t nominal)
+{
+    c->used = 0;
+    c->n = 0;
+    if (c->cap > nominal * 2 && nominal) { /* shrink after an oversized replay */
+        free(c->buf);
+        c->buf = NULL;
+        c->cap = 0;
+    }
+}
+
+static uint32_t log_crc(uint64_t ledger, int64_t entry, const unsigned char *body, uint32_t len)
+{
+    unsigned char h[16];
+    put64(h, ledger);
+    put64(h + 8, (uint64_t)entry);
+    return bks_crc32c(bks_crc32c(0, h, 16), body, len);
+}
+
+/* ---------------------------------------------------------------- journal */
+static void jpath(Engine *e, uint64_t id, char *out, size_t n) { snprintf(out, n, "%s/%016llx.txn", e->journal_dir, (unsigned long long)id); }
+
+/* append a record to the pending buffer; caller holds mu */
+static int j_enqueue(Engine *e, uint32_t type, const unsigned char *hdr, size_t hlen, const unsigned char *body,
+                     size_t blen, int have_crc, uint32_t crc)
+{
+    size_t plen = hlen + blen;
+    if (buf_reserve(&e->pending, JR_HDR + plen) < 0)
+        return -1;
+    unsigned char *p = e->pending.buf + e->pending.len;
+    put32(p, (uint32_t)plen);
+    put32(p + 4, type);
+    if (!have_crc) {
+        crc = bks_crc32c(0, p, 8);
+        crc = bks_crc32c(crc, hdr, hlen);
+        if (blen)
+            crc = bks_crc32c(crc, body, blen);
+    }
+    put32(p + 8, crc);
+    memcpy(p + JR_HDR, hdr, hlen);
+    if (blen)
+        memcpy(p + JR_HDR + hlen, body, blen);
+    if (e->pending.len == 0)
+        e->pending_since_ns = now_ns();
+    e->pending.len += JR_HDR + plen;
+    e->j_enq += JR_HDR + plen;
+    return 0;
+}
+
+static uint32_t add_jcrc(uint64_t ledger, int64_t entry, const unsigned char *body, uint32_t len)
+{
+    unsigned char h[8 + 16];
+    put32(h, 16 + len);
+    put32(h + 4, JR_ADD);
+    put64(h + 8, ledger);
+    put64(h + 16, (uint64_t)entry);
+    return bks_crc32c(bks_crc32c(0, h, 24), body, len);
+}
+
+static int j_enq_add(Engine *e, uint64_t ledger, int64_t entry, const unsigned char *body, uint32_t len, uint32_t crc)
+{
+    unsigned char h[16];
+    put64(h, ledger);
+    put64(h + 8, (uint64_t)entry);
+    return j_enqueue(e, JR_ADD, h, 16, body, len, 1, crc);
+}
+
+static int j_enq_keyrec(Engine *e, uint32_t type, Ledger *l)
+{
+    unsigned char h[18 + MAX_KEY];
+    put64(h, l->id);
+    put64(h + 8, l->inc);
+    uint16_t kl = l->keylen;
+    memcpy(h + 16, &kl, 2);
+    memcpy(h + 18, l->key, kl);
+    return j_enqueue(e, type, h, 18 + (size_t)kl, NULL, 0, 0, 0);
+}
+
+static int j_open_file(Engine *e, uint64_t id)
+{
+    char p[4200];
+    jpath(e, id, p, sizeof p);
+    int fd = open(p, O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return -1;
+    unsigned char hdr[J_HDR];
+    memset(hdr, 0, sizeof hdr);
+    memcpy(hdr, J_MAGIC, 4);
+    put32(hdr + 4, J_VERSION);
+    put64(hdr + 8, id);
+    put32(hdr + 16, bks_crc32c(0, hdr, 16));
+    uint64_t pre = JPREALLOC;
+    if (pre > e->jmax_size + (1 << 20))
+        pre = e->jmax_size + (1 << 20);
+    if (posix_fallocate(fd, 0, (off_t)pre) != 0)
+        pre = 0; /* best effort */
+    if (write_full(fd, hdr, sizeof hdr, 0) < 0 || fdatasync(fd) < 0 || fsync_dir(e->journal_dir) < 0) {
+        int s = errno;
+        close(fd);
+        errno = s;
+        return -1;
+    }
+    if (e->jfd >= 0)
+        close(e->jfd);
+    e->jfd = fd;
+    e->jpos = J_HDR;
+    e->jprealloc = pre;
+    e->jcur_id = id;
+    return 0;
+}
+
+static void *journal_thread(void *arg)
+{
+    Engine *e = arg;
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+        while (e->pending.len == 0 && !e->j_stop)
+            pthread_cond_wait(&e->jcv, &e->mu);
+        if (e->pending.len == 0 && e->j_stop)
+            break;
+        if (e->j_failed) { /* drop: waiters already failed */
+            e->j_written = e->j_synced = e->j_enq;
+            e->pending.len = 0;
+            pthread_cond_broadcast(&e->synced_cv);
+            continue;
+        }
+        /* group wait: until threshold bytes or max wait since the oldest pending record --
+         * but only while some add_entries call is about to enqueue (adaptive: when nobody is,
+         * waiting cannot grow the group, so flush at once, like a raw write+sync loop) */
+        while (!e->j_stop && e->group_wait_ns && e->pending.len < e->threshold && e->j_entering > 0) {
+            uint64_t deadline = e->pending_since_ns + e->group_wait_ns;
+            uint64_t t = now_ns();
+            if (t >= deadline)
+                break;
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            uint64_t d = deadline - t;
+            ts.tv_sec += (time_t)(d / 1000000000ull);
+            ts.tv_nsec += (long)(d % 1000000000ull);
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&e->jcv, &e->mu, &ts);
+        }
+        Buf tmp = e->writing;
+        e->writing = e->pending;
+        e->pending = tmp;
+        e->pending.len = 0;
+        uint64_t start = e->j_written, end = start + e->writing.len;
+        int err = 0;
+        if (e->jpos >= e->jmax_size) { /* roll */
+            if (j_open_file(e, e->jcur_id + 1) < 0) {
+                err = errno;
+            } else {
+                if (e->njfiles == e->jfcap) {
+                    e->jfcap = e->jfcap ? e->jfcap * 2 : 8;
+                    e->jfiles = realloc(e->jfiles, e->jfcap * sizeof *e->jfiles);
+                }
+                e->jfiles[e->njfiles].id = e->jcur_id;
+                e->jfiles[e->njfiles].start_seq = start;
+                e->njfiles++;
+            }
+        }
+        int fd = e->jfd;
+        uint64_t pos = e->jpos;
+        pthread_mutex_unlock(&e->mu);
+        uint64_t t0 = now_ns();
+        if (!err && pos + e->writing.len > e->jprealloc) {
+            uint64_t grow = JPREALLOC > e->writing.len ? JPREALLOC : e->writing.len;
+            if (posix_fallocate(fd, (off_t)e->jprealloc, (off_t)(pos + grow - e->jprealloc)) == 0)
+                e->jprealloc = pos + grow;
+        }
+        if (!err && write_full(fd, e->writing.buf, e->writing.len, pos) < 0)
+            err = errno;
+        if (!err && e->jsync && fdatasync(fd) < 0)
+            err = errno;
+        uint64_t t1 = now_ns();
+        pthread_mutex_lock(&e->mu);
+        if (err) {
+            e->j_failed = err;
+            seterr(e, "journal write/sync failed: %s", strerror(err));
+        } else {
+            e->jpos = pos + e->writing.len;
+        }
+        e->st_syncs++;
+        e->st_sync_ns += t1 - t0;
+        e->st_jbytes += e->writing.len;
+        e->j_written = end;
+        e->j_synced = end;
+        pthread_cond_broadcast(&e->synced_cv);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
+
+/* wait (holding mu) until everything enqueued up to seq is durable */
+static int j_wait(Engine *e, uint64_t seq)
+{
+    if (e->j_synced >= seq)
+        return e->j_failed ? E_IO : E_OK;
+    pthread_cond_signal(&e->jcv);
+    e->j_waiters++;
+    while (e->j_synced < seq && !e->j_failed)
+        pthread_cond_wait(&e->synced_cv, &e->mu);
+    e->j_waiters--;
+    if (e->j_failed) {
+        seterr(e, "journal failed: %s", strerror(e->j_failed));
+        return E_IO;
+    }
+    return E_OK;
+}
+
+static void seq_to_mark(Engine *e, uint64_t seq, uint64_t *id, uint64_t *pos)
+{
+    for (size_t i = e->njfiles; i-- > 0;) {
+        if (e->jfiles[i].start_seq <= seq) {
+            *id = e->jfiles[i].id;
+            *pos = J_HDR + (seq - e->jfiles[i].start_seq);
+            return;
+        }
+    }
+    *id = e->jfiles[0].id;
+    *pos = J_HDR;
+}
+
+/* ---------------------------------------------------------------- add / fence / lac / delete */
+static int key_eq(Ledger *l, const unsigned char *k, uint32_t kl) { return l->keylen == kl && memcmp(l->key, k, kl) == 0; }
+
+static void swap_for_flush(Engine *e)
+{
+    e->active ^= 1;
+    e->flush_pending = 1;
+    e->flush_mark_seq = e->j_enq;
+    pthread_cond_signal(&e->ckpt_cv);
+}
+
+int eng_add_entries(Engine *e, AddReq *reqs, size_t n, int *status)
+{
+    pthread_mutex_lock(&e->mu);
+    e->j_entering++;
+    pthread_mutex_unlock(&e->mu);
+    for (size_t i = 0; i < n; i++) { /* checksums outside the lock */
+        reqs[i].jcrc = add_jcrc(reqs[i].ledger, reqs[i].entry, reqs[i].body, reqs[i].len);
+        reqs[i].lcrc = log_crc(reqs[i].ledger, reqs[i].entry, reqs[i].body, reqs[i].len);
+    }
+    pthread_mutex_lock(&e->mu);
+    e->j_entering--;
+    if (e->closed) {
+        pthread_mutex_unlock(&e->mu);
+        return E_CLOSED;
+    }
+    if (e->j_failed) {
+        seterr(e, "journal failed: %s", strerror(e->j_failed));
+        pthread_mutex_unlock(&e->mu);
+        return E_IO;
+    }
+    int rc = E_OK;
+    size_t i = 0;
+    while (i < n) {
+        AddReq *r = &reqs[i];
+        Ledger *l = eng_find(e, r->ledger);
+        if (l && l->has_key && !key_eq(l, r->key, r->keylen)) {
+            status[i++] = BKS_EUA;
+            continue;
+        }
+        if (l && l->fenced && !r->recovery) {
+            status[i++] = BKS_EFENCED;
+            continue;
+        }
+        Cache *c = &e->cache[e->active];
+        if (c->used + r->len > e->cache_half && c->used > 0) {
+            if (!e->flush_pending) {
+                swap_for_flush(e);
+            } else {
+                e->st_cache_waits++;
+                pthread_cond_signal(&e->jcv);
+                pthread_cond_signal(&e->ckpt_cv);
+                pthread_cond_wait(&e->cache_cv, &e->mu);
+                if (e->closed || e->j_failed) {
+                    rc = e->closed ? E_CLOSED : E_IO;
+                    break;
+                }
+            }
+            continue; /* re-check this entry: state may have changed while waiting */
+        }
+        if (!l) {
+            l = ledger_create(e, r->ledger, e->next_inc);
+            if (!l) {
+                rc = E_IO;
+                seterr(e, "out of memory");
+                break;
+            }
+        }
+        if (!l->has_key) {
+            l->has_key = 1;
+            l->keylen = (uint16_t)r->keylen;
+            memcpy(l->key, r->key, r->keylen);
+            if (j_enq_keyrec(e, JR_MKEY, l) < 0) {
+                rc = E_IO;
+                seterr(e, "out of memory");
+                break;
+            }
+        }
+        uint64_t off;
+        if (cache_put(c, r->ledger, l->inc, r->entry, r->body, r->len, r->lcrc, 1, &off) < 0 ||
+            loc_set(e, l, r->entry, WHERE_CACHE0 + (uint32_t)e->active, r->len, off) < 0 ||
+            j_enq_add(e, r->ledger, r->entry, r->body, r->len, r->jcrc) < 0) {
+            rc = E_IO;
+            seterr(e, "out of memory");
+            break;
+        }
+        e->st_adds++;
+        e->st_add_bytes += r->len;
+        status[i++] = BKS_EOK;
+    }
+    if (e->cache[e->active].used >= e->cache_half / 2 && !e->flush_pending) /* background flush at half */
+        pthread_cond_signal(&e->ckpt_cv);
+    if (rc == E_OK)
+        rc = j_wait(e, e->j_enq);
+    pthread_mutex_unlock(&e->mu);
+    return rc;
+}
+
+int eng_fence(Engine *e, uint64_t ledger, const unsigned char *key, uint32_t keylen)
+{
+    pthread_mutex_lock(&e->mu);
+    if (e->closed) {
+        pthread_mutex_unlock(&e->mu);
+        return E_CLOSED;
+    }
+    Ledger *l = eng_find(e, ledger);
+    if (l && l->has_key && !key_eq(l, key, keylen)) {
+        pthread_mutex_unlock(&e->mu);
+        return E_UA;
+    }
+    int rc = E_OK;
+    if (!l)
+        l = ledger_create(e, ledger, e->next_inc);
+    if (!l) {
+        rc = E_IO;
+    } else if (!l->fenced || !l->has_key) {
+        if (!l->has_key) {
+            l->has_key = 1;
+            l->keylen = (uint16_t)keylen;
+            memcpy(l->key, key, keylen);
+        }
+        l->fenced = 1;
+        e->st_fences++;
+        if (j_enq_keyrec(e, JR_FENCE, l) < 0)
+            rc = E_IO;
+    }
+    if (rc == E_OK)
+        rc = j_wait(e, e->j_enq);
+    pthread_mutex_unlock(&e->mu);
+    return rc;
+}
+
+int eng_set_lac(Engine *e, uint64_t ledger, const unsigned char *lac, uint32_t len)
+{
+    pthread_mutex_lock(&e->mu);
+    int rc = E_OK;
+    Ledger *l = e->closed ? NULL : eng_find(e, ledger);
+    if (e->closed)
+        rc = E_CLOSED;
+    else if (!l)
+        rc = E_NOLEDGER;
+    else {
+        unsigned char *p = malloc(len ? len : 1);
+        if (!p) {
+            rc = E_IO;
+        } else {
+            memcpy(p, lac, len);
+            free(l->lac);
+            l->lac = p;
+            l->laclen = len;
+            l->has_lac = 1;
+            unsigned char h[8];
+            put64(h, ledger);
+            if (j_enqueue(e, JR_LAC, h, 8, lac, len, 0, 0) < 0)
+                rc = E_IO;
+            else
+                rc = j_wait(e, e->j_enq);
+        }
+    }
+    pthread_mutex_unlock(&e->mu);
+    return rc;
+}
+
+int eng_delete(Engine *e, uint64_t ledger)
+{
+    pthread_mutex_lock(&e->mu);
+    int rc = E_OK;
+    if (e->closed)
+        rc = E_CLOSED;
+    else if (eng_find(e, ledger)) {
+        ledger_remove(e, ledger);
+        unsigned char h[8];
+        put64(h, ledger);
+        if (j_enqueue(e, JR_DELETE, h, 8, NULL, 0, 0, 0) < 0)
+            rc = E_IO;
+        else
+            rc = j_wait(e, e->j_enq);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return rc;
+}
+
+int eng_force(Engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    int rc = e->closed ? E_CLOSED : j_wait(e, e->j_enq);
+    pthread_mutex_unlock(&e->mu);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- reads */
+/* read one record from an entry log and verify it; returns E_OK or E_IO */
+static int log_read(Engine *e, LogFile *lf, uint64_t ledger, const Loc *loc, unsigned char *out)
+{
+    unsigned char h[LR_HDR];
+    if (read_full(lf->fd, h, LR_HDR, loc->off) < 0 || read_full(lf->fd, out, loc->len, loc->off + LR_HDR) < 0) {
+        seterr(e, "entry %llu:%lld unreadable in entry log %x at offset %llu: %s", (unsigned long long)ledger,
+               (long long)loc->entry, lf->id, (unsigned long long)loc->off, strerror(errno));
+        return E_IO;
+    }
+    uint32_t crc = bks_crc32c(bks_crc32c(0, h + 8, 16), out, loc->len);
+    if (get32(h) != 16 + loc->len || get32(h + 4) != crc || get64(h + 8) != ledger ||
+        (int64_t)get64(h + 16) != loc->entry) {
+        seterr(e, "entry %llu:%lld corrupt in entry log %x at offset %llu (checksum/header mismatch)",
+               (unsigned long long)ledger, (long long)loc->entry, lf->id, (unsigned long long)loc->off);
+        return E_IO;
+    }
+    return E_OK;
+}
+
+static void log_unref(Engine *e, LogFile *lf)
+{
+    pthread_mutex_lock(&e->mu);
+    if (--lf->refs == 0 && lf->dead)
+        log_release(lf);
+    pthread_mutex_unlock(&e->mu);
+}
+
+int eng_read_range(Engine *e, uint64_t ledger, int64_t first, int64_t last, uint64_t max_bytes, RangeItem **items,
+                   size_t *nitems)
+{
+    *items = NULL;
+    *nitems = 0;
+    pthread_mutex_lock(&e->mu);
+    if (e->closed) {
+        pthread_mutex_unlock(&e->mu);
+        return E_CLOSED;
+    }
+    Ledger *l = eng_find(e, ledger);
+    if (!l) {
+        pthread_mutex_unlock(&e->mu);
+        seterr(e, "no such ledger %llu", (unsigned long long)ledger);
+        return E_NOLEDGER;
+    }
+    size_t i;
+    if (first == -1) {
+        if (l->n == 0) {
+            pthread_mutex_unlock(&e->mu);
+            seterr(e, "ledger %llu has no entries", (unsigned long long)ledger);
+            return E_NOENTRY;
+        }
+        i = l->n - 1;
+        first = l->locs[i].entry;
+        if (last < first)
+            last = first;
+    } else {
+        i = loc_lower(l, first);
+        if (i >= l->n || l->locs[i].entry != first) {
+            pthread_mutex_unlock(&e->mu);
+            seterr(e, "no such entry %llu:%lld", (unsigned long long)ledger, (long long)first);
+            return E_NOENTRY;
+        }
+    }
+    size_t cap = 16, cnt = 0;
+    RangeItem *it = malloc(cap * sizeof *it);
+    Loc *locs = malloc(cap * sizeof *locs);
+    LogFile **lfs = malloc(cap * sizeof *lfs);
+    uint64_t bytes = 0;
+    int rc = E_OK;
+    if (!it || !locs || !lfs) {
+        rc = E_IO;
+        goto unlock_out;
+    }
+    for (int64_t want = first; i < l->n && want <= last; i++, want++) {
+        Loc *lc = &l->locs[i];
+        if (lc->entry != want)
+            break;
+        if (cnt > 0 && bytes + lc->len > max_bytes)
+            break;
+        if (cnt == cap) {
+            cap *= 2;
+            RangeItem *a = realloc(it, cap * sizeof *it);
+            if (a) it = a;
+            Loc *b = realloc(locs, cap * sizeof *locs);
+            if (b) locs = b;
+            LogFile **c = realloc(lfs, cap * sizeof *lfs);
+            if (c) lfs = c;
+            if (!a || !b || !c) {
+                rc = E_IO;
+                break;
+            }
+        }
+        unsigned char *d = malloc(lc->len ? lc->len : 1);
+        if (!d) {
+            rc = E_IO;
+            break;
+        }
+        locs[cnt] = *lc;
+        lfs[cnt] = NULL;
+        if (IS_CACHE(lc->where)) {
+            memcpy(d, e->cache[lc->where - WHERE_CACHE0].buf + lc->off, lc->len);
+        } else {
+            LogFile *lf = log_find(e, lc->where);
+            if (!lf) {
+                free(d);
+                if (cnt == 0) {
+                    seterr(e, "entry %llu:%lld indexed in missing entry log %x", (unsigned long long)ledger,
+                           (long long)lc->entry, lc->where);
+                    rc = E_IO;
+                }
+                break;
+            }
+            lf->refs++;
+            lfs[cnt] = lf;
+        }
+        it[cnt].entry = lc->entry;
+        it[cnt].data = d;
+        it[cnt].len = lc->len;
+        bytes += lc->len;
+        cnt++;
+    }
+unlock_out:
+    pthread_mutex_unlock(&e->mu);
+    size_t good = cnt;
+    for (size_t k = 0; k < cnt; k++) {
+        if (!lfs[k])
+            continue;
+        if (k < good) {
+            int r = log_read(e, lfs[k], ledger, &locs[k], it[k].data);
+            if (r != E_OK) {
+                if (k == 0)
+                    rc = r;
+                good = k;
+            }
+        }
+        log_unref(e, lfs[k]);
+    }
+    for (size_t k = good; k < cnt; k++)
+        free(it[k].data);
+    if (rc != E_OK) {
+        for (size_t k = 0; k < good; k++)
+            free(it[k].data);
+        free(it);
+        good = 0;
+        it = NULL;
+    }
+    free(locs);
+    free(lfs);
+    *items = it;
+    *nitems = good;
+    return rc;
+}
+
+int eng_read(Engine *e, uint64_t ledger, int64_t entry, unsigned char **out, uint32_t *len, int64_t *eid)
+{
+    RangeItem *it;
+    size_t n;
+    int rc = eng_read_range(e, ledger, entry, entry, 0, &it, &n);
+    if (rc != E_OK)
+        return rc;
+    *out = it[0].data;
+    *len = it[0].len;
+    *eid = it[0].entry;
+    free(it);
+    return E_OK;
+}
+
+/* ---------------------------------------------------------------- entry logs */
+static void lpath(Engine *e, int dir, uint32_t id, const char *ext, char *out, size_t n)
+{
+    snprintf(out, n, "%s/%08x.%s", e->ledger_dirs[dir], id, ext);
+}
+
+static int logs_insert(Engine *e, LogFile *lf)
+{
+    if (e->nlogs == e->logcap) {
+        size_t nc = e->logcap ? e->logcap * 2 : 16;
+        LogFile **p = realloc(e->logs, nc * sizeof *p);
+        if (!p)
+            return -1;
+        e->logs = p;
+        e->logcap = nc;
+    }
+    size_t i = e->nlogs;
+    while (i > 0 && e->logs[i - 1]->id > lf->id) {
+        e->logs[i] = e->logs[i - 1];
+        i--;
+    }
+    e->logs[i] = lf;
+    e->nlogs++;
+    return 0;
+}
+
+static void logs_remove(Engine *e, LogFile *lf)
+{
+    for (size_t i = 0; i < e->nlogs; i++) {
+        if (e->logs[i] == lf) {
+            memmove(&e->logs[i], &e->logs[i + 1], (e->nlogs - i - 1) * sizeof(LogFile *));
+            e->nlogs--;
+            return;
+        }
+    }
+}
+
+static void mk_header(unsigned char *h, size_t hl, const char *magic, uint32_t id)
+{
+    memset(h, 0, hl);
+    memcpy(h, magic, 4);
+    put32(h + 4, L_VERSION);
+    put32(h + 8, id);
+    put32(h + hl - 4, bks_crc32c(0, h, hl - 4));
+}
+
+static int check_header(const unsigned char *h, size_t hl, const char *magic, uint32_t id)
+{
+    return memcmp(h, magic, 4) == 0 && get32(h + 4) == L_VERSION && get32(h + 8) == id &&
+           get32(h + hl - 4) == bks_crc32c(0, h, hl - 4);
+}
+
+/* create a new entry log + index file (caller: ckpt_mu held, mu NOT held); not yet in e->logs */
+static LogFile *log_create(Engine *e, uint32_t id, int dir)
+{
+    char p[4200], q[4200];
+    lpath(e, dir, id, "log", p, sizeof p);
+    lpath(e, dir, id, "idx", q, sizeof q);
+    LogFile *lf = calloc(1, sizeof *lf);
+    if (!lf)
+        return NULL;
+    lf->id = id;
+    lf->dir = dir;
+    lf->fd = open(p, O_CREAT | O_TRUNC | O_RDWR | O_CLOEXEC, 0644);
+    lf->idx_fd = open(q, O_CREAT | O_TRUNC | O_RDWR | O_CLOEXEC, 0644);
+    unsigned char h[L_HDR];
+    if (lf->fd < 0 || lf->idx_fd < 0) {
+        seterr(e, "cannot create entry log %s: %s", p, strerror(errno));
+        goto fail;
+    }
+    mk_header(h, L_HDR, L_MAGIC, id);
+    if (write_full(lf->fd, h, L_HDR, 0) < 0)
+        goto fail_io;
+    mk_header(h, I_HDR, I_MAGIC, id);
+    if (write_full(lf->idx_fd, h, I_HDR, 0) < 0 || fsync(lf->fd) < 0 || fsync(lf->idx_fd) < 0 ||
+        fsync_dir(e->ledger_dirs[dir]) < 0)
+        goto fail_io;
+    lf->size = L_HDR;
+    lf->idx_size = I_HDR;
+    return lf;
+fail_io:
+    seterr(e, "cannot write entry log %s: %s", p, strerror(errno));
+fail:
+    if (lf->fd >= 0)
+        close(lf->fd);
+    if (lf->idx_fd >= 0)
+        close(lf->idx_fd);
+    free(lf);
+    return NULL;
+}
+
+typedef struct {
+    uint64_t ledger, inc, off;
+    int64_t entry;
+    uint32_t len, crc;
+    const unsigned char *src; /* body source (cache arena or read buffer) */
+    uint32_t where;           /* destination log id after write */
+    uint64_t dst_off;
+    uint64_t cache_off;
+} WItem;
+
+static int witem_cmp(const void *a, const void *b)
+{
+    const WItem *x = a, *y = b;
+    if (x->ledger != y->ledger)
+        return x->ledger < y->ledger ? -1 : 1;
+    if (x->entry != y->entry)
+        return x->entry < y->entry ? -1 : 1;
+    return 0;
+}
+
+/* Write items into entry logs.  `*cur` is the log to append to (may be NULL or rolled);
+ * new logs are created as needed and appended to `created`.  After the data of every
+ * touched log is fdatasync'ed, the index blocks are appended and synced.
+ * Caller holds ckpt_mu but not mu. */
+static int write_items(Engine *e, WItem *w, size_t n, LogFile **cur, LogFile ***created, size_t *ncreated)
+{
+    size_t i = 0;
+    int rc = E_OK;
+    Buf b = {0}, ib = {0};
+    while (i < n && rc == E_OK) {
+        LogFile *lf = *cur;
+        if (!lf || lf->size >= e->entry_log_max) {
+            pthread_mutex_lock(&e->mu);
+            uint32_t id = e->next_log_id++;
+            int dir = e->next_log_dir;
+            e->next_log_dir = (e->next_log_dir + 1) % e->nldirs;
+            pthread_mutex_unlock(&e->mu);
+            lf = log_create(e, id, dir);
+            if (!lf)
+                return E_IO;
+            pthread_mutex_lock(&e->mu);
+            logs_insert(e, lf);
+            pthread_mutex_unlock(&e->mu);
+            *created = realloc(*created, (*ncreated + 1) * sizeof(LogFile *));
+            (*created)[(*ncreated)++] = lf;
+            *cur = lf;
+        }
+        /* fill this log up to its max size (at least one record) */
+        size_t start = i;
+        uint64_t pos = lf->size;
+        b.len = 0;
+        ib.len = 8;
+        if (buf_reserve(&ib, 8) < 0) {
+            rc = E_IO;
+            break;
+        }
+        while (i < n && (i == start || pos < e->entry_log_max)) {
+            WItem *x = &w[i];
+            if (buf_reserve(&b, LR_HDR + x->len) < 0 || buf_reserve(&ib, IR_SIZE) < 0) {
+                rc = E_IO;
+                break;
+            }
+            unsigned char *p = b.buf + b.len;
+            put32(p, 16 + x->len);
+            put32(p + 4, x->crc);
+            put64(p + 8, x->ledger);
+            put64(p + 16, (uint64_t)x->entry);
+            memcpy(p + LR_HDR, x->src, x->len);
+            b.len += LR_HDR + x->len;
+            x->where = lf->id;
+            x->dst_off = pos;
+            unsigned char *q = ib.buf + ib.len;
+            put64(q, x->ledger);
+            put64(q + 8, (uint64_t)x->entry);
+            put64(q + 16, x->inc);
+            put64(q + 24, pos);
+            put32(q + 32, x->len);
+            put32(q + 36, 0);
+            ib.len += IR_SIZE;
+            pos += LR_HDR + x->len;
+            i++;
+            if (b.len >= (8u << 20)) { /* write in 8 MiB chunks */
+                if (write_full(lf->fd, b.buf, b.len, pos - b.len) < 0) {
+                    rc = E_IO;
+                    break;
+                }
+                b.len = 0;
+            }
+        }
+        if (rc != E_OK)
+            break;
+        if ((b.len && write_full(lf->fd, b.buf, b.len, pos - b.len) < 0) || fdatasync(lf->fd) < 0) {
+            seterr(e, "entry log %x write failed: %s", lf->id, strerror(errno));
+            rc = E_IO;
+            break;
+        }
+        uint32_t cnt = (uint32_t)(i - start);
+        put32(ib.buf, cnt);
+        put32(ib.buf + 4, bks_crc32c(bks_crc32c(0, ib.buf, 4), ib.buf + 8, ib.len - 8));
+        if (write_full(lf->idx_fd, ib.buf, ib.len, lf->idx_size) < 0 || fdatasync(lf->idx_fd) < 0) {
+            seterr(e, "entry log index %x write failed: %s", lf->id, strerror(errno));
+            rc = E_IO;
+            break;
+        }
+        pthread_mutex_lock(&e->mu);
+        lf->total += pos - lf->size;
+        lf->size = pos;
+        lf->idx_size += ib.len;
+        pthread_mutex_unlock(&e->mu);
+    }
+    free(b.buf);
+    free(ib.buf);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- state file + lastmark */
+static int serialize_state(Engine *e, Buf *b)
+{
+    /* caller holds mu */
+    size_t need = 64 + e->nlogs * 20 + e->nledgers * (8 + 8 + 1 + 2 + 4);
+    for (size_t s = 0; s < e->nbuckets; s++)
+        for (Ledger *l = e->buckets[s]; l; l = l->next)
+            need += l->keylen + (l->has_lac ? l->laclen : 0);
+    b->len = 0;
+    if (buf_reserve(b, need) < 0)
+        return -1;
+    unsigned char *p = b->buf;
+    memcpy(p, S_MAGIC, 4);
+    put32(p + 4, S_VERSION);
+    put64(p + 8, e->next_inc);
+    put32(p + 16, (uint32_t)e->nlogs);
+    put64(p + 20, e->nledgers);
+    p += 28;
+    for (size_t i = 0; i < e->nlogs; i++) {
+        put32(p, e->logs[i]->id);
+        put64(p + 4, e->logs[i]->size);
+        put64(p + 12, e->logs[i]->idx_size);
+        p += 20;
+    }
+    for (size_t s = 0; s < e->nbuckets; s++) {
+        for (Ledger *l = e->buckets[s]; l; l = l->next) {
+            put64(p, l->id);
+            put64(p + 8, l->inc);
+            p[16] = (unsigned char)((l->has_key ? 1 : 0) | (l->fenced ? 2 : 0) | (l->has_lac ? 4 : 0));
+            uint16_t kl = l->keylen;
+            memcpy(p + 17, &kl, 2);
+            memcpy(p + 19, l->key, kl);
+            p += 19 + kl;
+            uint32_t ll = l->has_lac ? l->laclen : 0;
+            put32(p, ll);
+            if (ll)
+                memcpy(p + 4, l->lac, ll);
+            p += 4 + ll;
+        }
+    }
+    put32(p, bks_crc32c(0, b->buf, (size_t)(p - b->buf)));
+    p += 4;
+    b->len = (size_t)(p - b->buf);
+    return 0;
+}
+
+static int write_state(Engine *e)
+{
+    Buf b = {0};
+    pthread_mutex_lock(&e->mu);
+    int r = serialize_state(e, &b);
+    pthread_mutex_unlock(&e->mu);
+    if (r == 0)
+        r = write_atomic(e->ledger_dirs[0], "ledgers.state", b.buf, b.len);
+    if (r < 0)
+        seterr(e, "cannot write ledger state file: %s", strerror(errno));
+    free(b.buf);
+    return r < 0 ? E_IO : E_OK;
+}
+
+static int write_lastmark(Engine *e, uint64_t id, uint64_t pos)
+{
+    unsigned char m[32];
+    memset(m, 0, sizeof m);
+    memcpy(m, M_MAGIC, 4);
+    put32(m + 4, 1);
+    put64(m + 8, id);
+    put64(m + 16, pos);
+    put32(m + 24, bks_crc32c(0, m, 24));
+    for (int d = 0; d < e->nldirs; d++) {
+        if (write_atomic(e->ledger_dirs[d], "lastMark", m, sizeof m) < 0) {
+            seterr(e, "cannot write lastMark in %s: %s", e->ledger_dirs[d], strerror(errno));
+            return E_IO;
+        }
+    }
+    return E_OK;
+}
+
+static int u64cmp(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* sorted journal ids in the journal dir */
+static uint64_t *list_journals(Engine *e, size_t *n)
+{
+    *n = 0;
+    DIR *d = opendir(e->journal_dir);
+    if (!d)
+        return NULL;
+    size_t cap = 16;
+    uint64_t *ids = malloc(cap * sizeof *ids);
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        size_t L = strlen(de->d_name);
+        if (L != 20 || strcmp(de->d_name + 16, ".txn") != 0)
+            continue;
+        char *end;
+        uint64_t id = strtoull(de->d_name, &end, 16);
+        if (end != de->d_name + 16)
+            continue;
+        if (*n == cap) {
+            cap *= 2;
+            ids = realloc(ids, cap * sizeof *ids);
+        }
+        ids[(*n)++] = id;
+    }
+    closedir(d);
+    qsort(ids, *n, sizeof *ids, u64cmp);
+    return ids;
+}
+
+static void gc_journals(Engine *e, uint64_t mark_id)
+{
+    size_t n;
+    uint64_t *ids = list_journals(e, &n);
+    if (!ids)
+        return;
+    size_t older = 0;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < mark_id)
+            older++;
+    size_t keep = (size_t)(e->max_backups > 0 ? e->max_backups : 0);
+    for (size_t i = 0; i + keep < older; i++) {
+        char p[4200];
+        jpath(e, ids[i], p, sizeof p);
+        unlink(p);
+    }
+    free(ids);
+}
+
+/* ---------------------------------------------------------------- checkpoint */
+static int flush_cache_slot(Engine *e, int slot)
+{
+    Cache *c = &e->cache[slot];
+    /* collect live entries (those the index still points at) */
+    pthread_mutex_lock(&e->mu);
+    WItem *w = malloc((c->n ? c->n : 1) * sizeof *w);
+    if (!w) {
+        pthread_mutex_unlock(&e->mu);
+        return E_IO;
+    }
+    size_t n = 0;
+    for (size_t i = 0; i < c->n; i++) {
+        CEnt *ce = &c->ents[i];
+        Ledger *l = eng_find(e, ce->ledger);
+        if (!l || l->inc != ce->inc)
+            continue;
+        Loc *lc = loc_get(l, ce->entry);
+        if (!lc || lc->where != WHERE_CACHE0 + (uint32_t)slot || lc->off != ce->off)
+            continue;
+        WItem *x = &w[n++];
+        x->ledger = ce->ledger;
+        x->inc = ce->inc;
+        x->entry = ce->entry;
+        x->len = ce->len;
+        x->crc = ce->lcrc;
+        x->src = c->buf + ce->off;
+        x->cache_off = ce->off;
+    }
+    pthread_mutex_unlock(&e->mu);
+    qsort(w, n, sizeof *w, witem_cmp);
+    LogFile **created = NULL;
+    size_t ncreated = 0;
+    int rc = n ? write_items(e, w, n, &e->wlog, &created, &ncreated) : E_OK;
+    free(created);
+    pthread_mutex_lock(&e->mu);
+    if (rc == E_OK) {
+        for (size_t i = 0; i < n; i++) {
+            WItem *x = &w[i];
+            Ledger *l = eng_find(e, x->ledger);
+            if (!l || l->inc != x->inc)
+                continue;
+            Loc *lc = loc_get(l, x->entry);
+            if (lc && lc->where == WHERE_CACHE0 + (uint32_t)slot && lc->off == x->cache_off)
+                loc_set(e, l, x->entry, x->where, x->len, x->dst_off);
+        }
+    }
+    pthread_mutex_unlock(&e->mu);
+    free(w);
+    return rc;
+}
+
+/* caller holds ckpt_mu, not mu */
+static int checkpoint_locked(Engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    if (e->j_failed) {
+        pthread_mutex_unlock(&e->mu);
+        seterr(e, "journal failed: %s", strerror(e->j_failed));
+        return E_IO;
+    }
+    if (!e->flush_pending)
+        swap_for_flush(e);
+    uint64_t mark_seq = e->flush_mark_seq;
+    int slot = !e->active;
+    int rc = j_wait(e, mark_seq);
+    pthread_mutex_unlock(&e->mu);
+    if (rc != E_OK)
+        return rc;
+    rc = flush_cache_slot(e, slot);
+    if (rc != E_OK)
+        return rc;
+    pthread_mutex_lock(&e->mu);
+    uint64_t mid, mpos;
+    seq_to_mark(e, mark_seq, &mid, &mpos);
+    cache_reset(&e->cache[slot], e->cache_half);
+    e->flush_pending = 0;
+    pthread_cond_broadcast(&e->cache_cv);
+    pthread_mutex_unlock(&e->mu);
+    rc = write_state(e);
+    if (rc != E_OK)
+        return rc;
+    rc = write_lastmark(e, mid, mpos);
+    if (rc != E_OK)
+        return rc;
+    pthread_mutex_lock(&e->mu);
+    e->mark_id = mid;
+    e->mark_pos = mpos;
+    e->st_checkpoints++;
+    pthread_mutex_unlock(&e->mu);
+    gc_journals(e, mid);
+    return E_OK;
+}
+
+int eng_checkpoint(Engine *e)
+{
+    pthread_mutex_lock(&e->ckpt_mu);
+    int rc = e->closed ? E_CLOSED : checkpoint_locked(e);
+    pthread_mutex_unlock(&e->ckpt_mu);
+    return rc;
+}
+
+static void *ckpt_thread(void *arg)
+{
+    Engine *e = arg;
+    uint64_t last = now_ns();
+    pthread_mutex_lock(&e->mu);
+    while (!e->c_stop) {
+        uint64_t t = now_ns();
+        int due = t - last >= e->ckpt_interval_ns;
+        int full = e->flush_pending || e->cache[e->active].used >= e->cache_half / 2;
+        if (!due && !full) {
+            uint64_t d = e->ckpt_interval_ns - (t - last);
+            if (d > 200000000ull)
+                d = 200000000ull;
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += (time_t)(d / 1000000000ull);
+            ts.tv_nsec += (long)(d % 1000000000ull);
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&e->ckpt_cv, &e->mu, &ts);
+            continue;
+        }
+        pthread_mutex_unlock(&e->mu);
+        pthread_mutex_lock(&e->ckpt_mu);
+        pthread_mutex_lock(&e->mu);
+        /* someone else may have checkpointed while we waited for ckpt_mu */
+        int still = due || e->flush_pending || e->cache[e->active].used >= e->cache_half / 2;
+        pthread_mutex_unlock(&e->mu);
+        int rc = (e->closed || !still) ? E_OK : checkpoint_locked(e);
+        pthread_mutex_unlock(&e->ckpt_mu);
+        last = now_ns();
+        pthread_mutex_lock(&e->mu);
+        if (rc != E_OK) {
+            e->st_bg_errors++;
+            /* don't spin on a persistent failure */
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += 1;
+            pthread_cond_timedwait(&e->ckpt_cv, &e->mu, &ts);
+        }
+    }
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- compaction */
+typedef struct {
+    LogFile *lf;
+    double ratio;
+} Cand;
+
+static int cand_cmp(const void *a, const void *b)
+{
+    const Cand *x = a, *y = b;
+    return x->ratio < y->ratio ? -1 : x->ratio > y->ratio;
+}
+
+int eng_compact(Engine *e, CompactStats *cs)
+{
+    memset(cs, 0, sizeof *cs);
+    pthread_mutex_lock(&e->ckpt_mu);
+    if (e->closed) {
+        pthread_mutex_unlock(&e->ckpt_mu);
+        return E_CLOSED;
+    }
+    pthread_mutex_lock(&e->mu);
+    Cand *cand = malloc((e->nlogs + 1) * sizeof *cand);
+    size_t nc = 0;
+    for (size_t i = 0; i < e->nlogs; i++) {
+        LogFile *lf = e->logs[i];
+        if (lf == e->wlog || lf->dead)
+            continue;
+        cs->logs_examined++;
+        uint64_t total = lf->size > L_HDR ? lf->size - L_HDR : 0;
+        double ratio = total ? (double)lf->live / (double)total : 0.0;
+        if (ratio < e->compaction_threshold || lf->live == 0) {
+            cand[nc].lf = lf;
+            cand[nc].ratio = lf->live == 0 ? -1.0 : ratio;
+            nc++;
+        }
+    }
+    qsort(cand, nc, sizeof *cand, cand_cmp);
+    /* choose: all empty logs, plus partially live ones within the byte budget (at least one) */
+    size_t nsel = 0;
+    uint64_t budget = 0;
+    for (size_t i = 0; i < nc; i++) {
+        if (cand[i].lf->live == 0 || nsel == 0 || budget + cand[i].lf->live <= e->compaction_max_bytes) {
+            budget += cand[i].lf->live;
+            cand[nsel++] = cand[i];
+        }
+    }
+    /* gather live entries of the selected logs from the index */
+    size_t wcap = 64, wn = 0;
+    WItem *w = malloc(wcap * sizeof *w);
+    for (size_t s = 0; s < e->nbuckets; s++) {
+        for (Ledger *l = e->buckets[s]; l; l = l->next) {
+            for (size_t k = 0; k < l->n; k++) {
+                Loc *lc = &l->locs[k];
+                if (IS_CACHE(lc->where))
+                    continue;
+                int sel = 0;
+                for (size_t c = 0; c < nsel; c++)
+                    if (cand[c].lf->id == lc->where && cand[c].lf->live > 0)
+                        sel = 1;
+                if (!sel)
+                    continue;
+                if (wn == wcap) {
+                    wcap *= 2;
+                    w = realloc(w, wcap * sizeof *w);
+                }
+                WItem *x = &w[wn++];
+                memset(x, 0, sizeof *x);
+                x->ledger = l->id;
+                x->inc = l->inc;
+                x->entry = lc->entry;
+                x->len = lc->len;
+                x->off = lc->off;
+                x->cache_off = lc->where; /* source log id */
+            }
+        }
+    }
+    for (size_t c = 0; c < nsel; c++)
+        cand[c].lf->refs++;
+    pthread_mutex_unlock(&e->mu);
+
+    int rc = E_OK;
+    /* read live entries (verifying them); a corrupt entry keeps its log alive */
+    unsigned char **bodies = calloc(wn ? wn : 1, sizeof *bodies);
+    uint32_t *bad_logs = calloc(nsel ? nsel : 1, sizeof *bad_logs);
+    size_t nbad = 0, good = 0;
+    for (size_t i = 0; i < wn; i++) {
+        WItem *x = &w[i];
+        LogFile *src = NULL;
+        for (size_t c = 0; c < nsel; c++)
+            if (cand[c].lf->id == (uint32_t)x->cache_off)
+                src = cand[c].lf;
+        bodies[i] = malloc(x->len ? x->len : 1);
+        Loc lc = {x->entry, src->id, x->len, x->off};
+        if (log_read(e, src, x->ledger, &lc, bodies[i]) != E_OK) {
+            cs->corrupt_entries++;
+            bad_logs[nbad++] = src->id;
+            free(bodies[i]);
+            bodies[i] = NULL;
+            continue;
+        }
+        x->crc = log_crc(x->ledger, x->entry, bodies[i], x->len);
+        x->src = bodies[i];
+        good++;
+    }
+    /* drop entries of logs that had a corrupt entry */
+    size_t m = 0;
+    for (size_t i = 0; i < wn; i++) {
+        int bad = !bodies[i];
+        for (size_t b = 0; b < nbad && !bad; b++)
+            if ((uint32_t)w[i].cache_off == bad_logs[b])
+                bad = 1;
+        if (bad) {
+            free(bodies[i]);
+            continue;
+        }
+        w[m] = w[i];
+        bodies[m] = bodies[i];
+        m++;
+    }
+    wn = m;
+    LogFile *out = NULL;
+    LogFile **created = NULL;
+    size_t ncreated = 0;
+    if (wn)
+        rc = write_items(e, w, wn, &out, &created, &ncreated);
+    LogFile *victims[nsel ? nsel : 1];
+    size_t nv = 0;
+    pthread_mutex_lock(&e->mu);
+    if (rc == E_OK) {
+        for (size_t i = 0; i < wn; i++) {
+            WItem *x = &w[i];
+            Ledger *l = eng_find(e, x->ledger);
+            if (!l || l->inc != x->inc)
+                continue;
+            Loc *lc = loc_get(l, x->entry);
+            if (lc && lc->where == (uint32_t)x->cache_off && lc->off == x->off) {
+                loc_set(e, l, x->entry, x->where, x->len, x->dst_off);
+                cs->entries_copied++;
+                cs->bytes_copied += x->len;
+            }
+        }
+        for (size_t c = 0; c < nsel; c++) {
+            LogFile *lf = cand[c].lf;
+            int bad = 0;
+            for (size_t b = 0; b < nbad; b++)
+                if (bad_logs[b] == lf->id)
+                    bad = 1;
+            if (bad || lf->live != 0)
+                continue; /* something still points here (corrupt entry or raced) */
+            victims[nv++] = lf;
+            logs_remove(e, lf);
+            lf->dead = 1;
+        }
+    }
+    for (size_t c = 0; c < nsel; c++) {
+        int victim = 0;
+        for (size_t v = 0; v < nv; v++)
+            if (victims[v] == cand[c].lf)
+                victim = 1;
+        if (!victim) /* victims keep our reference until their files are gone */
+            cand[c].lf->refs--;
+    }
+    pthread_mutex_unlock(&e->mu);
+    /* the new data and index are durable; persist the new log set, then remove old files */
+    if (rc == E_OK && nv)
+        rc = write_state(e);
+    if (rc == E_OK) {
+        for (size_t v = 0; v < nv; v++) {
+            char p[4200];
+            lpath(e, victims[v]->dir, victims[v]->id, "log", p, sizeof p);
+            unlink(p);
+            lpath(e, victims[v]->dir, victims[v]->id, "idx", p, sizeof p);
+            unlink(p);
+            fsync_dir(e->ledger_dirs[victims[v]->dir]);
+            cs->bytes_reclaimed += victims[v]->size;
+            if (victims[v]->live == 0)
+                cs->logs_deleted++;
+            cs->logs_compacted++;
+        }
+    }
+    pthread_mutex_lock(&e->mu);
+    for (size_t v = 0; v < nv; v++)
+        if (--victims[v]->refs == 0)
+            log_release(victims[v]);
+    e->st_compactions++;
+    e->st_compacted_logs += cs->logs_compacted;
+    e->st_compacted_bytes += cs->bytes_copied;
+    pthread_mutex_unlock(&e->mu);
+    for (size_t i = 0; i < wn; i++)
+        free(bodies[i]);
+    free(bodies);
+    free(bad_logs);
+    free(created);
+    free(w);
+    free(cand);
+    pthread_mutex_unlock(&e->ckpt_mu);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- open: state, logs, index, replay */
+typedef struct {
+    uint32_t id;
+    uint64_t size, idx_size;
+} Listed;
+
+static int load_state(Engine *e, Listed **listed, size_t *nlisted, int *found)
+{
+    char p[4200];
+    snprintf(p, sizeof p, "%s/ledgers.state", e->ledger_dirs[0]);
+    *found = 0;
+    *listed = NULL;
+    *nlisted = 0;
+    int fd = open(p, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT)
+            return E_OK;
+        seterr(e, "cannot open %s: %s", p, strerror(errno));
+        return E_IO;
+    }
+    struct stat st;
+    fstat(fd, &st);
+    size_t n = (size_t)st.st_size;
+    unsigned char *b = malloc(n ? n : 1);
+    if (!b || read_full(fd, b, n, 0) < 0) {
+        close(fd);
+        free(b);
+        seterr(e, "cannot read %s", p);
+        return E_IO;
+    }
+    close(fd);
+    *found = 1;
+    if (n < 32 || memcmp(b, S_MAGIC, 4) != 0 || get32(b + 4) != S_VERSION ||
+        get32(b + n - 4) != bks_crc32c(0, b, n - 4)) {
+        free(b);
+        seterr(e, "ledger state file %s is corrupt (bad magic/version/checksum); refusing to start "
+                  "without fencing state", p);
+        return E_IO;
+    }
+    e->next_inc = get64(b + 8);
+    uint32_t nl = get32(b + 16);
+    uint64_t nled = get64(b + 20);
+    const unsigned char *q = b + 28, *end = b + n - 4;
+    if ((size_t)(end - q) < (size_t)nl * 20)
+        goto bad;
+    *listed = calloc(nl ? nl : 1, sizeof(Listed));
+    for (uint32_t i = 0; i < nl; i++, q += 20) {
+        (*listed)[i].id = get32(q);
+        (*listed)[i].size = get64(q + 4);
+        (*listed)[i].idx_size = get64(q + 12);
+    }
+    *nlisted = nl;
+    for (uint64_t i = 0; i < nled; i++) {
+        if (end - q < 19)
+            goto bad;
+        uint64_t id = get64(q), inc = get64(q + 8);
+        unsigned flags = q[16];
+        uint16_t kl;
+        memcpy(&kl, q + 17, 2);
+        if (kl > MAX_KEY || end - q < 19 + kl + 4)
+            goto bad;
+        Ledger *l = ledger_create(e, id, inc);
+        l->has_key = flags & 1;
+        l->fenced = (flags & 2) != 0;
+        l->keylen = kl;
+        memcpy(l->key, q + 19, kl);
+        q += 19 + kl;
+        uint32_t ll = get32(q);
+        q += 4;
+        if ((size_t)(end - q) < ll)
+            goto bad;
+        if (flags & 4) {
+            l->has_lac = 1;
+            l->lac = malloc(ll ? ll : 1);
+            memcpy(l->lac, q, ll);
+            l->laclen = ll;
+        }
+        q += ll;
+    }
+    if (e->next_inc == 0)
+        e->next_inc = 1;
+    free(b);
+    return E_OK;
+bad:
+    free(b);
+    seterr(e, "ledger state file %s is malformed", p);
+    return E_IO;
+}
+
+static int load_log(Engine *e, int dir, uint32_t id, const Listed *li)
+{
+    char p[4200], q[4200];
+    lpath(e, dir, id, "log", p, sizeof p);
+    lpath(e, dir, id, "idx", q, sizeof q);
+    LogFile *lf = calloc(1, sizeof *lf);
+    lf->id = id;
+    lf->dir = dir;
+    lf->fd = open(p, O_RDWR | O_CLOEXEC);
+    lf->idx_fd = open(q, O_RDWR | O_CLOEXEC);
+    unsigned char h[L_HDR];
+    struct stat st;
+    int ok = lf->fd >= 0 && read_full(lf->fd, h, L_HDR, 0) == 0 && check_header(h, L_HDR, L_MAGIC, id);
+    if (!ok) {
+        if (li) {
+            seterr(e, "entry log %s is missing or has a corrupt header", p);
+            log_release(lf);
+            return E_IO;
+        }
+        log_release(lf); /* unlisted, torn at creation: ignore */
+        return E_OK;
+    }
+    fstat(lf->fd, &st);
+    lf->size = (uint64_t)st.st_size;
+    lf->total = lf->size - L_HDR;
+    unsigned char *ib = NULL;
+    size_t isz = 0;
+    if (lf->idx_fd >= 0 && fstat(lf->idx_fd, &st) == 0) {
+        isz = (size_t)st.st_size;
+        ib = malloc(isz ? isz : 1);
+        if (read_full(lf->idx_fd, ib, isz, 0) < 0)
+            isz = 0;
+    }
+    uint64_t committed = li ? li->idx_size : 0;
+    if (isz < I_HDR || !check_header(ib, I_HDR, I_MAGIC, id) || isz < committed) {
+        if (li) {
+            seterr(e, "entry log index %s is missing, truncated (%zu < %llu bytes) or has a corrupt header", q, isz,
+                   (unsigned long long)committed);
+            free(ib);
+            log_release(lf);
+            return E_IO;
+        }
+        isz = 0;
+    }
+    logs_insert(e, lf);
+    size_t off = I_HDR;
+    while (isz && off + 8 <= isz) {
+        uint32_t cnt = get32(ib + off);
+        size_t bl = (size_t)cnt * IR_SIZE;
+        if (cnt == 0 || off + 8 + bl > isz ||
+            get32(ib + off + 4) != bks_crc32c(bks_crc32c(0, ib + off, 4), ib + off + 8, bl)) {
+            if (off < committed) {
+                seterr(e, "entry log index %s corrupt at offset %zu (inside the checkpointed part)", q, off);
+                free(ib);
+                return E_IO;
+            }
+            break; /* torn tail of an unfinished checkpoint: the journal still covers it */
+        }
+        for (uint32_t k = 0; k < cnt; k++) {
+            const unsigned char *r = ib + off + 8 + (size_t)k * IR_SIZE;
+            Ledger *l = eng_find(e, get64(r));
+            if (!l || l->inc != get64(r + 16))
+                continue;
+            loc_set(e, l, (int64_t)get64(r + 8), id, get32(r + 32), get64(r + 24));
+        }
+        off += 8 + bl;
+    }
+    lf->idx_size = off;
+    free(ib);
+    return E_OK;
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int load_logs(Engine *e, Listed *listed, size_t nlisted)
+{
+    /* (id, dir) of every *.log file */
+    size_t cap = 64, n = 0;
+    uint32_t *ids = malloc(cap * sizeof *ids * 2);
+    for (int d = 0; d < e->nldirs; d++) {
+        DIR *dd = opendir(e->ledger_dirs[d]);
+        if (!dd)
+            continue;
+        struct dirent *de;
+        while ((de = readdir(dd))) {
+            if (strlen(de->d_name) != 12 || strcmp(de->d_name + 8, ".log") != 0)
+                continue;
+            char *end;
+            unsigned long id = strtoul(de->d_name, &end, 16);
+            if (end != de->d_name + 8 || id == 0)
+                continue;
+            if (n == cap) {
+                cap *= 2;
+                ids = realloc(ids, cap * sizeof *ids * 2);
+            }
+            ids[2 * n] = (uint32_t)id;
+            ids[2 * n + 1] = (uint32_t)d;
+            n++;
+        }
+        closedir(dd);
+    }
+    qsort(ids, n, sizeof *ids * 2, cmp_u32);
+    uint32_t maxid = 0;
+    for (size_t i = 0; i < nlisted; i++) {
+        int present = 0;
+        for (size_t k = 0; k < n; k++)
+            if (ids[2 * k] == listed[i].id)
+                present = 1;
+        if (!present) {
+            seterr(e, "entry log %08x.log is listed in the ledger state but missing from every ledger dir",
+                   listed[i].id);
+            free(ids);
+            return E_IO;
+        }
+        if (listed[i].id > maxid)
+            maxid = listed[i].id;
+    }
+    for (size_t k = 0; k < n; k++) {
+        const Listed *li = NULL;
+        for (size_t i = 0; i < nlisted; i++)
+            if (listed[i].id == ids[2 * k])
+                li = &listed[i];
+        int rc = load_log(e, (int)ids[2 * k + 1], ids[2 * k], li);
+        if (rc != E_OK) {
+            free(ids);
+            return rc;
+        }
+        if (ids[2 * k] > maxid)
+            maxid = ids[2 * k];
+    }
+    e->next_log_id = maxid + 1;
+    free(ids);
+    return E_OK;
+}
+
+static void replay_record(Engine *e, uint32_t type, const unsigned char *p, uint32_t len)
+{
+    if (type == JR_ADD && len >= 16) {
+        uint64_t lid = get64(p);
+        int64_t entry = (int64_t)get64(p + 8);
+        Ledger *l = eng_find(e, lid);
+        if (!l)
+            l = ledger_create(e, lid, e->next_inc);
+        uint64_t off;
+        uint32_t bl = len - 16;
+        if (cache_put(&e->cache[e->active], lid, l->inc, entry, p + 16, bl, log_crc(lid, entry, p + 16, bl), 1,
+                      &off) == 0)
+            loc_set(e, l, entry, WHERE_CACHE0 + (uint32_t)e->active, bl, off);
+    } else if ((type == JR_MKEY || type == JR_FENCE) && len >= 18) {
+        uint64_t lid = get64(p), inc = get64(p + 8);
+        uint16_t kl;
+        memcpy(&kl, p + 16, 2);
+        if (kl > MAX_KEY || 18u + kl > len)
+            return;
+        Ledger *l = eng_find(e, lid);
+        if (!l)
+            l = ledger_create(e, lid, inc);
+        if (inc >= e->next_inc)
+            e->next_inc = inc + 1;
+        if (!l->has_key) {
+            l->has_key = 1;
+            l->keylen = kl;
+            memcpy(l->key, p + 18, kl);
+        }
+        if (type == JR_FENCE)
+            l->fenced = 1;
+    } else if (type == JR_LAC && len >= 8) {
+        Ledger *l = eng_find(e, get64(p));
+        if (l) {
+            free(l->lac);
+            l->laclen = len - 8;
+            l->lac = malloc(l->laclen ? l->laclen : 1);
+            memcpy(l->lac, p + 8, l->laclen);
+            l->has_lac = 1;
+        }
+    } else if (type == JR_DELETE && len >= 8) {
+        ledger_remove(e, get64(p));
+    }
+}
+
+static int replay_journals(Engine *e, int have_mark, uint64_t *maxid)
+{
+    size_t n;
+    uint64_t *ids = list_journals(e, &n);
+    *maxid = e->mark_id;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t id = ids[i];
+        if (id > *maxid)
+            *maxid = id;
+        if (have_mark && id < e->mark_id)
+            continue;
+        char p[4200];
+        jpath(e, id, p, sizeof p);
+        int fd = open(p, O_RDWR | O_CLOEXEC);
+        if (fd < 0)
+            continue;
+        struct stat st;
+        fstat(fd, &st);
+        size_t sz = (size_t)st.st_size;
+        if (sz < J_HDR) {
+            e->st_replay_truncated += sz;
+            close(fd);
+            continue;
+        }
+        unsigned char *m = mmap(NULL, sz, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (m == MAP_FAILED) {
+            close(fd);
+            free(ids);
+            seterr(e, "cannot map journal %s: %s", p, strerror(errno));
+            return E_IO;
+        }
+        if (memcmp(m, J_MAGIC, 4) != 0 || get32(m + 4) != J_VERSION || get64(m + 8) != id ||
+            get32(m + 16) != bks_crc32c(0, m, 16)) {
+            munmap(m, sz);
+            close(fd);
+            e->st_replay_truncated += sz;
+            continue; /* header never made durable: nothing in it was acknowledged */
+        }
+        size_t off = J_HDR;
+        if (have_mark && id == e->mark_id)
+            off = e->mark_pos < sz ? (size_t)e->mark_pos : sz;
+        while (off + JR_HDR <= sz) {
+            uint32_t len = get32(m + off), type = get32(m + off + 4), crc = get32(m + off + 8);
+            if (len == 0 || len > MAX_BODY + 64 || off + JR_HDR + len > sz || type < JR_ADD || type > JR_DELETE)
+                break;
+            if (bks_crc32c(bks_crc32c(0, m + off, 8), m + off + JR_HDR, len) != crc)
+                break;
+            replay_record(e, type, m + off + JR_HDR, len);
+            e->st_replay_records++;
+            off += JR_HDR + len;
+        }
+        /* torn / garbage / preallocated tail: cut it so tools see a clean file */
+        int garbage = 0;
+        for (size_t k = off; k < sz && !garbage; k++)
+            garbage = m[k] != 0;
+        if (garbage)
+            e->st_replay_truncated += sz - off;
+        munmap(m, sz);
+        if (off < sz && ftruncate(fd, (off_t)off) == 0)
+            fdatasync(fd);
+        close(fd);
+    }
+    free(ids);
+    return E_OK;
+}
+
+static int read_lastmark(Engine *e)
+{
+    int have = 0;
+    for (int d = 0; d < e->nldirs; d++) {
+        char p[4200];
+        snprintf(p, sizeof p, "%s/lastMark", e->ledger_dirs[d]);
+        int fd = open(p, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            continue;
+        unsigned char m[32];
+        int ok = read_full(fd, m, 32, 0) == 0 && memcmp(m, M_MAGIC, 4) == 0 && get32(m + 24) == bks_crc32c(0, m, 24);
+        close(fd);
+        if (!ok)
+            continue; /* unusable mark: replaying more journal is always safe */
+        uint64_t id = get64(m + 8), pos = get64(m + 16);
+        if (!have || id > e->mark_id || (id == e->mark_id && pos > e->mark_pos)) {
+            e->mark_id = id;
+            e->mark_pos = pos;
+        }
+        have = 1;
+    }
+    return have;
+}
+
+int eng_open(const EngineConfig *cfg, Engine **out, char *err, size_t errlen)
+{
+    Engine *e = calloc(1, sizeof *e);
+    *out = NULL;
+    e->journal_dir = strdup(cfg->journal_dir);
+    e->nldirs = cfg->nldirs;
+    e->ledger_dirs = calloc((size_t)cfg->nldirs, sizeof(char *));
+    for (int i = 0; i < cfg->nldirs; i++)
+        e->ledger_dirs[i] = strdup(cfg->ledger_dirs[i]);
+    e->cache_half = cfg->write_cache_bytes / 2;
+    if (e->cache_half < 4096)
+        e->cache_half = 4096;
+    e->group_wait_ns = cfg->group_wait_us * 1000ull;
+    e->threshold = cfg->threshold;
+    e->jmax_size = cfg->jmax_size < (1 << 20) ? (1 << 20) : cfg->jmax_size;
+    e->max_backups = cfg->max_backups;
+    e->jsync = cfg->jsync;
+    e->entry_log_max = cfg->entry_log_max < 4096 ? 4096 : cfg->entry_log_max;
+    e->compaction_threshold = cfg->compaction_threshold;
+    e->compaction_max_bytes = cfg->compaction_max_bytes;
+    e->ckpt_interval_ns = (cfg->ckpt_interval_ms ? cfg->ckpt_interval_ms : 10000) * 1000000ull;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_mutex_init(&e->ckpt_mu, NULL);
+    pthread_cond_init(&e->jcv, NULL);
+    pthread_cond_init(&e->synced_cv, NULL);
+    pthread_cond_init(&e->cache_cv, NULL);
+    pthread_cond_init(&e->ckpt_cv, NULL);
+    e->nbuckets = 1024;
+    e->buckets = calloc(e->nbuckets, sizeof *e->buckets);
+    e->next_inc = 1;
+    e->jfd = -1;
+    int rc = E_OK;
+    if (mkdirs(e->journal_dir) < 0) {
+        seterr(e, "cannot create journal dir %s: %s", e->journal_dir, strerror(errno));
+        rc = E_IO;
+    }
+    for (int i = 0; i < e->nldirs && rc == E_OK; i++)
+        if (mkdirs(e->ledger_dirs[i]) < 0) {
+            seterr(e, "cannot create ledger dir %s: %s", e->ledger_dirs[i], strerror(errno));
+            rc = E_IO;
+        }
+    int have_mark = 0, have_state = 0;
+    Listed *listed = NULL;
+    size_t nlisted = 0;
+    if (rc == E_OK) {
+        have_mark = read_lastmark(e);
+        rc = load_state(e, &listed, &nlisted, &have_state);
+    }
+    if (rc == E_OK && have_mark && !have_state) {
+        seterr(e, "lastMark present but ledgers.state missing in %s: refusing to start without fencing state",
+               e->ledger_dirs[0]);
+        rc = E_IO;
+    }
+    if (rc == E_OK)
+        rc = load_logs(e, listed, nlisted);
+    free(listed);
+    uint64_t maxj = 0;
+    if (rc == E_OK)
+        rc = replay_journals(e, have_mark, &maxj);
+    if (rc == E_OK) {
+        if (j_open_file(e, maxj + 1) < 0) {
+            seterr(e, "cannot create journal file in %s: %s", e->journal_dir, strerror(errno));
+            rc = E_IO;
+        } else {
+            e->jfcap = 8;
+            e->jfiles = calloc(e->jfcap, sizeof *e->jfiles);
+            e->jfiles[0].id = e->jcur_id;
+            e->jfiles[0].start_seq = 0;
+            e->njfiles = 1;
+        }
+    }
+    if (rc == E_OK) {
+        if (pthread_create(&e->jthread, NULL, journal_thread, e) == 0)
+            e->jthread_started = 1;
+        if (pthread_create(&e->cthread, NULL, ckpt_thread, e) == 0)
+            e->cthread_started = 1;
+        if (!e->jthread_started || !e->cthread_started) {
+            seterr(e, "cannot start storage threads");
+            rc = E_IO;
+        }
+    }
+    if (rc == E_OK && (e->st_replay_records > 0 || !have_state || !have_mark))
+        rc = eng_checkpoint(e);
+    if (rc != E_OK) {
+        snprintf(err, errlen, "%s", e->errmsg);
+        eng_close(e, 0);
+        eng_free(e);
+        return rc;
+    }
+    *out = e;
+    return E_OK;
+}
+
+void eng_close(Engine *e, int do_checkpoint)
+{
+    pthread_mutex_lock(&e->ckpt_mu);
+    if (e->closed) {
+        pthread_mutex_unlock(&e->ckpt_mu);
+        return;
+    }
+    int rc = E_OK;
+    if (do_checkpoint && e->jthread_started && !e->j_failed)
+        rc = checkpoint_locked(e);
+    (void)rc;
+    pthread_mutex_lock(&e->mu);
+    e->closed = 1;
+    e->c_stop = 1;
+    e->j_stop = 1;
+    pthread_cond_broadcast(&e->jcv);
+    pthread_cond_broadcast(&e->ckpt_cv);
+    pthread_cond_broadcast(&e->cache_cv);
+    pthread_mutex_unlock(&e->mu);
+    pthread_mutex_unlock(&e->ckpt_mu);
+    if (e->cthread_started)
+        pthread_join(e->cthread, NULL);
+    if (e->jthread_started)
+        pthread_join(e->jthread, NULL);
+    e->cthread_started = e->jthread_started = 0;
+}
+
+void eng_free(Engine *e)
+{
+    for (size_t s = 0; s < e->nbuckets; s++) {
+        Ledger *l = e->buckets[s];
+        while (l) {
+            Ledger *nx = l->next;
+            free(l->locs);
+            free(l->lac);
+            free(l);
+            l = nx;
+        }
+    }
+    free(e->buckets);
+    for (size_t i = 0; i < e->nlogs; i++)
+        log_release(e->logs[i]);
+    free(e->logs);
+    for (int c = 0; c < 2; c++) {
+        free(e->cache[c].buf);
+        free(e->cache[c].ents);
+    }
+    free(e->pending.buf);
+    free(e->writing.buf);
+    free(e->jfiles);
+    if (e->jfd >= 0)
+        close(e->jfd);
+    free(e->journal_dir);
+    for (int i = 0; i < e->nldirs; i++)
+        free(e->ledger_dirs[i]);
+    free(e->ledger_dirs);
+    pthread_mutex_destroy(&e->mu);
+    pthread_mutex_destroy(&e->ckpt_mu);
+    free(e);
+}
+
+void eng_lock(Engine *e) { pthread_mutex_lock(&e->mu); }
+void eng_unlock(Engine *e) { pthread_mutex_unlock(&e->mu); }

@@ -1,0 +1,673 @@
+/* Python binding of the bookie storage engine: module bkspark._native, type Store.
+ * Every call that may block (locks, writes, fsync, reads) runs with the GIL released.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "crc32c.h"
+#include "engine.h"
+
+static PyObject *ExcNoLedger, *ExcNoEntry, *ExcIO, *ExcBadReq;
+
+typedef struct {
+    PyObject_HEAD Engine *e;
+} StoreObject;
+
+static PyObject *raise_rc(StoreObject *s, int rc, const char *fallback)
+{
+    const char *msg = (s && s->e && s->e->errmsg[0]) ? s->e->errmsg : fallback;
+    switch (rc) {
+    case E_NOLEDGER:
+        PyErr_SetString(ExcNoLedger ? ExcNoLedger : PyExc_KeyError, fallback);
+        break;
+    case E_NOENTRY:
+        PyErr_SetString(ExcNoEntry ? ExcNoEntry : PyExc_KeyError, fallback);
+        break;
+    case E_BADREQ:
+        PyErr_SetString(ExcBadReq ? ExcBadReq : PyExc_ValueError, msg);
+        break;
+    case E_CLOSED:
+        PyErr_SetString(ExcIO ? ExcIO : PyExc_OSError, "storage is closed");
+        break;
+    default:
+        PyErr_SetString(ExcIO ? ExcIO : PyExc_OSError, msg);
+    }
+    return NULL;
+}
+
+static int check_open(StoreObject *s)
+{
+    if (!s->e) {
+        PyErr_SetString(ExcIO ? ExcIO : PyExc_OSError, "storage is closed");
+        return -1;
+    }
+    return 0;
+}
+
+static int get_ledger_id(PyObject *o, uint64_t *out)
+{
+    long long v = PyLong_AsLongLong(o);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (v < 0) {
+        PyErr_SetString(ExcBadReq ? ExcBadReq : PyExc_ValueError, "ledger id must be >= 0");
+        return -1;
+    }
+    *out = (uint64_t)v;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ Store */
+static int Store_init(StoreObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"journal_dir", "ledger_dirs", "write_cache_bytes", "group_wait_us", "threshold",
+                             "journal_max_size", "max_backups", "sync", "entry_log_max_size", "compaction_threshold",
+                             "compaction_max_bytes", "checkpoint_interval_ms", NULL};
+    const char *jdir;
+    PyObject *ldirs;
+    unsigned long long wcb = 64ull << 20, gw = 2000, thr = 512 << 10, jmax = 512ull << 20, elmax = 1ull << 30,
+                       cmax = 64ull << 20, cint = 10000;
+    int backups = 5, sync = 1;
+    double cthr = 0.5;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|KKKKipKdKK", kwlist, &jdir, &ldirs, &wcb, &gw, &thr, &jmax,
+                                     &backups, &sync, &elmax, &cthr, &cmax, &cint))
+        return -1;
+    if (self->e) {
+        PyErr_SetString(PyExc_RuntimeError, "Store already initialised");
+        return -1;
+    }
+    PyObject *seq = PySequence_Fast(ldirs, "ledger_dirs must be a sequence of str");
+    if (!seq)
+        return -1;
+    Py_ssize_t nd = PySequence_Fast_GET_SIZE(seq);
+    if (nd < 1 || nd > 64) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "ledger_dirs needs 1..64 directories");
+        return -1;
+    }
+    const char *dirs[64];
+    for (Py_ssize_t i = 0; i < nd; i++) {
+        dirs[i] = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(seq, i));
+        if (!dirs[i]) {
+            Py_DECREF(seq);
+            return -1;
+        }
+    }
+    EngineConfig cfg = {jdir, dirs, (int)nd, wcb, gw, thr, jmax, backups, sync, elmax, cthr, cmax, cint};
+    char err[600] = "";
+    Engine *e = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = eng_open(&cfg, &e, err, sizeof err);
+    Py_END_ALLOW_THREADS Py_DECREF(seq);
+    if (rc != E_OK) {
+        PyErr_Format(ExcIO ? ExcIO : PyExc_OSError, "cannot open bookie storage: %s", err);
+        return -1;
+    }
+    self->e = e;
+    return 0;
+}
+
+static void Store_dealloc(StoreObject *self)
+{
+    if (self->e) {
+        Engine *e = self->e;
+        self->e = NULL;
+        Py_BEGIN_ALLOW_THREADS eng_close(e, 0);
+        eng_free(e);
+        Py_END_ALLOW_THREADS
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Store_close(StoreObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"checkpoint", NULL};
+    int ck = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|p", kwlist, &ck))
+        return NULL;
+    if (self->e) {
+        Engine *e = self->e;
+        self->e = NULL;
+        Py_BEGIN_ALLOW_THREADS eng_close(e, ck);
+        eng_free(e);
+        Py_END_ALLOW_THREADS
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Store_add_entries(StoreObject *self, PyObject *arg)
+{
+    if (check_open(self) < 0)
+        return NULL;
+    PyObject *seq = PySequence_Fast(arg, "add_entries expects a list of tuples");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    AddReq *reqs = PyMem_Calloc((size_t)(n ? n : 1), sizeof *reqs);
+    Py_buffer *views = PyMem_Calloc((size_t)(n ? n : 1) * 2, sizeof *views);
+    int *status = PyMem_Calloc((size_t)(n ? n : 1), sizeof *status);
+    Py_ssize_t got = 0;
+    PyObject *result = NULL;
+    if (!reqs || !views || !status) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (; got < n; got++) {
+        PyObject *t = PySequence_Fast_GET_ITEM(seq, got);
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 5) {
+            PyErr_SetString(PyExc_TypeError,
+                            "each entry must be a tuple (ledger_id, entry_id, master_key, recovery, body)");
+            goto out;
+        }
+        AddReq *r = &reqs[got];
+        if (get_ledger_id(PyTuple_GET_ITEM(t, 0), &r->ledger) < 0)
+            goto out;
+        long long eid = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 1));
+        if (eid == -1 && PyErr_Occurred())
+            goto out;
+        if (eid < 0) {
+            PyErr_SetString(ExcBadReq ? ExcBadReq : PyExc_ValueError, "entry id must be >= 0");
+            goto out;
+        }
+        r->entry = eid;
+        int rec = PyObject_IsTrue(PyTuple_GET_ITEM(t, 3));
+        if (rec < 0)
+            goto out;
+        r->recovery = rec;
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(t, 2), &views[2 * got], PyBUF_SIMPLE) < 0)
+            goto out;
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(t, 4), &views[2 * got + 1], PyBUF_SIMPLE) < 0) {
+            PyBuffer_Release(&views[2 * got]);
+            goto out;
+        }
+        if (views[2 * got].len > (Py_ssize_t)MAX_KEY || views[2 * got + 1].len > (Py_ssize_t)MAX_BODY) {
+            PyBuffer_Release(&views[2 * got]);
+            PyBuffer_Release(&views[2 * got + 1]);
+            PyErr_SetString(ExcBadReq ? ExcBadReq : PyExc_ValueError, "master key or entry body too large");
+            goto out;
+        }
+        r->key = views[2 * got].buf;
+        r->keylen = (uint32_t)views[2 * got].len;
+        r->body = views[2 * got + 1].buf;
+        r->len = (uint32_t)views[2 * got + 1].len;
+    }
+    int rc;
+    Engine *e = self->e;
+    Py_BEGIN_ALLOW_THREADS rc = eng_add_entries(e, reqs, (size_t)n, status);
+    Py_END_ALLOW_THREADS if (rc != E_OK)
+    {
+        raise_rc(self, rc, "add failed");
+        goto out;
+    }
+    result = PyList_New(n);
+    if (!result)
+        goto out;
+    for (Py_ssize_t i = 0; i < n; i++)
+        PyList_SET_ITEM(result, i, PyLong_FromLong(status[i]));
+out:
+    for (Py_ssize_t i = 0; i < got; i++) {
+        PyBuffer_Release(&views[2 * i]);
+        PyBuffer_Release(&views[2 * i + 1]);
+    }
+    PyMem_Free(reqs);
+    PyMem_Free(views);
+    PyMem_Free(status);
+    Py_DECREF(seq);
+    return result;
+}
+
+static PyObject *Store_fence(StoreObject *self, PyObject *args)
+{
+    PyObject *lo;
+    Py_buffer key;
+    uint64_t lid;
+    if (check_open(self) < 0 || !PyArg_ParseTuple(args, "Oy*", &lo, &key))
+        return NULL;
+    if (get_ledger_id(lo, &lid) < 0 || key.len > (Py_ssize_t)MAX_KEY) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "master key too long");
+        PyBuffer_Release(&key);
+        return NULL;
+    }
+    int rc;
+    Engine *e = self->e;
+    Py_BEGIN_ALLOW_THREADS rc = eng_fence(e, lid, key.buf, (uint32_t)key.len);
+    Py_END_ALLOW_THREADS PyBuffer_Release(&key);
+    if (rc == E_UA)
+        return PyLong_FromLong(BKS_EUA);
+    if (rc != E_OK)
+        return raise_rc(self, rc, "fence failed");
+    return PyLong_FromLong(BKS_EOK);
+}
+
+/* simple state queries */
+enum { Q_FENCED, Q_KEY, Q_HAS, Q_LAST, Q_LAC };
+
+static PyObject *query(StoreObject *self, PyObject *arg, int what)
+{
+    uint64_t lid;
+    if (check_open(self) < 0 || get_ledger_id(arg, &lid) < 0)
+        return NULL;
+    Engine *e = self->e;
+    int found = 0, fenced = 0, has = 0;
+    int64_t last = -1;
+    unsigned char buf[MAX_KEY];
+    unsigned char *lac = NULL;
+    uint32_t blen = 0;
+    Py_BEGIN_ALLOW_THREADS eng_lock(e);
+    Ledger *l = eng_find(e, lid);
+    if (l) {
+        found = 1;
+        fenced = l->fenced;
+        last = l->n ? l->locs[l->n - 1].entry : -1;
+        if (what == Q_KEY && l->has_key) {
+            has = 1;
+            blen = l->keylen;
+            memcpy(buf, l->key, blen);
+        }
+        if (what == Q_LAC && l->has_lac) {
+            has = 1;
+            blen = l->laclen;
+            lac = malloc(blen ? blen : 1);
+            if (lac)
+                memcpy(lac, l->lac, blen);
+        }
+    }
+    eng_unlock(e);
+    Py_END_ALLOW_THREADS switch (what)
+    {
+    case Q_FENCED:
+        return PyBool_FromLong(fenced);
+    case Q_HAS:
+        return PyBool_FromLong(found);
+    case Q_LAST:
+        return PyLong_FromLongLong(last);
+    case Q_KEY:
+        if (!has)
+            Py_RETURN_NONE;
+        return PyBytes_FromStringAndSize((char *)buf, blen);
+    default:
+        if (!has)
+            Py_RETURN_NONE;
+        if (!lac)
+            return PyErr_NoMemory();
+        PyObject *r = PyBytes_FromStringAndSize((char *)lac, blen);
+        free(lac);
+        return r;
+    }
+}
+
+static PyObject *Store_is_fenced(StoreObject *s, PyObject *a) { return query(s, a, Q_FENCED); }
+static PyObject *Store_master_key(StoreObject *s, PyObject *a) { return query(s, a, Q_KEY); }
+static PyObject *Store_has_ledger(StoreObject *s, PyObject *a) { return query(s, a, Q_HAS); }
+static PyObject *Store_last_entry_id(StoreObject *s, PyObject *a) { return query(s, a, Q_LAST); }
+static PyObject *Store_explicit_lac(StoreObject *s, PyObject *a) { return query(s, a, Q_LAC); }
+
+static PyObject *Store_read_range(StoreObject *self, PyObject *args)
+{
+    PyObject *lo;
+    long long first, last;
+    unsigned long long maxb = 0;
+    uint64_t lid;
+    if (check_open(self) < 0 || !PyArg_ParseTuple(args, "OLL|K", &lo, &first, &last, &maxb) ||
+        get_ledger_id(lo, &lid) < 0)
+        return NULL;
+    if (first < -1)
+        return raise_rc(self, E_BADREQ, "bad entry id");
+    RangeItem *it = NULL;
+    size_t n = 0;
+    int rc;
+    Engine *e = self->e;
+    Py_BEGIN_ALLOW_THREADS rc = eng_read_range(e, lid, first, last, maxb, &it, &n);
+    Py_END_ALLOW_THREADS if (rc != E_OK)
+    {
+        char m[128];
+        snprintf(m, sizeof m, rc == E_NOLEDGER ? "no such ledger %llu" : "no such entry %llu:%lld",
+                 (unsigned long long)lid, (long long)first);
+        return raise_rc(self, rc, m);
+    }
+    PyObject *res = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; i < n; i++) {
+        if (res) {
+            PyObject *t = Py_BuildValue("(Ly#)", (long long)it[i].entry, (char *)it[i].data, (Py_ssize_t)it[i].len);
+            if (!t) {
+                Py_CLEAR(res);
+            } else {
+                PyList_SET_ITEM(res, (Py_ssize_t)i, t);
+            }
+        }
+        free(it[i].data);
+    }
+    free(it);
+    return res;
+}
+
+static PyObject *Store_read_entry(StoreObject *self, PyObject *args)
+{
+    PyObject *lo;
+    long long entry;
+    uint64_t lid;
+    if (check_open(self) < 0 || !PyArg_ParseTuple(args, "OL", &lo, &entry) || get_ledger_id(lo, &lid) < 0)
+        return NULL;
+    if (entry < -1)
+        return raise_rc(self, E_BADREQ, "bad entry id");
+    unsigned char *d = NULL;
+    uint32_t len = 0;
+    int64_t eid;
+    int rc;
+    Engine *e = self->e;
+    Py_BEGIN_ALLOW_THREADS rc = eng_read(e, lid, entry, &d, &len, &eid);
+    Py_END_ALLOW_THREADS if (rc != E_OK)
+    {
+        char m[128];
+        snprintf(m, sizeof m, rc == E_NOLEDGER ? "no such ledger %llu" : "no such entry %llu:%lld",
+                 (unsigned long long)lid, (long long)entry);
+        return raise_rc(self, rc, m);
+    }
+    PyObject *r = PyBytes_FromStringAndSize((char *)d, len);
+    free(d);
+    return r;
+}
+
+static PyObject *Store_read_last(StoreObject *self, PyObject *arg)
+{
+    /* (entry_id, body) of the highest entry held */
+    uint64_t lid;
+    if (check_open(self) < 0 || get_ledger_id(arg, &lid) < 0)
+        return NULL;
+    unsigned char *d = NULL;
+    uint32_t len = 0;
+    int64_t eid = -1;
+    int rc;
+    Engine *e = self->e;
+    Py_BEGIN_ALLOW_THREADS rc = eng_read(e, lid, -1, &d, &len, &eid);
+    Py_END_ALLOW_THREADS if (rc != E_OK)
+    {
+        char m[128];
+        snprintf(m, sizeof m, rc == E_NOLEDGER ? "no such ledger %llu" : "ledger %llu has no entries",
+                 (unsigned long long)lid);
+        return raise_rc(self, rc, m);
+    }
+    PyObject *r = Py_BuildValue("(Ly#)", (long long)eid, (char *)d, (Py_ssize_t)len);
+    free(d);
+    return r;
+}
+
+static PyObject *Store_set_explicit_lac(StoreObject *self, PyObject *args)
+{
+    PyObject *lo;
+    Py_buffer b;
+    uint64_t lid;
+    if (check_open(self) < 0 || !PyArg_ParseTuple(args, "Oy*", &lo, &b))
+        return NULL;
+    if (get_ledger_id(lo, &lid) < 0 || b.len > (Py_ssize_t)MAX_BODY) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "lac body too large");
+        PyBuffer_Release(&b);
+        return NULL;
+    }
+    int rc;
+    Engine *e = self->e;
+    Py_BEGIN_ALLOW_THREADS rc = eng_set_lac(e, lid, b.buf, (uint32_t)b.len);
+    Py_END_ALLOW_THREADS PyBuffer_Release(&b);
+    if (rc != E_OK) {
+        char m[128];
+        snprintf(m, sizeof m, "no such ledger %llu", (unsigned long long)lid);
+        return raise_rc(self, rc, m);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Store_list_entries(StoreObject *self, PyObject *arg)
+{
+    uint64_t lid;
+    if (check_open(self) < 0 || get_ledger_id(arg, &lid) < 0)
+        return NULL;
+    Engine *e = self->e;
+    int64_t *rg = NULL;
+    size_t nr = 0;
+    int found = 0;
+    Py_BEGIN_ALLOW_THREADS eng_lock(e);
+    Ledger *l = eng_find(e, lid);
+    if (l) {
+        found = 1;
+        rg = malloc((l->n ? l->n : 1) * 2 * sizeof *rg);
+        for (size_t i = 0; rg && i < l->n; i++) {
+            int64_t x = l->locs[i].entry;
+            if (nr && rg[2 * nr - 1] + 1 == x)
+                rg[2 * nr - 1] = x;
+            else {
+                rg[2 * nr] = x;
+                rg[2 * nr + 1] = x;
+                nr++;
+            }
+        }
+    }
+    eng_unlock(e);
+    Py_END_ALLOW_THREADS if (!found)
+    {
+        char m[128];
+        snprintf(m, sizeof m, "no such ledger %llu", (unsigned long long)lid);
+        return raise_rc(NULL, E_NOLEDGER, m);
+    }
+    if (!rg)
+        return PyErr_NoMemory();
+    PyObject *res = PyList_New((Py_ssize_t)nr);
+    for (size_t i = 0; res && i < nr; i++)
+        PyList_SET_ITEM(res, (Py_ssize_t)i, Py_BuildValue("(LL)", (long long)rg[2 * i], (long long)rg[2 * i + 1]));
+    free(rg);
+    return res;
+}
+
+static PyObject *Store_ledgers(StoreObject *self, PyObject *unused)
+{
+    if (check_open(self) < 0)
+        return NULL;
+    Engine *e = self->e;
+    uint64_t *ids = NULL;
+    size_t n = 0;
+    Py_BEGIN_ALLOW_THREADS eng_lock(e);
+    ids = malloc((e->nledgers ? e->nledgers : 1) * sizeof *ids);
+    for (size_t s = 0; ids && s < e->nbuckets; s++)
+        for (Ledger *l = e->buckets[s]; l; l = l->next)
+            ids[n++] = l->id;
+    eng_unlock(e);
+    Py_END_ALLOW_THREADS if (!ids) return PyErr_NoMemory();
+    PyObject *res = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; res && i < n; i++)
+        PyList_SET_ITEM(res, (Py_ssize_t)i, PyLong_FromUnsignedLongLong(ids[i]));
+    free(ids);
+    if (res && PyList_Sort(res) < 0)
+        Py_CLEAR(res);
+    return res;
+}
+
+#define SIMPLE_CALL(name, call, msg)                                                                                  \
+    static PyObject *name(StoreObject *self, PyObject *unused)                                                        \
+    {                                                                                                                 \
+        if (check_open(self) < 0)                                                                                     \
+            return NULL;                                                                                              \
+        Engine *e = self->e;                                                                                          \
+        int rc;                                                                                                       \
+        Py_BEGIN_ALLOW_THREADS rc = call;                                                                             \
+        Py_END_ALLOW_THREADS if (rc != E_OK) return raise_rc(self, rc, msg);                                          \
+        Py_RETURN_NONE;                                                                                               \
+    }
+
+SIMPLE_CALL(Store_force, eng_force(e), "force failed")
+SIMPLE_CALL(Store_checkpoint, eng_checkpoint(e), "checkpoint failed")
+
+static PyObject *Store_delete_ledger(StoreObject *self, PyObject *arg)
+{
+    uint64_t lid;
+    if (check_open(self) < 0 || get_ledger_id(arg, &lid) < 0)
+        return NULL;
+    Engine *e = self->e;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = eng_delete(e, lid);
+    Py_END_ALLOW_THREADS if (rc != E_OK) return raise_rc(self, rc, "delete failed");
+    Py_RETURN_NONE;
+}
+
+static PyObject *Store_compact(StoreObject *self, PyObject *unused)
+{
+    if (check_open(self) < 0)
+        return NULL;
+    Engine *e = self->e;
+    CompactStats cs;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = eng_compact(e, &cs);
+    Py_END_ALLOW_THREADS if (rc != E_OK) return raise_rc(self, rc, "compaction failed");
+    return Py_BuildValue("{sKsKsKsKsKsKsK}", "logs_examined", cs.logs_examined, "logs_compacted", cs.logs_compacted,
+                         "logs_deleted", cs.logs_deleted, "bytes_copied", cs.bytes_copied, "bytes_reclaimed",
+                         cs.bytes_reclaimed, "entries_copied", cs.entries_copied, "corrupt_entries",
+                         cs.corrupt_entries);
+}
+
+static PyObject *Store_last_log_mark(StoreObject *self, PyObject *unused)
+{
+    if (check_open(self) < 0)
+        return NULL;
+    Engine *e = self->e;
+    uint64_t id, pos;
+    Py_BEGIN_ALLOW_THREADS eng_lock(e);
+    id = e->mark_id;
+    pos = e->mark_pos;
+    eng_unlock(e);
+    Py_END_ALLOW_THREADS return Py_BuildValue("(KK)", id, pos);
+}
+
+static PyObject *Store_stats(StoreObject *self, PyObject *unused)
+{
+    if (check_open(self) < 0)
+        return NULL;
+    Engine *e = self->e;
+    Engine c;
+    uint64_t live = 0, total = 0, cache = 0;
+    size_t nlogs;
+    Py_BEGIN_ALLOW_THREADS eng_lock(e);
+    c = *e;
+    nlogs = e->nlogs;
+    for (size_t i = 0; i < e->nlogs; i++) {
+        live += e->logs[i]->live;
+        total += e->logs[i]->size;
+    }
+    cache = e->cache[0].used + e->cache[1].used;
+    eng_unlock(e);
+    Py_END_ALLOW_THREADS return Py_BuildValue(
+        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsi}", "adds", c.st_adds, "add_bytes", c.st_add_bytes,
+        "journal_syncs", c.st_syncs, "journal_sync_ns_sum", c.st_sync_ns, "journal_sync_count", c.st_syncs,
+        "journal_bytes", c.st_jbytes, "cache_bytes", cache, "queue_depth_bytes", (unsigned long long)c.pending.len,
+        "sync_waiters", (unsigned long long)c.j_waiters, "checkpoints", c.st_checkpoints, "compactions",
+        c.st_compactions, "compacted_logs", c.st_compacted_logs, "compacted_bytes", c.st_compacted_bytes,
+        "replayed_records", c.st_replay_records, "replay_truncated_bytes", c.st_replay_truncated,
+        "background_errors", c.st_bg_errors, "fences", c.st_fences, "cache_full_waits", c.st_cache_waits,
+        "ledgers", (unsigned long long)c.nledgers, "entry_logs", (unsigned long long)nlogs, "entry_log_live_bytes",
+        live, "entry_log_bytes", total, "journal_id", c.jcur_id, "journal_pos", c.jpos, "journal_failed",
+        c.j_failed);
+}
+
+static PyMethodDef Store_methods[] = {
+    {"add_entries", (PyCFunction)Store_add_entries, METH_O, "add a batch; returns list of status codes"},
+    {"fence", (PyCFunction)Store_fence, METH_VARARGS, "fence(ledger, key) -> status"},
+    {"is_fenced", (PyCFunction)Store_is_fenced, METH_O, NULL},
+    {"master_key", (PyCFunction)Store_master_key, METH_O, NULL},
+    {"has_ledger", (PyCFunction)Store_has_ledger, METH_O, NULL},
+    {"last_entry_id", (PyCFunction)Store_last_entry_id, METH_O, NULL},
+    {"explicit_lac", (PyCFunction)Store_explicit_lac, METH_O, NULL},
+    {"set_explicit_lac", (PyCFunction)Store_set_explicit_lac, METH_VARARGS, NULL},
+    {"read_entry", (PyCFunction)Store_read_entry, METH_VARARGS, NULL},
+    {"read_last", (PyCFunction)Store_read_last, METH_O, NULL},
+    {"read_range", (PyCFunction)Store_read_range, METH_VARARGS, NULL},
+    {"list_entries", (PyCFunction)Store_list_entries, METH_O, NULL},
+    {"ledgers", (PyCFunction)Store_ledgers, METH_NOARGS, NULL},
+    {"delete_ledger", (PyCFunction)Store_delete_ledger, METH_O, NULL},
+    {"force", (PyCFunction)Store_force, METH_NOARGS, NULL},
+    {"checkpoint", (PyCFunction)Store_checkpoint, METH_NOARGS, NULL},
+    {"compact", (PyCFunction)Store_compact, METH_NOARGS, NULL},
+    {"last_log_mark", (PyCFunction)Store_last_log_mark, METH_NOARGS, NULL},
+    {"stats", (PyCFunction)Store_stats, METH_NOARGS, NULL},
+    {"close", (PyCFunction)(void (*)(void))Store_close, METH_VARARGS | METH_KEYWORDS, NULL},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject StoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "bkspark._native.Store",
+    .tp_basicsize = sizeof(StoreObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Bookie storage engine (journal, write cache, entry logs, index).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Store_init,
+    .tp_dealloc = (destructor)Store_dealloc,
+    .tp_methods = Store_methods,
+};
+
+/* ------------------------------------------------------------------ module functions */
+static PyObject *mod_crc32c(PyObject *m, PyObject *args)
+{
+    Py_buffer b;
+    unsigned int v = 0;
+    if (!PyArg_ParseTuple(args, "y*|I", &b, &v))
+        return NULL;
+    uint32_t r;
+    Py_BEGIN_ALLOW_THREADS r = bks_crc32c(v, b.buf, (size_t)b.len);
+    Py_END_ALLOW_THREADS PyBuffer_Release(&b);
+    return PyLong_FromUnsignedLong(r);
+}
+
+static PyObject *mod_crc32c_sw(PyObject *m, PyObject *args)
+{
+    Py_buffer b;
+    unsigned int v = 0;
+    if (!PyArg_ParseTuple(args, "y*|I", &b, &v))
+        return NULL;
+    uint32_t r = bks_crc32c_sw(v, b.buf, (size_t)b.len);
+    PyBuffer_Release(&b);
+    return PyLong_FromUnsignedLong(r);
+}
+
+static PyObject *mod_crc32c_hw(PyObject *m, PyObject *unused) { return PyBool_FromLong(bks_crc32c_hw()); }
+
+static PyObject *mod_set_exceptions(PyObject *m, PyObject *args)
+{
+    PyObject *a, *b, *c, *d;
+    if (!PyArg_ParseTuple(args, "OOOO", &a, &b, &c, &d))
+        return NULL;
+    Py_XDECREF(ExcNoLedger);
+    Py_XDECREF(ExcNoEntry);
+    Py_XDECREF(ExcIO);
+    Py_XDECREF(ExcBadReq);
+    Py_INCREF(a);
+    Py_INCREF(b);
+    Py_INCREF(c);
+    Py_INCREF(d);
+    ExcNoLedger = a;
+    ExcNoEntry = b;
+    ExcIO = c;
+    ExcBadReq = d;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef mod_methods[] = {
+    {"crc32c", mod_crc32c, METH_VARARGS, "crc32c(data, value=0) -> int (Castagnoli)"},
+    {"crc32c_sw", mod_crc32c_sw, METH_VARARGS, "software (slice-by-8) crc32c"},
+    {"crc32c_hw", mod_crc32c_hw, METH_NOARGS, "True if the SSE4.2 path is used"},
+    {"set_exceptions", mod_set_exceptions, METH_VARARGS,
+     "set_exceptions(NoSuchLedger, NoSuchEntry, BookieIO, BadRequest)"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "bkspark._native",
+                                    "bkspark bookie storage engine (C extension).", -1, mod_methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__native(void)
+{
+    if (PyType_Ready(&StoreType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&moddef);
+    if (!m)
+        return NULL;
+    Py_INCREF(&StoreType);
+    PyModule_AddObject(m, "Store", (PyObject *)&StoreType);
+    PyModule_AddIntConstant(m, "NATIVE", 1);
+    PyModule_AddIntConstant(m, "FORMAT_VERSION", 1);
+    return m;
+}

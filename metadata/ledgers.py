@@ -1,0 +1,144 @@
+"""Ledger manager: ledger metadata records at BookKeeper's hierarchical paths.
+
+Versions are the store's record versions; every change after creation is a
+compare-and-set (:func:`write_ledger`), so two clients can never both win a close, an
+ensemble change or a recovery.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterator
+
+from bkspark.errors import BadRequestError, NodeExistsError, NoNodeError, NoSuchLedgerError
+
+from .layout import (
+    LEDGERS_ROOT,
+    LONG_LEVELS,
+    SHORT_LEVELS,
+    check_ledger_id,
+    ledger_id_from_path,
+    ledger_path,
+)
+from .ledger_metadata import LedgerMetadata
+from .store import MetadataStore
+
+#: version of a freshly created ledger record (both stores start versions at 0)
+CREATED_VERSION = 0
+
+
+def create_ledger(store: MetadataStore, md: LedgerMetadata) -> LedgerMetadata:
+    """Store ``md`` as a new ledger; return it with its ledger id (and ctime) set.
+
+    If ``md.ledger_id`` is -1 an id is allocated with ``store.generate_id()``; otherwise that
+    id is used and :class:`NodeExistsError` is raised if the ledger exists. The new record's
+    version is :data:`CREATED_VERSION`.
+    """
+    if not isinstance(md, LedgerMetadata):
+        raise BadRequestError(f"create_ledger needs LedgerMetadata, got {type(md).__name__}")
+    if not md.ctime_ms:
+        md = md.copy(ctime_ms=int(time.time() * 1000))
+    if md.ledger_id != -1:
+        check_ledger_id(md.ledger_id)
+        store.create(ledger_path(md.ledger_id), md.serialize(), makepath=True)
+        return md
+    md.validate()
+    for _ in range(16):
+        candidate = md.with_ledger_id(store.generate_id())
+        try:
+            store.create(ledger_path(candidate.ledger_id), candidate.serialize(), makepath=True)
+            return candidate
+        except NodeExistsError:  # an explicit-id ledger took it; draw again
+            continue
+    raise NodeExistsError("could not allocate a free ledger id in 16 attempts")
+
+
+def read_ledger(store: MetadataStore, ledger_id: int) -> tuple[LedgerMetadata, int]:
+    """Return ``(metadata, version)``.
+
+    :raises NoSuchLedgerError: no such ledger.
+    :raises MetadataFormatError: the stored record is corrupt (the message names the ledger).
+    """
+    from bkspark.errors import MetadataFormatError
+    try:
+        data, version = store.get(ledger_path(ledger_id))
+    except NoNodeError:
+        raise NoSuchLedgerError(f"no such ledger: {ledger_id}") from None
+    try:
+        md = LedgerMetadata.deserialize(data)
+    except MetadataFormatError as e:
+        raise MetadataFormatError(f"ledger {ledger_id}: {e}") from None
+    if md.ledger_id != ledger_id:
+        raise MetadataFormatError(f"ledger {ledger_id}: record holds ledger id {md.ledger_id}")
+    return md, version
+
+
+def write_ledger(store: MetadataStore, md: LedgerMetadata, version: int) -> int:
+    """Compare-and-set the ledger's record; return the new version.
+
+    :raises BadVersionError: someone else changed it since ``version`` (re-read, re-decide).
+    :raises NoSuchLedgerError: the ledger was deleted.
+    """
+    try:
+        return store.set(ledger_path(md.ledger_id), md.serialize(), version=version)
+    except NoNodeError:
+        raise NoSuchLedgerError(f"no such ledger: {md.ledger_id}") from None
+
+
+def delete_ledger(store: MetadataStore, ledger_id: int, version: int = -1) -> None:
+    """Delete the ledger's record (empty hierarchy directories are left, as BookKeeper does).
+
+    :raises NoSuchLedgerError: no such ledger.
+    """
+    try:
+        store.delete(ledger_path(ledger_id), version=version)
+    except NoNodeError:
+        raise NoSuchLedgerError(f"no such ledger: {ledger_id}") from None
+
+
+def ledger_exists(store: MetadataStore, ledger_id: int) -> bool:
+    return store.exists(ledger_path(ledger_id)) is not None
+
+
+def list_ledgers(store: MetadataStore) -> Iterator[int]:
+    """Yield every ledger id, ascending, by walking the hierarchy (short form, then long)."""
+    root = LEDGERS_ROOT or "/"
+    for levels in (SHORT_LEVELS, LONG_LEVELS):
+        yield from _walk(store, root, levels)
+
+
+def _walk(store, path, levels):
+    try:
+        names = store.children(path)
+    except NoNodeError:  # removed while we walked
+        return
+    pattern, rest = levels[0], levels[1:]
+    for name in names:
+        if not pattern.match(name):
+            continue
+        child = ("" if path == "/" else path) + "/" + name
+        if rest:
+            yield from _walk(store, child, rest)
+        else:
+            try:
+                yield ledger_id_from_path(child)
+            except BadRequestError:
+                continue
+
+
+def watch_ledger(store: MetadataStore, ledger_id: int,
+                 callback: Callable[[LedgerMetadata | None, int | None], None]) -> Callable[[], None]:
+    """Call ``callback(metadata, version)`` now and on every change (``(None, None)`` once
+    deleted). A corrupt record is reported as ``(None, version)`` and logged."""
+    import logging
+
+    def on_data(data, version):
+        if data is None:
+            callback(None, None)
+            return
+        try:
+            callback(LedgerMetadata.deserialize(data), version)
+        except Exception as e:  # noqa: BLE001 - corrupt record: report, don't kill the watch
+            logging.getLogger(__name__).error("ledger %d: %s", ledger_id, e)
+            callback(None, version)
+
+    return store.watch_data(ledger_path(ledger_id), on_data)

@@ -1,0 +1,135 @@
+"""The ledger-list model of a log (stored at ``/logs/<name>``, changed by compare-and-set).
+
+Serialized form (format version 1)::
+
+    b"bkspark-log-metadata\\t1\\n" + UTF-8 JSON {"name", "ledgers", "writers", "properties"}
+
+* ``ledgers``: ordered list of dicts, each with at least ``"ledger_id"`` (int); extra keys
+  (first offset, entry count, ...) belong to the logs layer and are kept as they are.
+* ``writers``: writer id -> last committed sequence number (idempotent appends).
+* ``properties``: free-form ``str -> JSON value``.
+
+Cursors are stored separately (see the logs layer). Anything corrupt or of an unknown
+version raises :class:`~bkspark.errors.MetadataFormatError`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+from bkspark.errors import BadRequestError, MetadataFormatError
+
+HEADER = b"bkspark-log-metadata"
+FORMAT_VERSION = 1
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+@dataclass
+class LogMetadata:
+    name: str
+    ledgers: list = field(default_factory=list)
+    writers: dict = field(default_factory=dict)
+    properties: dict = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+
+    def validate(self) -> "LogMetadata":
+        if not isinstance(self.name, str) or not self.name:
+            raise BadRequestError(f"log name must be a non-empty str, got {self.name!r}")
+        if not isinstance(self.ledgers, list):
+            raise BadRequestError("log ledgers must be a list")
+        seen = set()
+        for entry in self.ledgers:
+            if not isinstance(entry, dict) or not _is_int(entry.get("ledger_id")) \
+                    or entry["ledger_id"] < 0:
+                raise BadRequestError(f"log {self.name}: bad ledger entry {entry!r} "
+                                      "(needs an int ledger_id >= 0)")
+            if entry["ledger_id"] in seen:
+                raise BadRequestError(f"log {self.name}: ledger {entry['ledger_id']} listed twice")
+            seen.add(entry["ledger_id"])
+        if not isinstance(self.writers, dict) or not all(
+                isinstance(k, str) and _is_int(v) for k, v in self.writers.items()):
+            raise BadRequestError(f"log {self.name}: writers must be dict[str, int]")
+        if not isinstance(self.properties, dict) or not all(
+                isinstance(k, str) for k in self.properties):
+            raise BadRequestError(f"log {self.name}: properties must be a dict with str keys")
+        if self.format_version != FORMAT_VERSION:
+            raise BadRequestError(f"log {self.name}: unsupported format_version "
+                                  f"{self.format_version}")
+        return self
+
+    def serialize(self) -> bytes:
+        self.validate()
+        try:
+            body = json.dumps({"name": self.name, "ledgers": self.ledgers,
+                               "writers": self.writers, "properties": self.properties},
+                              sort_keys=True, separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise BadRequestError(f"log {self.name}: metadata not JSON-serialisable: {e}") from None
+        return HEADER + b"\t" + str(FORMAT_VERSION).encode() + b"\n" + body.encode()
+
+    @classmethod
+    def deserialize(cls, data: bytes) -> "LogMetadata":
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise MetadataFormatError(f"log metadata must be bytes, got {type(data).__name__}")
+        head, nl, body = bytes(data).partition(b"\n")
+        magic, tab, ver = head.partition(b"\t")
+        if not nl or magic != HEADER or not tab:
+            raise MetadataFormatError(f"corrupt log metadata: unknown header {head[:60]!r}")
+        if not ver.isdigit() or len(ver) > 6:
+            raise MetadataFormatError(f"corrupt log metadata: bad format version {ver[:20]!r}")
+        if int(ver) != FORMAT_VERSION:
+            raise MetadataFormatError(f"unsupported log metadata format version {int(ver)} "
+                                      f"(this bkspark reads version {FORMAT_VERSION})")
+        try:
+            obj = json.loads(body.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise MetadataFormatError(f"corrupt log metadata: bad JSON body: {e}") from None
+        if not isinstance(obj, dict) or set(obj) != {"name", "ledgers", "writers", "properties"}:
+            raise MetadataFormatError("corrupt log metadata: expected exactly the fields "
+                                      "name, ledgers, writers, properties")
+        md = cls(name=obj["name"], ledgers=obj["ledgers"], writers=obj["writers"],
+                 properties=obj["properties"])
+        try:
+            return md.validate()
+        except BadRequestError as e:
+            raise MetadataFormatError(f"corrupt log metadata: {e}") from None
+
+    # ---- queries and modified copies ------------------------------------------------------
+
+    def ledger_ids(self) -> list[int]:
+        return [e["ledger_id"] for e in self.ledgers]
+
+    def last_ledger(self) -> dict | None:
+        return dict(self.ledgers[-1]) if self.ledgers else None
+
+    def copy(self, **changes) -> "LogMetadata":
+        base = dict(ledgers=[dict(e) for e in self.ledgers], writers=dict(self.writers),
+                    properties=json.loads(json.dumps(self.properties)))
+        base.update(changes)
+        return dataclasses.replace(self, **base)
+
+    def with_ledger(self, ledger_id: int, **info) -> "LogMetadata":
+        """Append a ledger (its entry is ``{"ledger_id": ledger_id, **info}``)."""
+        return self.copy(ledgers=[dict(e) for e in self.ledgers]
+                         + [{"ledger_id": ledger_id, **info}]).validate()
+
+    def with_ledger_updated(self, ledger_id: int, **info) -> "LogMetadata":
+        ledgers = [dict(e) for e in self.ledgers]
+        for e in ledgers:
+            if e["ledger_id"] == ledger_id:
+                e.update(info)
+                return self.copy(ledgers=ledgers).validate()
+        raise BadRequestError(f"log {self.name} has no ledger {ledger_id}")
+
+    def without_ledgers(self, ledger_ids) -> "LogMetadata":
+        drop = set(ledger_ids)
+        return self.copy(ledgers=[dict(e) for e in self.ledgers if e["ledger_id"] not in drop])
+
+    def with_writer_sequence(self, writer_id: str, sequence: int) -> "LogMetadata":
+        writers = dict(self.writers)
+        writers[writer_id] = sequence
+        return self.copy(writers=writers).validate()

@@ -1,0 +1,300 @@
+"""Test harness for code that uses the metadata layer (modelled on ``kazoo.testing``).
+
+* :class:`ZooKeeperServer` runs a real standalone ZooKeeper from the jars of Debian's
+  ``zookeeper`` package on a free loopback port in a temporary directory.
+* :func:`expire_session` and :func:`drop_connection` inject session faults into an open store
+  (ZooKeeper or SQLite).
+* The ``*_worker`` functions are multiprocessing targets used by the contract suite (they
+  live here so that ``spawn``-started processes can import them).
+
+Typical use (pytest fixtures in ``tests/conftest.py`` wrap this)::
+
+    server = ZooKeeperServer(); server.start()
+    store = open_store(server.uri("/test-1"))
+    ...
+    server.stop()
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+
+from bkspark.errors import BadVersionError, MetadataError, NodeExistsError
+
+JAVA_DIR = os.environ.get("BKSPARK_ZK_JAVA_DIR", "/usr/share/java")
+ZK_JARS = (
+    "zookeeper", "zookeeper-jute", "slf4j-api", "slf4j-simple", "netty-handler", "netty-common",
+    "netty-buffer", "netty-transport", "netty-codec", "netty-resolver",
+    "netty-transport-native-unix-common", "commons-cli", "metrics-core", "snappy-java",
+    "jackson-databind", "jackson-core", "jackson-annotations",
+)
+
+
+class ZooKeeperUnavailable(RuntimeError):
+    """ZooKeeper cannot be started here (no java, missing jars, or it failed to start)."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def zookeeper_classpath(java_dir: str = JAVA_DIR) -> str:
+    """Classpath of the installed ZooKeeper. :raises ZooKeeperUnavailable: jars missing."""
+    jars = [os.path.join(java_dir, f"{name}.jar") for name in ZK_JARS]
+    missing = [j for j in jars if not os.path.exists(j)]
+    if missing:
+        raise ZooKeeperUnavailable(
+            f"ZooKeeper jars missing: {', '.join(missing)} (install Debian's package: "
+            "apt-get install -y zookeeper)")
+    return ":".join(jars)
+
+
+class ZooKeeperServer:
+    """A standalone ZooKeeper server process for tests.
+
+    :param tick_time: ms; sessions can be as short as 2 ticks (min session timeout).
+    """
+
+    def __init__(self, port: int | None = None, tick_time: int = 500,
+                 max_session_timeout: int = 60000, java: str | None = None,
+                 start_timeout: float = 30.0):
+        self.port = port
+        self.tick_time = tick_time
+        self.max_session_timeout = max_session_timeout
+        self.java = java or shutil.which("java")
+        self.start_timeout = start_timeout
+        self.dir: str | None = None
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def uri(self, root: str = "/") -> str:
+        """``zk://127.0.0.1:<port><root>``."""
+        return f"zk://{self.address}{root}"
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> "ZooKeeperServer":
+        if self.running:
+            return self
+        if not self.java:
+            raise ZooKeeperUnavailable("java not found on PATH (ZooKeeper needs Java 17)")
+        classpath = zookeeper_classpath()
+        if self.port is None:
+            self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="bkspark-zk-")
+        data_dir = os.path.join(self.dir, "data")
+        os.makedirs(data_dir)
+        cfg = os.path.join(self.dir, "zoo.cfg")
+        with open(cfg, "w") as f:
+            f.write(f"tickTime={self.tick_time}\n"
+                    f"dataDir={data_dir}\n"
+                    f"clientPort={self.port}\n"
+                    "clientPortAddress=127.0.0.1\n"
+                    "admin.enableServer=false\n"
+                    f"maxSessionTimeout={self.max_session_timeout}\n"
+                    "maxClientCnxns=0\n"
+                    "4lw.commands.whitelist=ruok,stat,srvr,cons\n")
+        self.log_path = os.path.join(self.dir, "zookeeper.log")
+        with open(self.log_path, "wb") as logf:
+            self.proc = subprocess.Popen(
+                [self.java, "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+                 "-Dzookeeper.jmx.log4j.disable=true",
+                 "-cp", classpath, "org.apache.zookeeper.server.ZooKeeperServerMain", cfg],
+                stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True)
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                tail = self._log_tail()
+                self._cleanup()
+                raise ZooKeeperUnavailable(f"ZooKeeper exited with {self.proc.returncode}:\n{tail}")
+            if self._ruok():
+                return self
+            time.sleep(0.1)
+        tail = self._log_tail()
+        self.stop()
+        raise ZooKeeperUnavailable(
+            f"ZooKeeper did not serve on {self.address} within {self.start_timeout:g}s:\n{tail}")
+
+    def _ruok(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1.0) as s:
+                s.sendall(b"ruok")
+                return s.recv(16) == b"imok"
+        except OSError:
+            return False
+
+    def _log_tail(self, n: int = 4000) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read()[-n:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        """Kill the server (by its pid) and remove its directory."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.kill(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=10)
+            except (subprocess.TimeoutExpired, ProcessLookupError):
+                try:
+                    os.kill(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.proc.wait(timeout=10)
+        self._cleanup()
+
+    def _cleanup(self):
+        if self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+# ---- fault injection --------------------------------------------------------------------
+
+def expire_session(store, timeout: float = 30.0) -> None:
+    """Expire ``store``'s session as the server would, and wait until the store runs on a
+    new session (its ephemerals are gone; ``on_session_lost`` callbacks have been started).
+
+    ZooKeeper: kazoo's trick — a second client joins the same session (id + password) and
+    closes it. SQLite: the session row and its ephemerals are deleted as a reaper would.
+    """
+    from .sqlite_store import SqliteStore
+    old = store.session_id
+    if isinstance(store, SqliteStore):
+        store._expire_session_now()
+    else:
+        from kazoo.client import KazooClient
+        client = KazooClient(hosts=store.address, client_id=store._client_id(),
+                             timeout=store.session_timeout)
+        client.start(timeout=timeout)
+        client.stop()
+        client.close()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if store.session_id not in ("", old) and _connected(store):
+            return
+        time.sleep(0.02)
+    raise TimeoutError(f"store {store.uri} did not get a new session within {timeout}s")
+
+
+def _connected(store) -> bool:
+    client = getattr(store, "client", None)
+    return client is None or client.connected
+
+
+def drop_connection(store, timeout: float = 30.0) -> None:
+    """Break the store's connection (not its session) and wait until it reconnected.
+
+    ZooKeeper: kazoo's ``_CONNECTION_DROP`` hook (state SUSPENDED, then CONNECTED with the
+    same session). SQLite: closes the calling thread's database connection.
+    """
+    from .sqlite_store import SqliteStore
+    if isinstance(store, SqliteStore):
+        store._drop_connection()
+        return
+    from kazoo.protocol.connection import _CONNECTION_DROP
+    from kazoo.protocol.states import KazooState
+    lost, back = threading.Event(), threading.Event()
+
+    def listener(state):
+        if state == KazooState.SUSPENDED:
+            lost.set()
+        elif state == KazooState.CONNECTED and lost.is_set():
+            back.set()
+            return True  # remove listener
+        return False
+
+    store.client.add_listener(listener)
+    store.client._call(_CONNECTION_DROP, None)
+    if not lost.wait(timeout) or not back.wait(timeout):
+        store.client.remove_listener(listener)
+        raise TimeoutError(f"store {store.uri} did not drop and regain its connection")
+
+
+def unique_root(prefix: str = "test") -> str:
+    return f"/{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+# ---- multiprocessing workers of the contract suite --------------------------------------
+
+def cas_increment_worker(uri: str, path: str, n: int, start_event=None) -> int:
+    """Increment the decimal counter at ``path`` ``n`` times by CAS, retrying conflicts.
+    Returns the number of conflicts seen."""
+    from . import open_store
+    conflicts = 0
+    with open_store(uri) as store:
+        if start_event is not None:
+            start_event.wait(60)
+        for _ in range(n):
+            while True:
+                data, version = store.get(path)
+                try:
+                    store.set(path, str(int(data) + 1).encode(), version=version)
+                    break
+                except BadVersionError:
+                    conflicts += 1
+    return conflicts
+
+
+def create_race_worker(uri: str, path: str, token: str, start_event=None) -> bool:
+    """Try to create ``path`` holding ``token``; True if this process won."""
+    from . import open_store
+    with open_store(uri) as store:
+        if start_event is not None:
+            start_event.wait(60)
+        try:
+            store.create(path, token.encode())
+            return True
+        except NodeExistsError:
+            return False
+
+
+def generate_ids_worker(uri: str, n: int, start_event=None) -> list[int]:
+    from . import open_store
+    with open_store(uri) as store:
+        if start_event is not None:
+            start_event.wait(60)
+        return [store.generate_id() for _ in range(n)]
+
+
+def ephemeral_then_die_worker(uri: str, path: str, session_timeout: float) -> None:
+    """Create an ephemeral node and exit without closing the store (a crashed owner)."""
+    from . import open_store
+    store = open_store(uri, session_timeout=session_timeout)
+    store.create(path, b"x", ephemeral=True)
+    os._exit(0)
+
+
+__all__ = ["ZooKeeperServer", "ZooKeeperUnavailable", "expire_session", "drop_connection",
+           "zookeeper_classpath", "free_port", "unique_root", "MetadataError"]
+
+
+def open_and_create_worker(uri: str, index: int, start_event=None) -> str:
+    """Open the store (possibly creating it) at the same moment as others; create a node."""
+    from . import open_store
+    if start_event is not None:
+        start_event.wait(60)
+    with open_store(uri) as store:
+        return store.create(f"/opened/n{index}", b"")

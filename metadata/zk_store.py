@@ -1,0 +1,458 @@
+"""Metadata store on ZooKeeper through kazoo.
+
+* The URI's root is a chroot, created (persistent, with parents) when the store opens.
+* Operations map one-to-one onto ZooKeeper's; kazoo errors become bkspark's metadata errors.
+  Reads are retried across a connection loss (within the session timeout); writes are not
+  (a retried create/CAS could double-apply) and raise :class:`MetadataConnectionError`.
+* Ids come from a compare-and-set counter in ``/idgen`` (64-bit, unlike ZooKeeper's 32-bit
+  sequence numbers).
+* After a session expiry kazoo opens a new session; the ``on_session_lost`` callbacks run once
+  it is connected (so bookies can re-register), and watches are re-armed.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from typing import Callable
+
+from kazoo import exceptions as kex
+from kazoo.client import KazooClient
+from kazoo.protocol.states import EventType, KazooState
+from kazoo.retry import KazooRetry, RetryFailedError
+
+from bkspark.errors import (
+    BadRequestError,
+    BadVersionError,
+    MetadataConnectionError,
+    MetadataError,
+    MetadataFormatError,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    SessionExpiredError,
+)
+
+from .layout import IDGEN
+from .store import (
+    MetadataStore,
+    Transaction,
+    validate_data,
+    validate_path,
+    validate_version,
+)
+from .uri import ZkUri
+
+log = logging.getLogger(__name__)
+
+_ERRORS = (
+    (kex.NodeExistsError, NodeExistsError),
+    (kex.NoNodeError, NoNodeError),
+    (kex.BadVersionError, BadVersionError),
+    (kex.NotEmptyError, NotEmptyError),
+    (kex.NoChildrenForEphemeralsError, BadRequestError),
+    (kex.SessionExpiredError, SessionExpiredError),
+    (kex.ConnectionClosedError, MetadataConnectionError),
+    (kex.ConnectionLoss, MetadataConnectionError),
+    (kex.OperationTimeoutError, MetadataConnectionError),
+    (kex.BadArgumentsError, BadRequestError),
+)
+
+
+_MESSAGES = {
+    NodeExistsError: "node already exists",
+    NoNodeError: "no such node",
+    BadVersionError: "version conflict",
+    NotEmptyError: "node has children",
+    SessionExpiredError: "session expired",
+}
+
+
+def _map(e: Exception, what: str) -> Exception:
+    for kcls, ours in _ERRORS:
+        if isinstance(e, kcls):
+            detail = _MESSAGES.get(ours) or type(e).__name__
+            extra = str(e)
+            return ours(f"{what}: {detail}" + (f" ({extra})" if extra else ""))
+    return MetadataError(f"{what}: {type(e).__name__}: {e}")
+
+
+def _stop_in_background(client: KazooClient) -> None:
+    def stop():
+        with contextlib.suppress(Exception):
+            client.stop()
+        with contextlib.suppress(Exception):
+            client.close()
+    threading.Thread(target=stop, daemon=True, name="bkspark-zk-abandon").start()
+
+
+class ZkTransaction(Transaction):
+    def __init__(self, store: "ZkStore"):
+        super().__init__()
+        self._store = store
+
+    def commit(self) -> list:
+        if self.committed:
+            raise BadRequestError("transaction already committed")
+        self.committed = True
+        return self._store._commit(self.ops)
+
+
+class ZkStore(MetadataStore):
+    """See the module docstring. Open through :func:`metadata.open_store`."""
+
+    def __init__(self, parsed: ZkUri, uri: str, *, session_timeout: float = 10.0,
+                 connect_timeout: float = 10.0):
+        self.uri = uri
+        self.parsed = parsed
+        self.root = parsed.root
+        self.address = parsed.hosts_string
+        self.session_timeout = float(session_timeout)
+        self.connect_timeout = float(connect_timeout)
+        #: bound on one request's wait for an answer
+        self.op_timeout = self.session_timeout
+        self._closed = False
+        self._lock = threading.RLock()
+        self._lost_callbacks: list[Callable[[], None]] = []
+        self._lost_pending = False
+        self._rearm: list[Callable[[], None]] = []
+        # ignore_expire=True: a request refused because the session just expired was never
+        # applied, so a read is simply retried on the next session.
+        self._read_retry = KazooRetry(max_tries=-1, delay=0.05, max_delay=1.0,
+                                      deadline=self.session_timeout, ignore_expire=True)
+        client = KazooClient(
+            hosts=self.address, timeout=self.session_timeout,
+            connection_retry=KazooRetry(max_tries=-1, delay=0.1, max_delay=2.0),
+            command_retry=None)
+        try:
+            event = client.start_async()
+            event.wait(timeout=self.connect_timeout)
+            connected = client.connected
+        except Exception as e:
+            _stop_in_background(client)
+            raise MetadataConnectionError(
+                f"cannot connect to ZooKeeper at {self.address} (from {uri}): {e}") from e
+        if not connected:
+            # kazoo's own stop() can block for a whole session timeout on a silent peer:
+            # give up now and let the client wind down on a daemon thread.
+            _stop_in_background(client)
+            raise MetadataConnectionError(
+                f"cannot reach ZooKeeper at {self.address} (from {uri}) within "
+                f"{self.connect_timeout:g}s")
+        try:
+            if self.root != "/":
+                client.ensure_path_async(self.root).get(timeout=self.connect_timeout)
+                client.chroot = self.root  # from now on every path is inside the root
+        except Exception as e:
+            client.stop()
+            client.close()
+            raise _map(e, f"creating root {self.root} on ZooKeeper {self.address}") from e
+        self.client = client
+        client.add_listener(self._on_state)
+
+    # ---- session -----------------------------------------------------------------------
+
+    @property
+    def session_id(self) -> str:
+        cid = self.client.client_id
+        return f"{cid[0]:#x}" if cid else ""
+
+    def _on_state(self, state):
+        # Runs on kazoo's connection thread: never block or call ZooKeeper here.
+        if state == KazooState.LOST:
+            with self._lock:
+                self._lost_pending = True
+        elif state == KazooState.CONNECTED:
+            with self._lock:
+                fire, self._lost_pending = self._lost_pending, False
+                callbacks = list(self._lost_callbacks) if fire else []
+                rearm = list(self._rearm) if fire else []
+            if fire and not self._closed:
+                threading.Thread(target=self._after_new_session, args=(rearm, callbacks),
+                                 daemon=True, name="bkspark-zk-session-lost").start()
+
+    def _after_new_session(self, rearm, callbacks):
+        for fn in rearm + callbacks:
+            try:
+                fn()
+            except Exception:
+                log.exception("after ZooKeeper session loss: %r failed", fn)
+
+    def on_session_lost(self, callback: Callable[[], None]) -> None:
+        with self._lock:
+            self._lost_callbacks.append(callback)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        with contextlib.suppress(Exception):
+            self.client.stop()
+        with contextlib.suppress(Exception):
+            self.client.close()
+
+    # ---- plumbing ----------------------------------------------------------------------
+
+    def _check_open(self):
+        if self._closed:
+            raise MetadataError(f"metadata store {self.uri} is closed")
+
+    def _sync(self, async_result):
+        """Wait for a kazoo async result, at most ``op_timeout`` (kazoo's synchronous calls
+        wait forever while the server is unreachable)."""
+        try:
+            return async_result.get(timeout=self.op_timeout)
+        except self.client.handler.timeout_exception:
+            raise kex.OperationTimeoutError(
+                f"no answer from ZooKeeper {self.address} within {self.op_timeout:g}s "
+                "(the outcome of a write is unknown)") from None
+
+    def _read(self, fn, *args, what: str):
+        self._check_open()
+        try:
+            return self._read_retry.copy()(fn, *args)
+        except RetryFailedError as e:
+            raise MetadataConnectionError(
+                f"{what}: ZooKeeper {self.address} unreachable for {self.session_timeout:g}s") from e
+        except kex.KazooException as e:
+            raise _map(e, what) from e
+
+    def _write(self, fn, *args, what: str, retry_expired: bool = True, **kwargs):
+        """Run a write once. A write refused with SessionExpired was not applied (kazoo
+        refuses requests between an expiry and the next session; the server rejects those
+        of an expired session), so it is retried on the new session within the session
+        timeout — except ephemeral creates, which belong to the lost session. A connection
+        loss while the request was in flight is ambiguous: MetadataConnectionError."""
+        self._check_open()
+        deadline = time.monotonic() + self.session_timeout
+        while True:
+            try:
+                return fn(*args, **kwargs)
+            except kex.SessionExpiredError as e:
+                if not retry_expired or self._closed or time.monotonic() > deadline:
+                    raise _map(e, what) from e
+                time.sleep(0.05)
+            except kex.KazooException as e:
+                raise _map(e, what) from e
+
+    # ---- operations --------------------------------------------------------------------
+
+    def create(self, path: str, data: bytes = b"", ephemeral: bool = False,
+               sequential: bool = False, makepath: bool = True) -> str:
+        path, data = validate_path(path), validate_data(data)
+        if path == "/" and not sequential:
+            raise NodeExistsError("node already exists: /")
+        return self._write(
+            lambda: self._sync(self.client.create_async(
+                path, data, ephemeral=bool(ephemeral), sequence=bool(sequential),
+                makepath=bool(makepath))),
+            what=f"create {path}", retry_expired=not ephemeral)
+
+    def get(self, path: str) -> tuple[bytes, int]:
+        path = validate_path(path)
+        data, stat = self._read(lambda: self._sync(self.client.get_async(path)),
+                                what=f"get {path}")
+        return data, stat.version
+
+    def exists(self, path: str) -> int | None:
+        path = validate_path(path)
+        stat = self._read(lambda: self._sync(self.client.exists_async(path)),
+                          what=f"exists {path}")
+        return None if stat is None else stat.version
+
+    def set(self, path: str, data: bytes, version: int = -1) -> int:
+        path, data, version = validate_path(path), validate_data(data), validate_version(version)
+        stat = self._write(lambda: self._sync(self.client.set_async(path, data, version)),
+                           what=f"set {path} (expected version {version})")
+        return stat.version
+
+    def delete(self, path: str, version: int = -1) -> None:
+        path, version = validate_path(path), validate_version(version)
+        if path == "/":
+            raise BadRequestError("the root node cannot be deleted")
+        self._write(lambda: self._sync(self.client.delete_async(path, version)),
+                    what=f"delete {path} (expected version {version})")
+
+    def children(self, path: str) -> list[str]:
+        path = validate_path(path)
+        names = self._read(lambda: self._sync(self.client.get_children_async(path)),
+                           what=f"children of {path}")
+        if path == "/" and self.root == "/":
+            names = [n for n in names if n != "zookeeper"]  # ZooKeeper's own node
+        return sorted(names)
+
+    def transaction(self) -> Transaction:
+        return ZkTransaction(self)
+
+    def _commit(self, ops) -> list:
+        """ZooKeeper multi. ``makepath`` parents that are missing are created inside the same
+        multi (so nothing is left behind when it fails); if a concurrent client creates one
+        of them first, the multi is rebuilt and retried."""
+        self._check_open()
+        has_ephemeral = any(op[0] == "create" and op[3] for op in ops)
+        for _ in range(10):
+            plan = self._plan(ops)  # [(op, auto_parent: bool)]
+
+            def attempt(plan=plan):
+                txn = self.client.transaction()
+                for op, _auto in plan:
+                    kind = op[0]
+                    if kind == "create":
+                        txn.create(op[1], op[2], ephemeral=op[3], sequence=op[4])
+                    elif kind == "set":
+                        txn.set_data(op[1], op[2], version=op[3])
+                    elif kind == "delete":
+                        txn.delete(op[1], version=op[2])
+                    elif kind == "check":
+                        txn.check(op[1], version=op[2])
+                return self._sync(txn.commit_async())
+
+            results = self._write(attempt, what="transaction", retry_expired=not has_ephemeral)
+            failure = next(((op, auto, r) for (op, auto), r in zip(plan, results)
+                            if isinstance(r, Exception) and not isinstance(
+                                r, (kex.RolledBackError, kex.RuntimeInconsistency))), None)
+            if failure is None and any(isinstance(r, Exception) for r in results):
+                raise MetadataError(f"transaction failed: {results!r}")
+            if failure is None:
+                break
+            op, auto, r = failure
+            if auto and isinstance(r, kex.NodeExistsError):
+                continue  # a parent appeared meanwhile: plan again
+            raise _map(r, f"transaction {op[0]} {op[1]}") from r
+        else:
+            raise MetadataError("transaction: parents kept changing; gave up after 10 attempts")
+        out = []
+        for (op, auto), r in zip(plan, results):
+            if auto:
+                continue
+            if op[0] == "create":
+                out.append(self.client.unchroot(r))
+            elif op[0] == "set":
+                out.append(r.version)
+            else:
+                out.append(None)
+        return out
+
+    def _plan(self, ops):
+        plan, created = [], set()
+        for op in ops:
+            if op[0] == "create" and op[5]:
+                missing, parent = [], op[1].rsplit("/", 1)[0] or "/"
+                while parent != "/" and parent not in created and self.exists(parent) is None:
+                    missing.append(parent)
+                    parent = parent.rsplit("/", 1)[0] or "/"
+                for p in reversed(missing):
+                    plan.append((("create", p, b"", False, False, False), True))
+                    created.add(p)
+            if op[0] == "create":
+                created.add(op[1])
+            plan.append((op, False))
+        return plan
+
+    def generate_id(self) -> int:
+        """CAS-increment the counter in ``/idgen`` (created on first use)."""
+        while True:
+            try:
+                data, version = self.get(IDGEN)
+            except NoNodeError:
+                try:
+                    self.create(IDGEN, b"1")
+                    return 1
+                except NodeExistsError:
+                    continue
+            try:
+                current = int(data.decode("ascii")) if data else 0
+            except (UnicodeDecodeError, ValueError):
+                raise MetadataFormatError(f"corrupt id counter at {IDGEN}: {data[:40]!r}") from None
+            try:
+                self.set(IDGEN, str(current + 1).encode(), version=version)
+                return current + 1
+            except BadVersionError:
+                continue
+
+    # ---- watches -------------------------------------------------------------------------
+
+    def watch_children(self, path, callback):
+        path = validate_path(path)
+        return self._watch(path, callback, children=True)
+
+    def watch_data(self, path, callback):
+        path = validate_path(path)
+        return self._watch(path, callback, children=False)
+
+    def _watch(self, path, callback, children: bool):
+        """One-shot ZooKeeper watches, re-armed after every event and after a new session.
+        Works on absent nodes (``[]`` / ``(None, None)``) and keeps watching them."""
+        if not callable(callback):
+            raise BadRequestError("watch callback must be callable")
+        self._check_open()
+        state = {"cancelled": False, "last": object()}
+        lock = threading.Lock()
+
+        def arm(event=None):
+            if state["cancelled"] or self._closed:
+                return
+            if event is not None and event.type == EventType.NONE:
+                return  # connection state event; session-level re-arm handles loss
+            with lock:
+                try:
+                    value = self._read_watched(path, children, watcher)
+                except MetadataError as e:
+                    if not self._closed:
+                        log.warning("watch on %s: %s", path, e)
+                    return
+                if value != state["last"] and not state["cancelled"]:
+                    state["last"] = value
+                    try:
+                        if children:
+                            callback(list(value))
+                        else:
+                            callback(*value)
+                    except Exception:
+                        log.exception("watch callback on %s failed", path)
+
+        def watcher(event):
+            # kazoo runs watchers on its callback thread, where synchronous calls are allowed
+            arm(event)
+
+        def cancel():
+            state["cancelled"] = True
+            with self._lock:
+                if arm in self._rearm:
+                    self._rearm.remove(arm)
+
+        arm()
+        with self._lock:
+            self._rearm.append(arm)
+        return cancel
+
+    def _read_watched(self, path, children, watcher):
+        c = self.client
+
+        def read():
+            if children:
+                try:
+                    names = self._sync(c.get_children_async(path, watch=watcher))
+                except kex.NoNodeError:
+                    if self._sync(c.exists_async(path, watch=watcher)) is not None:
+                        return read()  # created meanwhile
+                    return ()
+                if path == "/" and self.root == "/":
+                    names = [n for n in names if n != "zookeeper"]
+                return tuple(sorted(names))
+            try:
+                data, stat = self._sync(c.get_async(path, watch=watcher))
+                return (data, stat.version)
+            except kex.NoNodeError:
+                if self._sync(c.exists_async(path, watch=watcher)) is not None:
+                    return read()
+                return (None, None)
+
+        return self._read(read, what=f"watch {path}")
+
+    # ---- test hooks (used by metadata.testing) ---------------------------------------------
+
+    def _client_id(self):
+        return self.client.client_id

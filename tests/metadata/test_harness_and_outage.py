@@ -1,0 +1,86 @@
+"""The test harness itself, and ZooKeeper outages seen through the store."""
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import pytest
+
+from bkspark.errors import MetadataConnectionError
+from metadata import open_store
+from metadata import testing as mt
+from metadata.testing import ZooKeeperServer, ZooKeeperUnavailable
+
+from ..conftest import skip_or_fail
+
+
+def test_missing_jars_are_reported(tmp_path):
+    with pytest.raises(ZooKeeperUnavailable, match="apt-get install -y zookeeper"):
+        mt.zookeeper_classpath(str(tmp_path))
+
+
+def test_missing_java_is_reported():
+    server = ZooKeeperServer(java="/nonexistent/java")
+    with pytest.raises((ZooKeeperUnavailable, OSError)):
+        server.start()
+    server.stop()
+
+
+@pytest.fixture
+def own_zookeeper(zookeeper):  # depends on the shared one only to skip/fail consistently
+    server = ZooKeeperServer()
+    try:
+        server.start()
+    except ZooKeeperUnavailable as e:
+        skip_or_fail(str(e))
+    yield server
+    server.stop()
+
+
+def _port_open(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_server_stop_kills_process_and_cleans_up(own_zookeeper):
+    server = own_zookeeper
+    assert server.running and _port_open(server.port)
+    pid, directory = server.proc.pid, server.dir
+    server.stop()
+    assert not server.running
+    assert not _port_open(server.port)
+    assert not os.path.exists(directory)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_operations_during_outage_are_bounded_and_recover(own_zookeeper):
+    server = own_zookeeper
+    store = open_store(server.uri("/outage"), session_timeout=2.0)
+    try:
+        store.create("/x", b"1")
+        server.stop()
+        for op in (lambda: store.get("/x"), lambda: store.set("/x", b"2"),
+                   lambda: store.create("/y", b"")):
+            start = time.monotonic()
+            with pytest.raises(MetadataConnectionError):
+                op()
+            assert time.monotonic() - start < 8
+        server.start()  # same port, fresh data directory
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                store.ensure_path("/")
+                store.create("/after", b"")
+                break
+            except MetadataConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        assert store.exists("/after") == 0
+    finally:
+        store.close()
