@@ -26,14 +26,14 @@ from metadata.log_metadata import LogMetadata
 
 log = logging.getLogger("bkspark.log")
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,199}$")
 CLOSED, OPEN = "closed", "open"
 
 
 def check_log_name(name: str) -> str:
     if not isinstance(name, str) or not _NAME.match(name):
         raise BadRequestError(f"invalid log name {name!r}: use letters, digits, '.', '_' or '-' "
-                              "(at most 200, not starting with a punctuation mark)")
+                              "(at most 200, not starting with . or -)")
     return name
 
 

@@ -19,10 +19,10 @@ def read_all(logs, name, start=EARLIEST):
 
 
 def test_write_roll_and_read_across_ledgers_in_order(logs, log_name):
-    with logs.open_writer(log_name, roll_bytes=200) as writer:
+    with logs.open_writer(log_name, roll_bytes=50) as writer:
         positions = [writer.append(b"record-%03d" % i) for i in range(25)]
     md, _ = logs.get(log_name)
-    assert len(md.ledger_ids()) > 3, "roll_bytes=200 should have rolled several times"
+    assert len(md.ledger_ids()) > 3, "roll_bytes=50 should have rolled several times"
     assert all(e["state"] == "closed" for e in md.ledgers)
     records = read_all(logs, log_name)
     assert [r.data for r in records] == [b"record-%03d" % i for i in range(25)]

@@ -1,0 +1,116 @@
+"""The ``bookkeeper`` Python data source: batch and streaming reads and writes of logs."""
+from __future__ import annotations
+
+import json
+
+from pyspark.sql.datasource import DataSource
+
+from bkspark.errors import BadRequestError, NoSuchLogError
+from bkspark.spark import codec, conn
+from bkspark.spark.options import ARROW, FORMAT_NAME, RECORD, parse_options
+
+
+def _default_uri():
+    from bkspark.localcluster import running_cluster_uri
+    return running_cluster_uri()
+
+
+def _strip_nullability(obj):
+    if isinstance(obj, dict):
+        return {k: _strip_nullability(v) for k, v in obj.items()
+                if k not in ("nullable", "containsNull", "valueContainsNull", "metadata")}
+    if isinstance(obj, list):
+        return [_strip_nullability(v) for v in obj]
+    return obj
+
+
+class BookKeeperDataSource(DataSource):
+    """``format("bookkeeper")`` — see :mod:`bkspark.spark` for the options."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_NAME
+
+    def __init__(self, options):
+        super().__init__(options)
+        self.opts = parse_options(options, default_uri=_default_uri)
+
+    # ---- schema -------------------------------------------------------------------------
+    def schema(self):
+        if self.opts.entry_format == RECORD:
+            return codec.record_spark_schema()
+        return self._stored_schema(required=True)
+
+    def _stored_schema(self, required: bool):
+        """The Spark schema recorded in the newest arrow ledger of the (first) log read."""
+        from pyspark.sql.types import StructType
+        self.opts.require_logs()
+        logs = conn.log_store(self.opts)
+        names = self.opts.matching_logs(logs.list_logs())
+        for name in names:
+            try:
+                md, _ = logs.get(name)
+            except NoSuchLogError:
+                continue
+            for entry in reversed(md.ledgers):
+                custom = logs.bk.ledger_metadata(entry["ledger_id"]).custom_metadata
+                js = codec.ledger_spark_schema_json(custom)
+                if js:
+                    return StructType.fromJson(json.loads(js))
+        if required:
+            raise BadRequestError(
+                f"entryFormat=arrow: cannot infer the schema of {names or self.opts.log_pattern!r}: "
+                "no arrow-format ledger found (the log is missing or empty); pass .schema(...)")
+        return None
+
+    # ---- batch --------------------------------------------------------------------------
+    def reader(self, schema):
+        from bkspark.spark.reader import BookKeeperBatchReader
+        self.opts.require_logs()
+        return BookKeeperBatchReader(self.opts, schema)
+
+    def writer(self, schema, overwrite: bool):
+        from bkspark.spark.writer import BookKeeperBatchWriter
+        self._check_write(schema, overwrite)
+        return BookKeeperBatchWriter(self.opts, schema, overwrite)
+
+    def _check_write(self, schema, overwrite: bool) -> None:
+        name = self.opts.single_log()
+        for key in ("starting", "ending"):
+            if getattr(self.opts, key) is not None:
+                opt = "startingOffsets" if key == "starting" else "endingOffsets"
+                raise BadRequestError(f"option {opt!r} is for reads, not writes")
+        if self.opts.entry_format == RECORD:
+            codec.check_record_write_schema(schema)
+            return
+        if overwrite:
+            return
+        try:
+            existing = self._stored_schema(required=False)
+        except BadRequestError:
+            existing = None
+        if existing is not None:
+            a = _strip_nullability(json.loads(existing.json()))
+            b = _strip_nullability(json.loads(schema.json()))
+            if a != b:
+                raise BadRequestError(
+                    f"entryFormat=arrow: log {name!r} holds rows of schema "
+                    f"{existing.simpleString()}; cannot append {schema.simpleString()} "
+                    "(use mode('overwrite') or another log)")
+
+    # ---- streaming ----------------------------------------------------------------------
+    def streamReader(self, schema):
+        from bkspark.spark.stream import BookKeeperStreamReader
+        self.opts.require_logs()
+        if self.opts.ending is not None:
+            raise BadRequestError("option 'endingOffsets' is for batch reads; streaming queries "
+                                  "read until stopped (use Trigger.AvailableNow for a bounded run)")
+        return BookKeeperStreamReader(self.opts, schema)
+
+    def streamWriter(self, schema, overwrite: bool):
+        from bkspark.spark.writer import BookKeeperStreamWriter
+        if overwrite:
+            raise BadRequestError("the bookkeeper sink appends: output mode 'complete' is not "
+                                  "supported (use 'append' or 'update')")
+        self._check_write(schema, False)
+        return BookKeeperStreamWriter(self.opts, schema)
