@@ -95,9 +95,10 @@ class ZooKeeperServer:
         classpath = zookeeper_classpath()
         if self.port is None:
             self.port = free_port()
-        self.dir = tempfile.mkdtemp(prefix="bkspark-zk-")
+        if self.dir is None:  # else: a restart after stop(cleanup=False) keeps the data
+            self.dir = tempfile.mkdtemp(prefix="bkspark-zk-")
         data_dir = os.path.join(self.dir, "data")
-        os.makedirs(data_dir)
+        os.makedirs(data_dir, exist_ok=True)
         cfg = os.path.join(self.dir, "zoo.cfg")
         with open(cfg, "w") as f:
             f.write(f"tickTime={self.tick_time}\n"
@@ -145,8 +146,11 @@ class ZooKeeperServer:
         except OSError:
             return ""
 
-    def stop(self) -> None:
-        """Kill the server (by its pid) and remove its directory."""
+    def stop(self, cleanup: bool = True) -> None:
+        """Kill the server (by its pid) and remove its directory — unless ``cleanup`` is
+        False: then :meth:`start` restarts it with its data (clients keep their sessions if
+        they reconnect within their timeout; a server that lost its data refuses clients
+        that saw newer transactions)."""
         if self.proc is not None and self.proc.poll() is None:
             try:
                 os.kill(self.proc.pid, signal.SIGTERM)
@@ -157,7 +161,8 @@ class ZooKeeperServer:
                 except ProcessLookupError:
                     pass
                 self.proc.wait(timeout=10)
-        self._cleanup()
+        if cleanup:
+            self._cleanup()
 
     def _cleanup(self):
         if self.dir:

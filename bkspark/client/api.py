@@ -43,6 +43,31 @@ class ClientConfig:
     metadata_retries: int = 20
     close_flush_timeout: float = 120.0
     bookie_cache_seconds: float = 1.0       # how long the writable-bookie list is reused
+    suspect_seconds: float = 30.0           # a failed/slow bookie is read from last this long
+
+
+class _BookieHealth:
+    """Bookies that recently failed or answered slowly; reads ask them last."""
+
+    def __init__(self, quarantine: float):
+        self.quarantine = quarantine
+        self._until: dict[str, float] = {}
+
+    def suspect(self, bookie_id: str) -> None:
+        self._until[bookie_id] = time.monotonic() + self.quarantine
+
+    def is_suspect(self, bookie_id: str) -> bool:
+        t = self._until.get(bookie_id)
+        return t is not None and t > time.monotonic()
+
+    def order(self, bookies: list[str]) -> list[str]:
+        if not self._until:
+            return bookies
+        now = time.monotonic()
+        good = [b for b in bookies if self._until.get(b, 0) <= now]
+        if len(good) == len(bookies):
+            return bookies
+        return good + [b for b in bookies if self._until.get(b, 0) > now]
 
 
 class _Scheduler:
@@ -100,7 +125,8 @@ class BookKeeper:
         self.conf = ClientConfig(**config)
         self._own_store = store is None
         self.store = store if store is not None else open_store(metadata_uri)
-        self._pool = BookieClientPool(self._resolve_address)
+        self._health = _BookieHealth(self.conf.suspect_seconds)
+        self._pool = BookieClientPool(self._resolve_address, self._health.suspect)
         self._executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="bk-client")
         self._scheduler = _Scheduler()
         self._writers: weakref.WeakSet = weakref.WeakSet()

@@ -137,8 +137,9 @@ class _AddStream:
 class BookieClient:
     """Channel, stub and add stream of one bookie (thread-safe)."""
 
-    def __init__(self, bookie_id: str, address: str, sinks: dict):
+    def __init__(self, bookie_id: str, address: str, sinks: dict, on_failure=None):
         self.bookie_id = bookie_id
+        self.on_failure = on_failure
         self.address = address
         self.sinks = sinks      # ledger_id -> handle, shared by the whole BookKeeper client
         self.channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
@@ -170,6 +171,8 @@ class BookieClient:
         if self.closed:
             return
         log.info("add stream to %s ended: %s", self.bookie_id, error)
+        if self.on_failure is not None:
+            self.on_failure(self.bookie_id)
         for sink in list(self.sinks.values()):
             try:
                 sink.on_bookie_failed(self.bookie_id, error)
@@ -258,8 +261,9 @@ class BookieClient:
 class BookieClientPool:
     """One :class:`BookieClient` per bookie id; addresses from the bookie registry."""
 
-    def __init__(self, resolve_address):
+    def __init__(self, resolve_address, on_failure=None):
         self._resolve = resolve_address     # bookie_id -> "host:port"
+        self.on_failure = on_failure        # called with a bookie id whose stream broke
         self._clients: dict[str, BookieClient] = {}
         self._lock = threading.Lock()
         self.sinks: dict[int, object] = {}
@@ -271,7 +275,8 @@ class BookieClientPool:
         with self._lock:
             c = self._clients.get(bookie_id)
             if c is None:
-                c = BookieClient(bookie_id, self._resolve(bookie_id), self.sinks)
+                c = BookieClient(bookie_id, self._resolve(bookie_id), self.sinks,
+                                 self.on_failure)
                 self._clients[bookie_id] = c
             return c
 

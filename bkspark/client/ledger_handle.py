@@ -314,6 +314,7 @@ class LedgerHandle:
                 if p.sent and len(p.acked) < self._Qa:
                     slow.update(b for b in self._write_set(p.entry_id) if b not in p.acked)
             for b in slow:
+                self._bk._health.suspect(b)
                 self._bookie_failed_locked(b, OperationTimeoutError(
                     f"bookie {b}: add not acknowledged within {timeout}s"))
 
@@ -338,6 +339,8 @@ class LedgerHandle:
                         self._complete_locked()
                         break
                     lac = self._lac
+                for b in failed:
+                    self._bk._health.suspect(b)
                 log.info("ledger %d: replacing %s (%s) at entry %d", self.ledger_id,
                          sorted(failed), "; ".join(str(e) for e in failed.values()), lac + 1)
                 try:
@@ -392,9 +395,14 @@ class LedgerHandle:
             replaced = {}
             writable = bk._writable_bookies()
             new_ens = list(ensemble)
+            suspects = {b for b in writable if bk._health.is_suspect(b)}
             for i, b in enumerate(ensemble):
                 if b in failed:
-                    nb = placement.choose_replacement(writable, new_ens, i, exclude)
+                    try:    # avoid bookies that recently failed, if possible
+                        nb = placement.choose_replacement(writable, new_ens, i,
+                                                          exclude | suspects)
+                    except NotEnoughBookiesError:
+                        nb = placement.choose_replacement(writable, new_ens, i, exclude)
                     new_ens[i] = nb
                     replaced[b] = nb
             if not replaced:

@@ -49,7 +49,8 @@ class _EntryRead:
     def __init__(self, rh: "ReadHandle", entry_id: int, bookies: list[str], flags: int = 0):
         self.rh = rh
         self.entry_id = entry_id
-        self.bookies = bookies
+        # replicas that recently failed or were slow are asked last
+        self.bookies = rh._bk._health.order(bookies)
         self.flags = flags
         self.future: Future = Future()
         self._next = 0
@@ -79,6 +80,10 @@ class _EntryRead:
 
     def _speculate(self):
         if not self.future.done():
+            with self._lock:
+                slow = self.bookies[self._next - 1] if self._next else None
+            if slow is not None:
+                self.rh._bk._health.suspect(slow)
             self._send_next()
 
     def _on_response(self, bookie: str, fut: Future):
@@ -94,6 +99,8 @@ class _EntryRead:
             if isinstance(exc, DigestMismatchError):
                 log.warning("ledger %d entry %d from %s: %s; trying another replica",
                             self.rh.ledger_id, self.entry_id, bookie, exc)
+            if not isinstance(exc, (errors.NoSuchEntryError, errors.NoSuchLedgerError)):
+                self.rh._bk._health.suspect(bookie)
             with self._lock:
                 self._outstanding -= 1
                 self._errors.append(exc)

@@ -1,15 +1,21 @@
-"""Logs tests run against three real bookies on an embedded metadata store."""
+"""Logs tests run against three real bookies, on the embedded store and on real ZooKeeper."""
 import pytest
+
+from metadata.testing import unique_root
 
 from bkspark.client import BookKeeper
 from bkspark.log import LogStore
 from bkspark.testing.cluster import BookieCluster
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+@pytest.fixture(scope="module", params=["sqlite", "zk"])
+def cluster(request, tmp_path_factory):
     data = tmp_path_factory.mktemp("log-cluster")
-    with BookieCluster(f"sqlite:///{data}/meta.db", num_bookies=3, data_dir=data) as c:
+    if request.param == "zk":
+        uri = request.getfixturevalue("zookeeper").uri(unique_root())
+    else:
+        uri = f"sqlite:///{data}/meta.db"
+    with BookieCluster(uri, num_bookies=3, data_dir=data) as c:
         yield c
 
 

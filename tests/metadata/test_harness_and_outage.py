@@ -63,18 +63,18 @@ def test_operations_during_outage_are_bounded_and_recover(own_zookeeper):
     store = open_store(server.uri("/outage"), session_timeout=2.0)
     try:
         store.create("/x", b"1")
-        server.stop()
+        store.create("/eph", b"", ephemeral=True)
+        server.stop(cleanup=False)
         for op in (lambda: store.get("/x"), lambda: store.set("/x", b"2"),
                    lambda: store.create("/y", b"")):
             start = time.monotonic()
             with pytest.raises(MetadataConnectionError):
                 op()
             assert time.monotonic() - start < 8
-        server.start()  # same port, fresh data directory
+        server.start()  # same port, same data
         deadline = time.monotonic() + 20
         while True:
             try:
-                store.ensure_path("/")
                 store.create("/after", b"")
                 break
             except MetadataConnectionError:
@@ -82,5 +82,6 @@ def test_operations_during_outage_are_bounded_and_recover(own_zookeeper):
                     raise
                 time.sleep(0.2)
         assert store.exists("/after") == 0
+        assert store.get("/x") == (b"1", 0)  # the failed set was never applied
     finally:
         store.close()
