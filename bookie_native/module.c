@@ -3,6 +3,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <unistd.h>
 
 #include "crc32c.h"
 #include "engine.h"
@@ -11,7 +12,29 @@ static PyObject *ExcNoLedger, *ExcNoEntry, *ExcIO, *ExcBadReq;
 
 typedef struct {
     PyObject_HEAD Engine *e;
+    int busy; /* calls running without the GIL (modified only with the GIL held) */
 } StoreObject;
+
+/* every engine call made without the GIL is counted so close() can wait for it */
+#define BKS_BEGIN                                                                                                     \
+    self->busy++;                                                                                                     \
+    Py_BEGIN_ALLOW_THREADS
+#define BKS_END                                                                                                       \
+    Py_END_ALLOW_THREADS self->busy--;
+
+static void close_engine(StoreObject *self, int ck)
+{
+    Engine *e = self->e;
+    self->e = NULL; /* new calls fail with "closed" */
+    Py_BEGIN_ALLOW_THREADS eng_close(e, ck); /* wakes every waiter inside the engine */
+    Py_END_ALLOW_THREADS while (self->busy > 0)
+    {
+        Py_BEGIN_ALLOW_THREADS usleep(1000);
+        Py_END_ALLOW_THREADS
+    }
+    Py_BEGIN_ALLOW_THREADS eng_free(e);
+    Py_END_ALLOW_THREADS
+}
 
 static PyObject *raise_rc(StoreObject *s, int rc, const char *fallback)
 {
@@ -109,13 +132,8 @@ static int Store_init(StoreObject *self, PyObject *args, PyObject *kw)
 
 static void Store_dealloc(StoreObject *self)
 {
-    if (self->e) {
-        Engine *e = self->e;
-        self->e = NULL;
-        Py_BEGIN_ALLOW_THREADS eng_close(e, 0);
-        eng_free(e);
-        Py_END_ALLOW_THREADS
-    }
+    if (self->e)
+        close_engine(self, 0);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -125,13 +143,8 @@ static PyObject *Store_close(StoreObject *self, PyObject *args, PyObject *kw)
     int ck = 1;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "|p", kwlist, &ck))
         return NULL;
-    if (self->e) {
-        Engine *e = self->e;
-        self->e = NULL;
-        Py_BEGIN_ALLOW_THREADS eng_close(e, ck);
-        eng_free(e);
-        Py_END_ALLOW_THREADS
-    }
+    if (self->e)
+        close_engine(self, ck);
     Py_RETURN_NONE;
 }
 
@@ -193,8 +206,8 @@ static PyObject *Store_add_entries(StoreObject *self, PyObject *arg)
     }
     int rc;
     Engine *e = self->e;
-    Py_BEGIN_ALLOW_THREADS rc = eng_add_entries(e, reqs, (size_t)n, status);
-    Py_END_ALLOW_THREADS if (rc != E_OK)
+    BKS_BEGIN rc = eng_add_entries(e, reqs, (size_t)n, status);
+    BKS_END if (rc != E_OK)
     {
         raise_rc(self, rc, "add failed");
         goto out;
@@ -231,8 +244,8 @@ static PyObject *Store_fence(StoreObject *self, PyObject *args)
     }
     int rc;
     Engine *e = self->e;
-    Py_BEGIN_ALLOW_THREADS rc = eng_fence(e, lid, key.buf, (uint32_t)key.len);
-    Py_END_ALLOW_THREADS PyBuffer_Release(&key);
+    BKS_BEGIN rc = eng_fence(e, lid, key.buf, (uint32_t)key.len);
+    BKS_END PyBuffer_Release(&key);
     if (rc == E_UA)
         return PyLong_FromLong(BKS_EUA);
     if (rc != E_OK)
@@ -254,7 +267,7 @@ static PyObject *query(StoreObject *self, PyObject *arg, int what)
     unsigned char buf[MAX_KEY];
     unsigned char *lac = NULL;
     uint32_t blen = 0;
-    Py_BEGIN_ALLOW_THREADS eng_lock(e);
+    BKS_BEGIN eng_lock(e);
     Ledger *l = eng_find(e, lid);
     if (l) {
         found = 1;
@@ -274,7 +287,7 @@ static PyObject *query(StoreObject *self, PyObject *arg, int what)
         }
     }
     eng_unlock(e);
-    Py_END_ALLOW_THREADS switch (what)
+    BKS_END switch (what)
     {
     case Q_FENCED:
         return PyBool_FromLong(fenced);
@@ -318,8 +331,8 @@ static PyObject *Store_read_range(StoreObject *self, PyObject *args)
     size_t n = 0;
     int rc;
     Engine *e = self->e;
-    Py_BEGIN_ALLOW_THREADS rc = eng_read_range(e, lid, first, last, maxb, &it, &n);
-    Py_END_ALLOW_THREADS if (rc != E_OK)
+    BKS_BEGIN rc = eng_read_range(e, lid, first, last, maxb, &it, &n);
+    BKS_END if (rc != E_OK)
     {
         char m[128];
         snprintf(m, sizeof m, rc == E_NOLEDGER ? "no such ledger %llu" : "no such entry %llu:%lld",
@@ -356,8 +369,8 @@ static PyObject *Store_read_entry(StoreObject *self, PyObject *args)
     int64_t eid;
     int rc;
     Engine *e = self->e;
-    Py_BEGIN_ALLOW_THREADS rc = eng_read(e, lid, entry, &d, &len, &eid);
-    Py_END_ALLOW_THREADS if (rc != E_OK)
+    BKS_BEGIN rc = eng_read(e, lid, entry, &d, &len, &eid);
+    BKS_END if (rc != E_OK)
     {
         char m[128];
         snprintf(m, sizeof m, rc == E_NOLEDGER ? "no such ledger %llu" : "no such entry %llu:%lld",
@@ -380,8 +393,8 @@ static PyObject *Store_read_last(StoreObject *self, PyObject *arg)
     int64_t eid = -1;
     int rc;
     Engine *e = self->e;
-    Py_BEGIN_ALLOW_THREADS rc = eng_read(e, lid, -1, &d, &len, &eid);
-    Py_END_ALLOW_THREADS if (rc != E_OK)
+    BKS_BEGIN rc = eng_read(e, lid, -1, &d, &len, &eid);
+    BKS_END if (rc != E_OK)
     {
         char m[128];
         snprintf(m, sizeof m, rc == E_NOLEDGER ? "no such ledger %llu" : "ledger %llu has no entries",
@@ -408,8 +421,8 @@ static PyObject *Store_set_explicit_lac(StoreObject *self, PyObject *args)
     }
     int rc;
     Engine *e = self->e;
-    Py_BEGIN_ALLOW_THREADS rc = eng_set_lac(e, lid, b.buf, (uint32_t)b.len);
-    Py_END_ALLOW_THREADS PyBuffer_Release(&b);
+    BKS_BEGIN rc = eng_set_lac(e, lid, b.buf, (uint32_t)b.len);
+    BKS_END PyBuffer_Release(&b);
     if (rc != E_OK) {
         char m[128];
         snprintf(m, sizeof m, "no such ledger %llu", (unsigned long long)lid);
@@ -427,7 +440,7 @@ static PyObject *Store_list_entries(StoreObject *self, PyObject *arg)
     int64_t *rg = NULL;
     size_t nr = 0;
     int found = 0;
-    Py_BEGIN_ALLOW_THREADS eng_lock(e);
+    BKS_BEGIN eng_lock(e);
     Ledger *l = eng_find(e, lid);
     if (l) {
         found = 1;
@@ -444,7 +457,7 @@ static PyObject *Store_list_entries(StoreObject *self, PyObject *arg)
         }
     }
     eng_unlock(e);
-    Py_END_ALLOW_THREADS if (!found)
+    BKS_END if (!found)
     {
         char m[128];
         snprintf(m, sizeof m, "no such ledger %llu", (unsigned long long)lid);
@@ -466,13 +479,13 @@ static PyObject *Store_ledgers(StoreObject *self, PyObject *unused)
     Engine *e = self->e;
     uint64_t *ids = NULL;
     size_t n = 0;
-    Py_BEGIN_ALLOW_THREADS eng_lock(e);
+    BKS_BEGIN eng_lock(e);
     ids = malloc((e->nledgers ? e->nledgers : 1) * sizeof *ids);
     for (size_t s = 0; ids && s < e->nbuckets; s++)
         for (Ledger *l = e->buckets[s]; l; l = l->next)
             ids[n++] = l->id;
     eng_unlock(e);
-    Py_END_ALLOW_THREADS if (!ids) return PyErr_NoMemory();
+    BKS_END if (!ids) return PyErr_NoMemory();
     PyObject *res = PyList_New((Py_ssize_t)n);
     for (size_t i = 0; res && i < n; i++)
         PyList_SET_ITEM(res, (Py_ssize_t)i, PyLong_FromUnsignedLongLong(ids[i]));
@@ -489,8 +502,8 @@ static PyObject *Store_ledgers(StoreObject *self, PyObject *unused)
             return NULL;                                                                                              \
         Engine *e = self->e;                                                                                          \
         int rc;                                                                                                       \
-        Py_BEGIN_ALLOW_THREADS rc = call;                                                                             \
-        Py_END_ALLOW_THREADS if (rc != E_OK) return raise_rc(self, rc, msg);                                          \
+        BKS_BEGIN rc = call;                                                                             \
+        BKS_END if (rc != E_OK) return raise_rc(self, rc, msg);                                          \
         Py_RETURN_NONE;                                                                                               \
     }
 
@@ -504,8 +517,8 @@ static PyObject *Store_delete_ledger(StoreObject *self, PyObject *arg)
         return NULL;
     Engine *e = self->e;
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = eng_delete(e, lid);
-    Py_END_ALLOW_THREADS if (rc != E_OK) return raise_rc(self, rc, "delete failed");
+    BKS_BEGIN rc = eng_delete(e, lid);
+    BKS_END if (rc != E_OK) return raise_rc(self, rc, "delete failed");
     Py_RETURN_NONE;
 }
 
@@ -516,8 +529,8 @@ static PyObject *Store_compact(StoreObject *self, PyObject *unused)
     Engine *e = self->e;
     CompactStats cs;
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = eng_compact(e, &cs);
-    Py_END_ALLOW_THREADS if (rc != E_OK) return raise_rc(self, rc, "compaction failed");
+    BKS_BEGIN rc = eng_compact(e, &cs);
+    BKS_END if (rc != E_OK) return raise_rc(self, rc, "compaction failed");
     return Py_BuildValue("{sKsKsKsKsKsKsK}", "logs_examined", cs.logs_examined, "logs_compacted", cs.logs_compacted,
                          "logs_deleted", cs.logs_deleted, "bytes_copied", cs.bytes_copied, "bytes_reclaimed",
                          cs.bytes_reclaimed, "entries_copied", cs.entries_copied, "corrupt_entries",
@@ -530,11 +543,11 @@ static PyObject *Store_last_log_mark(StoreObject *self, PyObject *unused)
         return NULL;
     Engine *e = self->e;
     uint64_t id, pos;
-    Py_BEGIN_ALLOW_THREADS eng_lock(e);
+    BKS_BEGIN eng_lock(e);
     id = e->mark_id;
     pos = e->mark_pos;
     eng_unlock(e);
-    Py_END_ALLOW_THREADS return Py_BuildValue("(KK)", id, pos);
+    BKS_END return Py_BuildValue("(KK)", id, pos);
 }
 
 static PyObject *Store_stats(StoreObject *self, PyObject *unused)
@@ -545,7 +558,7 @@ static PyObject *Store_stats(StoreObject *self, PyObject *unused)
     Engine c;
     uint64_t live = 0, total = 0, cache = 0;
     size_t nlogs;
-    Py_BEGIN_ALLOW_THREADS eng_lock(e);
+    BKS_BEGIN eng_lock(e);
     c = *e;
     nlogs = e->nlogs;
     for (size_t i = 0; i < e->nlogs; i++) {
@@ -554,7 +567,7 @@ static PyObject *Store_stats(StoreObject *self, PyObject *unused)
     }
     cache = e->cache[0].used + e->cache[1].used;
     eng_unlock(e);
-    Py_END_ALLOW_THREADS return Py_BuildValue(
+    BKS_END return Py_BuildValue(
         "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsi}", "adds", c.st_adds, "add_bytes", c.st_add_bytes,
         "journal_syncs", c.st_syncs, "journal_sync_ns_sum", c.st_sync_ns, "journal_sync_count", c.st_syncs,
         "journal_bytes", c.st_jbytes, "cache_bytes", cache, "queue_depth_bytes", (unsigned long long)c.pending.len,

@@ -43,6 +43,7 @@ class ClientConfig:
     metadata_retries: int = 20
     close_flush_timeout: float = 120.0
     bookie_cache_seconds: float = 1.0       # how long the writable-bookie list is reused
+    overload_retry_delay: float = 0.05      # resend after ETOOMANYREQUESTS
     suspect_seconds: float = 30.0           # a failed/slow bookie is read from last this long
 
 

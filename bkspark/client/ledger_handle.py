@@ -215,6 +215,7 @@ class LedgerHandle:
         """Acks of ``bookie_id`` for ``[(entry_id, status), ...]`` (called by its stream)."""
         e, qw = self._E, self._Qw
         fatal = None
+        retry = None
         with self._lock:
             idx = self._index.get(bookie_id)
             failed = False
@@ -227,6 +228,13 @@ class LedgerHandle:
                     # only acks of a current write-set member count
                     if idx is not None and (idx - eid) % e < qw:
                         p.acked.add(bookie_id)
+                elif status == errors.ETOOMANYREQUESTS:
+                    # overloaded, not broken: resend to the same bookie a little later
+                    # (if it never accepts, the add timeout replaces it)
+                    if idx is not None and (idx - eid) % e < qw:
+                        if retry is None:
+                            retry = []
+                        retry.append(p.elem)
                 elif status in _FATAL:
                     fatal = errors.error_for_status(
                         status, f"ledger {self.ledger_id}: bookie {bookie_id} answered "
@@ -245,6 +253,11 @@ class LedgerHandle:
             else:
                 self._complete_locked()
         self._run_callbacks()
+        if retry and fatal is None:
+            self._bk._scheduler.schedule(
+                self._bk.conf.overload_retry_delay,
+                lambda: self._send({bookie_id: retry}) if self._index.get(bookie_id) is not None
+                and self._error is None else None)
 
     def on_bookie_failed(self, bookie_id: str, error: BKError) -> None:
         with self._lock:

@@ -178,3 +178,37 @@ def test_bad_arguments(tmp_path):
         s.close()
     with pytest.raises(errors.BookieIOError):
         s.read_entry(1, 0)
+
+
+def test_close_while_adding_is_safe(tmp_path):
+    s = make(tmp_path)
+    errs = []
+    done = []
+
+    def adder(lid):
+        n = 0
+        try:
+            while True:
+                assert s.add_entries([(lid, n + i, b"k", False, b"v" * 200) for i in range(50)]) == [0] * 50
+                n += 50
+                done.append((lid, n))
+        except errors.BookieIOError as e:
+            assert "closed" in str(e)
+        except Exception as e:  # pragma: no cover
+            errs.append(e)
+
+    ts = [threading.Thread(target=adder, args=(i,)) for i in range(3)]
+    for t in ts:
+        t.start()
+    import time
+    time.sleep(0.3)
+    s.close()
+    for t in ts:
+        t.join()
+    assert not errs and done
+    s = make(tmp_path)
+    try:
+        for lid, n in done:
+            assert s.list_entries(lid)[0][1] >= n - 1
+    finally:
+        s.close()
