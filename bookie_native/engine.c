@@ -1338,8 +1338,12 @@ static int flush_cache_slot(Engine *e, int slot)
     return rc;
 }
 
-/* caller holds ckpt_mu, not mu */
-static int checkpoint_locked(Engine *e)
+/* Flush the write cache (swap halves, write the swapped one to entry logs + index).  When `full`
+ * (or a second has passed since the last full one) also persist the ledger state and move the
+ * LastLogMark to the end of the flushed data, then delete old journals.  A flush without a new
+ * mark is safe: the journal still covers the flushed data (and index bytes past the size recorded
+ * in ledgers.state are treated as uncommitted).  Caller holds ckpt_mu, not mu. */
+static int checkpoint_locked(Engine *e, int full)
 {
     pthread_mutex_lock(&e->mu);
     if (e->j_failed) {
@@ -1359,11 +1363,17 @@ static int checkpoint_locked(Engine *e)
     if (rc != E_OK)
         return rc;
     pthread_mutex_lock(&e->mu);
-    uint64_t mid, mpos;
-    seq_to_mark(e, mark_seq, &mid, &mpos);
     cache_reset(&e->cache[slot], e->cache_half);
     e->flush_pending = 0;
+    e->flushed_seq = mark_seq;
+    e->st_flushes++;
     pthread_cond_broadcast(&e->cache_cv);
+    if (!full && now_ns() - e->last_full_ns < 1000000000ull) {
+        pthread_mutex_unlock(&e->mu);
+        return E_OK;
+    }
+    uint64_t mid, mpos;
+    seq_to_mark(e, mark_seq, &mid, &mpos);
     pthread_mutex_unlock(&e->mu);
     rc = write_state(e);
     if (rc != E_OK)
@@ -1375,6 +1385,7 @@ static int checkpoint_locked(Engine *e)
     e->mark_id = mid;
     e->mark_pos = mpos;
     e->st_checkpoints++;
+    e->last_full_ns = now_ns();
     pthread_mutex_unlock(&e->mu);
     gc_journals(e, mid);
     return E_OK;
@@ -1383,7 +1394,7 @@ static int checkpoint_locked(Engine *e)
 int eng_checkpoint(Engine *e)
 {
     pthread_mutex_lock(&e->ckpt_mu);
-    int rc = e->closed ? E_CLOSED : checkpoint_locked(e);
+    int rc = e->closed ? E_CLOSED : checkpoint_locked(e, 1);
     pthread_mutex_unlock(&e->ckpt_mu);
     return rc;
 }
@@ -1418,7 +1429,7 @@ static void *ckpt_thread(void *arg)
         /* someone else may have checkpointed while we waited for ckpt_mu */
         int still = due || e->flush_pending || e->cache[e->active].used >= e->cache_half / 2;
         pthread_mutex_unlock(&e->mu);
-        int rc = (e->closed || !still) ? E_OK : checkpoint_locked(e);
+        int rc = (e->closed || !still) ? E_OK : checkpoint_locked(e, due);
         pthread_mutex_unlock(&e->ckpt_mu);
         last = now_ns();
         pthread_mutex_lock(&e->mu);
@@ -2099,7 +2110,7 @@ void eng_close(Engine *e, int do_checkpoint)
     }
     int rc = E_OK;
     if (do_checkpoint && e->jthread_started && !e->j_failed)
-        rc = checkpoint_locked(e);
+        rc = checkpoint_locked(e, 1);
     (void)rc;
     pthread_mutex_lock(&e->mu);
     e->closed = 1;

@@ -127,6 +127,9 @@ typedef struct Engine {
     pthread_t cthread;
     int cthread_started, c_stop;
     uint64_t mark_id, mark_pos;
+    uint64_t flushed_seq;    /* journal seq up to which everything is in entry logs + index */
+    uint64_t last_full_ns;   /* time of the last state+lastMark write */
+    uint64_t st_flushes;
 
     int closed;
     char errmsg[512];

@@ -14,7 +14,10 @@ the store root, modelled on ZooKeeper:
 * watches report changes of a node's children or data.
 
 Errors all derive from :class:`bkspark.errors.MetadataError` (re-exported by
-:mod:`metadata`).
+:mod:`metadata`). A :class:`MetadataConnectionError` from a *write* means its outcome is
+unknown (with ZooKeeper the request may still be applied once the connection is back, CAS
+checks included): re-read before deciding, as after a ZooKeeper ConnectionLoss. Invalid
+arguments (paths, data, versions) raise :class:`bkspark.errors.BadRequestError`.
 """
 from __future__ import annotations
 

@@ -87,6 +87,7 @@ class BookieServer:
         self.grpc_server = None
         self.http = None
         self.metrics = None
+        self.autorecovery = None
         self._stop_requested = threading.Event()
         self._stop = threading.Event()
         self._register_lock = threading.Lock()
@@ -130,6 +131,12 @@ class BookieServer:
         self.store.on_session_lost(self._on_session_lost)
         self._spawn(self._disk_loop, "bookie-disk-monitor")
         self._spawn(self._gc_loop, "bookie-gc")
+        if cfg.autorecovery:        # auditor + replication worker in this process
+            from bkspark.recovery.service import AutoRecovery, AutoRecoveryConfig
+            self.autorecovery = AutoRecovery(
+                cfg.metadata_uri, AutoRecoveryConfig(
+                    session_timeout=cfg.metadata_session_timeout_s),
+                identifier=f"{cfg.bookie_id}:{os.getpid()}").start()
         log.info("bookie started id=%s address=%s http=%s journal=%s ledgers=%s",
                  cfg.bookie_id, address, self.http.port if self.http else None,
                  cfg.journal_dir, ",".join(cfg.ledger_dirs))
@@ -146,6 +153,8 @@ class BookieServer:
         self._stop.set()
         self.state.running = False
         log.info("bookie stopping id=%s", self.config.bookie_id)
+        if self.autorecovery is not None:
+            self.autorecovery.stop()
         self._unregister()
         if self.grpc_server is not None:
             self.grpc_server.stop(grace).wait()

@@ -6,7 +6,7 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from bkspark.cli import bookie_cmd, localcluster_cmd
+    from bkspark.cli import autorecovery_cmd, bookie_cmd, localcluster_cmd, shell
 
     parser = argparse.ArgumentParser(prog="bkspark", description="bkspark: replicated logs for Spark")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -16,6 +16,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("localcluster", help="run an embedded metadata store and N bookies")
     localcluster_cmd.add_arguments(p)
     p.set_defaults(run=localcluster_cmd.run)
+    p = sub.add_parser("autorecovery", help="run the auditor and a replication worker")
+    autorecovery_cmd.add_arguments(p)
+    p.set_defaults(run=autorecovery_cmd.run)
+    p = sub.add_parser("shell", help="admin commands (listbookies, recover, decommission, ...)")
+    shell.add_arguments(p)
+    p.set_defaults(run=shell.run)
     return parser
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from concurrent.futures import Future
 
 import grpc
@@ -79,10 +80,19 @@ class _AddStream:
 
     def _requests(self):
         q = self.q
+        linger = self.client.linger
+        last = 0.0
         while True:
             item = q.get()
             if item is _CLOSE:
                 return
+            if linger:
+                # adaptive coalescing: at high message rates wait a moment so that one
+                # message carries many entries (per-message cost dominates in Python
+                # gRPC); at low rates send at once
+                wait = last + linger - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
             parts = list(item)
             size = sum(map(len, parts))
             while size < MAX_BATCH_BYTES:
@@ -96,6 +106,7 @@ class _AddStream:
                     return
                 parts.extend(item)
                 size += sum(map(len, item))
+            last = time.monotonic()
             yield b"".join(parts)
 
     def _read(self):
@@ -136,6 +147,8 @@ class _AddStream:
 
 class BookieClient:
     """Channel, stub and add stream of one bookie (thread-safe)."""
+
+    linger = 0.001      # minimum seconds between two add messages on one stream
 
     def __init__(self, bookie_id: str, address: str, sinks: dict, on_failure=None):
         self.bookie_id = bookie_id

@@ -36,7 +36,7 @@ from bkspark.errors import (BadRequestError, BKError, FencedError, LedgerClosedE
 from metadata.ledger_metadata import LedgerState
 
 from . import placement, wire
-from .digest import DigestManager, master_key
+from .digest import HEADER, DigestManager, master_key
 
 log = logging.getLogger("bkspark.client.ledger")
 
@@ -166,7 +166,11 @@ class LedgerHandle:
         for d in datas:
             if not isinstance(d, (bytes, bytearray, memoryview)):
                 raise BadRequestError(f"entry data must be bytes, got {type(d).__name__}")
-        digest, prefix, now = self._digest, self._prefix, time.monotonic()
+        prefix, now = self._prefix, time.monotonic()
+        header_pack = HEADER.pack
+        dig = self._digest._digest
+        lid = self.ledger_id
+        varint = wire.varint
         sends: dict[str, list] = {}
         with self._lock:
             self._check_writable()
@@ -175,25 +179,36 @@ class LedgerHandle:
                 self._check_writable()
             first = self._next_id
             last_i = len(datas) - 1
-            changing = self._changing
+            send = not self._changing
+            if send:
+                # per write-set class (entry_id mod E): the send lists of its bookies
+                e = self._E
+                classes = [[sends.setdefault(b, []) for b in self._write_set(k)]
+                           for k in range(e)]
+            pending, pmap = self._pending, self._pmap
+            eid, lac, length = self._next_id, self._lac, self._length
+            dsize = self._digest.digest_size
+            outstanding = 0
             for i, d in enumerate(datas):
-                eid = self._next_id
-                self._next_id = eid + 1
-                self._length += len(d)
-                header, dg = digest.frame_parts(eid, self._lac, self._length, d)
-                elem = wire.encode_add(prefix, eid, 0, (header, dg, d))
-                p = _PendingAdd(eid, elem, len(elem), self._length,
+                n = len(d)
+                length += n
+                header = header_pack(lid, eid, lac, length)
+                blen = 32 + dsize + n
+                head = b"".join((prefix, b"\x10", varint(eid), b"\x2a", varint(blen)))
+                elem = b"".join((b"\x0a", varint(len(head) + blen), head, header,
+                                 dig(header, d), d))
+                p = _PendingAdd(eid, elem, len(elem), length,
                                 fut if i == last_i else None, now)
-                self._pending.append(p)
-                self._pmap[eid] = p
-                self._outstanding += p.size
-                if not changing:
+                pending.append(p)
+                pmap[eid] = p
+                outstanding += p.size
+                if send:
                     p.sent = True
-                    for b in self._write_set(eid):
-                        lst = sends.get(b)
-                        if lst is None:
-                            lst = sends[b] = []
+                    for lst in classes[eid % e]:
                         lst.append(elem)
+                eid += 1
+            self._next_id, self._length = eid, length
+            self._outstanding += outstanding
         self._send(sends)
         return first
 

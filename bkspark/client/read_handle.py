@@ -193,6 +193,8 @@ class ReadHandle:
         order. Entries beyond the LAC are refused (use :meth:`read_unconfirmed`)."""
         if last is None:
             last = self._lac
+            if last < first:
+                return iter(())
         self._check_range(first, last)
         if last > self._lac:
             if self.is_closed:

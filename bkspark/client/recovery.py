@@ -17,7 +17,9 @@ Exactly the seeds (``fencing.txt``, ``closing-ledgers-safely.txt``, ``protocol.t
    neither threshold is met the outcome is unknown and recovery aborts
    (:class:`LedgerRecoveryError`), never closing on unknowns.
 5. Write every recovered entry back to its whole write set with RECOVERY_ADD (an entry
-   counts as written back once ``Qa`` bookies acknowledged it; fewer aborts recovery).
+   counts as written back once ``Qa`` bookies acknowledged it; fewer aborts recovery --
+   there is no ensemble change during recovery: a write set with a dead bookie and
+   Qw = Qa keeps the ledger IN_RECOVERY until the bookie is back or re-replicated).
 6. CAS CLOSED with the last recovered entry and its cumulative length. On a conflict the
    metadata is reread: CLOSED by another recoverer -> accept its end (recoverers converge);
    otherwise recovery starts over.
@@ -187,7 +189,8 @@ class LedgerRecovery:
                     f"ledger {self.ledger_id}: cannot read entry {start} (at or below the LAC): "
                     f"{out.notes}; recovery aborted")
             last, length = start, out.length
-            writebacks.append(self._write_back(md, start, out.body))
+            # already on Qa bookies (it is <= the LAC): the write-back is best effort
+            self._write_back(md, start, out.body)
         window = self.conf.recovery_read_window
         inflight: deque = deque()
         nxt = start + 1

@@ -24,8 +24,15 @@ _SMALL = [bytes([i]) for i in range(128)]
 
 def varint(n: int) -> bytes:
     """Protobuf varint of a non-negative int (negative int64s use 10-byte two's complement)."""
-    if 0 <= n < 128:
+    if 0 <= n < 0x80:
         return _SMALL[n]
+    if 0 < n < 0x4000:
+        return bytes((n & 0x7F | 0x80, n >> 7))
+    if 0 < n < 0x200000:
+        return bytes((n & 0x7F | 0x80, (n >> 7) & 0x7F | 0x80, n >> 14))
+    if 0 < n < 0x10000000:
+        return bytes((n & 0x7F | 0x80, (n >> 7) & 0x7F | 0x80, (n >> 14) & 0x7F | 0x80,
+                      n >> 21))
     if n < 0:
         n += 1 << 64
     out = bytearray()

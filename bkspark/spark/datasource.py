@@ -65,9 +65,9 @@ class BookKeeperDataSource(DataSource):
 
     # ---- batch --------------------------------------------------------------------------
     def reader(self, schema):
-        from bkspark.spark.reader import BookKeeperBatchReader
+        from bkspark.spark.reader import make_batch_reader
         self.opts.require_logs()
-        return BookKeeperBatchReader(self.opts, schema)
+        return make_batch_reader(self.opts, schema)
 
     def writer(self, schema, overwrite: bool):
         from bkspark.spark.writer import BookKeeperBatchWriter

@@ -261,11 +261,6 @@ class BookKeeperBatchReader(DataSourceReader):
         self.fmt = opts.entry_format
         self.pushed = Pushed()
 
-    def pushFilters(self, filters):
-        if self.fmt != RECORD:
-            return list(filters)
-        return [f for f in filters if not self.pushed.accept(f)]
-
     def partitions(self):
         opts = self.opts
         logs = conn.log_store(opts)
@@ -292,3 +287,35 @@ class BookKeeperBatchReader(DataSourceReader):
 
     def read(self, partition):
         yield from read_range(self.opts, self.fmt, self.schema, partition)
+
+
+class BookKeeperFilteringReader(BookKeeperBatchReader):
+    """The batch reader plus ``pushFilters`` (ledger_id / entry_id / log), record format only.
+
+    PySpark refuses a reader that implements ``pushFilters`` while
+    ``spark.sql.python.filterPushdown.enabled`` is false, and a data source cannot read that
+    setting; :func:`make_batch_reader` therefore returns this class only when called by
+    Spark's filter-pushdown worker (which exists only when the setting is on).
+    """
+
+    def pushFilters(self, filters):
+        if self.fmt != RECORD:
+            return list(filters)
+        return [f for f in filters if not self.pushed.accept(f)]
+
+
+def _called_for_pushdown() -> bool:
+    import sys
+    frame = sys._getframe(1)
+    for _ in range(8):
+        if frame is None:
+            return False
+        if frame.f_code.co_filename.endswith("data_source_pushdown_filters.py"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def make_batch_reader(opts, schema):
+    cls = BookKeeperFilteringReader if _called_for_pushdown() else BookKeeperBatchReader
+    return cls(opts, schema)

@@ -61,7 +61,9 @@ class BKCommitMessage(WriterCommitMessage):
 
 
 def faults(opts) -> dict:
-    """``_testFault`` = ``failTask:P`` | ``failCommitBeforeAppend:B`` | ``failCommitAfterAppend:B``."""
+    """Test-only ``_testFault`` (comma list): ``failTask:P`` (partition P's first attempt fails
+    after writing), ``failTaskAlways:P``, ``failCommitBeforeAppend:B`` /
+    ``failCommitAfterAppend:B`` (the sink's commit of batch B fails before / after appending)."""
     out = {}
     for item in (opts.test_fault or "").split(","):
         if ":" in item:
@@ -147,7 +149,12 @@ def write_task(opts, fmt: str, spark_schema_json: str, pending_key: str, iterato
     tc = TaskContext.get()
     partition = tc.partitionId() if tc else -1
     attempt = tc.attemptNumber() if tc else 0
-    fail_task = faults(opts).get("failTask")
+    fault = faults(opts)
+    fail_task = fault.get("failTask")
+    if fault.get("failTaskAlways") == partition:
+        fail_task, attempt_to_fail = partition, attempt
+    else:
+        attempt_to_fail = 0
     bk = conn.bookkeeper(opts.metadata_uri)
     lh = None
     inflight: deque = deque()
@@ -175,7 +182,7 @@ def write_task(opts, fmt: str, spark_schema_json: str, pending_key: str, iterato
             msg.bytes += sum(len(e) for e in entries)
             while len(inflight) > MAX_BATCHES_IN_FLIGHT:
                 inflight.popleft().result()
-            if fail_task is not None and fail_task == partition and attempt == 0:
+            if fail_task is not None and fail_task == partition and attempt == attempt_to_fail:
                 for f in inflight:
                     f.result()
                 raise InjectedFault(f"_testFault: task for partition {partition} fails on its "

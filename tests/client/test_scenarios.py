@@ -47,7 +47,7 @@ def c(cluster):
 
 
 def client(c, **kw):
-    kw.setdefault("add_timeout", 5)
+    kw.setdefault("add_timeout", 3)
     kw.setdefault("read_timeout", 5)
     return BookKeeper(c.metadata_uri, **kw)
 
@@ -304,6 +304,25 @@ def test_wrong_password_and_bad_quorums(c):
                 ledger_id=lh.ledger_id, entry_id=-1, flags=pb.ReadRequest.FENCE_LEDGER,
                 master_key=master_key(b"guess")), timeout=10)
         assert r.status == errors.EUA
+
+
+def test_fencing_a_ledger_the_bookie_never_saw_still_fences_it(c):
+    """Recovery counts NoSuchLedger fence answers as fenced: the bookie must then refuse
+    the old writer's adds for that ledger."""
+    bid = c.bookie_ids[0]
+    lid = 10 ** 12 + 7
+    mk = master_key(PW)
+    with grpc.insecure_channel(bid) as ch:
+        stub = pb_grpc.BookieStub(ch)
+        r = stub.Read(pb.ReadRequest(ledger_id=lid, entry_id=-1, master_key=mk,
+                                     flags=pb.ReadRequest.FENCE_LEDGER), timeout=10)
+        assert r.status in (errors.ENOLEDGER, errors.ENOENTRY, errors.EOK)
+        body = b"".join([lid.to_bytes(8, "big"), (0).to_bytes(8, "big"),
+                         (-1).to_bytes(8, "big", signed=True), (1).to_bytes(8, "big"),
+                         b"\0\0\0\0", b"x"])
+        r = stub.Add(pb.AddRequest(ledger_id=lid, entry_id=0, master_key=mk, body=body),
+                     timeout=10)
+        assert r.status == errors.EFENCED
 
 
 def test_digest_mismatch_served_from_another_replica(c):

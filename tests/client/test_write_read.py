@@ -45,6 +45,35 @@ def test_append_close_read(bk, digest):
         bk.open_ledger(lid, password=b"pw")
 
 
+def test_zookeeper_metadata(zk_uri):
+    """The same client on the ZooKeeper store (in-process bookies registered there)."""
+    from conftest import MemCluster
+    c = MemCluster(zk_uri, 3)
+    try:
+        with BookKeeper(c.metadata_uri) as bk:
+            with bk.create_ledger(3, 2, 2, password=b"z") as lh:
+                lh.append_many([b"a", b"b", b"c"])
+            lh2 = bk.create_ledger(3, 3, 2, password=b"z")
+            lh2.append(b"open")
+            rh = bk.open_ledger(lh2.ledger_id, password=b"z")     # recovery over ZK CAS
+            assert rh.is_closed and [e.data for e in rh.read(0)] == [b"open"]
+            assert [e.data for e in bk.open_ledger(lh.ledger_id, b"z").read(0)] == [
+                b"a", b"b", b"c"]
+            assert set(bk.list_ledgers()) >= {lh.ledger_id, lh2.ledger_id}
+    finally:
+        c.close()
+
+
+def test_empty_ledger(bk):
+    lh = bk.create_ledger(3, 2, 2)
+    lh.close()
+    rh = bk.open_ledger(lh.ledger_id)
+    assert rh.is_closed and rh.last_add_confirmed == -1 and list(rh.read(0)) == []
+    lh = bk.create_ledger(3, 2, 2)       # never written, recovered: closed empty
+    rh = bk.open_ledger(lh.ledger_id)
+    assert rh.is_closed and rh.last_add_confirmed == -1 and rh.length == 0
+
+
 def test_quorums_validated(bk):
     with pytest.raises(BadRequestError, match="E >= Qw >= Qa"):
         bk.create_ledger(ensemble_size=2, write_quorum=3, ack_quorum=2)

@@ -16,7 +16,7 @@ from bkspark.bookie.storage import Storage, StorageConfig
 
 
 def cfg(d, **kw):
-    return StorageConfig(journal_dir=os.path.join(d, "j"), ledger_dirs=[os.path.join(d, "l")], **kw)
+    return StorageConfig(journal_dir=os.path.join(d, "j"), ledger_dirs=[os.path.join(d, "l")], journal_max_size_mb=1, **kw)
 
 
 def body(l, e):

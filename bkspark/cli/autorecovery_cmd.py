@@ -1,0 +1,63 @@
+"""`bkspark autorecovery`: run the auditor (elected) and a replication worker standalone."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from bkspark.errors import BKError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--metadata", default=None,
+                        help="metadata URI (default: $BKSPARK_METADATA_URI)")
+    parser.add_argument("--lost-bookie-recovery-delay", type=float, default=30.0,
+                        help="seconds a bookie must stay unregistered before its ledgers are "
+                             "marked under-replicated (default 30; the value stored with "
+                             "`bkspark shell autorecovery --delay` wins)")
+    parser.add_argument("--audit-interval", type=float, default=10.0,
+                        help="seconds between ledger rescans while bookies are lost (default 10)")
+    parser.add_argument("--periodic-check-interval", type=float, default=3600.0,
+                        help="seconds between full ListEntries checks of every ledger "
+                             "(default 3600, 0 = off)")
+    parser.add_argument("--open-ledger-grace", type=float, default=30.0,
+                        help="seconds to leave an open last fragment to its writer before "
+                             "fencing the ledger (default 30)")
+    parser.add_argument("--worker-threads", type=int, default=1)
+    parser.add_argument("--retry-backoff", type=float, default=5.0)
+    parser.add_argument("--session-timeout", type=float, default=10.0,
+                        help="metadata session timeout: a dead auditor is replaced after it")
+    parser.add_argument("--no-auditor", action="store_true", help="run only the worker")
+    parser.add_argument("--no-worker", action="store_true", help="run only the auditor")
+    parser.add_argument("--id", default=None, help="identifier shown by `shell whoisauditor`")
+    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-format", default="text", choices=["text", "json"])
+
+
+def config_from_args(args):
+    from bkspark.recovery.service import AutoRecoveryConfig
+    return AutoRecoveryConfig(
+        lost_bookie_recovery_delay=args.lost_bookie_recovery_delay,
+        audit_interval=args.audit_interval,
+        periodic_check_interval=args.periodic_check_interval,
+        open_ledger_grace=args.open_ledger_grace, worker_threads=args.worker_threads,
+        retry_backoff=args.retry_backoff, session_timeout=args.session_timeout,
+        run_auditor=not args.no_auditor, run_worker=not args.no_worker)
+
+
+def run(args: argparse.Namespace) -> int:
+    from bkspark.cli.logging_setup import setup_logging
+    from bkspark.recovery.service import AutoRecovery
+
+    uri = args.metadata or os.environ.get("BKSPARK_METADATA_URI", "")
+    if not uri:
+        print("bkspark autorecovery: --metadata URI or BKSPARK_METADATA_URI is required",
+              file=sys.stderr)
+        return 2
+    setup_logging(args.log_level, args.log_format)
+    try:
+        AutoRecovery(uri, config_from_args(args), identifier=args.id).run()
+    except BKError as exc:
+        print(f"bkspark autorecovery: {exc}", file=sys.stderr)
+        return 1
+    return 0

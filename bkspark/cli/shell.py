@@ -1,0 +1,567 @@
+"""`bkspark shell <command>`: admin commands modelled on BookKeeper's shell.
+
+Every command prints a human-readable table (rich) by default and one JSON document with
+``--json``; errors go to stderr with a non-zero exit status (1 = failed, 2 = bad usage).
+The metadata service is ``--metadata URI`` or ``$BKSPARK_METADATA_URI`` (or the local
+cluster running on this machine). ``lastmark``, ``readjournal`` and ``readlog`` are offline
+tools reading a (stopped) bookie's directories; they need no metadata.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import sys
+import time
+
+from bkspark.errors import BKError
+
+COMMANDS = {}
+
+
+def command(name, help_text):
+    def deco(fn):
+        COMMANDS[name] = (fn, help_text)
+        return fn
+    return deco
+
+
+class ShellError(Exception):
+    """A clear message for the user; exit status ``code``."""
+
+    def __init__(self, message, code=1):
+        super().__init__(message)
+        self.code = code
+
+
+# ---- argument parsing --------------------------------------------------------------------
+
+def _common() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--metadata", default=argparse.SUPPRESS,
+                   help="metadata URI (default: $BKSPARK_METADATA_URI)")
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                   help="print JSON instead of tables")
+    return p
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    common = _common()
+    parser.add_argument("--metadata", default=argparse.SUPPRESS,
+                        help="metadata URI (default: $BKSPARK_METADATA_URI)")
+    parser.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
+    sub = parser.add_subparsers(dest="shell_command", required=True, metavar="<command>")
+
+    def add(name, help_text):
+        return sub.add_parser(name, help=help_text, parents=[common], description=help_text)
+
+    p = add("listbookies", "list registered bookies")
+    p.add_argument("--readonly", action="store_true", help="only read-only bookies")
+    p.add_argument("--all", action="store_true", help="writable and read-only bookies")
+    add("listledgers", "list ledgers with their state and quorums")
+    p = add("ledgermetadata", "print the metadata of a ledger")
+    p.add_argument("ledger_id", type=int)
+    p = add("readledger", "read the entries of a ledger")
+    p.add_argument("ledger_id", type=int)
+    p.add_argument("--from", dest="first", type=int, default=0)
+    p.add_argument("--to", dest="last", type=int, default=None)
+    p.add_argument("--force-recovery", action="store_true",
+                   help="fence and recover an open ledger first (stops its writer!)")
+    p.add_argument("--max-bytes", type=int, default=64,
+                   help="payload bytes shown per entry in tables (default 64)")
+    p = add("deleteledger", "delete a ledger (metadata; bookies garbage-collect the data)")
+    p.add_argument("ledger_id", type=int)
+    p.add_argument("--force", action="store_true", help="also delete an OPEN ledger")
+    add("listunderreplicated", "list under-replicated ledgers (autorecovery records)")
+    add("whoisauditor", "print the elected auditor")
+    p = add("autorecovery", "enable/disable autorecovery cluster-wide, or show its status")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--enable", action="store_true")
+    g.add_argument("--disable", action="store_true")
+    g.add_argument("--status", action="store_true")
+    p.add_argument("--delay", type=float, default=None,
+                   help="set lostBookieRecoveryDelay (seconds) in the metadata")
+    p = add("simpletest", "write, read back and verify N entries across the cluster")
+    p.add_argument("--entries", type=int, default=100)
+    p.add_argument("--ensemble", type=int, default=3)
+    p.add_argument("--write-quorum", type=int, default=2)
+    p.add_argument("--ack-quorum", type=int, default=2)
+    p.add_argument("--entry-size", type=int, default=1024)
+    p = add("bookiesanity", "write/read/delete a small ledger on each bookie (or one)")
+    p.add_argument("--bookie", default=None)
+    p.add_argument("--entries", type=int, default=10)
+    p = add("lastmark", "print a bookie's LastLogMark (offline)")
+    p.add_argument("ledger_dir", help="ledger directory (or lastMark file) of the bookie")
+    p = add("readjournal", "dump journal records (offline)")
+    p.add_argument("path", help="journal directory or .txn file")
+    p.add_argument("--ledger", type=int, default=None)
+    p.add_argument("--limit", type=int, default=1000)
+    p = add("readlog", "dump entry log records (offline)")
+    p.add_argument("path", help="entry log file (<id>.log)")
+    p.add_argument("--ledger", type=int, default=None)
+    p.add_argument("--entry", type=int, default=None)
+    p.add_argument("--limit", type=int, default=1000)
+    add("logs", "list logs with their ledgers and cursor lags")
+    p = add("recover", "re-replicate everything that was on a failed bookie")
+    p.add_argument("bookie")
+    p.add_argument("--to", default=None, help="bookie to copy to (default: random per fragment)")
+    p.add_argument("--skip-open-ledgers", action="store_true",
+                   help="do not fence open ledgers whose last fragment uses the bookie")
+    p = add("decommission", "retire a bookie safely (read-only, migrate, delete cookie)")
+    p.add_argument("bookie")
+
+
+def run(args: argparse.Namespace) -> int:
+    fn, _ = COMMANDS[args.shell_command]
+    out = Output(getattr(args, "json", False))
+    try:
+        fn(args, out)
+        return 0
+    except ShellError as exc:
+        print(f"bkspark shell {args.shell_command}: error: {exc}", file=sys.stderr)
+        return exc.code
+    except BKError as exc:
+        print(f"bkspark shell {args.shell_command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"bkspark shell {args.shell_command}: interrupted", file=sys.stderr)
+        return 130
+
+
+# ---- output -------------------------------------------------------------------------------
+
+class Output:
+    def __init__(self, as_json: bool):
+        self.as_json = as_json
+        self._console = None
+
+    @property
+    def console(self):
+        if self._console is None:
+            from rich.console import Console
+            self._console = Console(file=sys.stdout, soft_wrap=True)
+        return self._console
+
+    def json(self, doc) -> None:
+        sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n")
+        sys.stdout.flush()
+
+    def table(self, title, columns, rows, doc=None) -> None:
+        """Print ``rows`` as a table, or ``doc`` (default: list of row dicts) as JSON."""
+        if self.as_json:
+            self.json(doc if doc is not None else [dict(zip(columns, r)) for r in rows])
+            return
+        from rich.table import Table
+        t = Table(title=title)
+        for c in columns:
+            t.add_column(str(c))
+        for r in rows:
+            t.add_row(*["" if v is None else str(v) for v in r])
+        self.console.print(t)
+
+    def message(self, text, doc=None) -> None:
+        if self.as_json:
+            self.json(doc if doc is not None else {"message": text})
+        else:
+            self.console.print(text)
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+
+def _uri(args) -> str:
+    uri = getattr(args, "metadata", None) or os.environ.get("BKSPARK_METADATA_URI")
+    if not uri:
+        from bkspark.localcluster import running_cluster_uri
+        uri = running_cluster_uri()
+    if not uri:
+        raise ShellError("no metadata service: pass --metadata URI or set BKSPARK_METADATA_URI",
+                         2)
+    return uri
+
+
+def _store(args):
+    from metadata import open_store
+    return open_store(_uri(args), connect_timeout=10.0)
+
+
+def _client(args):
+    from bkspark.client import BookKeeper
+    return BookKeeper(_uri(args), add_timeout=10.0, read_timeout=10.0)
+
+
+def _md_doc(md, version=None) -> dict:
+    d = md.to_dict()
+    d["password"] = "<%d bytes>" % len(md.password) if md.password else ""
+    d["ensembles"] = [{"first_entry_id": f, "bookies": list(b)} for f, b in md.ensembles]
+    d["custom_metadata"] = {k: v.decode("utf-8", "replace") for k, v in md.custom_metadata.items()}
+    if version is not None:
+        d["version"] = version
+    return d
+
+
+# ---- metadata commands --------------------------------------------------------------------------
+
+@command("listbookies", "list registered bookies")
+def cmd_listbookies(args, out):
+    from metadata import registry
+    with _store(args) as store:
+        rows = []
+        if not args.readonly or args.all:
+            rows += [(b, "writable", i) for b, i in sorted(registry.list_bookies(store).items())]
+        if args.readonly or args.all:
+            rows += [(b, "readonly", i) for b, i in
+                     sorted(registry.list_bookies(store, readonly=True).items())]
+    docs = [{"bookie_id": b, "state": s, "address": i.get("address", b), "rack": i.get("rack", ""),
+             "http_port": i.get("http_port")} for b, s, i in rows]
+    out.table("bookies", ["bookie_id", "state", "address", "rack", "http_port"],
+              [(d["bookie_id"], d["state"], d["address"], d["rack"], d["http_port"])
+               for d in docs], docs)
+
+
+@command("listledgers", "list ledgers")
+def cmd_listledgers(args, out):
+    from metadata import ledgers as ls
+    docs = []
+    with _store(args) as store:
+        for lid in ls.list_ledgers(store):
+            try:
+                md, _ = ls.read_ledger(store, lid)
+            except BKError as exc:
+                docs.append({"ledger_id": lid, "error": str(exc)})
+                continue
+            docs.append({"ledger_id": lid, "state": md.state.value,
+                         "quorums": f"{md.ensemble_size}/{md.write_quorum}/{md.ack_quorum}",
+                         "last_entry_id": md.last_entry_id, "length": md.length,
+                         "fragments": len(md.ensembles), "bookies": sorted(md.all_bookies())})
+    out.table(f"{len(docs)} ledgers", ["ledger_id", "state", "E/Qw/Qa", "last_entry_id",
+                                       "length", "fragments"],
+              [(d["ledger_id"], d.get("state", "?"), d.get("quorums", d.get("error")),
+                d.get("last_entry_id"), d.get("length"), d.get("fragments")) for d in docs], docs)
+
+
+@command("ledgermetadata", "print ledger metadata")
+def cmd_ledgermetadata(args, out):
+    from metadata import ledgers as ls
+    with _store(args) as store:
+        md, version = ls.read_ledger(store, args.ledger_id)
+    doc = _md_doc(md, version)
+    if out.as_json:
+        out.json(doc)
+        return
+    out.console.print(f"ledger {md.ledger_id}  state={md.state.value}  "
+                      f"E/Qw/Qa={md.ensemble_size}/{md.write_quorum}/{md.ack_quorum}  "
+                      f"last_entry_id={md.last_entry_id}  length={md.length}  "
+                      f"digest={md.digest_type}  version={version}  ctime_ms={md.ctime_ms}")
+    out.table("fragments", ["first_entry_id", "bookies"],
+              [(f, ", ".join(b)) for f, b in md.ensembles])
+
+
+@command("readledger", "read entries")
+def cmd_readledger(args, out):
+    with _client(args) as bk:
+        md = bk.ledger_metadata(args.ledger_id)
+        rh = bk.open_ledger(args.ledger_id, password=md.password,
+                            recovery=args.force_recovery)
+        last = rh.last_add_confirmed if args.last is None else args.last
+        if args.first < 0:
+            raise ShellError("--from must be >= 0", 2)
+        docs = []
+        if last >= args.first:
+            for e in rh.read(args.first, last):
+                docs.append({"entry_id": e.entry_id, "bytes": len(e.data),
+                             "data_b64": base64.b64encode(e.data).decode("ascii"),
+                             "preview": e.data[:args.max_bytes]})
+    if out.as_json:
+        out.json({"ledger_id": args.ledger_id, "last_add_confirmed": last,
+                  "entries": [{k: v for k, v in d.items() if k != "preview"} for d in docs]})
+        return
+    out.table(f"ledger {args.ledger_id}: entries {args.first}..{last}",
+              ["entry_id", "bytes", "data"],
+              [(d["entry_id"], d["bytes"], repr(d["preview"])[2:-1]
+                + ("..." if d["bytes"] > args.max_bytes else "")) for d in docs])
+
+
+@command("deleteledger", "delete a ledger")
+def cmd_deleteledger(args, out):
+    from metadata import ledgers as ls
+    from metadata.ledger_metadata import LedgerState
+    with _store(args) as store:
+        md, version = ls.read_ledger(store, args.ledger_id)
+        if md.state is not LedgerState.CLOSED and not args.force:
+            raise ShellError(f"ledger {args.ledger_id} is {md.state.value}: a writer may still "
+                             "use it; pass --force to delete it anyway")
+        ls.delete_ledger(store, args.ledger_id, version)
+    out.message(f"deleted ledger {args.ledger_id}", {"deleted": args.ledger_id})
+
+
+# ---- autorecovery commands -------------------------------------------------------------------------
+
+@command("listunderreplicated", "list under-replicated ledgers")
+def cmd_listunderreplicated(args, out):
+    from bkspark.recovery.urm import UnderReplicationManager
+    with _store(args) as store:
+        urm = UnderReplicationManager(store)
+        docs = []
+        for lid in urm.list():
+            got = urm.get(lid)
+            if got is None:
+                continue
+            rec, version = got
+            docs.append({"ledger_id": lid, "missing": rec.get("missing", []),
+                         "ctime_ms": rec.get("ctime_ms"), "locked_by": urm.lock_holder(lid)})
+    out.table(f"{len(docs)} under-replicated ledgers",
+              ["ledger_id", "missing bookies", "locked by"],
+              [(d["ledger_id"], ", ".join(d["missing"]) or "(entries missing)",
+                d["locked_by"] or "") for d in docs], docs)
+
+
+@command("whoisauditor", "print the auditor")
+def cmd_whoisauditor(args, out):
+    from bkspark.recovery.urm import UnderReplicationManager
+    with _store(args) as store:
+        auditor = UnderReplicationManager(store).auditor()
+    if auditor is None:
+        raise ShellError("no auditor is elected (is any autorecovery process running?)")
+    out.message(f"auditor: {auditor}", {"auditor": auditor})
+
+
+@command("autorecovery", "toggle autorecovery")
+def cmd_autorecovery(args, out):
+    from bkspark.recovery.urm import UnderReplicationManager
+    with _store(args) as store:
+        urm = UnderReplicationManager(store)
+        if args.enable:
+            urm.enable()
+        elif args.disable:
+            urm.disable()
+        if args.delay is not None:
+            if args.delay < 0:
+                raise ShellError("--delay must be >= 0", 2)
+            urm.set_lost_bookie_recovery_delay(args.delay)
+        doc = {"enabled": urm.is_enabled(), "auditor": urm.auditor(),
+               "under_replicated": len(urm.list()),
+               "lost_bookie_recovery_delay": urm.lost_bookie_recovery_delay(-1.0)}
+    if doc["lost_bookie_recovery_delay"] < 0:
+        doc["lost_bookie_recovery_delay"] = None
+    delay = doc["lost_bookie_recovery_delay"]
+    out.message(f"autorecovery is {'ENABLED' if doc['enabled'] else 'DISABLED'}; auditor: "
+                f"{doc['auditor'] or 'none'}; under-replicated ledgers: "
+                f"{doc['under_replicated']}; lostBookieRecoveryDelay: "
+                f"{'process default' if delay is None else f'{delay:g}s'}", doc)
+
+
+# ---- cluster tests ------------------------------------------------------------------------------------
+
+@command("simpletest", "write/read/verify")
+def cmd_simpletest(args, out):
+    if args.entries < 1:
+        raise ShellError("--entries must be >= 1", 2)
+    t0 = time.monotonic()
+    with _client(args) as bk:
+        lh = bk.create_ledger(args.ensemble, args.write_quorum, args.ack_quorum,
+                              password=b"simpletest")
+        payloads = [os.urandom(args.entry_size) for _ in range(args.entries)]
+        futures = [lh.append_async(p) for p in payloads]
+        for f in futures:
+            f.result()
+        lh.close()
+        t_write = time.monotonic() - t0
+        rh = bk.open_ledger(lh.ledger_id, password=b"simpletest")
+        got = [e.data for e in rh.read(0, rh.last_add_confirmed)]
+        ok = got == payloads
+        ensemble = lh.metadata.last_ensemble() if hasattr(lh, "metadata") else []
+        bk.delete_ledger(lh.ledger_id)
+    doc = {"ledger_id": lh.ledger_id, "entries": args.entries, "verified": ok,
+           "ensemble": ensemble, "write_seconds": round(t_write, 3),
+           "total_seconds": round(time.monotonic() - t0, 3)}
+    if not ok:
+        raise ShellError(f"simpletest: read back {len(got)} entries that differ from the "
+                         f"{args.entries} written (ledger {lh.ledger_id})")
+    out.message(f"simpletest OK: wrote, read and verified {args.entries} entries of "
+                f"{args.entry_size} bytes on ledger {lh.ledger_id} (ensemble {ensemble}) in "
+                f"{doc['total_seconds']}s", doc)
+
+
+@command("bookiesanity", "sanity check of bookies")
+def cmd_bookiesanity(args, out):
+    from bkspark.client import LedgerHandle
+    from metadata import ledgers as ls
+    from metadata import registry
+    from metadata.ledger_metadata import LedgerMetadata
+    results = []
+    with _client(args) as bk:
+        bookies = sorted(registry.list_bookies(bk.store))
+        if args.bookie:
+            if args.bookie not in bookies:
+                raise ShellError(f"bookie {args.bookie} is not a registered writable bookie")
+            bookies = [args.bookie]
+        if not bookies:
+            raise ShellError("no writable bookies are registered")
+        for b in bookies:
+            t0 = time.monotonic()
+            try:
+                md = ls.create_ledger(bk.store, LedgerMetadata.new(
+                    [b], 1, 1, password=b"bookiesanity"))
+                lh = LedgerHandle(bk, md, ls.CREATED_VERSION, b"bookiesanity")
+                data = [f"sanity-{i}".encode() for i in range(args.entries)]
+                for d in data:
+                    lh.append(d)
+                lh.close()
+                rh = bk.open_ledger(md.ledger_id, password=b"bookiesanity")
+                ok = [e.data for e in rh.read(0, rh.last_add_confirmed)] == data
+                bk.delete_ledger(md.ledger_id)
+                results.append({"bookie": b, "ok": ok, "error": None if ok else "mismatch",
+                                "seconds": round(time.monotonic() - t0, 3)})
+            except BKError as exc:
+                results.append({"bookie": b, "ok": False, "error": str(exc),
+                                "seconds": round(time.monotonic() - t0, 3)})
+    out.table("bookie sanity", ["bookie", "ok", "seconds", "error"],
+              [(r["bookie"], "OK" if r["ok"] else "FAILED", r["seconds"], r["error"] or "")
+               for r in results], results)
+    failed = [r["bookie"] for r in results if not r["ok"]]
+    if failed:
+        raise ShellError(f"bookie sanity check failed on {', '.join(failed)}")
+
+
+# ---- offline tools ------------------------------------------------------------------------------------
+
+@command("lastmark", "LastLogMark")
+def cmd_lastmark(args, out):
+    from bkspark.cli.bookie_files import read_lastmark
+    doc = read_lastmark(args.ledger_dir)
+    out.message(f"LastLogMark: journal {doc['journal_file']} position {doc['position']}"
+                f"{'' if doc['valid'] else '  (CHECKSUM MISMATCH)'}  ({doc['path']})", doc)
+
+
+@command("readjournal", "journal dump")
+def cmd_readjournal(args, out):
+    from bkspark.cli.bookie_files import read_journal
+    recs = []
+    for rec in read_journal(args.path, args.ledger):
+        recs.append(rec)
+        if len(recs) >= args.limit:
+            break
+    out.table(f"{len(recs)} journal records", ["file", "offset", "type", "ledger_id",
+                                               "entry_id", "length"],
+              [(r.get("file"), r.get("offset"), r.get("type"), r.get("ledger_id", ""),
+                r.get("entry_id", ""), r.get("length", "")) for r in recs], recs)
+
+
+@command("readlog", "entry log dump")
+def cmd_readlog(args, out):
+    from bkspark.cli.bookie_files import read_entry_log
+    recs = []
+    for rec in read_entry_log(args.path, args.ledger):
+        if args.entry is not None and rec["entry_id"] != args.entry:
+            continue
+        recs.append(rec)
+        if len(recs) >= args.limit:
+            break
+    out.table(f"{len(recs)} entry log records", ["offset", "ledger_id", "entry_id",
+                                                 "body_bytes", "crc"],
+              [(r["offset"], r["ledger_id"], r["entry_id"], r["body_bytes"],
+                "ok" if r["crc_ok"] else "MISMATCH") for r in recs], recs)
+
+
+# ---- logs ------------------------------------------------------------------------------------------------
+
+@command("logs", "logs and cursors")
+def cmd_logs(args, out):
+    from bkspark.log import LogStore
+    docs = []
+    with _client(args) as bk:
+        logs = LogStore(bk)
+        for name in logs.list_logs():
+            try:
+                md, _ = logs.get(name)
+                ledgers = _log_ledgers(md)
+                lags = {c: {"position": str(pos), "lag": lag}
+                        for c, (pos, lag) in logs.cursor_lags(name).items()}
+                docs.append({"log": name, "ledgers": ledgers, "cursors": lags,
+                             "ledger_details": list(md.ledgers)})
+            except BKError as exc:
+                docs.append({"log": name, "error": str(exc)})
+    out.table(f"{len(docs)} logs", ["log", "ledgers", "cursors (lag)"],
+              [(d["log"], ", ".join(map(str, d.get("ledgers", []))) or d.get("error", ""),
+                ", ".join(f"{c}={v['lag']}" for c, v in d.get("cursors", {}).items()))
+               for d in docs], docs)
+
+
+def _log_ledgers(md) -> list:
+    return [x["ledger_id"] if isinstance(x, dict) else x for x in md.ledgers]
+
+
+# ---- recover / decommission --------------------------------------------------------------------------------
+
+class _Progress:
+    """Rich progress bar (ledgers, entries, bytes, rate, ETA); silent with --json."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.bar = None
+
+    def __enter__(self):
+        if self.enabled:
+            from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress,
+                                       TextColumn, TimeRemainingColumn, TransferSpeedColumn)
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(),
+                                MofNCompleteColumn(), DownloadColumn(), TransferSpeedColumn(),
+                                TimeRemainingColumn(), transient=False)
+            self.bar.start()
+        return self
+
+    def start(self, ledgers, entries, nbytes):
+        if self.bar:
+            self.t_ledgers = self.bar.add_task("ledgers", total=max(ledgers, 1) if ledgers else 0)
+            self.t_entries = self.bar.add_task("entries", total=entries or None)
+            self.t_bytes = self.bar.add_task("bytes", total=nbytes or None)
+
+    def advance(self, entries, nbytes):
+        if self.bar:
+            self.bar.advance(self.t_entries, entries)
+            self.bar.advance(self.t_bytes, nbytes)
+
+    def ledger_done(self):
+        if self.bar:
+            self.bar.advance(self.t_ledgers, 1)
+
+    def __exit__(self, *exc):
+        if self.bar:
+            self.bar.stop()
+
+
+def _summary_out(out, what, summary):
+    doc = summary.to_dict()
+    rate = summary.bytes / summary.seconds / 1e6 if summary.seconds > 0 else 0.0
+    doc["mb_per_s"] = round(rate, 3)
+    out.message(f"{what} {summary.bookie}: {len(summary.replicated)}/{len(summary.ledgers)} "
+                f"ledgers re-replicated, {summary.entries} entries, {summary.bytes} bytes in "
+                f"{summary.seconds:.1f}s ({rate:.2f} MB/s)"
+                + (f"; open ledgers skipped: {summary.skipped_open}" if summary.skipped_open
+                   else "")
+                + (f"; cookie {summary.cookie}" if summary.cookie else ""), doc)
+    if summary.failed:
+        raise ShellError(f"{len(summary.failed)} ledgers could not be re-replicated: "
+                         + "; ".join(f"{k}: {v}" for k, v in list(summary.failed.items())[:5]))
+
+
+@command("recover", "manual recovery")
+def cmd_recover(args, out):
+    from bkspark.recovery.manual import recover_bookie
+    from metadata.layout import check_bookie_id
+    check_bookie_id(args.bookie)
+    with _client(args) as bk, _Progress(not out.as_json) as prog:
+        summary = recover_bookie(bk, args.bookie, target=args.to,
+                                 fence_open=not args.skip_open_ledgers, progress=prog)
+    _summary_out(out, "recovered", summary)
+
+
+@command("decommission", "decommission")
+def cmd_decommission(args, out):
+    from bkspark.recovery.manual import decommission_bookie
+    from metadata.layout import check_bookie_id
+    check_bookie_id(args.bookie)
+    with _client(args) as bk, _Progress(not out.as_json) as prog:
+        summary = decommission_bookie(bk, args.bookie, progress=prog)
+    _summary_out(out, "decommissioned", summary)

@@ -1,0 +1,175 @@
+"""Manual bookie recovery and decommissioning (the seed's "Manual Bookie Recovery process").
+
+``recover_bookie(bk, bookie)``: read every ledger's metadata, select the ledgers with a
+fragment on ``bookie`` and run the ledger re-replication process on each (entries copied
+from the surviving replicas to a random bookie per fragment, or to ``target``; then the
+fragment's membership is swapped by CAS). Open ledgers whose last fragment uses the bookie
+are fenced and recovered first (``fence_open``), or skipped.
+
+``decommission_bookie(bk, bookie)``: the safe path to retire a bookie ("migrate the data
+first, then bring down the bookie"): if it is still registered writable it is switched to
+read-only through its admin endpoint (no new ledger lands on it), every fragment on it is
+re-replicated -- reading from the bookie itself too while it is alive --, the metadata is
+re-scanned to prove nothing references it any more, and its cookie is deleted once it is
+stopped so that it can later rejoin with fresh disks as a new bookie.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+import urllib.request
+from dataclasses import dataclass, field
+
+from bkspark.errors import BKError, NoNodeError, NoSuchLedgerError
+from metadata import ledgers as ledger_store
+from metadata import registry
+
+from .replicator import FULL, LedgerReplicator, fragments
+
+log = logging.getLogger("bkspark.recovery.manual")
+
+
+class RecoveryFailedError(BKError):
+    """Manual recovery or decommission left ledgers on the bookie."""
+
+
+@dataclass
+class RecoverySummary:
+    bookie: str
+    ledgers: list = field(default_factory=list)         # ledgers that used the bookie
+    replicated: list = field(default_factory=list)      # fully moved away
+    failed: dict = field(default_factory=dict)          # ledger -> reason
+    skipped_open: list = field(default_factory=list)
+    entries: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    cookie: str = ""
+
+    def to_dict(self) -> dict:
+        return {"bookie": self.bookie, "ledgers": self.ledgers, "replicated": self.replicated,
+                "failed": {str(k): v for k, v in self.failed.items()},
+                "skipped_open": self.skipped_open, "entries": self.entries,
+                "bytes": self.bytes, "seconds": round(self.seconds, 3),
+                **({"cookie": self.cookie} if self.cookie else {})}
+
+
+def ledgers_on(bk, bookie: str) -> list[tuple[int, int, int]]:
+    """``[(ledger id, entries to copy, estimated bytes)]`` of the ledgers using ``bookie``."""
+    out = []
+    for lid in ledger_store.list_ledgers(bk.store):
+        try:
+            md, _ = ledger_store.read_ledger(bk.store, lid)
+        except NoSuchLedgerError:
+            continue
+        if bookie not in md.all_bookies():
+            continue
+        n = 0
+        for frag in fragments(md):
+            if bookie in frag.ensemble and not frag.is_open:
+                n += len(frag.entries_of(frag.ensemble.index(bookie), md.ensemble_size,
+                                         md.write_quorum))
+        avg = md.length / (md.last_entry_id + 1) if md.last_entry_id >= 0 and md.length else 0
+        out.append((lid, n, int(n * avg)))
+    return out
+
+
+def recover_bookie(bk, bookie: str, *, target: str | None = None, fence_open: bool = True,
+                   read_from_bookie: bool = False, progress=None) -> RecoverySummary:
+    """Re-replicate everything that was on ``bookie`` (see the module docstring).
+
+    ``progress``: an object with ``start(ledgers, entries, bytes)``, ``advance(entries,
+    bytes)`` and ``ledger_done()`` (the shell's progress bar), or None.
+    """
+    t0 = time.monotonic()
+    summary = RecoverySummary(bookie)
+    if target is not None:
+        writable = registry.list_bookies(bk.store)
+        if target not in writable:
+            raise BKError(f"target bookie {target} is not a registered writable bookie "
+                          f"(writable: {sorted(writable)})")
+        if target == bookie:
+            raise BKError("the target bookie is the bookie being recovered")
+    plan = ledgers_on(bk, bookie)
+    summary.ledgers = [lid for lid, _, _ in plan]
+    if progress is not None:
+        progress.start(len(plan), sum(n for _, n, _ in plan), sum(b for _, _, b in plan))
+    rep = LedgerReplicator(bk, progress=(progress.advance if progress is not None else None))
+    for lid, _, _ in plan:
+        try:
+            res = rep.replicate_ledger(lid, bad={bookie}, target=target,
+                                       read_from_bad=read_from_bookie, fence_open=fence_open)
+        except NoSuchLedgerError:
+            summary.replicated.append(lid)      # deleted meanwhile: nothing to keep
+            continue
+        except BKError as exc:
+            summary.failed[lid] = str(exc)
+            continue
+        finally:
+            if progress is not None:
+                progress.ledger_done()
+        summary.entries += res.entries
+        summary.bytes += res.bytes
+        if res.status == FULL:
+            summary.replicated.append(lid)
+        elif res.status == "open":
+            summary.skipped_open.append(lid)
+        else:
+            summary.failed[lid] = "; ".join(res.notes) or res.status
+    summary.seconds = time.monotonic() - t0
+    return summary
+
+
+def set_read_only(info: dict, bookie: str, value: bool = True, timeout: float = 5.0) -> None:
+    port = info.get("http_port", -1) if isinstance(info, dict) else -1
+    host = (info.get("address") or bookie).rsplit(":", 1)[0]
+    if not isinstance(port, int) or port <= 0:
+        raise BKError(f"bookie {bookie} has no admin endpoint to switch it to read-only; stop "
+                      "it (or make it read-only) before decommissioning")
+    req = urllib.request.Request(f"http://{host}:{port}/api/v1/bookie/state/readonly",
+                                 data=json.dumps({"readOnly": value}).encode(), method="PUT",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            r.read()
+    except OSError as exc:
+        raise BKError(f"cannot switch bookie {bookie} to read-only through "
+                      f"http://{host}:{port}: {exc}") from None
+
+
+def decommission_bookie(bk, bookie: str, *, progress=None, wait_readonly: float = 30.0,
+                        delete_cookie: bool = True) -> RecoverySummary:
+    """Retire ``bookie`` safely (see the module docstring).
+
+    :raises RecoveryFailedError: some ledger still uses the bookie afterwards.
+    """
+    writable = registry.list_bookies(bk.store)
+    if bookie in writable:
+        log.info("decommission: switching %s to read-only", bookie)
+        set_read_only(writable[bookie], bookie, True)
+        deadline = time.monotonic() + wait_readonly
+        while bookie in registry.list_bookies(bk.store) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if bookie in registry.list_bookies(bk.store):
+            raise BKError(f"bookie {bookie} did not switch to read-only within "
+                          f"{wait_readonly:g}s")
+    alive = bookie in registry.list_bookies(bk.store, readonly=True)
+    summary = recover_bookie(bk, bookie, fence_open=True, read_from_bookie=alive,
+                             progress=progress)
+    left = [lid for lid, _, _ in ledgers_on(bk, bookie)]
+    if left:
+        raise RecoveryFailedError(
+            f"decommission of {bookie} incomplete: {len(left)} ledgers still use it "
+            f"({left[:20]}{'...' if len(left) > 20 else ''}); failures: "
+            f"{dict(list(summary.failed.items())[:5])}. Nothing was deleted; run it again")
+    still_registered = bookie in registry.list_bookies(bk.store) or \
+        bookie in registry.list_bookies(bk.store, readonly=True)
+    summary_cookie = "kept (bookie still running: stop it, then run decommission again to " \
+                     "delete its cookie)" if still_registered else "deleted"
+    if delete_cookie and not still_registered:
+        try:
+            registry.delete_cookie(bk.store, bookie)
+        except NoNodeError:
+            summary_cookie = "absent"
+    summary.cookie = summary_cookie
+    return summary

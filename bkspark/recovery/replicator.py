@@ -1,0 +1,587 @@
+"""Re-replication of ledger fragments (the seed's "Rereplication process").
+
+A *fragment* (BookKeeper's "segment") is a continuous run of entries sharing one ensemble:
+segment ``k`` of the metadata covers ``first_k .. first_{k+1} - 1``; the last segment of a
+CLOSED ledger ends at ``last_entry_id``; the last segment of an OPEN / IN_RECOVERY ledger
+has no defined end yet.
+
+Bookie at ensemble index ``i`` of a fragment must hold exactly the entries ``e`` of the
+fragment whose write set contains ``i`` (``(i - e) mod E < Qw``).
+
+:class:`LedgerReplicator` repairs one ledger:
+
+1. every fragment with a *bad* member (a bookie that is gone, or one being moved away
+   from): read the entries that member should hold from the surviving members of each
+   entry's write set (digest-checked), write them to a replacement bookie with the
+   ``RECOVERY_ADD`` flag (accepted on fenced ledgers), then compare-and-set the new member
+   into that fragment's metadata (re-read and re-check on a conflict; if the fragment
+   changed under us nothing is written and the ledger is retried later);
+2. optionally, every live member of a closed fragment that lacks entries it should hold
+   (``ListEntries``) gets them copied back (RECOVERY_ADD, no metadata change);
+3. an open last fragment with a bad member is only touched after the caller allows
+   fencing: the ledger is then recovered (fenced and closed, no truncation: the client's
+   quorum-coverage recovery) and its last fragment replicated like any other.
+
+Metadata is only ever changed by swapping one member of one fragment whose entries were
+all copied first; the state, last entry id and length are never written here (no
+truncation). Empty fragments (a ledger closed at -1, or a last fragment past the last
+entry) need no copy: the member is swapped directly.
+"""
+from __future__ import annotations
+
+import bisect
+import logging
+import random
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from bkspark import errors
+from bkspark.client import quorum, wire
+from bkspark.client.digest import DigestManager, master_key
+from bkspark.client.placement import choose_replacement
+from bkspark.client.recovery import LedgerRecovery, _WriteBack
+from bkspark.errors import BadVersionError, BKError, DigestMismatchError, NotEnoughBookiesError
+from bkspark.proto import bookie_pb2 as pb
+from metadata import ledgers as ledger_store
+from metadata import registry
+from metadata.ledger_metadata import LedgerState
+
+log = logging.getLogger("bkspark.recovery")
+
+
+class ReplicationError(BKError):
+    """A fragment could not be re-replicated now (the ledger stays under-replicated)."""
+
+
+# ---- fragments -------------------------------------------------------------------------------
+
+@dataclass
+class Fragment:
+    ledger_id: int
+    segment: int                # index in md.ensembles
+    first: int
+    last: int | None            # None: open last fragment (end not defined yet)
+    ensemble: list[str]
+
+    @property
+    def is_open(self) -> bool:
+        return self.last is None
+
+    @property
+    def is_empty(self) -> bool:
+        return self.last is not None and self.last < self.first
+
+    def entries_of(self, index: int, ensemble_size: int, write_quorum: int) -> list[int]:
+        """Entries the member at ``index`` must hold (closed fragments only)."""
+        if self.last is None or self.last < self.first:
+            return []
+        e, qw = ensemble_size, write_quorum
+        if qw >= e:
+            return list(range(self.first, self.last + 1))
+        return [x for x in range(self.first, self.last + 1) if (index - x) % e < qw]
+
+    def __str__(self):
+        end = "open" if self.last is None else str(self.last)
+        return f"ledger {self.ledger_id} fragment {self.first}..{end} {self.ensemble}"
+
+
+def fragments(md) -> list[Fragment]:
+    """The fragments of a ledger, first to last."""
+    out = []
+    n = len(md.ensembles)
+    for k, (first, bookies) in enumerate(md.ensembles):
+        if k + 1 < n:
+            last = md.ensembles[k + 1][0] - 1
+            if md.state is LedgerState.CLOSED:
+                last = min(last, md.last_entry_id)
+        elif md.state is LedgerState.CLOSED:
+            last = md.last_entry_id
+        else:
+            last = None
+        out.append(Fragment(md.ledger_id, k, first, last, list(bookies)))
+    return out
+
+
+class EntryRanges:
+    """Sorted disjoint inclusive ranges (a ListEntries answer) with membership tests."""
+
+    def __init__(self, ranges):
+        self.ranges = sorted((int(a), int(b)) for a, b in ranges)
+        self._firsts = [a for a, _ in self.ranges]
+
+    def __contains__(self, entry_id: int) -> bool:
+        i = bisect.bisect_right(self._firsts, entry_id) - 1
+        return i >= 0 and self.ranges[i][1] >= entry_id
+
+    def count(self) -> int:
+        return sum(b - a + 1 for a, b in self.ranges)
+
+
+def list_entries(bk, bookie_id: str, ledger_id: int, timeout: float = 10.0) -> EntryRanges:
+    """What ``bookie_id`` holds for the ledger (empty if it does not know the ledger).
+
+    :raises BKError: the bookie did not answer (unknown, not "empty")."""
+    client = bk._pool.get(bookie_id)
+    try:
+        resp = client.stub.ListEntries(pb.ListEntriesRequest(ledger_id=ledger_id),
+                                       timeout=timeout)
+    except Exception as exc:  # noqa: BLE001 - grpc errors -> the client's mapping
+        from bkspark.client.bookie_client import rpc_error
+        raise rpc_error(bookie_id, exc) from None
+    if resp.status == errors.ENOLEDGER:
+        return EntryRanges([])
+    if resp.status != errors.EOK:
+        raise errors.error_for_status(resp.status, f"bookie {bookie_id}: ListEntries: "
+                                      f"{resp.message or errors.status_name(resp.status)}")
+    return EntryRanges((r.first, r.last) for r in resp.ranges)
+
+
+def live_bookies(store) -> tuple[dict, set]:
+    """``(writable {id: info}, alive ids incl. read-only)``."""
+    writable = registry.list_bookies(store)
+    readonly = registry.list_bookies(store, readonly=True)
+    return writable, set(writable) | set(readonly)
+
+
+# ---- progress --------------------------------------------------------------------------------
+
+@dataclass
+class Stats:
+    entries: int = 0
+    bytes: int = 0
+    fragments: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, entries=0, nbytes=0, fragments=0):
+        with self.lock:
+            self.entries += entries
+            self.bytes += nbytes
+            self.fragments += fragments
+
+
+# ---- outcome of one ledger ---------------------------------------------------------------------
+
+FULL = "full"               # nothing left to do: the record can go
+PARTIAL = "partial"         # something failed or is pending: keep the record
+OPEN = "open"               # only the open last fragment is left (waiting for the grace period)
+
+
+@dataclass
+class LedgerResult:
+    ledger_id: int
+    status: str
+    fragments_replicated: int = 0
+    entries: int = 0
+    bytes: int = 0
+    notes: list = field(default_factory=list)
+    fenced: bool = False
+
+
+class LedgerReplicator:
+    """Re-replicates the fragments of ledgers (see the module docstring).
+
+    ``bk``: a :class:`bkspark.client.BookKeeper` (its bookie connections and metadata store).
+    ``window``: reads and writes in flight per fragment. ``rng`` picks replacements.
+    """
+
+    def __init__(self, bk, *, window: int = 128, timeout: float = 30.0, rng=None,
+                 progress=None):
+        self.bk = bk
+        self.store = bk.store
+        self.window = max(1, window)
+        self.timeout = timeout
+        self.rng = rng or random.Random()
+        self.progress = progress        # callable(entries, nbytes) or None
+
+    # ---- checking --------------------------------------------------------------------
+    def bad_members(self, md, alive: set) -> set:
+        return {b for b in md.all_bookies() if b not in alive}
+
+    def missing_entries(self, md, alive: set, only=None) -> dict:
+        """``{(segment, index): [entry ids]}`` that live members of closed fragments lack.
+
+        Bookies that do not answer are skipped (unknown, not missing). ``only``: restrict to
+        these bookies."""
+        out = {}
+        cache: dict[str, EntryRanges | None] = {}
+        for frag in fragments(md):
+            if frag.is_open or frag.is_empty:
+                continue
+            for i, b in enumerate(frag.ensemble):
+                if b not in alive or (only is not None and b not in only):
+                    continue
+                if b not in cache:
+                    try:
+                        cache[b] = list_entries(self.bk, b, md.ledger_id)
+                    except BKError as exc:
+                        log.info("ledger %d: cannot list entries of %s: %s", md.ledger_id, b, exc)
+                        cache[b] = None
+                have = cache[b]
+                if have is None:
+                    continue
+                lacking = [e for e in frag.entries_of(i, md.ensemble_size, md.write_quorum)
+                           if e not in have]
+                if lacking:
+                    out[(frag.segment, i)] = lacking
+        return out
+
+    # ---- the driver --------------------------------------------------------------------
+    def replicate_ledger(self, ledger_id: int, *, bad=None, target: str | None = None,
+                         read_from_bad: bool = False, fence_open: bool = False,
+                         repair_missing: bool = False) -> LedgerResult:
+        """Repair one ledger.
+
+        ``bad``: bookies to move data away from (default: members that are not registered).
+        ``target``: put every copy on this bookie (manual recovery ``--to``); default a
+        random writable bookie outside the fragment's ensemble, per fragment.
+        ``read_from_bad``: bad bookies that are alive may serve reads (decommission).
+        ``fence_open``: an open last fragment with a bad member may be fenced now;
+        otherwise the result is :data:`OPEN` when only that fragment is left.
+        ``repair_missing``: also copy back entries live members lack.
+
+        :raises NoSuchLedgerError: the ledger was deleted.
+        """
+        res = LedgerResult(ledger_id, FULL)
+        md, _ = ledger_store.read_ledger(self.store, ledger_id)
+        preferred: dict = {}            # bad bookie -> replacement already holding entries
+        for _attempt in range(8):
+            writable, alive = live_bookies(self.store)
+            bad_now = set(bad) if bad is not None else self.bad_members(md, alive)
+            frags = fragments(md)
+            todo = [f for f in frags if bad_now & set(f.ensemble)]
+            open_bad = [f for f in todo if f.is_open]
+            if open_bad:
+                if not fence_open:
+                    # copy the closed fragments now; the open one after the grace period
+                    todo = [f for f in todo if not f.is_open]
+                    res.status = OPEN
+                else:
+                    log.info("ledger %d: open last fragment includes %s: fencing and "
+                             "recovering the ledger before re-replication", ledger_id,
+                             sorted(bad_now & set(open_bad[0].ensemble)))
+                    try:
+                        preferred.update(self._recover(md, bad_now, writable, target))
+                    except ReplicationError as exc:
+                        log.warning("%s", exc)
+                        res.notes.append(str(exc))
+                        res.status = PARTIAL
+                        fence_open = False
+                        todo = [f for f in todo if not f.is_open]
+                    else:
+                        res.fenced = True
+                        md, _ = ledger_store.read_ledger(self.store, ledger_id)
+                        continue
+            changed = False
+            for frag in todo:
+                for i, b in enumerate(frag.ensemble):
+                    if b not in bad_now:
+                        continue
+                    try:
+                        n, nbytes, md = self._replace_member(md, frag, i, bad_now, alive,
+                                                             writable, target, read_from_bad,
+                                                             preferred.get(b))
+                    except ReplicationError as exc:
+                        res.notes.append(str(exc))
+                        res.status = PARTIAL
+                        log.warning("%s", exc)
+                        break
+                    except _Conflict as exc:
+                        log.info("ledger %d: %s; re-planning", ledger_id, exc)
+                        md, _ = ledger_store.read_ledger(self.store, ledger_id)
+                        changed = True
+                        break
+                    res.fragments_replicated += 1
+                    res.entries += n
+                    res.bytes += nbytes
+                    frag.ensemble = md.ensembles[frag.segment][1]
+                if changed:
+                    break
+            if changed:
+                continue
+            if repair_missing and res.status != PARTIAL:
+                _, alive = live_bookies(self.store)
+                md, _ = ledger_store.read_ledger(self.store, ledger_id)
+                for (seg, i), lacking in self.missing_entries(md, alive).items():
+                    frag = fragments(md)[seg]
+                    b = frag.ensemble[i]
+                    try:
+                        n, nbytes = self._copy(md, frag, i, b, lacking, exclude=set(),
+                                               read_from=None)
+                        res.entries += n
+                        res.bytes += nbytes
+                        log.info("ledger %d: copied %d missing entries back to %s", ledger_id,
+                                 n, b)
+                    except ReplicationError as exc:
+                        res.notes.append(str(exc))
+                        res.status = PARTIAL
+            return res
+        res.status = PARTIAL
+        res.notes.append("metadata kept changing while re-replicating")
+        return res
+
+    # ---- one fragment member ------------------------------------------------------------
+    def _replace_member(self, md, frag: Fragment, index: int, bad: set, alive: set,
+                        writable: dict, target: str | None, read_from_bad: bool,
+                        preferred: str | None = None):
+        old = frag.ensemble[index]
+        if target is None and preferred is not None and preferred in writable \
+                and preferred not in frag.ensemble and preferred not in bad:
+            target = preferred
+        if target is not None:
+            if target in frag.ensemble:
+                raise ReplicationError(
+                    f"{frag}: target bookie {target} is already a member of this fragment")
+            if target not in writable:
+                raise ReplicationError(f"{frag}: target bookie {target} is not a registered "
+                                       "writable bookie")
+            new = target
+        else:
+            candidates = {b: info for b, info in writable.items() if b not in bad}
+            try:
+                new = choose_replacement(candidates, frag.ensemble, index, exclude=bad,
+                                         rng=self.rng)
+            except NotEnoughBookiesError as exc:
+                raise ReplicationError(f"{frag}: no bookie to replace {old}: {exc}") from None
+        entries = frag.entries_of(index, md.ensemble_size, md.write_quorum)
+        n = nbytes = 0
+        if entries:
+            readable = (alive - bad) | ((alive & bad) if read_from_bad else set())
+            n, nbytes = self._copy(md, frag, index, new, entries, exclude=bad - readable,
+                                   read_from=readable)
+        md = self._swap(md.ledger_id, frag, index, old, new)
+        log.info("ledger %d: fragment %d..%s member %d %s -> %s (%d entries, %d bytes)",
+                 md.ledger_id, frag.first, frag.last, index, old, new, n, nbytes)
+        return n, nbytes, md
+
+    def _swap(self, ledger_id: int, frag: Fragment, index: int, old: str, new: str):
+        """CAS ``new`` into the fragment's metadata; re-read and re-check on conflicts."""
+        for _ in range(64):
+            md, version = ledger_store.read_ledger(self.store, ledger_id)
+            now = fragments(md)
+            if frag.segment >= len(now) or now[frag.segment].first != frag.first:
+                raise _Conflict(f"fragment at entry {frag.first} changed")
+            cur = now[frag.segment]
+            if cur.ensemble[index] != old:
+                raise _Conflict(f"member {index} of fragment {frag.first} is now "
+                                f"{cur.ensemble[index]}, not {old}")
+            if cur.last != frag.last:
+                raise _Conflict(f"fragment at entry {frag.first} now ends at {cur.last}, "
+                                f"not {frag.last}")
+            if new in cur.ensemble:
+                raise _Conflict(f"{new} joined fragment {frag.first} meanwhile")
+            new_md = md.with_replaced_bookie(frag.first, index, new)
+            try:
+                ledger_store.write_ledger(self.store, new_md, version)
+                return new_md
+            except BadVersionError:
+                continue
+        raise ReplicationError(f"{frag}: metadata update kept conflicting")
+
+    # ---- copying entries ----------------------------------------------------------------
+    def _copy(self, md, frag: Fragment, index: int, target: str, entries: list[int],
+              exclude: set, read_from) -> tuple[int, int]:
+        """Copy ``entries`` (of member ``index``) from the other members of each entry's write
+        set to ``target`` with RECOVERY_ADD. Returns (entries, bytes)."""
+        lid = md.ledger_id
+        e, qw = md.ensemble_size, md.write_quorum
+        ens = frag.ensemble
+        sources = {b for b in ens if b != ens[index] and b != target and b not in exclude
+                   and (read_from is None or b in read_from)}
+        if read_from is not None and ens[index] in read_from and ens[index] != target:
+            sources.add(ens[index])       # decommission: the leaving bookie can serve too
+        holdings: dict[str, EntryRanges | None] = {}
+        for b in sources:
+            try:
+                holdings[b] = list_entries(self.bk, b, lid)
+            except BKError:
+                holdings[b] = None      # unknown: may still try to read from it
+        digest = DigestManager(lid, md.digest_type, md.password)
+        mk = master_key(md.password)
+
+        def candidates(x: int) -> list[str]:
+            ws = quorum.write_set_bookies(x, ens, qw) if qw < e else list(ens)
+            if ens[index] not in ws:
+                ws.append(ens[index])
+            cands = [b for b in ws if b in sources]
+            have = [b for b in cands if holdings.get(b) is not None and x in holdings[b]]
+            unknown = [b for b in cands if holdings.get(b) is None]
+            return have + unknown
+
+        writer = _Writer(self.bk, target, lid, mk, self.window, self.timeout)
+        copied = nbytes = 0
+        try:
+            for x, body in self._fetch(lid, entries, candidates, digest):
+                writer.put(x, body)
+                copied += 1
+                nbytes += len(body)
+                if self.progress is not None:
+                    self.progress(1, len(body))
+            writer.finish()
+        finally:
+            writer.abandon()
+        return copied, nbytes
+
+    def _fetch(self, lid, entries, candidates, digest):
+        """Yield ``(entry_id, body)`` in order, digest-checked, falling over replicas."""
+        client = self.bk._pool
+        # runs of consecutive entries whose first candidate is the same bookie: streamed
+        runs = []
+        for x in entries:
+            c = candidates(x)
+            if not c:
+                raise ReplicationError(f"ledger {lid} entry {x}: no surviving replica to read "
+                                       "it from")
+            src = c[0]
+            if runs and runs[-1][0] == src and runs[-1][2] == x - 1:
+                runs[-1][2] = x
+            else:
+                runs.append([src, x, x])
+        pending: deque = deque()
+
+        def drain(limit):
+            while len(pending) > limit:
+                x, fut = pending.popleft()
+                yield x, self._await_read(lid, x, fut, candidates(x), digest)
+
+        for src, lo, hi in runs:
+            if hi - lo >= 7:
+                yield from drain(0)
+                got = lo
+                try:
+                    for x, body in client.get(src).read_range(lid, lo, hi, timeout=self.timeout):
+                        if x != got:
+                            break
+                        try:
+                            digest.verify(body, x)
+                        except DigestMismatchError as exc:
+                            log.warning("ledger %d entry %d on %s: %s", lid, x, src, exc)
+                            break
+                        yield x, bytes(body)
+                        got += 1
+                except BKError as exc:
+                    log.info("ledger %d: range %d..%d from %s stopped at %d: %s", lid, lo, hi,
+                             src, got, exc)
+                for x in range(got, hi + 1):      # the rest one by one, any replica
+                    pending.append((x, client.get(src).read(lid, x, timeout=self.timeout)))
+                    yield from drain(self.window)
+            else:
+                for x in range(lo, hi + 1):
+                    pending.append((x, client.get(src).read(lid, x, timeout=self.timeout)))
+                    yield from drain(self.window)
+        yield from drain(0)
+
+    def _await_read(self, lid, x, fut, cands, digest) -> bytes:
+        notes = []
+        tried = 0
+        while True:
+            try:
+                resp = fut.result()
+                if resp.status == errors.EOK:
+                    digest.verify(resp.body, x)
+                    return bytes(resp.body)
+                notes.append(f"{cands[tried]}: {errors.status_name(resp.status)}")
+            except (BKError, IndexError) as exc:
+                notes.append(f"{cands[tried] if tried < len(cands) else '?'}: {exc}")
+            tried += 1
+            if tried >= len(cands):
+                raise ReplicationError(f"ledger {lid} entry {x}: no replica could serve it "
+                                       f"({'; '.join(notes)})")
+            fut = self.bk._pool.get(cands[tried]).read(lid, x, timeout=self.timeout)
+
+    # ---- recovery of an open ledger -------------------------------------------------------
+    def _recover(self, md, bad: set, writable: dict, target: str | None) -> dict:
+        """Fence and close the ledger (the client's quorum-coverage recovery: no
+        truncation). Recovered entries are written back to their write sets with the bad
+        members substituted by replacements (the client's own write-back would need the
+        dead bookie: with Qw == Qa it could never complete). Returns the substitutions, to
+        be reused as the replacements of the last fragment."""
+        last = md.last_ensemble()
+        subst = {}
+        for i, b in enumerate(last):
+            if b in bad:
+                if target is not None and target not in last:
+                    subst[b] = target
+                    continue
+                candidates = {x: info for x, info in writable.items()
+                              if x not in bad and x not in subst.values()}
+                try:
+                    subst[b] = choose_replacement(candidates, [subst.get(x, x) for x in last],
+                                                  i, exclude=bad, rng=self.rng)
+                except NotEnoughBookiesError as exc:
+                    raise ReplicationError(f"ledger {md.ledger_id}: no bookie to write "
+                                           f"recovered entries to instead of {b}: {exc}") from None
+        try:
+            cur, version = ledger_store.read_ledger(self.store, md.ledger_id)
+            if cur.state is not LedgerState.CLOSED:
+                _SubstitutingRecovery(self.bk, md.ledger_id, cur.password, subst).run(cur, version)
+        except BKError as exc:
+            raise ReplicationError(f"ledger {md.ledger_id}: fencing/recovery failed: {exc}") \
+                from None
+        return subst
+
+
+class _Conflict(Exception):
+    pass
+
+
+class _SubstitutingRecovery(LedgerRecovery):
+    """The client's ledger recovery, writing recovered entries back with bad bookies of the
+    write set replaced (fencing, reads and the end decision are unchanged)."""
+
+    def __init__(self, bk, ledger_id: int, password: bytes, subst: dict):
+        super().__init__(bk, ledger_id, password)
+        self.subst = subst
+
+    def _write_back(self, md, entry_id: int, body: bytes):
+        bookies = [self.subst.get(b, b) for b in
+                   quorum.write_set_bookies(entry_id, md.ensemble_for(entry_id),
+                                            md.write_quorum)]
+        return _WriteBack(self, entry_id, body, bookies, md.ack_quorum)
+
+
+class _Writer:
+    """RECOVERY_ADD of bodies to one bookie with a window of requests in flight."""
+
+    def __init__(self, bk, target, lid, mk, window, timeout):
+        self.client = bk._pool.get(target)
+        self.target = target
+        self.lid = lid
+        self.mk = mk
+        self.window = window
+        self.timeout = timeout
+        self.pending: deque = deque()
+
+    def put(self, x, body):
+        self.pending.append((x, self.client.add(self.lid, x, body, self.mk,
+                                                flags=wire.RECOVERY_ADD, timeout=self.timeout)))
+        while len(self.pending) > self.window:
+            self._check(*self.pending.popleft())
+
+    def _check(self, x, fut):
+        try:
+            resp = fut.result()
+        except BKError as exc:
+            raise ReplicationError(f"ledger {self.lid} entry {x}: write to {self.target} "
+                                   f"failed: {exc}") from None
+        if resp.status != errors.EOK:
+            raise ReplicationError(
+                f"ledger {self.lid} entry {x}: {self.target} refused the recovery add: "
+                f"{errors.status_name(resp.status)} {resp.message}".rstrip())
+
+    def finish(self):
+        while self.pending:
+            self._check(*self.pending.popleft())
+
+    def abandon(self):
+        self.pending.clear()
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()

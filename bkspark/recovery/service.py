@@ -1,0 +1,113 @@
+"""AutoRecovery: the auditor (elected) and a replication worker in one process.
+
+``bkspark autorecovery`` runs it standalone; ``bkspark bookie --autorecovery`` runs it inside
+the bookie process. It uses its own metadata session, so its election record and worker
+locks vanish when the process dies.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import uuid
+from dataclasses import dataclass
+
+from metadata import open_store
+from metadata.layout import AUDITOR_ELECTION, UR_LEDGERS, UR_LOCKS
+
+from .auditor import Auditor, AuditorConfig
+from .election import LeaderElection
+from .worker import ReplicationWorker, WorkerConfig
+
+log = logging.getLogger("bkspark.recovery")
+
+
+@dataclass
+class AutoRecoveryConfig:
+    lost_bookie_recovery_delay: float = 30.0
+    audit_interval: float = 10.0
+    periodic_check_interval: float = 3600.0
+    open_ledger_grace: float = 30.0
+    worker_threads: int = 1
+    retry_backoff: float = 5.0
+    session_timeout: float = 10.0
+    rpc_timeout: float = 10.0
+    run_auditor: bool = True
+    run_worker: bool = True
+
+
+class AutoRecovery:
+    def __init__(self, metadata_uri: str, config: AutoRecoveryConfig | None = None,
+                 identifier: str | None = None):
+        self.metadata_uri = metadata_uri
+        self.config = config or AutoRecoveryConfig()
+        self.identifier = identifier or \
+            f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.store = None
+        self.bk = None
+        self.auditor = None
+        self.election = None
+        self.worker = None
+        self._stopped = threading.Event()
+
+    def start(self) -> "AutoRecovery":
+        from bkspark.client import BookKeeper
+        c = self.config
+        self.store = open_store(self.metadata_uri, session_timeout=c.session_timeout)
+        for path in (UR_LEDGERS, UR_LOCKS, AUDITOR_ELECTION):
+            self.store.ensure_path(path)
+        self.bk = BookKeeper(store=self.store, add_timeout=c.rpc_timeout,
+                             read_timeout=c.rpc_timeout)
+        if c.run_auditor:
+            self.auditor = Auditor(self.bk, AuditorConfig(
+                lost_bookie_recovery_delay=c.lost_bookie_recovery_delay,
+                audit_interval=c.audit_interval,
+                periodic_check_interval=c.periodic_check_interval), self.identifier)
+            self.election = LeaderElection(self.store, self.identifier, self.auditor.run)
+            self.election.start()
+        if c.run_worker:
+            self.worker = ReplicationWorker(self.bk, WorkerConfig(
+                threads=c.worker_threads, open_ledger_grace=c.open_ledger_grace,
+                retry_backoff=c.retry_backoff), self.identifier)
+            self.worker.start()
+        log.info("autorecovery started id=%s metadata=%s auditor=%s worker=%s", self.identifier,
+                 self.metadata_uri, c.run_auditor, c.run_worker)
+        return self
+
+    @property
+    def is_auditor(self) -> bool:
+        return bool(self.election and self.election.is_leader)
+
+    def stop(self) -> None:
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        if self.election is not None:
+            self.election.stop()
+        if self.worker is not None:
+            self.worker.stop()
+        if self.bk is not None:
+            self.bk.close()
+        if self.store is not None:
+            self.store.close()
+        log.info("autorecovery stopped id=%s", self.identifier)
+
+    def run(self) -> None:
+        """Start, block until SIGTERM/SIGINT, stop."""
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        self.start()
+        try:
+            while not stop.wait(0.5):
+                pass
+        finally:
+            self.stop()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()

@@ -1,0 +1,236 @@
+"""Under-replication records, their locks and the cluster-wide autorecovery switch.
+
+Layout (BookKeeper's, relative to the metadata root)::
+
+    /underreplication/ledgers/<hex4>/<hex4>/<hex4>/<hex4>/urL%010d   one record per ledger
+    /underreplication/locks/urL%010d                                 ephemeral worker lock
+    /underreplication/disable                                        present = autorecovery off
+    /underreplication/lostBookieRecoveryDelay                        seconds (ASCII int)
+    /underreplication/auditorelection/...                            auditor election
+
+A record's data is JSON ``{"missing": [bookie ids], "ctime_ms": ..., "by": ...}``. The
+auditor creates a record or merges more lost bookies into it (a CAS, which bumps the
+record's version). A worker locks a record (ephemeral node: it vanishes with the worker's
+session), remembers the version it saw *after* locking, and deletes the record with that
+version once the ledger is fully replicated: if the auditor re-marked the ledger
+meanwhile the delete fails and the record stays for another pass.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+
+from bkspark.errors import BadVersionError, MetadataFormatError, NodeExistsError, NoNodeError
+from metadata.layout import (
+    AUDITOR_ELECTION,
+    LOST_BOOKIE_RECOVERY_DELAY,
+    UR_DISABLE,
+    UR_LEDGERS,
+    UR_LOCKS,
+    underreplicated_path,
+    underreplication_lock_path,
+)
+
+_HEX4 = re.compile(r"^[0-9a-f]{4}$")
+_URL = re.compile(r"^urL(\d{10,19})$")
+_SEQ = re.compile(r"(\d{10})$")
+
+
+class UnderReplicationManager:
+    """Records, locks and switches on one metadata store (thread-safe: the store is)."""
+
+    def __init__(self, store, owner: str = ""):
+        self.store = store
+        self.owner = owner
+
+    # ---- records ---------------------------------------------------------------------
+    def mark(self, ledger_id: int, missing=(), by: str = "") -> bool:
+        """Publish (or merge into) the record of ``ledger_id``. Returns True when the record
+        was created or changed."""
+        path = underreplicated_path(ledger_id)
+        missing = sorted(set(missing))
+        for _ in range(32):
+            try:
+                data, version = self.store.get(path)
+            except NoNodeError:
+                doc = {"missing": missing, "ctime_ms": int(time.time() * 1000), "by": by}
+                try:
+                    self.store.create(path, _dumps(doc), makepath=True)
+                    return True
+                except NodeExistsError:
+                    continue
+            doc = _loads(data)
+            merged = sorted(set(doc.get("missing", [])) | set(missing))
+            if merged == doc.get("missing", []):
+                return False
+            doc["missing"] = merged
+            try:
+                self.store.set(path, _dumps(doc), version=version)
+                return True
+            except (BadVersionError, NoNodeError):
+                continue
+        return False
+
+    def get(self, ledger_id: int) -> tuple[dict, int] | None:
+        try:
+            data, version = self.store.get(underreplicated_path(ledger_id))
+        except NoNodeError:
+            return None
+        return _loads(data), version
+
+    def is_marked(self, ledger_id: int) -> bool:
+        return self.store.exists(underreplicated_path(ledger_id)) is not None
+
+    def list(self) -> list[int]:
+        """Ledger ids with a record, ascending."""
+        out: list[int] = []
+        self._walk(UR_LEDGERS, 0, out)
+        return sorted(out)
+
+    def _walk(self, path, depth, out):
+        try:
+            names = self.store.children(path)
+        except NoNodeError:
+            return
+        for name in names:
+            if depth < 4:
+                if _HEX4.match(name):
+                    self._walk(f"{path}/{name}", depth + 1, out)
+            else:
+                m = _URL.match(name)
+                if m:
+                    out.append(int(m.group(1)))
+
+    def delete_record(self, ledger_id: int, version: int = -1) -> bool:
+        """Delete the record (with ``version``, -1 = any); False if it changed or is gone."""
+        try:
+            self.store.delete(underreplicated_path(ledger_id), version=version)
+            return True
+        except (BadVersionError, NoNodeError):
+            return False
+
+    # ---- locks -------------------------------------------------------------------------
+    def try_lock(self, ledger_id: int) -> int | None:
+        """Take the ledger's lock; return the record's version, or None when another worker
+        holds the lock or the record is gone (then nothing is held)."""
+        lock = underreplication_lock_path(ledger_id)
+        try:
+            self.store.create(lock, _dumps({"owner": self.owner}), ephemeral=True, makepath=True)
+        except NodeExistsError:
+            return None
+        version = self.store.exists(underreplicated_path(ledger_id))
+        if version is None:
+            self.release(ledger_id)
+            return None
+        return version
+
+    def release(self, ledger_id: int) -> None:
+        try:
+            self.store.delete(underreplication_lock_path(ledger_id))
+        except NoNodeError:
+            pass
+
+    def mark_replicated(self, ledger_id: int, version: int) -> bool:
+        """Delete the record if unchanged since it was locked, then release the lock.
+        Returns False when the record was re-marked meanwhile (it stays)."""
+        try:
+            return self.delete_record(ledger_id, version)
+        finally:
+            self.release(ledger_id)
+
+    def lock_holder(self, ledger_id: int) -> str | None:
+        try:
+            data, _ = self.store.get(underreplication_lock_path(ledger_id))
+        except NoNodeError:
+            return None
+        return _loads(data).get("owner", "")
+
+    def locked(self) -> list[int]:
+        try:
+            names = self.store.children(UR_LOCKS)
+        except NoNodeError:
+            return []
+        return sorted(int(m.group(1)) for m in map(_URL.match, names) if m)
+
+    # ---- switch and delay -----------------------------------------------------------------
+    def is_enabled(self) -> bool:
+        return self.store.exists(UR_DISABLE) is None
+
+    def disable(self) -> None:
+        try:
+            self.store.create(UR_DISABLE, b"", makepath=True)
+        except NodeExistsError:
+            pass
+
+    def enable(self) -> None:
+        try:
+            self.store.delete(UR_DISABLE)
+        except NoNodeError:
+            pass
+
+    def lost_bookie_recovery_delay(self, default: float) -> float:
+        try:
+            data, _ = self.store.get(LOST_BOOKIE_RECOVERY_DELAY)
+            return max(0.0, float(data.decode().strip()))
+        except (NoNodeError, ValueError, UnicodeDecodeError):
+            return default
+
+    def set_lost_bookie_recovery_delay(self, seconds: float) -> None:
+        data = (f"{seconds:g}").encode()
+        try:
+            self.store.create(LOST_BOOKIE_RECOVERY_DELAY, data, makepath=True)
+        except NodeExistsError:
+            self.store.set(LOST_BOOKIE_RECOVERY_DELAY, data)
+
+    def clear_lost_bookie_recovery_delay(self) -> None:
+        try:
+            self.store.delete(LOST_BOOKIE_RECOVERY_DELAY)
+        except NoNodeError:
+            pass
+
+    # ---- auditor --------------------------------------------------------------------------
+    def auditor(self) -> str | None:
+        """Identifier of the elected auditor (lowest election sequence), or None."""
+        return current_leader(self.store, AUDITOR_ELECTION)
+
+
+def election_contenders(store, path: str) -> list[tuple[str, str]]:
+    """``[(node name, identifier)]`` of the election at ``path``, leader first. Works for
+    kazoo's Election recipe (``<uuid>__lock__<seq>``) and our lease nodes (``V_<seq>``)."""
+    try:
+        names = store.children(path)
+    except NoNodeError:
+        return []
+    seq = []
+    for n in names:
+        m = _SEQ.search(n)
+        if m:
+            seq.append((int(m.group(1)), n))
+    out = []
+    for _, name in sorted(seq):
+        try:
+            data, _ = store.get(f"{path}/{name}")
+        except NoNodeError:
+            continue
+        out.append((name, data.decode("utf-8", "replace")))
+    return out
+
+
+def current_leader(store, path: str) -> str | None:
+    c = election_contenders(store, path)
+    return c[0][1] if c else None
+
+
+def _dumps(doc: dict) -> bytes:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _loads(data: bytes) -> dict:
+    if not data:
+        return {}
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise MetadataFormatError(f"corrupt under-replication record: {e}") from None
+    return doc if isinstance(doc, dict) else {}

@@ -1,0 +1,213 @@
+"""Batch reads and writes of format("bookkeeper") in local[2] against real bookies."""
+import datetime
+import decimal
+import json
+
+import pytest
+
+from bkspark.spark.writer import PENDING_ROOT
+
+pytestmark = [pytest.mark.spark, pytest.mark.integration]
+
+
+def rd(spark, uri, **opts):
+    r = spark.read.format("bookkeeper").option("metadataServiceUri", uri)
+    for k, v in opts.items():
+        r = r.option(k, v)
+    return r
+
+
+def wr(df, uri, mode="append", **opts):
+    w = df.write.format("bookkeeper").option("metadataServiceUri", uri).mode(mode)
+    for k, v in opts.items():
+        w = w.option(k, v)
+    return w
+
+
+def no_pending(logs):
+    try:
+        jobs = logs.store.children(PENDING_ROOT)
+    except Exception:  # noqa: BLE001 - no registry at all
+        return True
+    return all(not logs.store.children(f"{PENDING_ROOT}/{j}") for j in jobs)
+
+
+def test_record_round_trip_exact(spark, uri, log_name, logs):
+    big = bytes(range(256)) * 4096                     # 1 MiB value
+    rows = [(f"k{i}".encode() if i % 3 else None,
+             big if i == 5 else (None if i == 7 else f"value-{i}".encode()),
+             {"h": f"{i}".encode(), "n": None} if i % 2 else None)
+            for i in range(40)]
+    df = spark.createDataFrame(rows, "key binary, value binary, headers map<string,binary>")
+    wr(df.repartition(2), uri).save(log_name)
+    back = rd(spark, uri).load(log_name)
+    assert back.schema.simpleString() == ("struct<log:string,ledger_id:bigint,entry_id:bigint,"
+                                          "key:binary,value:binary,timestamp:timestamp,"
+                                          "headers:map<string,binary>>")
+    got = back.collect()
+    assert sorted((r.key, r.value, r.headers) for r in got) == \
+        sorted((k, v, h) for k, v, h in rows)
+    assert {r.log for r in got} == {log_name} and all(r.timestamp is not None for r in got)
+    md, _ = logs.get(log_name)
+    assert len(md.ledgers) == 2                         # one ledger per task
+    positions = {(r.ledger_id, r.entry_id) for r in got}
+    assert len(positions) == 40 and no_pending(logs)
+
+
+def test_record_write_string_value_and_timestamp(spark, uri, log_name):
+    ts = datetime.datetime(2024, 1, 2, 3, 4, 5, 678901)
+    df = spark.createDataFrame([("k", "héllo", ts, [("a", b"1")])],
+                               "key string, value string, timestamp timestamp, "
+                               "headers array<struct<key:string,value:binary>>")
+    wr(df, uri).save(log_name)
+    (r,) = rd(spark, uri).load(log_name).collect()
+    assert (r.key, r.value, r.timestamp, r.headers) == (b"k", "héllo".encode(), ts, {"a": b"1"})
+
+
+ARROW_SCHEMA = ("id long, name string, score double, ok boolean, amount decimal(20,4), day date, "
+                "at timestamp, tags array<string>, attrs map<string,int>, "
+                "point struct<x:int,y:struct<z:string>>, events array<struct<k:string,v:long>>, "
+                "blob binary")
+
+
+def arrow_rows(n, blob_size=100):
+    out = []
+    for i in range(n):
+        out.append((
+            i, None if i % 5 == 0 else f"name-{i}", i * 0.5, None if i % 3 == 0 else i % 2 == 0,
+            decimal.Decimal(i) / 7 if i % 4 else None, datetime.date(2020, 1, 1 + i % 28),
+            datetime.datetime(2021, 6, 1, 12, 0, i % 60), [f"t{i}", None] if i % 2 else None,
+            {"a": i, "b": None} if i % 3 else {}, (i, (f"z{i}",)) if i % 6 else None,
+            [(f"k{i}", i), (None, None)], bytes([i % 256]) * blob_size if i % 9 else None))
+    return out
+
+
+def test_arrow_round_trip_exact_schema_and_rows(spark, uri, log_name, logs):
+    rows = arrow_rows(500)
+    rows[3] = rows[3][:-1] + (b"\x07" * (3 << 20),)   # a 3 MiB value: its own entry
+    df = spark.createDataFrame(rows, ARROW_SCHEMA)
+    wr(df.repartition(2), uri, entryFormat="arrow", maxEntryBytes=str(256 << 10)).save(log_name)
+    back = rd(spark, uri, entryFormat="arrow").load(log_name)
+    assert back.schema == df.schema
+    assert sorted(back.collect(), key=lambda r: r.id) == sorted(df.collect(), key=lambda r: r.id)
+    counts = logs.entry_counts(log_name)
+    assert len(counts) == 2 and sum(n for _, n in counts) > 2     # batches split into entries
+
+
+def test_arrow_non_nullable_schema_kept_and_append_schema_checked(spark, uri, log_name):
+    df = spark.range(1000).selectExpr("id", "id * 2 as twice")      # id is NOT NULL
+    wr(df, uri, entryFormat="arrow").save(log_name)
+    back = rd(spark, uri, entryFormat="arrow").load(log_name)
+    assert back.schema == df.schema
+    assert back.agg({"twice": "sum"}).collect()[0][0] == 999 * 1000
+    with pytest.raises(Exception, match="cannot append"):
+        wr(spark.range(3).selectExpr("cast(id as string) as s"), uri, entryFormat="arrow").save(log_name)
+
+
+def test_task_failing_once_is_retried_and_rows_written_once(spark, uri, log_name, logs):
+    before = set(logs.bk.list_ledgers())
+    df = spark.range(0, 200, numPartitions=2).selectExpr("cast(id as string) as value")
+    wr(df, uri, _testFault="failTask:1").save(log_name)
+    values = sorted(int(r.value) for r in rd(spark, uri).load(log_name).collect())
+    assert values == list(range(200))
+    md, _ = logs.get(log_name)
+    new = set(logs.bk.list_ledgers()) - before
+    assert new == set(md.ledger_ids())                 # the failed attempt's ledger is gone
+    assert no_pending(logs)
+
+
+def test_failed_job_leaves_log_unchanged(spark, uri, log_name, logs):
+    wr(spark.createDataFrame([("keep",)], "value string"), uri).save(log_name)
+    before_md, _ = logs.get(log_name)
+    before = set(logs.bk.list_ledgers())
+    df = spark.range(0, 100, numPartitions=2).selectExpr("cast(id as string) as value")
+    with pytest.raises(Exception, match="_testFault"):
+        wr(df, uri, _testFault="failTaskAlways:1").save(log_name)
+    after_md, _ = logs.get(log_name)
+    assert after_md.ledgers == before_md.ledgers
+    assert [r.value for r in rd(spark, uri).load(log_name).collect()] == [b"keep"]
+    assert set(logs.bk.list_ledgers()) <= before       # every task ledger deleted
+    assert no_pending(logs)
+
+
+def test_overwrite_replaces_and_writer_key_is_idempotent(spark, uri, log_name, logs):
+    wr(spark.createDataFrame([("a",), ("b",)], "value string"), uri).save(log_name)
+    old = logs.get(log_name)[0].ledger_ids()
+    wr(spark.createDataFrame([("c",)], "value string"), uri, mode="overwrite").save(log_name)
+    assert [r.value for r in rd(spark, uri).load(log_name).collect()] == [b"c"]
+    assert not set(old) & set(logs.bk.list_ledgers())  # replaced ledgers deleted
+    for _ in range(2):                                   # the re-run appends nothing
+        wr(spark.createDataFrame([("d",)], "value string"), uri,
+           writerId="daily-etl", writerSequence="20240101").save(log_name)
+    assert sorted(r.value for r in rd(spark, uri).load(log_name).collect()) == [b"c", b"d"]
+
+
+def test_pushdown_offsets_and_multi_log_reads(spark, uri, log_name, logs):
+    df = spark.range(0, 30, numPartitions=3).selectExpr("cast(id as string) as value")
+    wr(df, uri).save(log_name)
+    other = log_name + "-b"
+    wr(spark.createDataFrame([("x",)], "value string"), uri).save(other)
+    ids = logs.get(log_name)[0].ledger_ids()
+    base = rd(spark, uri).load(log_name)
+    got = base.filter(f"ledger_id = {ids[1]} and entry_id >= 2 and entry_id < 5").collect()
+    assert [(r.ledger_id, r.entry_id) for r in got] == [(ids[1], 2), (ids[1], 3), (ids[1], 4)]
+    assert base.filter(f"ledger_id in ({ids[0]}, {ids[2]})").count() == 20
+    ranged = rd(spark, uri, startingOffsets=json.dumps({log_name: {"ledger": ids[0], "entry": 5}}),
+                endingOffsets=json.dumps({log_name: {"ledger": ids[2], "entry": 1}})).load(log_name)
+    assert ranged.count() == 5 + 10 + 1
+    both = rd(spark, uri, logs=f"{log_name},{other}").load()
+    assert both.count() == 31 and both.filter(f"log = '{other}'").count() == 1
+    assert rd(spark, uri, logPattern=f"{log_name}(-b)?").load().count() == 31
+
+
+def test_read_while_writer_is_writing_does_not_fence(spark, uri, log_name, logs):
+    writer = logs.open_writer(log_name)
+    try:
+        for i in range(20):
+            writer.append(f"m{i}".encode())
+        seen = [r.value for r in rd(spark, uri).load(log_name).orderBy("entry_id").collect()]
+        # the open ledger is read to its LAC: a prefix of what was acknowledged, in order
+        assert seen == [f"m{i}".encode() for i in range(len(seen))] and len(seen) >= 19
+        writer.append(b"after")                          # the reader did not fence the writer
+        writer.append(b"after2")
+        later = rd(spark, uri).load(log_name).count()
+        assert later >= 21
+    finally:
+        writer.close()
+
+
+def test_zero_config_registration_and_default_uri(spark, log_name, logs):
+    # the session never called register(); no metadataServiceUri: the running local cluster's
+    spark.createDataFrame([("z",)], "value string").write.format("bookkeeper") \
+        .mode("append").save(log_name)
+    assert spark.read.format("bookkeeper").load(log_name).count() == 1
+    from bkspark.spark import register
+    other = spark.newSession()
+    register(other)
+    assert other.read.format("bookkeeper").load(log_name).count() == 1
+
+
+@pytest.mark.parametrize("opts,match", [
+    ({"log": "x", "noSuchOption": "1"}, "noSuchOption"),
+    ({"log": "x", "entryFormat": "csv"}, "entryFormat"),
+    ({"log": "x", "startingOffsets": "soon"}, "startingOffsets"),
+    ({"metadataServiceUri": ""}, "metadataServiceUri"),
+    ({}, "'log'"),
+])
+def test_bad_read_options_fail_at_planning(spark, uri, opts, match):
+    r = spark.read.format("bookkeeper")
+    if "metadataServiceUri" not in opts:
+        r = r.option("metadataServiceUri", uri)
+    for k, v in opts.items():
+        r = r.option(k, v)
+    with pytest.raises(Exception, match=match):
+        r.load().collect()
+
+
+def test_bad_write_input_and_missing_log(spark, uri, log_name):
+    with pytest.raises(Exception, match="'value' column"):
+        wr(spark.createDataFrame([(1,)], "x int"), uri).save(log_name)
+    with pytest.raises(Exception, match="unexpected columns"):
+        wr(spark.createDataFrame([("v", 1)], "value string, x int"), uri).save(log_name)
+    with pytest.raises(Exception, match="no log named"):
+        rd(spark, uri).load(log_name + "-missing").collect()
