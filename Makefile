@@ -25,6 +25,20 @@ bench: build
 	$(PYTHON) bench/bookie.py
 	$(PYTHON) bench/client.py
 
+# Long randomized fault run + bookie crash campaign (issue 9); the report is JSON with a
+# "text" summary. Replay a failing run with the seed it prints.
+CHAOS_DURATION ?= 600
+CHAOS_SEED ?= $(shell date +%s)
+CHAOS_STORE ?= both
+CHAOS_RUN_SECONDS ?= 60
+CHAOS_KILLS ?= 300
+CHAOS_REPORT ?= chaos-report.json
+
+chaos: build
+	$(PYTHON) -m bkspark.testing.faults --seed $(CHAOS_SEED) --duration $(CHAOS_DURATION) \
+		--store $(CHAOS_STORE) --run-seconds $(CHAOS_RUN_SECONDS) \
+		--crash-kills $(CHAOS_KILLS) --quiet --report $(CHAOS_REPORT)
+
 clean:
 	rm -rf build *.egg-info bkspark/_native*.so
 	find . -name __pycache__ -prune -exec rm -rf {} +

@@ -31,6 +31,20 @@ def percentile(sorted_vals, q):
     return sorted_vals[k]
 
 
+def bookie_cpu_seconds(cluster) -> float:
+    """User+system CPU seconds used so far by the cluster's bookie processes."""
+    total = 0
+    tick = os.sysconf("SC_CLK_TCK")
+    for b in cluster.bookies:
+        try:
+            with open(f"/proc/{b.proc.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, AttributeError, IndexError, ValueError):
+            pass
+    return total
+
+
 def run(bk, ensemble, qw, qa, size, seconds, batch, rate=None, outstanding=None):
     """Append for `seconds`; return (entries, elapsed, latencies_ms)."""
     lh = bk.create_ledger(ensemble, qw, qa, digest="crc32c", password=b"bench")
@@ -70,11 +84,16 @@ def run(bk, ensemble, qw, qa, size, seconds, batch, rate=None, outstanding=None)
     return n, elapsed, sorted(lat)
 
 
-def report(label, size, n, elapsed, lat):
+def report(label, size, n, elapsed, lat, cpu=None):
     rate = n / elapsed
+    extra = ""
+    if cpu is not None:
+        client_cpu, bookie_cpu = cpu
+        extra = (f"  cpu/entry: client {client_cpu / n * 1e6:.0f} us, "
+                 f"bookies {bookie_cpu / n * 1e6:.0f} us")
     print(f"{label:<26} {size:>7} B  {rate:>10,.0f} entries/s  {rate * size / 1e6:>8.1f} MB/s  "
           f"p50 {percentile(lat, 0.50):7.2f} ms  p99 {percentile(lat, 0.99):7.2f} ms  "
-          f"({n} entries in {elapsed:.1f} s)", flush=True)
+          f"({n} entries in {elapsed:.1f} s){extra}", flush=True)
     return rate
 
 
@@ -90,6 +109,7 @@ def main():
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     with tempfile.TemporaryDirectory(prefix="bkspark-bench-") as d:
+        print(f"load average before the run: {os.getloadavg()[0]:.1f}")
         print(f"bench/client.py: 3 bookies on loopback (sqlite metadata, journal sync on), "
               f"{os.cpu_count()} CPUs; {args.seconds:.0f} s per run; digest crc32c; "
               f"max outstanding {args.max_outstanding_mb} MiB; "
@@ -104,8 +124,10 @@ def main():
             for label, e, qw, qa in configs:
                 for size in sizes:
                     batch = max(1, args.batch_bytes // size)
+                    c0, b0 = time.process_time(), bookie_cpu_seconds(c)
                     n, el, lat = run(bk, e, qw, qa, size, args.seconds, batch)
-                    peak = report(label, size, n, el, lat)
+                    cpu = (time.process_time() - c0, bookie_cpu_seconds(c) - b0)
+                    peak = report(label, size, n, el, lat, cpu)
                     if not args.no_paced:
                         n, el, lat = run(bk, e, qw, qa, size, min(args.seconds, 3.0), 1,
                                          rate=peak / 2)

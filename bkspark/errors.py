@@ -180,3 +180,11 @@ class NoSuchLogError(BKError):
 
 class LogFencedError(FencedError):
     """This log writer (or checkpoint-store owner) lost ownership: another one took over."""
+
+
+class ReplicationError(BKError):
+    """Re-replication of a ledger fragment failed for now; the ledger stays under-replicated."""
+
+
+class RecoveryFailedError(BKError):
+    """Manual bookie recovery or decommission left ledgers on the bookie."""

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -51,12 +52,19 @@ static void put64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
 static uint32_t get32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 static uint64_t get64(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 
+/* error message of the last failed engine call on this thread (read by the binding) */
+static __thread char tls_err[512];
+
+const char *eng_errmsg(void) { return tls_err; }
+void eng_errclear(void) { tls_err[0] = 0; }
+
 static void seterr(Engine *e, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(e->errmsg, sizeof e->errmsg, fmt, ap);
+    vsnprintf(tls_err, sizeof tls_err, fmt, ap);
     va_end(ap);
+    memcpy(e->errmsg, tls_err, sizeof e->errmsg); /* last error of any thread (background flush) */
 }
 
 static int buf_reserve(Buf *b, size_t extra)
@@ -643,6 +651,13 @@ int eng_add_entries(Engine *e, AddReq *reqs, size_t n, int *status)
                 e->st_cache_waits++;
                 pthread_cond_signal(&e->jcv);
                 pthread_cond_signal(&e->ckpt_cv);
+                if (e->flush_failed) {
+                    char why[sizeof e->errmsg];
+                    memcpy(why, e->errmsg, sizeof why);
+                    seterr(e, "write cache full and its flush to the entry logs is failing: %s", why);
+                    rc = E_IO;
+                    break;
+                }
                 pthread_cond_wait(&e->cache_cv, &e->mu);
                 if (e->closed || e->j_failed) {
                     rc = e->closed ? E_CLOSED : E_IO;
@@ -1304,7 +1319,9 @@ static int flush_cache_slot(Engine *e, int slot)
         if (!l || l->inc != ce->inc)
             continue;
         Loc *lc = loc_get(l, ce->entry);
-        if (!lc || lc->where != WHERE_CACHE0 + (uint32_t)slot || lc->off != ce->off)
+        /* (offset, len) identifies the cache copy: two versions share an offset only if the
+         * first is empty, and then the length differs unless both are empty (and equal) */
+        if (!lc || lc->where != WHERE_CACHE0 + (uint32_t)slot || lc->off != ce->off || lc->len != ce->len)
             continue;
         WItem *x = &w[n++];
         x->ledger = ce->ledger;
@@ -1329,7 +1346,7 @@ static int flush_cache_slot(Engine *e, int slot)
             if (!l || l->inc != x->inc)
                 continue;
             Loc *lc = loc_get(l, x->entry);
-            if (lc && lc->where == WHERE_CACHE0 + (uint32_t)slot && lc->off == x->cache_off)
+            if (lc && lc->where == WHERE_CACHE0 + (uint32_t)slot && lc->off == x->cache_off && lc->len == x->len)
                 loc_set(e, l, x->entry, x->where, x->len, x->dst_off);
         }
     }
@@ -1360,9 +1377,15 @@ static int checkpoint_locked(Engine *e, int full)
     if (rc != E_OK)
         return rc;
     rc = flush_cache_slot(e, slot);
-    if (rc != E_OK)
+    if (rc != E_OK) {
+        pthread_mutex_lock(&e->mu);
+        e->flush_failed = 1;
+        pthread_cond_broadcast(&e->cache_cv);
+        pthread_mutex_unlock(&e->mu);
         return rc;
+    }
     pthread_mutex_lock(&e->mu);
+    e->flush_failed = 0;
     cache_reset(&e->cache[slot], e->cache_half);
     e->flush_pending = 0;
     e->flushed_seq = mark_seq;
@@ -1493,25 +1516,27 @@ int eng_compact(Engine *e, CompactStats *cs)
         }
     }
     /* gather live entries of the selected logs from the index */
+    for (size_t c = 0; c < nsel; c++)
+        cand[c].lf->selected = 1;
     size_t wcap = 64, wn = 0;
     WItem *w = malloc(wcap * sizeof *w);
+    LogFile **srcs = malloc(wcap * sizeof *srcs);
     for (size_t s = 0; s < e->nbuckets; s++) {
         for (Ledger *l = e->buckets[s]; l; l = l->next) {
             for (size_t k = 0; k < l->n; k++) {
                 Loc *lc = &l->locs[k];
                 if (IS_CACHE(lc->where))
                     continue;
-                int sel = 0;
-                for (size_t c = 0; c < nsel; c++)
-                    if (cand[c].lf->id == lc->where && cand[c].lf->live > 0)
-                        sel = 1;
-                if (!sel)
+                LogFile *src = log_find(e, lc->where);
+                if (!src || !src->selected)
                     continue;
                 if (wn == wcap) {
                     wcap *= 2;
                     w = realloc(w, wcap * sizeof *w);
+                    srcs = realloc(srcs, wcap * sizeof *srcs);
                 }
-                WItem *x = &w[wn++];
+                WItem *x = &w[wn];
+                srcs[wn++] = src;
                 memset(x, 0, sizeof *x);
                 x->ledger = l->id;
                 x->inc = l->inc;
@@ -1522,61 +1547,60 @@ int eng_compact(Engine *e, CompactStats *cs)
             }
         }
     }
-    for (size_t c = 0; c < nsel; c++)
+    for (size_t c = 0; c < nsel; c++) {
+        cand[c].lf->selected = 0;
         cand[c].lf->refs++;
+    }
     pthread_mutex_unlock(&e->mu);
 
+    /* copy in chunks of <= 8 MiB: read + verify, write to the output log (synced per chunk).
+     * A corrupt entry is not copied: its index record keeps pointing at the old log, which
+     * therefore stays (the entry keeps reading as EIO, never as "no such entry"). */
     int rc = E_OK;
-    /* read live entries (verifying them); a corrupt entry keeps its log alive */
-    unsigned char **bodies = calloc(wn ? wn : 1, sizeof *bodies);
-    uint32_t *bad_logs = calloc(nsel ? nsel : 1, sizeof *bad_logs);
-    size_t nbad = 0, good = 0;
-    for (size_t i = 0; i < wn; i++) {
-        WItem *x = &w[i];
-        LogFile *src = NULL;
-        for (size_t c = 0; c < nsel; c++)
-            if (cand[c].lf->id == (uint32_t)x->cache_off)
-                src = cand[c].lf;
-        bodies[i] = malloc(x->len ? x->len : 1);
-        Loc lc = {x->entry, src->id, x->len, x->off};
-        if (log_read(e, src, x->ledger, &lc, bodies[i]) != E_OK) {
-            cs->corrupt_entries++;
-            bad_logs[nbad++] = src->id;
-            free(bodies[i]);
-            bodies[i] = NULL;
-            continue;
-        }
-        x->crc = log_crc(x->ledger, x->entry, bodies[i], x->len);
-        x->src = bodies[i];
-        good++;
-    }
-    /* drop entries of logs that had a corrupt entry */
-    size_t m = 0;
-    for (size_t i = 0; i < wn; i++) {
-        int bad = !bodies[i];
-        for (size_t b = 0; b < nbad && !bad; b++)
-            if ((uint32_t)w[i].cache_off == bad_logs[b])
-                bad = 1;
-        if (bad) {
-            free(bodies[i]);
-            continue;
-        }
-        w[m] = w[i];
-        bodies[m] = bodies[i];
-        m++;
-    }
-    wn = m;
     LogFile *out = NULL;
     LogFile **created = NULL;
     size_t ncreated = 0;
-    if (wn)
-        rc = write_items(e, w, wn, &out, &created, &ncreated);
+    WItem *chunk = malloc((wn ? wn : 1) * sizeof *chunk);
+    size_t *chunk_idx = malloc((wn ? wn : 1) * sizeof *chunk_idx);
+    int *copied = calloc(wn ? wn : 1, sizeof *copied);
+    size_t i = 0;
+    while (i < wn && rc == E_OK) {
+        size_t cn = 0;
+        uint64_t cbytes = 0;
+        for (; i < wn && (cn == 0 || cbytes + w[i].len <= (8u << 20)); i++) {
+            WItem *x = &w[i];
+            unsigned char *body = malloc(x->len ? x->len : 1);
+            Loc lc = {x->entry, srcs[i]->id, x->len, x->off};
+            if (!body || log_read(e, srcs[i], x->ledger, &lc, body) != E_OK) {
+                cs->corrupt_entries++;
+                free(body);
+                continue;
+            }
+            x->crc = log_crc(x->ledger, x->entry, body, x->len);
+            x->src = body;
+            chunk[cn] = *x;
+            chunk_idx[cn++] = i;
+            cbytes += x->len;
+        }
+        if (cn)
+            rc = write_items(e, chunk, cn, &out, &created, &ncreated);
+        for (size_t k = 0; k < cn; k++) {
+            w[chunk_idx[k]].where = chunk[k].where;
+            w[chunk_idx[k]].dst_off = chunk[k].dst_off;
+            copied[chunk_idx[k]] = rc == E_OK;
+            free((void *)chunk[k].src);
+        }
+    }
+    free(chunk);
+    free(chunk_idx);
     LogFile *victims[nsel ? nsel : 1];
     size_t nv = 0;
     pthread_mutex_lock(&e->mu);
     if (rc == E_OK) {
-        for (size_t i = 0; i < wn; i++) {
-            WItem *x = &w[i];
+        for (size_t k = 0; k < wn; k++) {
+            WItem *x = &w[k];
+            if (!copied[k])
+                continue;
             Ledger *l = eng_find(e, x->ledger);
             if (!l || l->inc != x->inc)
                 continue;
@@ -1589,12 +1613,8 @@ int eng_compact(Engine *e, CompactStats *cs)
         }
         for (size_t c = 0; c < nsel; c++) {
             LogFile *lf = cand[c].lf;
-            int bad = 0;
-            for (size_t b = 0; b < nbad; b++)
-                if (bad_logs[b] == lf->id)
-                    bad = 1;
-            if (bad || lf->live != 0)
-                continue; /* something still points here (corrupt entry or raced) */
+            if (lf->live != 0)
+                continue; /* something still points here (a corrupt entry) */
             victims[nv++] = lf;
             logs_remove(e, lf);
             lf->dead = 1;
@@ -1634,10 +1654,8 @@ int eng_compact(Engine *e, CompactStats *cs)
     e->st_compacted_logs += cs->logs_compacted;
     e->st_compacted_bytes += cs->bytes_copied;
     pthread_mutex_unlock(&e->mu);
-    for (size_t i = 0; i < wn; i++)
-        free(bodies[i]);
-    free(bodies);
-    free(bad_logs);
+    free(copied);
+    free(srcs);
     free(created);
     free(w);
     free(cand);
@@ -2049,6 +2067,16 @@ int eng_open(const EngineConfig *cfg, Engine **out, char *err, size_t errlen)
             seterr(e, "cannot create ledger dir %s: %s", e->ledger_dirs[i], strerror(errno));
             rc = E_IO;
         }
+    e->lock_fds[0] = e->lock_fds[1] = -1;
+    for (int k = 0; k < 2 && rc == E_OK; k++) {
+        char p[4200];
+        snprintf(p, sizeof p, "%s/LOCK", k == 0 ? e->journal_dir : e->ledger_dirs[0]);
+        e->lock_fds[k] = open(p, O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+        if (e->lock_fds[k] < 0 || flock(e->lock_fds[k], LOCK_EX | LOCK_NB) < 0) {
+            seterr(e, "cannot lock %s: %s (is another bookie using this directory?)", p, strerror(errno));
+            rc = E_IO;
+        }
+    }
     int have_mark = 0, have_state = 0;
     Listed *listed = NULL;
     size_t nlisted = 0;
@@ -2153,6 +2181,9 @@ void eng_free(Engine *e)
     free(e->jfiles);
     if (e->jfd >= 0)
         close(e->jfd);
+    for (int k = 0; k < 2; k++)
+        if (e->lock_fds[k] > 0)
+            close(e->lock_fds[k]);
     free(e->journal_dir);
     for (int i = 0; i < e->nldirs; i++)
         free(e->ledger_dirs[i]);

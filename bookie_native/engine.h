@@ -65,7 +65,7 @@ typedef struct LogFile {
     int fd, idx_fd;
     uint64_t size, idx_size; /* bytes written (including header) */
     uint64_t live, total;    /* record bytes referenced by the index / written */
-    int refs, dead, writable;
+    int refs, dead, writable, selected;
 } LogFile;
 
 typedef struct {
@@ -130,8 +130,10 @@ typedef struct Engine {
     uint64_t flushed_seq;    /* journal seq up to which everything is in entry logs + index */
     uint64_t last_full_ns;   /* time of the last state+lastMark write */
     uint64_t st_flushes;
+    int flush_failed; /* last flush failed: adds waiting for cache space get EIO */
 
     int closed;
+    int lock_fds[2]; /* flock on journal_dir/LOCK and ledger_dirs[0]/LOCK */
     char errmsg[512];
 
     /* stats */
@@ -188,6 +190,8 @@ int eng_read_range(Engine *e, uint64_t ledger, int64_t first, int64_t last, uint
                    size_t *nitems);
 /* ledger accessors (take mu) */
 Ledger *eng_find(Engine *e, uint64_t ledger); /* caller must hold mu */
+void eng_errclear(void);
+const char *eng_errmsg(void); /* message of this thread's last engine error */
 void eng_lock(Engine *e);
 void eng_unlock(Engine *e);
 

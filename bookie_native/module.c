@@ -18,6 +18,7 @@ typedef struct {
 /* every engine call made without the GIL is counted so close() can wait for it */
 #define BKS_BEGIN                                                                                                     \
     self->busy++;                                                                                                     \
+    eng_errclear();                                                                                                   \
     Py_BEGIN_ALLOW_THREADS
 #define BKS_END                                                                                                       \
     Py_END_ALLOW_THREADS self->busy--;
@@ -38,7 +39,7 @@ static void close_engine(StoreObject *self, int ck)
 
 static PyObject *raise_rc(StoreObject *s, int rc, const char *fallback)
 {
-    const char *msg = (s && s->e && s->e->errmsg[0]) ? s->e->errmsg : fallback;
+    const char *msg = eng_errmsg()[0] ? eng_errmsg() : fallback;
     switch (rc) {
     case E_NOLEDGER:
         PyErr_SetString(ExcNoLedger ? ExcNoLedger : PyExc_KeyError, fallback);

@@ -28,7 +28,7 @@ from .store import MetadataStore, Transaction
 from .uri import SqliteUri, ZkUri, parse_uri
 
 __all__ = [
-    "open_store", "parse_uri", "MetadataStore", "Transaction",
+    "open_store", "parse_uri", "ZkUri", "SqliteUri", "MetadataStore", "Transaction",
     "BKError", "MetadataError", "NodeExistsError", "NoNodeError", "NotEmptyError",
     "BadVersionError", "SessionExpiredError", "MetadataConnectionError",
     "MetadataFormatError", "InvalidUriError", "BadRequestError", "NoSuchLedgerError",

@@ -44,7 +44,6 @@ from bkspark.errors import (
 from .store import (
     MetadataStore,
     Transaction,
-    join,
     parent_of,
     validate_data,
     validate_path,

@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 
-from bkspark.errors import BadVersionError, MetadataError, NodeExistsError
+from bkspark.errors import BadVersionError, NodeExistsError
 
 JAVA_DIR = os.environ.get("BKSPARK_ZK_JAVA_DIR", "/usr/share/java")
 ZK_JARS = (
@@ -176,6 +176,23 @@ class ZooKeeperServer:
         self.stop()
 
 
+# ---- skipping ------------------------------------------------------------------------
+
+def require_all() -> bool:
+    """True when optional infrastructure (ZooKeeper, Spark, ...) must not be skipped:
+    the environment sets ``BKSPARK_REQUIRE_ALL=1`` (CI does)."""
+    return os.environ.get("BKSPARK_REQUIRE_ALL", "") not in ("", "0", "false", "no")
+
+
+def skip_or_fail(reason: str):
+    """``pytest.skip(reason)``, or ``pytest.fail`` under ``BKSPARK_REQUIRE_ALL=1``."""
+    import pytest
+    if require_all():
+        pytest.fail(f"{reason} (BKSPARK_REQUIRE_ALL is set, so this cannot be skipped)",
+                    pytrace=False)
+    pytest.skip(reason)
+
+
 # ---- fault injection --------------------------------------------------------------------
 
 def expire_session(store, timeout: float = 30.0) -> None:
@@ -293,7 +310,7 @@ def ephemeral_then_die_worker(uri: str, path: str, session_timeout: float) -> No
 
 
 __all__ = ["ZooKeeperServer", "ZooKeeperUnavailable", "expire_session", "drop_connection",
-           "zookeeper_classpath", "free_port", "unique_root", "MetadataError"]
+           "zookeeper_classpath", "free_port", "unique_root", "require_all", "skip_or_fail"]
 
 
 def open_and_create_worker(uri: str, index: int, start_event=None) -> str:

@@ -12,29 +12,22 @@ Metadata stores:
 * ``store_factory``: ``store_factory(uri=None, **open_store_kwargs)`` opens more stores on
   the same URI (another "process" view of the metadata); all closed after the test.
 
-Helpers: :func:`require_all` tells whether skips must become failures.
+Helpers (import them from :mod:`metadata.testing`, not from this conftest — several
+``conftest`` modules exist): ``skip_or_fail(reason)`` skips, or fails under
+``BKSPARK_REQUIRE_ALL=1``; ``expire_session(store)``, ``drop_connection(store)``.
 """
 from __future__ import annotations
-
-import os
 
 import pytest
 
 from metadata import open_store
-from metadata.testing import ZooKeeperServer, ZooKeeperUnavailable, unique_root
-
-
-def require_all() -> bool:
-    """True when optional infrastructure (ZooKeeper, Spark, ...) must not be skipped."""
-    return os.environ.get("BKSPARK_REQUIRE_ALL", "") not in ("", "0", "false", "no")
-
-
-def skip_or_fail(reason: str):
-    """``pytest.skip(reason)``, or ``pytest.fail`` under ``BKSPARK_REQUIRE_ALL=1``."""
-    if require_all():
-        pytest.fail(f"{reason} (BKSPARK_REQUIRE_ALL is set, so this cannot be skipped)",
-                    pytrace=False)
-    pytest.skip(reason)
+from metadata.testing import (  # noqa: F401 - re-exported for other test packages
+    ZooKeeperServer,
+    ZooKeeperUnavailable,
+    require_all,
+    skip_or_fail,
+    unique_root,
+)
 
 
 @pytest.fixture(scope="session")

@@ -366,6 +366,9 @@ class BookieService(pb_grpc.BookieServicer):
             FaultInjector.apply_delay(fault, cancelled=lambda: not context.is_active())
             if fault.error or fault.drop:
                 return pb.ReadLacResponse(status=fault.error or errors.EIO, ledger_id=request.ledger_id)
+        if request.ledger_id < 0:
+            return pb.ReadLacResponse(status=errors.EBADREQ, ledger_id=request.ledger_id,
+                                      message="bad ledger id")
         if not self.storage.has_ledger(request.ledger_id):
             return pb.ReadLacResponse(status=errors.ENOLEDGER, ledger_id=request.ledger_id)
         lac_body = self.storage.explicit_lac(request.ledger_id) or b""
@@ -408,6 +411,8 @@ class BookieService(pb_grpc.BookieServicer):
                                      read_only=self.state.read_only)
 
     def ListEntries(self, request, context):
+        if request.ledger_id < 0:
+            return pb.ListEntriesResponse(status=errors.EBADREQ, message="bad ledger id")
         if not self.storage.has_ledger(request.ledger_id):
             return pb.ListEntriesResponse(status=errors.ENOLEDGER)
         ranges = self.storage.list_entries(request.ledger_id)

@@ -23,7 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--open-ledger-grace", type=float, default=30.0,
                         help="seconds to leave an open last fragment to its writer before "
                              "fencing the ledger (default 30)")
-    parser.add_argument("--worker-threads", type=int, default=1)
+    parser.add_argument("--worker-threads", type=int, default=2,
+                        help="ledgers re-replicated at once by this process (default 2)")
     parser.add_argument("--retry-backoff", type=float, default=5.0)
     parser.add_argument("--session-timeout", type=float, default=10.0,
                         help="metadata session timeout: a dead auditor is replaced after it")

@@ -108,6 +108,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--to", default=None, help="bookie to copy to (default: random per fragment)")
     p.add_argument("--skip-open-ledgers", action="store_true",
                    help="do not fence open ledgers whose last fragment uses the bookie")
+    p.add_argument("--parallel", type=int, default=4, help="ledgers at once (default 4)")
     p = add("decommission", "retire a bookie safely (read-only, migrate, delete cookie)")
     p.add_argument("bookie")
 
@@ -495,39 +496,51 @@ def _log_ledgers(md) -> list:
 # ---- recover / decommission --------------------------------------------------------------------------------
 
 class _Progress:
-    """Rich progress bar (ledgers, entries, bytes, rate, ETA); silent with --json."""
+    """Rich progress bar: ledgers, entries, bytes, rate, ETA (silent with --json)."""
 
     def __init__(self, enabled: bool):
         self.enabled = enabled
         self.bar = None
+        self.ledgers = self.entries = 0
+        self.ledgers_total = self.entries_total = 0
+        import threading
+        self.lock = threading.Lock()
 
     def __enter__(self):
         if self.enabled:
-            from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress,
-                                       TextColumn, TimeRemainingColumn, TransferSpeedColumn)
-            self.bar = Progress(TextColumn("{task.description}"), BarColumn(),
-                                MofNCompleteColumn(), DownloadColumn(), TransferSpeedColumn(),
-                                TimeRemainingColumn(), transient=False)
+            from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
+                                       TimeRemainingColumn, TransferSpeedColumn)
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                                TransferSpeedColumn(), TextColumn("ETA"), TimeRemainingColumn())
             self.bar.start()
         return self
 
+    def _desc(self):
+        return (f"ledgers {self.ledgers}/{self.ledgers_total}  "
+                f"entries {self.entries}/{self.entries_total}")
+
     def start(self, ledgers, entries, nbytes):
+        self.ledgers_total, self.entries_total = ledgers, entries
         if self.bar:
-            self.t_ledgers = self.bar.add_task("ledgers", total=max(ledgers, 1) if ledgers else 0)
-            self.t_entries = self.bar.add_task("entries", total=entries or None)
-            self.t_bytes = self.bar.add_task("bytes", total=nbytes or None)
+            self.task = self.bar.add_task(self._desc(), total=nbytes or None)
 
     def advance(self, entries, nbytes):
+        with self.lock:
+            self.entries += entries
         if self.bar:
-            self.bar.advance(self.t_entries, entries)
-            self.bar.advance(self.t_bytes, nbytes)
+            self.bar.update(self.task, advance=nbytes, description=self._desc())
 
     def ledger_done(self):
+        with self.lock:
+            self.ledgers += 1
         if self.bar:
-            self.bar.advance(self.t_ledgers, 1)
+            self.bar.update(self.task, description=self._desc())
 
     def __exit__(self, *exc):
         if self.bar:
+            task = self.bar.tasks[0] if self.bar.tasks else None
+            if task is not None and task.total is not None and task.completed > task.total:
+                self.bar.update(self.task, total=task.completed)
             self.bar.stop()
 
 
@@ -553,7 +566,8 @@ def cmd_recover(args, out):
     check_bookie_id(args.bookie)
     with _client(args) as bk, _Progress(not out.as_json) as prog:
         summary = recover_bookie(bk, args.bookie, target=args.to,
-                                 fence_open=not args.skip_open_ledgers, progress=prog)
+                                 fence_open=not args.skip_open_ledgers, progress=prog,
+                                 parallel=args.parallel)
     _summary_out(out, "recovered", summary)
 
 

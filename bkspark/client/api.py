@@ -36,6 +36,8 @@ class ClientConfig:
     speculative_read_timeout: float = 2.0   # ask a second replica after this (0 = never)
     read_range_timeout: float = 120.0
     max_outstanding_bytes: int = 64 << 20   # back-pressure bound of unacknowledged adds
+    max_bookie_backlog_bytes: int = 64 << 20  # unsent adds to one bookie beyond this for
+                                              # add_timeout: the bookie is replaced
     read_window: int = 64                   # per-entry reads in flight
     recovery_read_window: int = 16          # recovery reads in flight
     recovery_negative_grace: float = 1.0    # wait this long for a late positive answer
@@ -43,6 +45,7 @@ class ClientConfig:
     metadata_retries: int = 20
     close_flush_timeout: float = 120.0
     bookie_cache_seconds: float = 1.0       # how long the writable-bookie list is reused
+    explicit_lac_interval: float = 1.0      # idle writer publishes its LAC (0 = never)
     overload_retry_delay: float = 0.05      # resend after ETOOMANYREQUESTS
     suspect_seconds: float = 30.0           # a failed/slow bookie is read from last this long
 
@@ -133,6 +136,7 @@ class BookKeeper:
         self._writers: weakref.WeakSet = weakref.WeakSet()
         self._bookie_cache = (0.0, {})
         self._closed = False
+        self._backlogged: dict[str, float] = {}
         self._ticker_stop = threading.Event()
         self._ticker = threading.Thread(target=self._tick_loop, daemon=True, name="bk-ticker")
         self._ticker.start()
@@ -175,6 +179,16 @@ class BookKeeper:
         period = max(0.05, min(0.5, self.conf.add_timeout / 4))
         while not self._ticker_stop.wait(period):
             now = time.monotonic()
+            for bc in self._pool.clients():     # a bookie that stopped taking adds
+                if bc.backlog > self.conf.max_bookie_backlog_bytes:
+                    since = self._backlogged.setdefault(bc.bookie_id, now)
+                    if now - since > self.conf.add_timeout:
+                        del self._backlogged[bc.bookie_id]
+                        self._health.suspect(bc.bookie_id)
+                        bc.break_stream(f"{bc.backlog} bytes of adds unsent for "
+                                        f"{self.conf.add_timeout}s")
+                else:
+                    self._backlogged.pop(bc.bookie_id, None)
             for lh in list(self._writers):
                 try:
                     lh._tick(now)
@@ -266,6 +280,8 @@ class BookKeeper:
         if self._closed:
             return
         self._closed = True
+        for lh in list(self._writers):      # nobody will ever ack their pending adds
+            lh._abort(errors.BKError("the BookKeeper client was closed"))
         self._ticker_stop.set()
         self._scheduler.stop()
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -73,6 +73,7 @@ class _AddStream:
         self.client = client
         self.q: queue.SimpleQueue = queue.SimpleQueue()
         self.dead = False
+        self.backlog = 0            # bytes queued but not yet handed to gRPC
         self.call = client._add_stream_callable(self._requests())
         self.thread = threading.Thread(target=self._read, daemon=True,
                                        name=f"bk-acks-{client.bookie_id}")
@@ -107,6 +108,7 @@ class _AddStream:
                 parts.extend(item)
                 size += sum(map(len, item))
             last = time.monotonic()
+            self.backlog -= size
             yield b"".join(parts)
 
     def _read(self):
@@ -138,6 +140,7 @@ class _AddStream:
     def send(self, elems: list[bytes]) -> bool:
         if self.dead:
             return False
+        self.backlog += sum(map(len, elems))
         self.q.put(elems)
         return True
 
@@ -148,7 +151,7 @@ class _AddStream:
 class BookieClient:
     """Channel, stub and add stream of one bookie (thread-safe)."""
 
-    linger = 0.001      # minimum seconds between two add messages on one stream
+    linger = 0.002      # minimum seconds between two add messages on one stream
 
     def __init__(self, bookie_id: str, address: str, sinks: dict, on_failure=None):
         self.bookie_id = bookie_id
@@ -192,6 +195,22 @@ class BookieClient:
             except Exception:  # noqa: BLE001
                 log.exception("bookie failure handler failed")
 
+    @property
+    def backlog(self) -> int:
+        """Bytes of adds queued for this bookie and not yet sent (a stuck bookie grows it)."""
+        st = self._stream
+        return st.backlog if st is not None else 0
+
+    def break_stream(self, reason: str) -> None:
+        """Abort the add stream (its sinks hear on_bookie_failed and replace the bookie)."""
+        st = self._stream
+        if st is not None:
+            log.warning("bookie %s: %s; abandoning its add stream", self.bookie_id, reason)
+            try:
+                st.call.cancel()
+            except Exception:  # noqa: BLE001
+                pass
+
     # ---- unary calls -------------------------------------------------------------------
     def _wrap(self, grpc_future) -> Future:
         out: Future = Future()
@@ -229,6 +248,18 @@ class BookieClient:
                             flags=flags, body=body)
         try:
             return self._wrap(self.stub.Add.future(req, timeout=timeout))
+        except Exception as exc:  # noqa: BLE001
+            f: Future = Future()
+            f.set_exception(rpc_error(self.bookie_id, exc))
+            return f
+
+    def write_lac(self, ledger_id: int, lac: int, master_key: bytes, lac_body: bytes, *,
+                  timeout: float = 10.0) -> Future:
+        """Unary WriteLac (explicit LAC for tailing readers); Future of the response."""
+        req = pb.WriteLacRequest(ledger_id=ledger_id, lac=lac, master_key=master_key,
+                                 lac_body=lac_body)
+        try:
+            return self._wrap(self.stub.WriteLac.future(req, timeout=timeout))
         except Exception as exc:  # noqa: BLE001
             f: Future = Future()
             f.set_exception(rpc_error(self.bookie_id, exc))
@@ -299,6 +330,9 @@ class BookieClientPool:
     def unregister(self, ledger_id: int, sink) -> None:
         if self.sinks.get(ledger_id) is sink:
             del self.sinks[ledger_id]
+
+    def clients(self) -> list[BookieClient]:
+        return list(self._clients.values())
 
     def close(self) -> None:
         with self._lock:

@@ -92,6 +92,8 @@ class LedgerHandle:
         self._done_q: deque = deque()
         self._cb_lock = threading.Lock()
         self.ensemble_changes = 0
+        self._explicit_lac = -1
+        self._last_append = 0.0
         bk._pool.register(self.ledger_id, self)
         bk._register_writer(self)
 
@@ -209,6 +211,7 @@ class LedgerHandle:
                 eid += 1
             self._next_id, self._length = eid, length
             self._outstanding += outstanding
+            self._last_append = now
         self._send(sends)
         return first
 
@@ -328,10 +331,17 @@ class LedgerHandle:
         self._failed.clear()
         self._space.notify_all()
 
+    def _abort(self, exc: BKError) -> None:
+        """Fail every pending add and refuse new ones (the client is going away)."""
+        with self._lock:
+            self._fail_all(exc)
+        self._run_callbacks()
+
     # ---- timeouts ------------------------------------------------------------------------
     def _tick(self, now: float) -> None:
         """Called periodically: bookies that left an add unanswered too long are failed."""
         timeout = self._bk.conf.add_timeout
+        self._maybe_write_explicit_lac(now)
         with self._lock:
             if not self._pending or self._changing or self._error is not None:
                 return
@@ -345,6 +355,24 @@ class LedgerHandle:
                 self._bk._health.suspect(b)
                 self._bookie_failed_locked(b, OperationTimeoutError(
                     f"bookie {b}: add not acknowledged within {timeout}s"))
+
+    def _maybe_write_explicit_lac(self, now: float) -> None:
+        """When the writer went idle, the LAC piggybacked on the last entry trails the real
+        one: tell the ensemble the LAC explicitly (WriteLac) so tailing readers see it."""
+        interval = self._bk.conf.explicit_lac_interval
+        if not interval:
+            return
+        with self._lock:
+            lac = self._lac
+            if (lac <= self._explicit_lac or self._pending or self._changing
+                    or self._error is not None or self._closed
+                    or now - self._last_append < interval):
+                return
+            self._explicit_lac = lac
+            ensemble = list(self._ensemble)
+        body = self._digest.frame_lac(lac)
+        for b in ensemble:
+            self._bk._pool.get(b).write_lac(self.ledger_id, lac, self._master_key, body)
 
     # ---- ensemble change -----------------------------------------------------------------
     def _bookie_failed_locked(self, bookie_id: str, error: BKError):

@@ -17,6 +17,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 
 from bkspark import errors
@@ -74,8 +75,6 @@ class _EntryRead:
         f = self.rh._bk._pool.get(b).read(self.rh.ledger_id, self.entry_id, flags=self.flags,
                                           master_key=mk, timeout=conf.read_timeout)
         f.add_done_callback(lambda fut, b=b: self._on_response(b, fut))
-        if self._next < len(self.bookies) and conf.speculative_read_timeout:
-            self.rh._bk._scheduler.schedule(conf.speculative_read_timeout, self._speculate)
         return True
 
     def _speculate(self):
@@ -248,23 +247,40 @@ class ReadHandle:
             else:
                 yield from self._read_window(lo, hi, ensemble)
 
-    def _read_one(self, entry_id: int, ensemble: list[str], flags: int = 0) -> Future:
+    def _read_one_op(self, entry_id: int, ensemble: list[str], flags: int = 0) -> _EntryRead:
         bookies = quorum.write_set_bookies(entry_id, ensemble, self._md.write_quorum)
-        return _EntryRead(self, entry_id, bookies, flags).start()
+        op = _EntryRead(self, entry_id, bookies, flags)
+        op.start()
+        return op
 
     def _read_window(self, lo: int, hi: int, ensemble: list[str]):
+        """Per-entry reads with ``read_window`` in flight, yielded in order. Speculation is
+        driven from here (no timer per read): when the oldest read is not answered within
+        ``speculative_read_timeout``, every read that old also asks its next replica."""
         window = self._bk.conf.read_window
+        spec = self._bk.conf.speculative_read_timeout or None
         inflight: deque = deque()
         nxt = lo
         try:
             while nxt <= hi or inflight:
                 while nxt <= hi and len(inflight) < window:
-                    inflight.append(self._read_one(nxt, ensemble))
+                    inflight.append((time.monotonic(), self._read_one_op(nxt, ensemble)))
                     nxt += 1
-                yield inflight.popleft().result()
+                t0, op = inflight[0]
+                while True:
+                    try:
+                        entry = op.future.result(timeout=spec)
+                        break
+                    except FutureTimeout:
+                        now = time.monotonic()
+                        for t, other in list(inflight):
+                            if now - t >= spec and not other.future.done():
+                                other._speculate()
+                inflight.popleft()
+                yield entry
         finally:
-            for f in inflight:
-                f.cancel()
+            for _, op in inflight:
+                op.future.cancel()
 
     def _read_range_segment(self, lo: int, hi: int, ensemble: list[str]):
         """Stream lo..hi from one bookie (Qw == E: each holds the whole fragment); on any

@@ -63,6 +63,7 @@ class Auditor:
             except BKError as exc:
                 log.warning("auditor: cannot watch bookies: %s", exc)
         self.first_missing = {}
+        index: dict = {}
         last_scan = 0.0
         last_due: set = set()
         last_check = time.monotonic()
@@ -76,7 +77,9 @@ class Auditor:
                 try:
                     now = time.monotonic()
                     _, alive = live_bookies(self.store)
-                    if alive != last_alive or now - last_scan >= self.config.audit_interval:
+                    stale = now - last_scan >= (self.config.audit_interval if self.first_missing
+                                                else 6 * self.config.audit_interval)
+                    if alive != last_alive or stale:
                         index = self._bookie_index()
                         last_scan = now
                         last_alive = alive
@@ -93,7 +96,10 @@ class Auditor:
                         self.config.lost_bookie_recovery_delay)
                     due = {b for b, t in self.first_missing.items() if now - t >= delay}
                     if due and self.urm.is_enabled() and (due != last_due or now == last_scan):
-                        self.publish_lost(due)
+                        if now != last_scan:
+                            index = self._bookie_index()
+                            last_scan = now
+                        self.publish_lost(due, index)
                         last_due = due
                     elif not due:
                         last_due = set()
@@ -126,10 +132,11 @@ class Auditor:
                 index.setdefault(b, set()).add(lid)
         return index
 
-    def publish_lost(self, lost: set) -> int:
+    def publish_lost(self, lost: set, index: dict | None = None) -> int:
         """Publish a record for every ledger with a fragment on a ``lost`` bookie."""
         n = 0
-        index = self._bookie_index()
+        if index is None:
+            index = self._bookie_index()
         for b in sorted(lost):
             for lid in sorted(index.get(b, ())):
                 if self.urm.mark(lid, [b], by=self.identifier):

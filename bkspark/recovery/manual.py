@@ -21,17 +21,13 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 
-from bkspark.errors import BKError, NoNodeError, NoSuchLedgerError
+from bkspark.errors import BKError, NoNodeError, NoSuchLedgerError, RecoveryFailedError
 from metadata import ledgers as ledger_store
 from metadata import registry
 
 from .replicator import FULL, LedgerReplicator, fragments
 
 log = logging.getLogger("bkspark.recovery.manual")
-
-
-class RecoveryFailedError(BKError):
-    """Manual recovery or decommission left ledgers on the bookie."""
 
 
 @dataclass
@@ -70,15 +66,17 @@ def ledgers_on(bk, bookie: str) -> list[tuple[int, int, int]]:
                 n += len(frag.entries_of(frag.ensemble.index(bookie), md.ensemble_size,
                                          md.write_quorum))
         avg = md.length / (md.last_entry_id + 1) if md.last_entry_id >= 0 and md.length else 0
-        out.append((lid, n, int(n * avg)))
+        overhead = 32 + {"crc32c": 4, "crc32": 8, "hmac": 20}.get(md.digest_type, 0)
+        out.append((lid, n, int(n * (avg + overhead))))
     return out
 
 
 def recover_bookie(bk, bookie: str, *, target: str | None = None, fence_open: bool = True,
-                   read_from_bookie: bool = False, progress=None) -> RecoverySummary:
+                   read_from_bookie: bool = False, progress=None,
+                   parallel: int = 4) -> RecoverySummary:
     """Re-replicate everything that was on ``bookie`` (see the module docstring).
 
-    ``progress``: an object with ``start(ledgers, entries, bytes)``, ``advance(entries,
+    ``parallel``: ledgers re-replicated at once. ``progress``: an object with ``start(ledgers, entries, bytes)``, ``advance(entries,
     bytes)`` and ``ledger_done()`` (the shell's progress bar), or None.
     """
     t0 = time.monotonic()
@@ -95,19 +93,30 @@ def recover_bookie(bk, bookie: str, *, target: str | None = None, fence_open: bo
     if progress is not None:
         progress.start(len(plan), sum(n for _, n, _ in plan), sum(b for _, _, b in plan))
     rep = LedgerReplicator(bk, progress=(progress.advance if progress is not None else None))
-    for lid, _, _ in plan:
+
+    def one(lid):
         try:
-            res = rep.replicate_ledger(lid, bad={bookie}, target=target,
-                                       read_from_bad=read_from_bookie, fence_open=fence_open)
+            return lid, rep.replicate_ledger(lid, bad={bookie}, target=target,
+                                             read_from_bad=read_from_bookie,
+                                             fence_open=fence_open), None
         except NoSuchLedgerError:
-            summary.replicated.append(lid)      # deleted meanwhile: nothing to keep
-            continue
+            return lid, None, None              # deleted meanwhile: nothing to keep
         except BKError as exc:
-            summary.failed[lid] = str(exc)
-            continue
+            return lid, None, str(exc)
         finally:
             if progress is not None:
                 progress.ledger_done()
+
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max(1, parallel), thread_name_prefix="recover") as pool:
+        results = list(pool.map(one, [lid for lid, _, _ in plan]))
+    for lid, res, err in results:
+        if err is not None:
+            summary.failed[lid] = err
+            continue
+        if res is None:
+            summary.replicated.append(lid)
+            continue
         summary.entries += res.entries
         summary.bytes += res.bytes
         if res.status == FULL:

@@ -42,17 +42,14 @@ from bkspark.client import quorum, wire
 from bkspark.client.digest import DigestManager, master_key
 from bkspark.client.placement import choose_replacement
 from bkspark.client.recovery import LedgerRecovery, _WriteBack
-from bkspark.errors import BadVersionError, BKError, DigestMismatchError, NotEnoughBookiesError
+from bkspark.errors import (BadVersionError, BKError, DigestMismatchError, NotEnoughBookiesError,
+                            ReplicationError)
 from bkspark.proto import bookie_pb2 as pb
 from metadata import ledgers as ledger_store
 from metadata import registry
 from metadata.ledger_metadata import LedgerState
 
 log = logging.getLogger("bkspark.recovery")
-
-
-class ReplicationError(BKError):
-    """A fragment could not be re-replicated now (the ledger stays under-replicated)."""
 
 
 # ---- fragments -------------------------------------------------------------------------------
@@ -409,7 +406,8 @@ class LedgerReplicator:
             unknown = [b for b in cands if holdings.get(b) is None]
             return have + unknown
 
-        writer = _Writer(self.bk, target, lid, mk, self.window, self.timeout)
+        writer = _StreamWriter.open(self.bk, target, lid, mk, self.timeout) or \
+            _Writer(self.bk, target, lid, mk, self.window, self.timeout)
         copied = nbytes = 0
         try:
             for x, body in self._fetch(lid, entries, candidates, digest):
@@ -434,7 +432,8 @@ class LedgerReplicator:
                 raise ReplicationError(f"ledger {lid} entry {x}: no surviving replica to read "
                                        "it from")
             src = c[0]
-            if runs and runs[-1][0] == src and runs[-1][2] == x - 1:
+            if runs and runs[-1][0] == src and runs[-1][2] == x - 1 \
+                    and runs[-1][2] - runs[-1][1] < 1023:      # streams of <= 1024 entries
                 runs[-1][2] = x
             else:
                 runs.append([src, x, x])
@@ -464,31 +463,44 @@ class LedgerReplicator:
                     log.info("ledger %d: range %d..%d from %s stopped at %d: %s", lid, lo, hi,
                              src, got, exc)
                 for x in range(got, hi + 1):      # the rest one by one, any replica
-                    pending.append((x, client.get(src).read(lid, x, timeout=self.timeout)))
+                    pending.append((x, self._read(src, lid, x)))
                     yield from drain(self.window)
             else:
                 for x in range(lo, hi + 1):
-                    pending.append((x, client.get(src).read(lid, x, timeout=self.timeout)))
+                    pending.append((x, self._read(src, lid, x)))
                     yield from drain(self.window)
         yield from drain(0)
 
+    def _read(self, bookie, lid, x):
+        """A raw gRPC future of one entry read (cheaper than the client's wrapped futures;
+        errors are mapped in :meth:`_await_read`)."""
+        try:
+            return self.bk._pool.get(bookie).stub.Read.future(
+                pb.ReadRequest(ledger_id=lid, entry_id=x), timeout=self.timeout)
+        except Exception as exc:  # noqa: BLE001
+            return _Failed(exc)
+
     def _await_read(self, lid, x, fut, cands, digest) -> bytes:
+        from bkspark.client.bookie_client import rpc_error
         notes = []
         tried = 0
         while True:
+            who = cands[tried] if tried < len(cands) else "?"
             try:
                 resp = fut.result()
                 if resp.status == errors.EOK:
                     digest.verify(resp.body, x)
                     return bytes(resp.body)
-                notes.append(f"{cands[tried]}: {errors.status_name(resp.status)}")
-            except (BKError, IndexError) as exc:
-                notes.append(f"{cands[tried] if tried < len(cands) else '?'}: {exc}")
+                notes.append(f"{who}: {errors.status_name(resp.status)}")
+            except BKError as exc:
+                notes.append(f"{who}: {exc}")
+            except Exception as exc:  # noqa: BLE001 - transport error: unknown, try another
+                notes.append(str(rpc_error(who, exc)))
             tried += 1
             if tried >= len(cands):
                 raise ReplicationError(f"ledger {lid} entry {x}: no replica could serve it "
                                        f"({'; '.join(notes)})")
-            fut = self.bk._pool.get(cands[tried]).read(lid, x, timeout=self.timeout)
+            fut = self._read(cands[tried], lid, x)
 
     # ---- recovery of an open ledger -------------------------------------------------------
     def _recover(self, md, bad: set, writable: dict, target: str | None) -> dict:
@@ -524,6 +536,14 @@ class LedgerReplicator:
 
 class _Conflict(Exception):
     pass
+
+
+class _Failed:
+    def __init__(self, exc):
+        self.exc = exc
+
+    def result(self):
+        raise self.exc
 
 
 class _SubstitutingRecovery(LedgerRecovery):
@@ -576,6 +596,104 @@ class _Writer:
 
     def abandon(self):
         self.pending.clear()
+
+
+class _StreamWriter:
+    """RECOVERY_ADD of bodies to one bookie over the client's streaming add path
+    (hand-encoded batches on the bookie's AddStream; acks come back through this sink).
+    Used when no write handle of the same client owns the ledger's sink."""
+
+    MAX_OUTSTANDING = 4096
+    MAX_OUTSTANDING_BYTES = 32 << 20
+    BATCH = 64
+
+    @classmethod
+    def open(cls, bk, target, lid, mk, timeout):
+        pool = bk._pool
+        if lid in pool.sinks:
+            return None
+        w = cls(bk, target, lid, mk, timeout)
+        pool.register(lid, w)
+        return w
+
+    def __init__(self, bk, target, lid, mk, timeout):
+        self.pool = bk._pool
+        self.client = bk._pool.get(target)
+        self.target = target
+        self.lid = lid
+        self.timeout = timeout
+        self.prefix = wire.request_prefix(lid, mk)
+        self.cond = threading.Condition()
+        self.outstanding: dict[int, int] = {}
+        self.out_bytes = 0
+        self.error: str | None = None
+        self.batch: list[bytes] = []
+
+    # sink interface (called on the stream's reader thread)
+    def on_add_responses(self, bookie_id, items):
+        if bookie_id != self.target:
+            return
+        with self.cond:
+            for eid, status in items:
+                n = self.outstanding.pop(eid, None)
+                if n is not None:
+                    self.out_bytes -= n
+                if status != errors.EOK and self.error is None:
+                    self.error = (f"ledger {self.lid} entry {eid}: {self.target} refused the "
+                                  f"recovery add: {errors.status_name(status)}")
+            self.cond.notify_all()
+
+    def on_bookie_failed(self, bookie_id, error):
+        if bookie_id != self.target:
+            return
+        with self.cond:
+            if self.error is None:
+                self.error = f"ledger {self.lid}: write to {self.target} failed: {error}"
+            self.cond.notify_all()
+
+    def _flush(self):
+        if self.batch:
+            batch, self.batch = self.batch, []
+            try:
+                self.client.send_adds(batch)
+            except BKError as exc:
+                with self.cond:
+                    self.error = self.error or f"ledger {self.lid}: {exc}"
+
+    def _wait(self, until):
+        deadline = time.monotonic() + self.timeout
+        with self.cond:
+            while self.error is None and not until():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.error = (f"ledger {self.lid}: {len(self.outstanding)} recovery adds to "
+                                  f"{self.target} unanswered after {self.timeout:g}s")
+                    break
+                self.cond.wait(min(left, 1.0))
+            if self.error is not None:
+                raise ReplicationError(self.error)
+
+    def put(self, x, body):
+        with self.cond:
+            if self.error is not None:
+                raise ReplicationError(self.error)
+            self.outstanding[x] = len(body)
+            self.out_bytes += len(body)
+        self.batch.append(wire.encode_add(self.prefix, x, wire.RECOVERY_ADD, [body]))
+        if len(self.batch) >= self.BATCH:
+            self._flush()
+        if len(self.outstanding) > self.MAX_OUTSTANDING or \
+                self.out_bytes > self.MAX_OUTSTANDING_BYTES:
+            self._flush()
+            self._wait(lambda: len(self.outstanding) <= self.MAX_OUTSTANDING // 2
+                       and self.out_bytes <= self.MAX_OUTSTANDING_BYTES // 2)
+
+    def finish(self):
+        self._flush()
+        self._wait(lambda: not self.outstanding)
+
+    def abandon(self):
+        self.pool.unregister(self.lid, self)
 
 
 def wait_for(predicate, timeout: float, interval: float = 0.2):

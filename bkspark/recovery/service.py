@@ -30,7 +30,7 @@ class AutoRecoveryConfig:
     audit_interval: float = 10.0
     periodic_check_interval: float = 3600.0
     open_ledger_grace: float = 30.0
-    worker_threads: int = 1
+    worker_threads: int = 2
     retry_backoff: float = 5.0
     session_timeout: float = 10.0
     rpc_timeout: float = 10.0

@@ -286,14 +286,18 @@ def make_schedule(seed: int, duration: float, num_bookies: int, num_workers: int
     weights = {"bookie_kill": 5, "bookie_pause": 3, "inject": 4, "writer_kill": 2,
                "recover_ledger": 3, "log_takeover": 2, "session_expire": 2, "disk_full": 1}
     names = [k for k in kinds if k in weights]
+    first = list(names)             # every kind early in the run, then weighted draws
+    rng.shuffle(first)
     while t < end:
-        kind = rng.choices(names, [weights[k] for k in names])[0]
+        kind = first[0] if first else rng.choices(names, [weights[k] for k in names])[0]
         if kind in ("bookie_kill", "bookie_pause", "disk_full", "inject"):
             free = [i for i in range(num_bookies) if busy_until[i] <= t]
             down = sum(1 for u in busy_until if u > t)
             if not free or (kind != "inject" and down >= max_bookies_down):
                 t += rng.uniform(0.2, 1.0)
                 continue
+            if first:
+                first.pop(0)
             target = rng.choice(free)
             if kind == "bookie_kill":
                 f = Fault(t, kind, target, rng.uniform(0.2, 3.0))
@@ -315,12 +319,25 @@ def make_schedule(seed: int, duration: float, num_bookies: int, num_workers: int
                 busy_until[target] = t + f.duration + 1.5
             faults.append(f)
         else:
+            if first:
+                first.pop(0)
             faults.append(Fault(t, kind, rng.randrange(num_workers), 0.0))
         t += rng.expovariate(1 / 1.2)
     return faults
 
 
 # ---- runner ---------------------------------------------------------------------------------
+
+def wait_serving(cluster, timeout: float = 60.0) -> None:
+    """Wait until every bookie answers gRPC (through any reconnect backoff of this process)."""
+    from bkspark.proto import bookie_pb2 as pb
+    for address in cluster.bookie_ids:
+        channel, stub = _bookie_rpc(address)
+        try:
+            stub.GetBookieInfo(pb.BookieInfoRequest(), timeout=timeout, wait_for_ready=True)
+        finally:
+            channel.close()
+
 
 def _bookie_rpc(address: str):
     from bkspark.proto import bookie_pb2_grpc as pb_grpc
@@ -557,6 +574,7 @@ class FaultRun:
                 b.extra_args = list(c.extra_args)
             if not b.alive:
                 c.start(i)
+        wait_serving(c)
         c.clear_faults()
 
 
@@ -645,7 +663,10 @@ class Checker:
         for i in range(len(self.cluster.bookies)):
             self.cluster.kill(i)
         for i in range(len(self.cluster.bookies)):
-            self.cluster.start(i)
+            self.cluster.start(i, wait=False)
+        for i in range(len(self.cluster.bookies)):
+            self.cluster.wait_ready(i)
+        wait_serving(self.cluster)
         with BookKeeper(self.uri, **CLIENT_CONF) as c:
             for lid, last in sorted(ends.items()):
                 try:
@@ -913,8 +934,7 @@ def run_campaign(seed: int, duration: float, store: str = "sqlite", run_seconds:
                            **run_kwargs)
             result = run.run()
             runs.append(result)
-            if verbose:
-                print(_run_line(result), flush=True)
+            print(_run_line(result), flush=True)
             if not result["violations"] and not keep:
                 shutil.rmtree(run_dir, ignore_errors=True)
             i += 1
@@ -931,7 +951,8 @@ def run_campaign(seed: int, duration: float, store: str = "sqlite", run_seconds:
 def _run_line(r: dict) -> str:
     return (f"run seed={r['seed']} store={r['store']} acked={r['entries_acked']} "
             f"ledgers={r['ledgers_checked']} log_ledgers={r['log_ledgers']} "
-            f"faults={sum(r['faults'].values())} violations={len(r['violations'])} "
+            f"faults={sum(r['faults'].values())} fault_errors={len(r['fault_errors'])} "
+            f"violations={len(r['violations'])} "
             f"({r['wall_seconds']}s)")
 
 
@@ -990,7 +1011,9 @@ def main(argv=None) -> int:
     p.add_argument("--workdir", default=None)
     p.add_argument("--keep", action="store_true", help="keep run directories")
     p.add_argument("--report", default=None, help="write the JSON summary here")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="do not print every fault")
+    p.add_argument("--crash-kills", type=int, default=0,
+                   help="then run the bookie crash campaign with this many kills")
     a = p.parse_args(argv)
     seed = a.seed if a.seed is not None else random.SystemRandom().randrange(1 << 31)
     print(f"fault runner: seed={seed} store={a.store} duration={a.duration}s", flush=True)
@@ -1000,7 +1023,17 @@ def main(argv=None) -> int:
         summary = run_campaign(seed, a.duration, a.store, a.run_seconds, a.workdir, a.keep,
                                not a.quiet, num_bookies=a.bookies,
                                ledger_writers=a.ledger_writers, log_writers=a.log_writers)
-    print(format_summary(summary), flush=True)
+    text = format_summary(summary)
+    if a.crash_kills:
+        from bkspark.testing.crash import format_crash, run_crash_campaign
+        crash = run_crash_campaign(seed, a.crash_kills, verbose=True)
+        summary["crash"] = crash
+        summary["violations"] = summary["violations"] + [dict(v, campaign="crash")
+                                                         for v in crash["violations"]]
+        text += "\n" + format_crash(crash)
+    summary["text"] = text
+    summary["command"] = " ".join(["python -m bkspark.testing.faults"] + argv)
+    print(text, flush=True)
     if a.report:
         with open(a.report, "w") as f:
             json.dump(summary, f, indent=1, default=str)

@@ -186,3 +186,29 @@ def test_usage_errors_and_subprocess(cluster):
     r = subprocess.run([sys.executable, "-m", "bkspark.cli.main", "shell", "listledgers"],
                        capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 2 and "--metadata" in r.stderr
+
+
+def test_zz_in_bookie_autorecovery_after_a_bookie_dies(cluster, ledgers, capsys):
+    """`bkspark bookie --autorecovery`: the bookies' own auditor and workers repair the
+    ledgers of a killed bookie (runs last: it changes the module's cluster)."""
+    try:
+        from tests.recovery.helpers import replication_problems, wait_until
+    except ImportError:                                   # rootdir not on sys.path
+        from recovery.helpers import replication_problems, wait_until
+    closed, opened = ledgers
+    code, doc, _ = sh(capsys, cluster, "autorecovery", "--enable", "--delay", "1", as_json=True)
+    assert code == 0 and doc["lost_bookie_recovery_delay"] == 1
+    cluster.add_bookie()                          # E=3 needs a 4th bookie to replace one
+    with BookKeeper(cluster.metadata_uri) as bk:
+        victim = bk.ledger_metadata(closed).ensembles[0][1][0]
+        cluster.kill(cluster.bookie_ids.index(victim))
+        wait_until(lambda: victim not in bk.ledger_metadata(closed).all_bookies(), 90,
+                   interval=0.5, what="in-bookie autorecovery to replace the dead bookie")
+        assert not replication_problems(bk, closed, 10)
+        # the open ledger waits for its grace period: its record is listed meanwhile
+        if victim in bk.ledger_metadata(opened).all_bookies():
+            code, doc, _ = sh(capsys, cluster, "listunderreplicated", as_json=True)
+            assert code == 0
+            assert [d["ledger_id"] for d in doc] in ([opened], [])
+        code, doc, _ = sh(capsys, cluster, "whoisauditor", as_json=True)
+        assert code == 0 and not doc["auditor"].startswith(victim + ":")

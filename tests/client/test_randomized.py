@@ -92,7 +92,6 @@ def test_random_faults_never_lose_acknowledged_entries(mem_cluster, seed):
         assert md.state is LedgerState.CLOSED
         last = md.last_entry_id
         assert order_ok[0]
-        print("STAT", seed, qw, qa, n_total, recover_at, lh.ensemble_changes, len(acked), last, rh is not None)
         assert acked == list(range(len(acked)))
         if acked:
             assert acked[-1] <= last, "an acknowledged entry is beyond the closed end"

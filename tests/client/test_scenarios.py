@@ -262,6 +262,29 @@ def test_ensemble_change_under_load_loses_no_acknowledged_entry(c, how):
         c.resume(victim)
 
 
+def test_stuck_bookie_outside_the_ack_quorum_is_replaced(c):
+    """Qw=3, Qa=2 and one bookie paused: adds keep being acknowledged by the other two, the
+    paused bookie's unsent backlog stays bounded and it is replaced by an ensemble change."""
+    with client(c, add_timeout=1, max_bookie_backlog_bytes=1 << 20) as bk:
+        lh = bk.create_ledger(3, 3, 2, password=PW)
+        ens = lh.metadata.last_ensemble()
+        lh.append(b"warm")
+        c.pause(idx(c, ens[2]))
+        payload = b"p" * 65536
+        n = 1
+        deadline = time.monotonic() + 60
+        while ens[2] in lh.metadata.last_ensemble():
+            assert time.monotonic() < deadline, "the paused bookie was never replaced"
+            lh.append_many([payload] * 8)
+            n += 8
+        assert lh.append(b"after") == n
+        lh.close()
+        c.resume(idx(c, ens[2]))
+        rh = bk.open_ledger(lh.ledger_id, password=PW)
+        assert rh.last_add_confirmed == n
+        assert [e.data for e in rh.read(n - 1, n)] == [payload, b"after"]
+
+
 def test_two_concurrent_recoverers_converge(c):
     with client(c) as wbk:
         lh, ens, f12 = partial_entry_12(c, wbk)

@@ -171,6 +171,17 @@ def test_tailing_without_recovery(bk):
     assert rh.read_last_add_confirmed() == 13 and rh.is_closed
 
 
+def test_idle_writer_publishes_explicit_lac(mem_cluster):
+    with BookKeeper(mem_cluster.metadata_uri, explicit_lac_interval=0.2) as bk:
+        lh = bk.create_ledger(3, 2, 2)
+        lh.append_many([b"a", b"b", b"c"])
+        rh = bk.open_ledger(lh.ledger_id, recovery=False)
+        # piggybacked LACs trail; the explicit LAC reaches 2 once the writer is idle
+        assert rh.read_lac_long_poll(1, 10) == 2
+        assert [e.data for e in rh.read(0)] == [b"a", b"b", b"c"]
+        lh.close()
+
+
 def test_open_closed_ledger_needs_no_recovery(bk):
     lh = bk.create_ledger(3, 2, 2)
     lh.close()

@@ -10,9 +10,8 @@ import pytest
 from bkspark.errors import MetadataConnectionError
 from metadata import open_store
 from metadata import testing as mt
-from metadata.testing import ZooKeeperServer, ZooKeeperUnavailable
+from metadata.testing import ZooKeeperServer, ZooKeeperUnavailable, skip_or_fail
 
-from conftest import skip_or_fail
 
 
 def test_missing_jars_are_reported(tmp_path):

@@ -11,6 +11,8 @@
 """
 from __future__ import annotations
 
+import threading
+
 import grpc
 import pytest
 
@@ -158,8 +160,14 @@ def test_fenced_ledger_missing_entries_on_live_bookie_repaired(c, bk):
     auditor.check_all_ledgers()
     urm = UnderReplicationManager(bk.store)
     assert lid in urm.list()
-    # ... and a worker repairs it and removes the record
+    # ... the cluster-wide switch holds workers back ...
     worker = ReplicationWorker(bk, WorkerConfig(), "test-worker")
+    urm.disable()
+    try:
+        assert worker.run_once() is False and lid in urm.list()
+    finally:
+        urm.enable()
+    # ... and a worker repairs it and removes the record
     wait_until(lambda: worker.run_once() or lid not in urm.list(), 30,
                what="a worker pass")
     assert lid not in urm.list()
@@ -193,6 +201,37 @@ def test_empty_and_open_ledgers(c, bk):
     # the old writer is fenced
     with pytest.raises(errors.BKError):
         open_lh.append(b"late", timeout=20)
+
+
+def test_full_write_quorum_ledger_is_streamed(c, bk):
+    lh, payloads = write_ledger(bk, 300, size=200, e=3, qw=3, qa=2)
+    victim = lh.metadata.last_ensemble()[1]
+    kill_and_wait(c, bk, victim)
+    res = LedgerReplicator(bk).replicate_ledger(lh.ledger_id)
+    assert res.status == FULL and res.entries == 300
+    assert not replication_problems(bk, lh.ledger_id, 300)
+    read_back(bk, lh.ledger_id, payloads)
+
+
+def test_quick_restart_within_the_delay_publishes_nothing(c, bk):
+    lh, _ = write_ledger(bk, 5)
+    victim = lh.metadata.last_ensemble()[0]
+    urm = UnderReplicationManager(bk.store)
+    auditor = Auditor(bk, AuditorConfig(lost_bookie_recovery_delay=120, audit_interval=1),
+                      "t-auditor")
+    stop = threading.Event()
+    t = threading.Thread(target=auditor.run, args=(lambda: not stop.is_set(),), daemon=True)
+    t.start()
+    try:
+        kill_and_wait(c, bk, victim)
+        wait_until(lambda: victim in auditor.first_missing, 30, what="the auditor to notice")
+        c.start(c.bookie_ids.index(victim))
+        wait_until(lambda: victim not in auditor.first_missing, 30,
+                   what="the auditor to see the bookie back")
+        assert auditor.published == 0 and urm.list() == []
+    finally:
+        stop.set()
+        t.join(10)
 
 
 def test_fragments_model():

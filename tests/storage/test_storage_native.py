@@ -212,3 +212,34 @@ def test_close_while_adding_is_safe(tmp_path):
             assert s.list_entries(lid)[0][1] >= n - 1
     finally:
         s.close()
+
+
+def test_readd_same_entry_keeps_latest_across_flush(tmp_path):
+    # regression: an empty body followed by a re-add of the same entry share a cache offset
+    s = make(tmp_path)
+    try:
+        assert s.add_entries([(0, 0, b"a", False, b""), (0, 0, b"a", False, b"\x00"),
+                              (0, 1, b"a", False, b"x"), (0, 1, b"a", False, b"")]) == [0] * 4
+        s.checkpoint()
+        assert s.read_entry(0, 0) == b"\x00"
+        assert s.read_entry(0, 1) == b""
+        s.add_entries([(0, 0, b"a", True, b"again")])
+        s.checkpoint()
+        assert s.read_entry(0, 0) == b"again"
+    finally:
+        s.close()
+    s = make(tmp_path)
+    try:
+        assert s.read_entry(0, 0) == b"again" and s.read_entry(0, 1) == b""
+    finally:
+        s.close()
+
+
+def test_directory_lock_refuses_second_opener(tmp_path):
+    s = make(tmp_path)
+    try:
+        with pytest.raises(errors.BookieIOError, match="another bookie"):
+            make(tmp_path)
+    finally:
+        s.close()
+    make(tmp_path).close()  # released on close (and by the kernel on kill -9)
