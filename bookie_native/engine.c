@@ -22,6 +22,8 @@
 #define J_VERSION 1u
 #define J_HDR 512u
 #define JR_HDR 12u /* u32 len, u32 type, u32 crc */
+#define JG_HDR 16u /* group: "BKSG", u32 len, u32 crc(records), u32 crc(first 12 bytes) */
+#define JF_SYNC 1u /* journal header flag: written with fdatasync per group */
 enum { JR_ADD = 1, JR_MKEY = 2, JR_FENCE = 3, JR_LAC = 4, JR_DELETE = 5 };
 
 #define L_MAGIC "BKSL"
@@ -400,8 +402,13 @@ static int j_enqueue(Engine *e, uint32_t type, const unsigned char *hdr, size_t 
                      size_t blen, int have_crc, uint32_t crc)
 {
     size_t plen = hlen + blen;
-    if (buf_reserve(&e->pending, JR_HDR + plen) < 0)
+    if (buf_reserve(&e->pending, JG_HDR + JR_HDR + plen) < 0)
         return -1;
+    if (e->pending.len == 0) { /* room for the group header, filled by the journal thread */
+        e->pending_since_ns = now_ns();
+        e->pending.len = JG_HDR;
+        e->j_enq += JG_HDR;
+    }
     unsigned char *p = e->pending.buf + e->pending.len;
     put32(p, (uint32_t)plen);
     put32(p + 4, type);
@@ -415,8 +422,6 @@ static int j_enqueue(Engine *e, uint32_t type, const unsigned char *hdr, size_t 
     memcpy(p + JR_HDR, hdr, hlen);
     if (blen)
         memcpy(p + JR_HDR + hlen, body, blen);
-    if (e->pending.len == 0)
-        e->pending_since_ns = now_ns();
     e->pending.len += JR_HDR + plen;
     e->j_enq += JR_HDR + plen;
     return 0;
@@ -463,7 +468,8 @@ static int j_open_file(Engine *e, uint64_t id)
     memcpy(hdr, J_MAGIC, 4);
     put32(hdr + 4, J_VERSION);
     put64(hdr + 8, id);
-    put32(hdr + 16, bks_crc32c(0, hdr, 16));
+    put32(hdr + 16, e->jsync ? JF_SYNC : 0);
+    put32(hdr + 20, bks_crc32c(0, hdr, 20));
     uint64_t pre = JPREALLOC;
     if (pre > e->jmax_size + (1 << 20))
         pre = e->jmax_size + (1 << 20);
@@ -541,6 +547,13 @@ static void *journal_thread(void *arg)
         uint64_t pos = e->jpos;
         pthread_mutex_unlock(&e->mu);
         uint64_t t0 = now_ns();
+        {
+            unsigned char *g = e->writing.buf;
+            memcpy(g, "BKSG", 4);
+            put32(g + 4, (uint32_t)(e->writing.len - JG_HDR));
+            put32(g + 8, bks_crc32c(0, g + JG_HDR, e->writing.len - JG_HDR));
+            put32(g + 12, bks_crc32c(0, g, 12));
+        }
         if (!err && pos + e->writing.len > e->jprealloc) {
             uint64_t grow = JPREALLOC > e->writing.len ? JPREALLOC : e->writing.len;
             if (posix_fallocate(fd, (off_t)e->jprealloc, (off_t)(pos + grow - e->jprealloc)) == 0)
@@ -1936,6 +1949,32 @@ static void replay_record(Engine *e, uint32_t type, const unsigned char *p, uint
     }
 }
 
+/* is there a complete group with valid checksums at `off`? */
+static int group_ok(const unsigned char *m, size_t off, size_t sz)
+{
+    if (off + JG_HDR > sz || memcmp(m + off, "BKSG", 4) != 0 || get32(m + off + 12) != bks_crc32c(0, m + off, 12))
+        return 0;
+    uint32_t len = get32(m + off + 4);
+    if (len < JR_HDR || off + JG_HDR + len > sz)
+        return 0;
+    return get32(m + off + 8) == bks_crc32c(0, m + off + JG_HDR, len);
+}
+
+/* offset of the next valid group at or after `off`, or sz */
+static size_t next_group(const unsigned char *m, size_t off, size_t sz)
+{
+    while (off + JG_HDR <= sz) {
+        const unsigned char *q = memchr(m + off, 'B', sz - off);
+        if (!q)
+            return sz;
+        off = (size_t)(q - m);
+        if (group_ok(m, off, sz))
+            return off;
+        off++;
+    }
+    return sz;
+}
+
 static int replay_journals(Engine *e, int have_mark, uint64_t *maxid)
 {
     size_t n;
@@ -1968,26 +2007,64 @@ static int replay_journals(Engine *e, int have_mark, uint64_t *maxid)
             return E_IO;
         }
         if (memcmp(m, J_MAGIC, 4) != 0 || get32(m + 4) != J_VERSION || get64(m + 8) != id ||
-            get32(m + 16) != bks_crc32c(0, m, 16)) {
+            get32(m + 20) != bks_crc32c(0, m, 20)) {
             munmap(m, sz);
             close(fd);
             e->st_replay_truncated += sz;
             continue; /* header never made durable: nothing in it was acknowledged */
         }
-        size_t off = J_HDR;
+        int synced_file = (get32(m + 16) & JF_SYNC) != 0;
+        size_t from = J_HDR; /* records before `from` are already in the entry logs */
         if (have_mark && id == e->mark_id)
-            off = e->mark_pos < sz ? (size_t)e->mark_pos : sz;
-        while (off + JR_HDR <= sz) {
-            uint32_t len = get32(m + off), type = get32(m + off + 4), crc = get32(m + off + 8);
-            if (len == 0 || len > MAX_BODY + 64 || off + JR_HDR + len > sz || type < JR_ADD || type > JR_DELETE)
-                break;
-            if (bks_crc32c(bks_crc32c(0, m + off, 8), m + off + JR_HDR, len) != crc)
-                break;
-            replay_record(e, type, m + off + JR_HDR, len);
-            e->st_replay_records++;
-            off += JR_HDR + len;
+            from = e->mark_pos < sz ? (size_t)e->mark_pos : sz;
+        /* Walk the groups from the start (the mark may fall inside a group). Groups are
+         * self-delimiting (magic + checksums), so after a bad spot we look for the next valid
+         * group. Each group is written only after the previous one was fdatasync'ed, so in a
+         * synced journal a valid group *after* a bad spot means synced data was damaged: if the
+         * damage reaches past the LastLogMark, acknowledged records would be lost -- refuse to
+         * start. A bad spot with no valid group after it is a torn (never acknowledged) tail,
+         * garbage, or the preallocated zeros: cut it. */
+        size_t off = J_HDR, end = J_HDR;
+        while (off < sz) {
+            if (!group_ok(m, off, sz)) {
+                size_t k = next_group(m, off + 1, sz);
+                if (k >= sz)
+                    break;
+                if (synced_file && k > from) {
+                    munmap(m, sz);
+                    close(fd);
+                    free(ids);
+                    seterr(e, "journal %s is corrupt at offset %zu but holds valid synced data at offset %zu: "
+                              "acknowledged records would be lost; refusing to start (repair or restore the "
+                              "journal manually)", p, off, k);
+                    return E_IO;
+                }
+                off = k;
+                continue;
+            }
+            size_t gend = off + JG_HDR + get32(m + off + 4);
+            size_t r = off + JG_HDR;
+            while (r < gend) {
+                int ok = r + JR_HDR <= gend;
+                uint32_t len = ok ? get32(m + r) : 0, type = ok ? get32(m + r + 4) : 0;
+                ok = ok && len > 0 && len <= gend - r - JR_HDR && type >= JR_ADD && type <= JR_DELETE &&
+                     bks_crc32c(bks_crc32c(0, m + r, 8), m + r + JR_HDR, len) == get32(m + r + 8);
+                if (!ok) {
+                    munmap(m, sz);
+                    close(fd);
+                    free(ids);
+                    seterr(e, "journal %s: bad record at offset %zu inside a group whose checksum matches", p, r);
+                    return E_IO;
+                }
+                if (r >= from) {
+                    replay_record(e, type, m + r + JR_HDR, len);
+                    e->st_replay_records++;
+                }
+                r += JR_HDR + len;
+            }
+            off = end = gend;
         }
-        /* torn / garbage / preallocated tail: cut it so tools see a clean file */
+        off = end;
         int garbage = 0;
         for (size_t k = off; k < sz && !garbage; k++)
             garbage = m[k] != 0;

@@ -61,6 +61,20 @@ class LedgerMetadata:
     custom_metadata: dict = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
 
+    def __post_init__(self):
+        # normalise segments to (first_entry_id, [bookies]) so that equality does not depend
+        # on whether a caller used lists or tuples; garbage is left for validate() to report
+        if isinstance(self.ensembles, (list, tuple)):
+            self.ensembles = [
+                (seg[0], list(seg[1])) if isinstance(seg, (list, tuple)) and len(seg) == 2
+                and isinstance(seg[1], (list, tuple)) else seg
+                for seg in self.ensembles]
+        if isinstance(self.state, str) and not isinstance(self.state, LedgerState):
+            try:
+                self.state = LedgerState(self.state)
+            except ValueError:
+                pass  # validate() reports it
+
     # ---- validation ----------------------------------------------------------------------
 
     def validate(self) -> "LedgerMetadata":

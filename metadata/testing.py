@@ -58,6 +58,15 @@ def zookeeper_classpath(java_dir: str = JAVA_DIR) -> str:
     return ":".join(jars)
 
 
+def _die_with_parent():  # pragma: no cover - runs in the child between fork and exec
+    """Linux: SIGTERM the server if the test process dies without stopping it."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
 class ZooKeeperServer:
     """A standalone ZooKeeper server process for tests.
 
@@ -116,7 +125,7 @@ class ZooKeeperServer:
                  "-Dzookeeper.jmx.log4j.disable=true",
                  "-cp", classpath, "org.apache.zookeeper.server.ZooKeeperServerMain", cfg],
                 stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True)
+                start_new_session=True, preexec_fn=_die_with_parent)
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -3,7 +3,9 @@ readlog`). Formats are those of ``bookie_native/engine.c`` (integers in native b
 little-endian on the supported platforms):
 
 * journal ``<journal_dir>/<%016x>.txn``: 512-byte header ``"BKSJ"``, u32 version, u64 id,
-  u32 crc32c(header[0:16]) at 16; then records ``u32 len, u32 type, u32 crc`` + ``len``
+  then either u32 crc32c(header[0:16]) (records follow directly) or u32 flags + u32
+  crc32c(header[0:20]) (records inside ``"BKSG"`` groups: u32 len, u32 crc32c(records),
+  u32 crc32c(first 12 bytes)); records are ``u32 len, u32 type, u32 crc`` + ``len``
   bytes, crc = crc32c(first 8 header bytes + payload). Types: 1 add (u64 ledger, i64 entry,
   body), 2 master key / 3 fence (u64 ledger, u64 incarnation, u16 key length, key), 4
   explicit LAC (u64 ledger, LAC body), 5 delete (u64 ledger). A zero length (preallocated
@@ -58,8 +60,34 @@ def journal_files(path: str) -> list[str]:
     return [path]
 
 
+def _records(data: bytes, off: int, end: int, fp: str, ledger_id):
+    """Records back to back in ``data[off:end]``; yields dicts, stops at the first bad one."""
+    while off + 12 <= end:
+        ln, typ, crc = struct.unpack_from("<III", data, off)
+        if ln == 0 or typ not in JR_TYPES or off + 12 + ln > end:
+            return
+        payload = data[off + 12:off + 12 + ln]
+        if _crc(payload, _crc(data[off:off + 8])) != crc:
+            yield {"file": os.path.basename(fp), "offset": off, "type": "corrupt", "length": ln}
+            return
+        rec = {"file": os.path.basename(fp), "offset": off, "type": JR_TYPES[typ], "length": ln}
+        if ln >= 8:
+            rec["ledger_id"] = _U64.unpack_from(payload, 0)[0]
+        if typ == 1 and ln >= 16:
+            rec["entry_id"] = _I64.unpack_from(payload, 8)[0]
+            rec["body_bytes"] = ln - 16
+        if ledger_id is None or rec.get("ledger_id") == ledger_id:
+            yield rec
+        off += 12 + ln
+
+
 def read_journal(path: str, ledger_id: int | None = None):
-    """Yield one dict per journal record of the file (or every ``.txn`` of a directory)."""
+    """Yield one dict per journal record of the file (or every ``.txn`` of a directory).
+
+    Reads both journal layouts of ``bookie_native``: records back to back after the header
+    (header crc over bytes 0..16), and records inside ``"BKSG"`` groups (header with flags,
+    crc over bytes 0..20; each group: magic, u32 len, u32 crc32c(records), u32 crc32c of the
+    first 12 bytes). A bad spot ends the file's listing (with a ``corrupt`` record)."""
     files = journal_files(path)
     if not files:
         raise BadRequestError(f"no journal files (*.txn) in {path}")
@@ -69,29 +97,27 @@ def read_journal(path: str, ledger_id: int | None = None):
                 data = f.read()
         except OSError as e:
             raise BadRequestError(f"cannot read {fp}: {e.strerror}") from None
-        if len(data) < 512 or data[:4] != b"BKSJ" or \
-                _U32.unpack_from(data, 16)[0] != _crc(data[:16]):
-            yield {"file": fp, "offset": 0, "type": "invalid-header"}
+        if len(data) < 512 or data[:4] != b"BKSJ":
+            yield {"file": os.path.basename(fp), "offset": 0, "type": "invalid-header"}
             continue
-        off = 512
-        while off + 12 <= len(data):
-            ln, typ, crc = struct.unpack_from("<III", data, off)
-            if ln == 0 or typ not in JR_TYPES or off + 12 + ln > len(data):
-                break
-            payload = data[off + 12:off + 12 + ln]
-            if _crc(payload, _crc(data[off:off + 8])) != crc:
-                yield {"file": fp, "offset": off, "type": "corrupt", "length": ln}
-                break
-            rec = {"file": os.path.basename(fp), "offset": off, "type": JR_TYPES[typ],
-                   "length": ln}
-            if ln >= 8:
-                rec["ledger_id"] = _U64.unpack_from(payload, 0)[0]
-            if typ == 1 and ln >= 16:
-                rec["entry_id"] = _I64.unpack_from(payload, 8)[0]
-                rec["body_bytes"] = ln - 16
-            if ledger_id is None or rec.get("ledger_id") == ledger_id:
-                yield rec
-            off += 12 + ln
+        if _U32.unpack_from(data, 20)[0] == _crc(data[:20]):         # grouped layout
+            off = 512
+            while off + 16 <= len(data):
+                if data[off:off + 4] != b"BKSG":
+                    if any(data[off:off + 16]):
+                        yield {"file": os.path.basename(fp), "offset": off, "type": "corrupt"}
+                    break
+                ln, rcrc, hcrc = struct.unpack_from("<III", data, off + 4)
+                if hcrc != _crc(data[off:off + 12]) or off + 16 + ln > len(data) or \
+                        _crc(data[off + 16:off + 16 + ln]) != rcrc:
+                    yield {"file": os.path.basename(fp), "offset": off, "type": "corrupt"}
+                    break
+                yield from _records(data, off + 16, off + 16 + ln, fp, ledger_id)
+                off += 16 + ln
+        elif _U32.unpack_from(data, 16)[0] == _crc(data[:16]):       # records only
+            yield from _records(data, 512, len(data), fp, ledger_id)
+        else:
+            yield {"file": os.path.basename(fp), "offset": 0, "type": "invalid-header"}
 
 
 def read_entry_log(path: str, ledger_id: int | None = None, with_body: bool = False):

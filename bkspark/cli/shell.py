@@ -73,7 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = add("deleteledger", "delete a ledger (metadata; bookies garbage-collect the data)")
     p.add_argument("ledger_id", type=int)
     p.add_argument("--force", action="store_true", help="also delete an OPEN ledger")
-    add("listunderreplicated", "list under-replicated ledgers (autorecovery records)")
+    p = add("listunderreplicated", "list under-replicated ledgers (autorecovery records)")
+    p.add_argument("--missing", default=None, metavar="BOOKIE",
+                   help="only ledgers whose record names this bookie")
     add("whoisauditor", "print the elected auditor")
     p = add("autorecovery", "enable/disable autorecovery cluster-wide, or show its status")
     g = p.add_mutually_exclusive_group()
@@ -111,6 +113,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--parallel", type=int, default=4, help="ledgers at once (default 4)")
     p = add("decommission", "retire a bookie safely (read-only, migrate, delete cookie)")
     p.add_argument("bookie")
+    p.add_argument("--open-ledger-grace", type=float, default=30.0,
+                   help="seconds open ledgers on the bookie get to move on before they are "
+                        "fenced (default 30)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -309,6 +314,8 @@ def cmd_listunderreplicated(args, out):
             if got is None:
                 continue
             rec, version = got
+            if args.missing and args.missing not in rec.get("missing", []):
+                continue
             docs.append({"ledger_id": lid, "missing": rec.get("missing", []),
                          "ctime_ms": rec.get("ctime_ms"), "locked_by": urm.lock_holder(lid)})
     out.table(f"{len(docs)} under-replicated ledgers",
@@ -577,5 +584,6 @@ def cmd_decommission(args, out):
     from metadata.layout import check_bookie_id
     check_bookie_id(args.bookie)
     with _client(args) as bk, _Progress(not out.as_json) as prog:
-        summary = decommission_bookie(bk, args.bookie, progress=prog)
+        summary = decommission_bookie(bk, args.bookie, progress=prog,
+                                      open_ledger_grace=args.open_ledger_grace)
     _summary_out(out, "decommissioned", summary)

@@ -35,11 +35,11 @@ class ClientConfig:
     read_timeout: float = 10.0              # unanswered read -> unknown / next replica
     speculative_read_timeout: float = 2.0   # ask a second replica after this (0 = never)
     read_range_timeout: float = 120.0
-    max_outstanding_bytes: int = 64 << 20   # back-pressure bound of unacknowledged adds
+    max_outstanding_bytes: int = 32 << 20   # back-pressure bound of unacknowledged adds
     max_bookie_backlog_bytes: int = 64 << 20  # unsent adds to one bookie beyond this for
                                               # add_timeout: the bookie is replaced
     read_window: int = 64                   # per-entry reads in flight
-    recovery_read_window: int = 16          # recovery reads in flight
+    recovery_read_window: int = 64          # recovery reads in flight
     recovery_negative_grace: float = 1.0    # wait this long for a late positive answer
     use_read_range: bool = True
     metadata_retries: int = 20

@@ -253,6 +253,26 @@ class BookieClient:
             f.set_exception(rpc_error(self.bookie_id, exc))
             return f
 
+    def list_entries(self, ledger_id: int, *, timeout: float = 10.0) -> Future:
+        """Future of the ``ListEntriesResponse`` (the entry ranges this bookie holds)."""
+        try:
+            return self._wrap(self.stub.ListEntries.future(
+                pb.ListEntriesRequest(ledger_id=ledger_id), timeout=timeout))
+        except Exception as exc:  # noqa: BLE001
+            f: Future = Future()
+            f.set_exception(rpc_error(self.bookie_id, exc))
+            return f
+
+    def force(self, ledger_id: int, *, timeout: float = 10.0) -> Future:
+        """Future of the ``ForceResponse``: everything this bookie accepted is durable."""
+        try:
+            return self._wrap(self.stub.Force.future(pb.ForceRequest(ledger_id=ledger_id),
+                                                     timeout=timeout))
+        except Exception as exc:  # noqa: BLE001
+            f: Future = Future()
+            f.set_exception(rpc_error(self.bookie_id, exc))
+            return f
+
     def write_lac(self, ledger_id: int, lac: int, master_key: bytes, lac_body: bytes, *,
                   timeout: float = 10.0) -> Future:
         """Unary WriteLac (explicit LAC for tailing readers); Future of the response."""

@@ -26,8 +26,10 @@ Exactly the seeds (``fencing.txt``, ``closing-ledgers-safely.txt``, ``protocol.t
 """
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
+import time
 from collections import deque
 
 from bkspark import errors
@@ -46,9 +48,14 @@ _NEGATIVE = (errors.ENOENTRY, errors.ENOLEDGER)
 class _Outcome:
     """Outcome of the recovery read of one entry, filled in by bookie answers."""
 
-    __slots__ = ("entry_id", "tally", "body", "length", "event", "lock", "notes", "grace")
+    __slots__ = ("entry_id", "tally", "body", "length", "event", "lock", "notes", "grace",
+                 "t0", "_bookies", "_send", "_asked")
 
     def __init__(self, entry_id, qw, qa):
+        self.t0 = time.monotonic()
+        self._bookies = []
+        self._send = None
+        self._asked = 0
         self.entry_id = entry_id
         self.tally = quorum.RecoveryReadTally(qw, qa)
         self.body = None
@@ -62,6 +69,29 @@ class _Outcome:
     def result(self) -> str:
         return self.tally.outcome()
 
+    @classmethod
+    def known(cls, entry_id, qw, qa) -> "_Outcome":
+        """An entry known to be stored on Qa bookies (a positive answer, no body read)."""
+        out = cls(entry_id, qw, qa)
+        out.tally.add_positive()
+        out.event.set()
+        return out
+
+    def start(self, bookies, send) -> None:
+        self._bookies, self._send = bookies, send
+        self._asked = 1
+        send(bookies[0])
+
+    def expand(self) -> None:
+        """Ask every replica not asked yet."""
+        with self.lock:
+            if self.event.is_set() and self.result != quorum.UNRECOVERABLE:
+                return
+            rest = self._bookies[self._asked:]
+            self._asked = len(self._bookies)
+        for b in rest:
+            self._send(b)
+
 
 class LedgerRecovery:
     """One recovery attempt of one ledger (see the module docstring)."""
@@ -72,6 +102,7 @@ class LedgerRecovery:
         self.password = password
         self.master_key = master_key(password)
         self.conf = bk.conf
+        self._stream_wb = None
 
     # ---- driver ------------------------------------------------------------------------
     def run(self, md, version):
@@ -179,11 +210,19 @@ class LedgerRecovery:
         log.info("ledger %d: fenced; highest LAC %d, reading forward from %d",
                  self.ledger_id, lac, start + 1)
         writebacks = []
+        self._stream_wb = _StreamWriteBacks(self)
+        try:
+            return self._scan(md, start, digest, writebacks)
+        finally:
+            self._stream_wb.close()
+            self._stream_wb = None
+
+    def _scan(self, md, start: int, digest, writebacks):
         last, length = -1, 0
         if start >= 0:
             # the LAC entry is acknowledged: read it (for its length) and write it back
             out = self._recovery_read(md, start, digest)
-            out.event.wait()
+            self._wait_outcome(out, ())
             if out.result != quorum.RECOVERABLE:
                 raise LedgerRecoveryError(
                     f"ledger {self.ledger_id}: cannot read entry {start} (at or below the LAC): "
@@ -191,19 +230,25 @@ class LedgerRecovery:
             last, length = start, out.length
             # already on Qa bookies (it is <= the LAC): the write-back is best effort
             self._write_back(md, start, out.body)
+        replicated = self._replicated_checker(md)
         window = self.conf.recovery_read_window
         inflight: deque = deque()
         nxt = start + 1
         while True:
             while len(inflight) < window:
-                inflight.append(self._recovery_read(md, nxt, digest))
+                if replicated(nxt):
+                    inflight.append(_Outcome.known(nxt, md.write_quorum, md.ack_quorum))
+                else:
+                    inflight.append(self._recovery_read(md, nxt, digest))
                 nxt += 1
-            out = inflight.popleft()
-            out.event.wait()
+            out = inflight[0]
+            self._wait_outcome(out, inflight)
+            inflight.popleft()
             res = out.result
             if res == quorum.RECOVERABLE:
                 last, length = out.entry_id, out.length
-                writebacks.append(self._write_back(md, out.entry_id, out.body))
+                if out.body is not None:
+                    writebacks.append(self._write_back(md, out.entry_id, out.body))
                 continue
             if res == quorum.UNRECOVERABLE:
                 break
@@ -212,13 +257,84 @@ class LedgerRecovery:
                 f"(answers: {out.notes}); recovery aborted without closing, retry later")
         for wb in writebacks:
             wb.wait()
+        if length is None:
+            # the last entry was known replicated without reading it: read it for its length
+            out = self._recovery_read(md, last, digest)
+            self._wait_outcome(out, ())
+            if out.result != quorum.RECOVERABLE:
+                raise LedgerRecoveryError(
+                    f"ledger {self.ledger_id}: cannot read the last entry {last} "
+                    f"({out.notes}); recovery aborted")
+            length = out.length
         return last, length
 
+    def _replicated_checker(self, md):
+        """A predicate: is entry ``e`` (of the last fragment) already durably stored on at
+        least Qa bookies of its write set, according to ``ListEntries`` (then ``Force``) of
+        the last ensemble?
+
+        Such an entry is recoverable (a positive answer) and already has the replication a
+        write-back would give it, so recovery needs neither to read nor to write it (only the
+        last entry is read, for its length). Anything else takes the per-entry path; a
+        missing or failed listing only means fewer shortcuts."""
+        ensemble = md.last_ensemble()
+        first = md.last_ensemble_first_entry()
+        qw, qa, e_size = md.write_quorum, md.ack_quorum, md.ensemble_size
+        futs = {b: self.bk._pool.get(b).list_entries(self.ledger_id,
+                                                     timeout=self.conf.read_timeout)
+                for b in ensemble}
+        held: list = []
+        for b in ensemble:
+            try:
+                resp = futs[b].result()
+                if resp.status != errors.EOK:
+                    raise errors.error_for_status(resp.status)
+                ranges = [(r.first, r.last) for r in resp.ranges]
+            except BKError as exc:
+                log.info("ledger %d: no entry listing from %s (%s)", self.ledger_id, b, exc)
+                ranges = []
+            held.append(([a for a, _ in ranges], [z for _, z in ranges]))
+        # a listed entry may still sit unsynced in the bookie's journal queue: Force makes
+        # everything the bookie accepted so far durable; a bookie that cannot force counts
+        # as holding nothing
+        forced = {i: self.bk._pool.get(b).force(self.ledger_id, timeout=self.conf.add_timeout)
+                  for i, b in enumerate(ensemble) if held[i][0]}
+        for i, f in forced.items():
+            try:
+                resp = f.result()
+                if resp.status != errors.EOK:
+                    raise errors.error_for_status(resp.status)
+            except BKError as exc:
+                log.info("ledger %d: %s could not force its journal (%s)", self.ledger_id,
+                         ensemble[i], exc)
+                held[i] = ([], [])
+        if not any(starts for starts, _ in held):
+            return lambda entry_id: False
+
+        def has(i, entry_id):
+            starts, ends = held[i]
+            k = bisect.bisect_right(starts, entry_id) - 1
+            return k >= 0 and ends[k] >= entry_id
+
+        def replicated(entry_id):
+            if entry_id < first:
+                return False
+            s = entry_id % e_size
+            n = 0
+            for j in range(qw):
+                if has((s + j) % e_size, entry_id):
+                    n += 1
+            return n >= qa
+        return replicated
+
     def _recovery_read(self, md, entry_id: int, digest) -> _Outcome:
-        """Fencing read of ``entry_id`` from its whole write set."""
+        """Fencing read of ``entry_id``: its first (healthy) replica is asked first, the rest
+        of the write set as soon as that answer is not positive or is late
+        (:meth:`_Outcome.expand`). One call per entry in the common case."""
         qw, qa = md.write_quorum, md.ack_quorum
         out = _Outcome(entry_id, qw, qa)
-        bookies = quorum.write_set_bookies(entry_id, md.ensemble_for(entry_id), qw)
+        bookies = self.bk._health.order(
+            quorum.write_set_bookies(entry_id, md.ensemble_for(entry_id), qw))
 
         def on_resp(b, fut):
             body = None
@@ -256,17 +372,115 @@ class LedgerRecovery:
                                                     out.event.set)
                 elif res != quorum.PENDING:
                     out.event.set()
+            if status != errors.EOK:
+                out.expand()
 
-        for b in bookies:
+        def send(b):
             f = self.bk._pool.get(b).read(self.ledger_id, entry_id, flags=wire.FENCE_LEDGER,
                                           master_key=self.master_key,
                                           timeout=self.conf.read_timeout)
             f.add_done_callback(lambda fut, b=b: on_resp(b, fut))
+
+        out.start(bookies, send)
         return out
 
-    def _write_back(self, md, entry_id: int, body: bytes) -> "_WriteBack":
+    def _wait_outcome(self, out: _Outcome, inflight) -> None:
+        """Wait for ``out``; every ``speculative_read_timeout`` without a decision, each read
+        in flight that long asks the rest of its write set too."""
+        spec = self.conf.speculative_read_timeout or None
+        while not out.event.wait(spec):
+            now = time.monotonic()
+            for o in inflight:
+                if now - o.t0 >= spec:
+                    o.expand()
+            if now - out.t0 >= spec:
+                out.expand()
+
+    def _write_back(self, md, entry_id: int, body: bytes):
+        """RECOVERY_ADD of a recovered entry to its whole write set; ``.wait()`` raises
+        LedgerRecoveryError unless Qa bookies acknowledged it."""
         bookies = quorum.write_set_bookies(entry_id, md.ensemble_for(entry_id), md.write_quorum)
+        if self._stream_wb is not None:
+            return self._stream_wb.add(entry_id, body, bookies, md.ack_quorum)
         return _WriteBack(self, entry_id, body, bookies, md.ack_quorum)
+
+
+class _StreamWriteBacks:
+    """Write-backs of one recovery over the per-bookie add streams (batched like the
+    writer's adds), registered as the ledger's ack sink while recovery runs."""
+
+    def __init__(self, rec: "LedgerRecovery"):
+        self.rec = rec
+        self.lock = threading.Lock()
+        self.entries: dict[int, "_StreamWriteBack"] = {}
+        self.prefix = wire.request_prefix(rec.ledger_id, rec.master_key)
+        self.registered = False
+        pool = rec.bk._pool
+        if rec.ledger_id not in pool.sinks:       # a writer of this ledger here: no stream
+            pool.register(rec.ledger_id, self)
+            self.registered = True
+
+    def add(self, entry_id: int, body: bytes, bookies, qa: int) -> "_StreamWriteBack":
+        wb = _StreamWriteBack(self.rec, entry_id, bookies, qa)
+        with self.lock:
+            self.entries[entry_id] = wb
+        elem = wire.encode_add(self.prefix, entry_id, wire.RECOVERY_ADD, [body])
+        for b in bookies:
+            try:
+                self.rec.bk._pool.get(b).send_adds([elem])
+            except BKError as exc:
+                wb.answer(b, False, str(exc))
+        return wb
+
+    def on_add_responses(self, bookie_id: str, items) -> None:
+        for eid, status in items:
+            wb = self.entries.get(eid)
+            if wb is not None:
+                wb.answer(bookie_id, status == errors.EOK, errors.status_name(status))
+
+    def on_bookie_failed(self, bookie_id: str, error) -> None:
+        with self.lock:
+            wbs = list(self.entries.values())
+        for wb in wbs:
+            wb.answer(bookie_id, False, str(error))
+
+    def close(self) -> None:
+        if self.registered:
+            self.rec.bk._pool.unregister(self.rec.ledger_id, self)
+
+
+class _StreamWriteBack:
+    def __init__(self, rec, entry_id, bookies, qa):
+        self.rec = rec
+        self.entry_id = entry_id
+        self.bookies = list(bookies)
+        self.qa = qa
+        self.answered: dict[str, bool] = {}
+        self.fails: list[str] = []
+        self.event = threading.Event()
+        self.lock = threading.Lock()
+
+    def answer(self, bookie: str, ok: bool, note: str) -> None:
+        with self.lock:
+            if bookie not in self.bookies or bookie in self.answered:
+                return
+            self.answered[bookie] = ok
+            if not ok:
+                self.fails.append(f"{bookie}: {note}")
+            acks = sum(self.answered.values())
+            if acks >= self.qa or len(self.fails) > len(self.bookies) - self.qa:
+                self.event.set()
+
+    def wait(self):
+        if not self.event.wait(self.rec.conf.add_timeout):
+            with self.lock:
+                self.fails.append(f"no answer within {self.rec.conf.add_timeout}s from "
+                                  f"{[b for b in self.bookies if b not in self.answered]}")
+        acks = sum(self.answered.values())
+        if acks < self.qa:
+            raise LedgerRecoveryError(
+                f"ledger {self.rec.ledger_id}: write-back of entry {self.entry_id} reached "
+                f"{acks} of {self.qa} bookies ({self.fails}); recovery aborted")
 
 
 class _WriteBack:

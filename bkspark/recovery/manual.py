@@ -147,11 +147,15 @@ def set_read_only(info: dict, bookie: str, value: bool = True, timeout: float = 
 
 
 def decommission_bookie(bk, bookie: str, *, progress=None, wait_readonly: float = 30.0,
-                        delete_cookie: bool = True) -> RecoverySummary:
-    """Retire ``bookie`` safely (see the module docstring).
+                        delete_cookie: bool = True,
+                        open_ledger_grace: float = 30.0) -> RecoverySummary:
+    """Retire ``bookie`` safely (see the module docstring). Open ledgers whose last
+    fragment uses the bookie get ``open_ledger_grace`` seconds to move on before they are
+    fenced.
 
     :raises RecoveryFailedError: some ledger still uses the bookie afterwards.
     """
+    t0 = time.monotonic()
     writable = registry.list_bookies(bk.store)
     if bookie in writable:
         log.info("decommission: switching %s to read-only", bookie)
@@ -163,8 +167,24 @@ def decommission_bookie(bk, bookie: str, *, progress=None, wait_readonly: float 
             raise BKError(f"bookie {bookie} did not switch to read-only within "
                           f"{wait_readonly:g}s")
     alive = bookie in registry.list_bookies(bk.store, readonly=True)
-    summary = recover_bookie(bk, bookie, fence_open=True, read_from_bookie=alive,
-                             progress=progress)
+    # open ledgers are left to their writers for a grace period (a writer's next add to the
+    # read-only/dead bookie fails and it moves to a new fragment); only then fenced
+    summary = recover_bookie(bk, bookie, fence_open=open_ledger_grace <= 0,
+                             read_from_bookie=alive, progress=progress)
+    deadline = time.monotonic() + max(0.0, open_ledger_grace)
+    while summary.skipped_open:
+        fence = time.monotonic() >= deadline
+        if not fence:
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+        again = recover_bookie(bk, bookie, fence_open=fence, read_from_bookie=alive)
+        summary.entries += again.entries
+        summary.bytes += again.bytes
+        summary.replicated = sorted(set(summary.replicated) | set(again.replicated))
+        summary.failed.update(again.failed)
+        summary.skipped_open = again.skipped_open
+        if fence:
+            break
+    summary.seconds = time.monotonic() - t0
     left = [lid for lid, _, _ in ledgers_on(bk, bookie)]
     if left:
         raise RecoveryFailedError(

@@ -558,6 +558,9 @@ class _SubstitutingRecovery(LedgerRecovery):
         bookies = [self.subst.get(b, b) for b in
                    quorum.write_set_bookies(entry_id, md.ensemble_for(entry_id),
                                             md.write_quorum)]
+        stream = getattr(self, "_stream_wb", None)       # the client's streamed write-backs
+        if stream is not None:
+            return stream.add(entry_id, body, bookies, md.ack_quorum)
         return _WriteBack(self, entry_id, body, bookies, md.ack_quorum)
 
 

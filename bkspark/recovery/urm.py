@@ -58,7 +58,7 @@ class UnderReplicationManager:
                 try:
                     self.store.create(path, _dumps(doc), makepath=True)
                     return True
-                except NodeExistsError:
+                except (NodeExistsError, NoNodeError):  # NoNode: a parent was just pruned
                     continue
             doc = _loads(data)
             merged = sorted(set(doc.get("missing", [])) | set(missing))
@@ -103,12 +103,20 @@ class UnderReplicationManager:
                     out.append(int(m.group(1)))
 
     def delete_record(self, ledger_id: int, version: int = -1) -> bool:
-        """Delete the record (with ``version``, -1 = any); False if it changed or is gone."""
+        """Delete the record (with ``version``, -1 = any); False if it changed or is gone.
+        Empty parent directories are pruned (best effort) so listing stays cheap."""
+        path = underreplicated_path(ledger_id)
         try:
-            self.store.delete(underreplicated_path(ledger_id), version=version)
-            return True
+            self.store.delete(path, version=version)
         except (BadVersionError, NoNodeError):
             return False
+        for _ in range(4):
+            path = path.rsplit("/", 1)[0]
+            try:
+                self.store.delete(path)
+            except Exception:  # noqa: BLE001 - not empty (NotEmpty), raced, ...: stop
+                break
+        return True
 
     # ---- locks -------------------------------------------------------------------------
     def try_lock(self, ledger_id: int) -> int | None:

@@ -63,10 +63,21 @@ class BookKeeperDataSource(DataSource):
                 "no arrow-format ledger found (the log is missing or empty); pass .schema(...)")
         return None
 
+    def _check_read_schema(self, schema) -> None:
+        if self.opts.entry_format == RECORD:
+            expected = codec.record_spark_schema()
+            if [(f.name, f.dataType) for f in schema.fields] != \
+                    [(f.name, f.dataType) for f in expected.fields]:
+                raise BadRequestError(
+                    f"entryFormat=record reads have the fixed schema {expected.simpleString()}; "
+                    f"got .schema({schema.simpleString()}) (drop .schema(), or use "
+                    "entryFormat=arrow for tables)")
+
     # ---- batch --------------------------------------------------------------------------
     def reader(self, schema):
         from bkspark.spark.reader import make_batch_reader
         self.opts.require_logs()
+        self._check_read_schema(schema)
         return make_batch_reader(self.opts, schema)
 
     def writer(self, schema, overwrite: bool):
@@ -105,6 +116,7 @@ class BookKeeperDataSource(DataSource):
         if self.opts.ending is not None:
             raise BadRequestError("option 'endingOffsets' is for batch reads; streaming queries "
                                   "read until stopped (use Trigger.AvailableNow for a bounded run)")
+        self._check_read_schema(schema)
         return BookKeeperStreamReader(self.opts, schema)
 
     def streamWriter(self, schema, overwrite: bool):

@@ -398,6 +398,20 @@ class FaultRun:
         for proc in self.workers.values():
             proc.wait()
 
+    def _worker_ready(self, wid: int) -> bool:
+        try:
+            with open(os.path.join(self.workdir, f"worker-{wid}.acks")) as f:
+                return f.readline().startswith("W ")
+        except OSError:
+            return False
+
+    def _respawn_dead(self) -> None:
+        for slot, wid in enumerate(self.slot_worker):
+            rc = self.workers[wid].poll()
+            if rc is not None:
+                self.fault_errors.append(f"worker {wid} died on its own (rc {rc}); respawned")
+                self._spawn(slot)
+
     def _current_ledger(self, wid: int) -> int | None:
         last = None
         try:
@@ -461,6 +475,7 @@ class FaultRun:
                 now = time.monotonic() - started
                 if now >= next_snapshot:
                     self._snapshot_log()
+                    self._respawn_dead()
                     next_snapshot = now + 0.5
                 if now >= t:
                     break
@@ -472,6 +487,7 @@ class FaultRun:
                 self.say("fault error", fault.kind, exc)
         while time.monotonic() - started < self.duration:
             self._snapshot_log()
+            self._respawn_dead()
             time.sleep(0.5)
 
     def _snapshot_log(self) -> None:
@@ -505,8 +521,13 @@ class FaultRun:
             self.workers[wid].wait()
             self._spawn(f.target)
         elif f.kind == "session_expire":
-            proc = self.workers[self.slot_worker[f.target]]
-            if proc.poll() is None:
+            wid = self.slot_worker[f.target]
+            proc = self.workers[wid]
+            deadline = time.monotonic() + 20     # SIGUSR1 kills a worker without its handler
+            while proc.poll() is None and not self._worker_ready(wid) \
+                    and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if proc.poll() is None and self._worker_ready(wid):
                 proc.send_signal(signal.SIGUSR1)
         elif f.kind == "recover_ledger":
             ledger_slots = [i for i, m in enumerate(self.modes) if m == "ledger"]
@@ -656,7 +677,7 @@ class Checker:
         contents: dict[int, list[bytes]] = {}
         log_ledgers: list[int] = []
         with BookKeeper(self.uri, **CLIENT_CONF) as a, BookKeeper(self.uri, **CLIENT_CONF) as b:
-            log_ledgers = self._check_log(a, b, acks)
+            log_ledgers = self._check_log(a, b, acks, ends, contents)
             for lid in sorted(acks.ledgers):
                 self._check_ledger(a, b, lid, acks, ends, contents)
         # a closed ledger's end never moves: SIGKILL every bookie, restart, re-open, compare
@@ -685,7 +706,7 @@ class Checker:
                                    detail=f"re-open after restart failed: {exc!r}")
         return {"violations": self.violations, "entries_acked": acks.entries_acked,
                 "ledgers_checked": len(ends), "log_ledgers": len(log_ledgers),
-                "session_expiries": acks.expiries,
+                "session_expiries": acks.expiries, "log_entries_acked": len(acks.log_acks),
                 "entries_read": sum(len(v) for v in contents.values())}
 
     # -- ledgers
@@ -706,7 +727,7 @@ class Checker:
         md = rh.metadata
         for eid, seq in acked.items():
             if eid > last:
-                fenced = [r for r in acks.recovered.get(lid, [])]
+                fenced = acks.recovered.get(lid, [])
                 kind = "fenced-writer-success" if fenced else "acked-entry-lost"
                 self.violation(kind, ledger=lid, entry=eid, closed_end=last,
                                recovered_ends=fenced)
@@ -755,7 +776,6 @@ class Checker:
         if last < 0:
             return
         dm = DigestManager(lid, md.digest_type, PASSWORD)
-        segments = md.segments if hasattr(md, "segments") else None
         ensembles = _ensembles(md)
         holdings: dict[str, set] = {}
         stubs = {}
@@ -776,7 +796,6 @@ class Checker:
                     holdings[bid] = set()
                     self.violation("under-replicated", ledger=lid, bookie=bid,
                                    detail=f"ListEntries failed: {exc.code()}")
-        del segments
         qw, qa = md.write_quorum, md.ack_quorum
         reads = []
         for eid in range(last + 1):
@@ -812,7 +831,7 @@ class Checker:
             channel.close()
 
     # -- log
-    def _check_log(self, a, b, acks: Acks) -> list[int]:
+    def _check_log(self, a, b, acks: Acks, ends=None, contents=None) -> list[int]:
         from bkspark.log import LogStore
         from bkspark.log.store import CLOSED
         logs = LogStore(a, password=PASSWORD)
@@ -876,6 +895,21 @@ class Checker:
                                    acked=(wid, seq), read=parse_record(data))
             except ValueError:
                 pass
+        # the log's ledgers: replicas agree and hold Qa copies; their ends are re-checked
+        # after the bookies restart
+        per_ledger: dict[int, list[bytes]] = collections.defaultdict(list)
+        for lid, eid, data in first:
+            per_ledger[lid].append(data)
+        for entry in md.ledgers:
+            lid = entry["ledger_id"]
+            data = per_ledger.get(lid, [])
+            if len(data) != entry["last_entry_id"] + 1:
+                self.violation("log-acked-lost", ledger=lid, detail=f"read {len(data)} entries, "
+                               f"list says end {entry['last_entry_id']}")
+                continue
+            if ends is not None:
+                ends[lid], contents[lid] = entry["last_entry_id"], data
+            self._check_replicas(b, lid, a.ledger_metadata(lid), entry["last_entry_id"], data)
         return ids
 
 
@@ -976,10 +1010,10 @@ def format_summary(s: dict, title: str = "fault runner") -> str:
              "faults: " + (", ".join(f"{k}={v}" for k, v in s["faults"].items()) or "none")]
     for v in s["violations"][:20]:
         lines.append(f"VIOLATION {json.dumps(v, default=str)}")
-    if s["violations"]:
-        seeds = sorted({v.get("run_seed", s["seed"]) for v in s["violations"]})
-        lines.append("replay: " + "; ".join(
-            f"python -m bkspark.testing.faults --seed {x} --runs 1" for x in seeds))
+    bad = [r for r in s.get("per_run", []) if r["violations"]]
+    for r in bad:
+        lines.append(f"replay: python -m bkspark.testing.faults --seed {r['seed']} --runs 1 "
+                     f"--store {r['store']} --run-seconds {r['duration']}")
     return "\n".join(lines)
 
 
@@ -1015,6 +1049,9 @@ def main(argv=None) -> int:
     p.add_argument("--crash-kills", type=int, default=0,
                    help="then run the bookie crash campaign with this many kills")
     a = p.parse_args(argv)
+    if a.quiet:     # the runner's own client logs every fenced writer it causes
+        import logging
+        logging.getLogger("bkspark").setLevel(logging.ERROR)
     seed = a.seed if a.seed is not None else random.SystemRandom().randrange(1 << 31)
     print(f"fault runner: seed={seed} store={a.store} duration={a.duration}s", flush=True)
     if a.runs is not None:

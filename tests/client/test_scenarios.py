@@ -149,6 +149,40 @@ def test_writer_streaming_during_recovery_never_succeeds_past_the_end(c):
         assert data == [b"w%d" % i for i in range(last + 1)]
 
 
+@pytest.mark.parametrize("qw", [2, 3])
+def test_recovery_after_writer_crash_with_a_long_unconfirmed_tail(c, qw):
+    """A pipelining writer vanishes: the piggybacked LACs trail by thousands of entries;
+    recovery keeps every acknowledged entry (entries already on Qa bookies are recognised
+    from the bookies' entry listings, the rest read and written back)."""
+    wbk = client(c)
+    lh = wbk.create_ledger(3, qw, 2, password=PW)
+    futs = [lh.append_many_async([b"t%d-%d" % (k, i) for i in range(500)]) for k in range(10)]
+    futs[-1].result(60)
+    acked = lh.last_add_confirmed
+    # a partial last entry: only on one bookie of its write set
+    ens = lh.metadata.last_ensemble()
+    c.set_faults(idx(c, ens[(5000 + 1) % 3]), [dict(op="add", action="drop",
+                                                     ledger_id=lh.ledger_id, entry_id=5000)])
+    if qw == 3:
+        c.set_faults(idx(c, ens[(5000 + 2) % 3]), [dict(
+            op="add", action="drop", ledger_id=lh.ledger_id, entry_id=5000)])
+    lh.append_async(b"partial")
+    wait_until(lambda: raw_read(ens[5000 % 3], lh.ledger_id, 5000).status == errors.EOK,
+               "entry 5000 on one bookie")
+    wbk.close()                                   # the writer "crashes"
+    c.clear_faults()
+    with client(c) as rbk:
+        rh = rbk.open_ledger(lh.ledger_id, password=PW)
+        assert rh.last_add_confirmed == 5000 >= acked
+        data = [e.data for e in rh.read(0, 5000)]
+        assert data[:5000] == [b"t%d-%d" % (k, i) for k in range(10) for i in range(500)]
+        assert data[5000] == b"partial"
+        assert rh.length == sum(map(len, data))
+        # the partial entry was written back to its whole write set
+        for k in range(qw):
+            assert raw_read(ens[(5000 + k) % 3], lh.ledger_id, 5000).status == errors.EOK
+
+
 # WQ, AQ, negative answers required ("Closing Ledgers Safely")
 NEGATIVE_TABLE = [(2, 1, 2), (2, 2, 1), (3, 1, 3), (3, 2, 2), (3, 3, 1)]
 

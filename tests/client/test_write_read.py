@@ -8,7 +8,6 @@ import pytest
 
 from bkspark.client import BookKeeper
 from bkspark.client.digest import DigestManager
-from bkspark.client.read_handle import ReadHandle
 from bkspark.errors import (BadRequestError, FencedError, LedgerClosedError,
                             NoSuchEntryError, NoSuchLedgerError, UnauthorizedError)
 from metadata.ledger_metadata import LedgerState

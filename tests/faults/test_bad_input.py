@@ -12,7 +12,6 @@
 import glob
 import os
 import random
-import signal
 import time
 
 import grpc
@@ -38,7 +37,7 @@ VALID_STATUS = {errors.EOK, errors.ENOLEDGER, errors.ENOENTRY, errors.EBADREQ, e
 # a gRPC error is an acceptable answer to undecodable bytes; a dead or hung bookie is not
 BAD_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 PASSWORD = b"fuzz"
-FUZZ = settings(max_examples=int(os.environ.get("BKSPARK_FUZZ_EXAMPLES", "120")), deadline=None,
+FUZZ = settings(max_examples=int(os.environ.get("BKSPARK_FUZZ_EXAMPLES", "100")), deadline=None,
                 suppress_health_check=list(HealthCheck), derandomize=True)
 
 
@@ -216,7 +215,7 @@ def _mutate(rng: random.Random, path: str) -> str:
     return how
 
 
-@pytest.mark.parametrize("case", range(int(os.environ.get("BKSPARK_CORRUPT_CASES", "10"))))
+@pytest.mark.parametrize("case", range(int(os.environ.get("BKSPARK_CORRUPT_CASES", "8"))))
 def test_corrupted_journal_and_entry_logs(tmp_path, case, faults_seed):
     rng = random.Random(faults_seed * 100 + case)
     uri = f"sqlite:///{tmp_path}/meta.db"

@@ -5,7 +5,7 @@ import os
 
 from bkspark.testing.crash import format_crash, run_crash_campaign
 
-KILLS = int(os.environ.get("BKSPARK_CRASH_KILLS", "30"))
+KILLS = int(os.environ.get("BKSPARK_CRASH_KILLS", "40"))
 
 
 def test_crash_campaign(tmp_path, faults_seed):

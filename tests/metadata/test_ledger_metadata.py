@@ -85,7 +85,7 @@ def test_quorum_validation(e, qw, qa):
     (dict(ensembles=[(0, ["a", "b", "c"]), (0, ["a", "b", "d"])]), "strictly increasing"),
     (dict(digest_type="md5"), "digest_type"),
     (dict(password="text"), "password"),
-    (dict(state="OPEN"), "state"),
+    (dict(state="HALF_OPEN"), "state"),
     (dict(last_entry_id=-2), "last_entry_id"),
     (dict(length=-1), "length"),
     (dict(ensemble_size=True), "ensemble_size must be an int"),
@@ -217,3 +217,10 @@ def test_new_validates():
     assert md.ctime_ms > 0
     with pytest.raises(BadRequestError):
         LedgerMetadata.new(["a", "b"], 3, 2)
+
+
+def test_segments_and_state_are_normalised():
+    a = sample(ensembles=[[0, ("b1:3181", "b2:3181", "b3:3181")]], state="CLOSED")
+    assert a.ensembles == [(0, ["b1:3181", "b2:3181", "b3:3181"])]
+    assert a.state is LedgerState.CLOSED
+    assert LedgerMetadata.deserialize(a.serialize()) == a

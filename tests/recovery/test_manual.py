@@ -3,6 +3,8 @@ decommission`) against real bookie processes."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 
@@ -82,14 +84,40 @@ def test_decommission_migrates_first_then_deletes_the_cookie(c, bk, capsys):
     with BookKeeper(c.metadata_uri) as gone:
         lid, payloads = ledger_on(gone, [d] + c.bookie_ids[:2], 20, close=False)
     ledgers[lid] = payloads
-    on_d = [x for x in ledgers if d in bk.ledger_metadata(x).all_bookies()]
-    assert on_d
+    # a live writer on the bookie: it must move on (read-only bookie), never be fenced
+    md = ledger_store.create_ledger(bk.store, LedgerMetadata.new([d] + c.bookie_ids[1:3], 2, 2,
+                                                                 password=PW))
+    live = LedgerHandle(bk, md, ledger_store.CREATED_VERSION, PW)
+    acked, errs, halt = [], [], threading.Event()
 
-    code, out, err = shell(capsys, "decommission", d, "--json", "--metadata", c.metadata_uri)
+    def write():
+        try:
+            while not halt.is_set():
+                p = b"live-%06d" % len(acked)
+                live.append(p, timeout=60)
+                acked.append(p)
+                time.sleep(0.01)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errs.append(exc)
+
+    t = threading.Thread(target=write, daemon=True)
+    t.start()
+    wait_until(lambda: len(acked) > 20, 30, what="the live writer")
+    on_d = [x for x in ledgers if d in bk.ledger_metadata(x).all_bookies()] + [md.ledger_id]
+
+    code, out, err = shell(capsys, "decommission", d, "--json", "--open-ledger-grace", "2",
+                           "--metadata", c.metadata_uri)
     assert code == 0, err
     doc = json.loads(out)
     assert sorted(doc["replicated"]) == sorted(on_d) and doc["failed"] == {}
     assert doc["cookie"].startswith("kept")           # still running (read-only)
+    n = len(acked)
+    wait_until(lambda: len(acked) > n + 10 or errs, 30, what="the writer to go on")
+    halt.set()
+    t.join(60)
+    assert not errs, errs
+    live.close()
+    ledgers[md.ledger_id] = list(acked)
     assert d in registry.list_bookies(bk.store, readonly=True)
     assert d not in registry.list_bookies(bk.store)
     for x, p in ledgers.items():

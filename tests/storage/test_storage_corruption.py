@@ -36,21 +36,30 @@ def populate(d, n=60, checkpoint=False):
 
 
 def parse_journal(path):
-    """Reference reader of the journal format (bookie_native/README.md): yields (end_offset, type, payload)."""
-    data = open(path, "rb").read()
-    assert data[:4] == b"BKSJ"
-    off = 512
-    out = []
+    """Reference reader of the journal format (bookie_native/README.md).
+
+    Returns the valid groups from the start: [(group_start, group_end, [(type, payload), ...])].
+    """
     import crc32c
-    while off + 12 <= len(data):
-        ln, typ, crc = struct.unpack_from("<III", data, off)
-        if ln == 0 or off + 12 + ln > len(data):
+    data = open(path, "rb").read()
+    assert data[:4] == b"BKSJ" and struct.unpack_from("<I", data, 20)[0] == crc32c.crc32c(data[:20])
+    off = 512
+    groups = []
+    while off + 16 <= len(data):
+        magic, ln, crc, hcrc = struct.unpack_from("<4sIII", data, off)
+        if magic != b"BKSG" or hcrc != crc32c.crc32c(data[off:off + 12]) or off + 16 + ln > len(data) \
+                or crc32c.crc32c(data[off + 16:off + 16 + ln]) != crc:
             break
-        if crc32c.crc32c(data[off:off + 8] + data[off + 12:off + 12 + ln]) != crc:
-            break
-        out.append((off + 12 + ln, typ, data[off + 12:off + 12 + ln]))
-        off += 12 + ln
-    return out
+        recs = []
+        r, end = off + 16, off + 16 + ln
+        while r < end:
+            rl, typ, rcrc = struct.unpack_from("<III", data, r)
+            assert crc32c.crc32c(data[r:r + 8] + data[r + 12:r + 12 + rl]) == rcrc
+            recs.append((typ, data[r + 12:r + 12 + rl]))
+            r += 12 + rl
+        groups.append((off, end, recs))
+        off = end
+    return groups
 
 
 def newest_journal(d):
@@ -64,10 +73,12 @@ def newest_journal(d):
 def test_journal_reference_parser_sees_adds(tmp_path):
     d = str(tmp_path)
     populate(d, n=10)
-    recs = parse_journal(newest_journal(d))
-    adds = [(struct.unpack_from("<Qq", p)) for _, t, p in recs if t == 1]
+    groups = parse_journal(newest_journal(d))
+    recs = [r for g in groups for r in g[2]]
+    adds = [(struct.unpack_from("<Qq", p)) for t, p in recs if t == 1]
     assert sorted(adds) == sorted([(l, e) for l in (1, 2) for e in range(10)])
-    assert any(t == 3 for _, t, _ in recs)  # fence record
+    assert any(t == 3 for t, _ in recs)  # fence record
+    assert any(t == 2 for t, _ in recs)  # master key record
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -76,7 +87,8 @@ def test_journal_fuzz(tmp_path, seed):
     base = str(tmp_path / "base")
     populate(base, n=40)
     jpath = newest_journal(base)
-    recs = parse_journal(jpath)
+    groups = parse_journal(jpath)
+    assert len(groups) >= 2
     size = os.path.getsize(jpath)
     for it in range(12):
         d = str(tmp_path / f"c{it}")
@@ -84,7 +96,7 @@ def test_journal_fuzz(tmp_path, seed):
         p = os.path.join(d, "j", os.path.basename(jpath))
         data = bytearray(open(p, "rb").read())
         kind = rnd.choice(["flip", "truncate", "garbage", "zeros", "badlen", "append"])
-        at = rnd.randrange(512, recs[-1][0])
+        at = rnd.randrange(512, groups[-1][1])
         if kind == "flip":
             data[at] ^= 1 << rnd.randrange(8)
         elif kind == "truncate":
@@ -96,21 +108,21 @@ def test_journal_fuzz(tmp_path, seed):
             n = rnd.randint(1, 5000)
             data[at:at + n] = bytes(n)
         elif kind == "badlen":
-            rec_starts = [512] + [r[0] for r in recs[:-1]]
-            at = rnd.choice(rec_starts)
-            struct.pack_into("<I", data, at, rnd.choice([0xFFFFFFFF, 0x7FFFFFFF, 3, size * 2]))
+            at = rnd.choice([g[0] for g in groups])  # a group's length field
+            struct.pack_into("<I", data, at + 4, rnd.choice([0xFFFFFFFF, 0x7FFFFFFF, 3, size * 2]))
         else:
-            at = recs[-1][0]
+            at = groups[-1][1]
             data[at:at] = rnd.randbytes(rnd.randint(1, 3000))
         open(p, "wb").write(bytes(data))
         try:
             s = Storage(cfg(d))
-        except errors.BookieIOError as e:  # allowed, must explain itself
-            assert "journal" in str(e) or "state" in str(e)
+        except errors.BookieIOError as e:  # allowed only when synced data after the damage is valid
+            assert "journal" in str(e) and "refusing to start" in str(e), str(e)
+            assert any(g[0] > at for g in groups), (kind, at, str(e))
             continue
         try:
-            intact = {struct.unpack_from("<Qq", pl) for end, t, pl in recs if t == 1 and end <= at}
-            fence_ok = any(t == 3 and end <= at for end, t, _ in recs)
+            intact = {struct.unpack_from("<Qq", pl) for g in groups if g[1] <= at for t, pl in g[2] if t == 1}
+            fence_ok = any(t == 3 for g in groups if g[1] <= at for t, _ in g[2])
             for lid in (1, 2):
                 for e in range(40):
                     try:
@@ -129,6 +141,40 @@ def test_journal_fuzz(tmp_path, seed):
         s = Storage(cfg(d))  # and reopens cleanly
         assert s.read_entry(7, 0) == b"after"
         s.close()
+
+
+def test_journal_torn_last_group_is_cut_and_earlier_groups_kept(tmp_path):
+    d = str(tmp_path)
+    populate(d, n=30)
+    jp = newest_journal(d)
+    groups = parse_journal(jp)
+    last = groups[-1]
+    os.truncate(jp, last[0] + (last[1] - last[0]) // 2)  # torn in the middle of the last group
+    s = Storage(cfg(d))
+    try:
+        for g in groups[:-1]:
+            for t, pl in g[2]:
+                if t == 1:
+                    l, e = struct.unpack_from("<Qq", pl)
+                    assert s.read_entry(l, e) == body(l, e)
+        assert s.stats()["replay_truncated_bytes"] > 0
+    finally:
+        s.close()
+
+
+def test_journal_damage_before_valid_synced_group_refuses_start(tmp_path):
+    d = str(tmp_path)
+    populate(d, n=30)
+    jp = newest_journal(d)
+    groups = parse_journal(jp)
+    g = groups[0]
+    with open(jp, "r+b") as f:  # flip a bit inside the first group's records
+        f.seek(g[0] + 16 + 40)
+        b = f.read(1)
+        f.seek(g[0] + 16 + 40)
+        f.write(bytes([b[0] ^ 0x10]))
+    with pytest.raises(errors.BookieIOError, match="refusing to start"):
+        Storage(cfg(d))
 
 
 def entry_offsets(d):

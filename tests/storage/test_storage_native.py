@@ -21,8 +21,9 @@ def test_native_extension_loaded():
     assert native.NATIVE == 1
     import bkspark.bookie.storage as st
     assert st._native is native
-    assert type(native.Store).__module__ == "builtins" or native.Store.__module__ == "bkspark._native"
     assert "bkspark._native.Store" in repr(native.Store)
+    import importlib.machinery
+    assert isinstance(native.__spec__.loader, importlib.machinery.ExtensionFileLoader)
 
 
 def test_crc32c_matches_reference_package():

@@ -1,0 +1,105 @@
+"""Read planning of the connector over a fake log catalog (pure: no cluster, no Spark)."""
+import pytest
+
+from bkspark.errors import NoSuchLogError
+from bkspark.log import Position
+from bkspark.spark import conn
+from bkspark.spark.codec import record_spark_schema
+from bkspark.spark.options import parse_options
+from bkspark.spark.reader import DataLossError, spans
+from bkspark.spark.stream import BookKeeperStreamReader, ReadAllAvailable, ReadMaxRows
+
+
+class FakeMD:
+    def __init__(self, ledgers):
+        self.ledgers = ledgers
+
+    def ledger_ids(self):
+        return [e["ledger_id"] for e in self.ledgers]
+
+
+class FakeLogs:
+    """Ledger lists by log name; the open ledger's LAC is ``lac``."""
+
+    def __init__(self, lists, lac=None):
+        self.lists, self.lac, self.cursors = lists, lac or {}, {}
+
+    def list_logs(self):
+        return sorted(self.lists)
+
+    def get(self, name):
+        if name not in self.lists:
+            raise NoSuchLogError(name)
+        return FakeMD(self.lists[name]), 0
+
+    def ledger_end(self, entry):
+        if entry["state"] == "closed":
+            return entry["last_entry_id"]
+        return self.lac.get(entry["ledger_id"], -1)
+
+    def commit_cursor(self, name, cursor, position):
+        self.cursors[(name, cursor)] = position
+
+
+def closed(lid, n):
+    return {"ledger_id": lid, "state": "closed", "last_entry_id": n - 1, "length": n * 10}
+
+
+def opened(lid):
+    return {"ledger_id": lid, "state": "open"}
+
+
+def test_spans_cross_ledgers_and_stop_at_end():
+    logs = FakeLogs({"a": [closed(1, 5), closed(2, 0), opened(3)]}, lac={3: 6})
+    md, _ = logs.get("a")
+    assert [s[:3] for s in spans(logs, "a", md, Position(1, 3), None, True)] == [(1, 3, 4), (3, 0, 6)]
+    assert [s[:3] for s in spans(logs, "a", md, Position(-1, 0), Position(3, 2), True)] == \
+        [(1, 0, 4), (3, 0, 1)]
+    assert spans(logs, "a", md, Position(3, 7), None, True) == []
+
+
+def test_spans_data_loss():
+    logs = FakeLogs({"a": [closed(4, 2)]})
+    md, _ = logs.get("a")
+    with pytest.raises(DataLossError, match="failOnDataLoss"):
+        spans(logs, "a", md, Position(1, 0), None, True)
+    assert [s[:3] for s in spans(logs, "a", md, Position(1, 0), None, False)] == [(4, 0, 1)]
+
+
+@pytest.fixture
+def reader(monkeypatch):
+    logs = FakeLogs({"a": [closed(1, 30), opened(2)], "b": [closed(5, 10)], "c": []},
+                    lac={2: 9})
+    monkeypatch.setattr(conn, "log_store", lambda opts: logs)
+
+    def make(**kw):
+        opts = parse_options(dict({"metadataServiceUri": "sqlite:///x", "logPattern": "[abc]"}, **kw))
+        return BookKeeperStreamReader(opts, record_spark_schema()), logs
+    return make
+
+
+def test_stream_offsets_limits_and_cursor(reader):
+    r, logs = reader(startingOffsets="earliest", maxEntriesPerTrigger="10", queryId="q")
+    start = r.initialOffset()
+    assert start == {"a": {"ledger": 1, "entry": 0}, "b": {"ledger": 5, "entry": 0},
+                     "c": {"ledger": -1, "entry": 0}}
+    assert r.getDefaultReadLimit() == ReadMaxRows(10)
+    end = r.latestOffset(start, ReadMaxRows(10))          # 40 + 10 available, 10 allowed
+    taken = {n: end[n]["entry"] - start[n]["entry"] for n in ("a", "b")}
+    assert sum(taken.values()) == 10 and taken["a"] == 8 and end["c"] == start["c"]
+    everything = r.latestOffset(start, ReadAllAvailable())
+    assert everything["a"] == {"ledger": 2, "entry": 10} and everything["b"] == {"ledger": 5, "entry": 10}
+    parts = r.partitions(start, everything)
+    assert sum(p.last - p.first + 1 for p in parts) == 50
+    assert r.latestOffset(everything, ReadAllAvailable()) == everything     # nothing new
+    r.commit(everything)
+    assert logs.cursors[("a", "q")] == Position(2, 10)
+
+
+def test_stream_available_now_freezes_the_end(reader):
+    r, logs = reader(startingOffsets="latest")
+    start = r.initialOffset()
+    assert start["a"] == {"ledger": 2, "entry": 10}
+    r.prepareForTriggerAvailableNow()
+    logs.lac[2] = 20                                     # more data after the trigger began
+    assert r.latestOffset(start, ReadAllAvailable()) == start
