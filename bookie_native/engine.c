@@ -1755,6 +1755,8 @@ static int load_state(Engine *e, Listed **listed, size_t *nlisted, int *found)
         }
         q += ll;
     }
+    if (q != end)
+        goto bad; /* record count and size disagree */
     if (e->next_inc == 0)
         e->next_inc = 1;
     free(b);

@@ -283,25 +283,33 @@ class ReadHandle:
                 op.future.cancel()
 
     def _read_range_segment(self, lo: int, hi: int, ensemble: list[str]):
-        """Stream lo..hi from one bookie (Qw == E: each holds the whole fragment); on any
-        failure continue from the next entry with per-entry reads (fall-over)."""
-        start = lo % len(ensemble)
-        bookie = ensemble[start]
+        """Stream lo..hi with ReadRange (Qw == E: every member holds the whole fragment).
+        When a bookie fails (error, digest mismatch, gap) the stream continues from the next
+        entry on another member; after every member failed, per-entry reads (fall-over
+        per entry) finish the segment."""
+        k = lo % len(ensemble)
+        order = self._bk._health.order(ensemble[k:] + ensemble[:k])
         nxt = lo
-        try:
-            for eid, body in self._bk._pool.get(bookie).read_range(
-                    self.ledger_id, lo, hi, timeout=self._bk.conf.read_range_timeout):
-                if eid != nxt:
-                    raise DigestMismatchError(f"bookie {bookie} sent entry {eid}, expected {nxt}")
-                _, lac, length, payload = self._digest.verify(body, nxt)
-                self._saw_lac(lac)
-                yield LedgerEntry(self.ledger_id, eid, payload, length)
-                nxt += 1
+        for bookie in order:
+            try:
+                for eid, body in self._bk._pool.get(bookie).read_range(
+                        self.ledger_id, nxt, hi, timeout=self._bk.conf.read_range_timeout):
+                    if eid != nxt:
+                        raise DigestMismatchError(
+                            f"bookie {bookie} sent entry {eid}, expected {nxt}")
+                    _, lac, length, payload = self._digest.verify(body, nxt)
+                    self._saw_lac(lac)
+                    yield LedgerEntry(self.ledger_id, eid, payload, length)
+                    nxt += 1
+                    if nxt > hi:
+                        return
                 if nxt > hi:
                     return
-        except BKError as exc:
-            log.info("ledger %d: range read from %s stopped at entry %d (%s); falling over",
-                     self.ledger_id, bookie, nxt, exc)
+            except BKError as exc:
+                if not isinstance(exc, (errors.NoSuchEntryError, errors.NoSuchLedgerError)):
+                    self._bk._health.suspect(bookie)
+                log.info("ledger %d: range read from %s stopped at entry %d (%s); falling over",
+                         self.ledger_id, bookie, nxt, exc)
         if nxt <= hi:
             yield from self._read_window(nxt, hi, ensemble)
 

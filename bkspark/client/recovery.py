@@ -11,11 +11,15 @@ Exactly the seeds (``fencing.txt``, ``closing-ledgers-safely.txt``, ``protocol.t
    after the bookie durably fenced the ledger; anything else is unknown. Fewer answers than
    the threshold: :class:`LedgerRecoveryError`.
 3. Start at ``max(highest LAC seen, first entry of the last fragment - 1)``.
-4. Read forward with the FENCE flag, each entry from its whole write set. One positive
+4. Read forward with the FENCE flag from the entry's write set (its first healthy replica
+   first, the others as soon as that answer is not positive or is late). One positive
    (digest-valid) answer makes it recoverable; ``(Qw - Qa) + 1`` NoSuchEntry/NoSuchLedger
-   answers make it unrecoverable (the ledger ends before it); if every answer is in and
-   neither threshold is met the outcome is unknown and recovery aborts
-   (:class:`LedgerRecoveryError`), never closing on unknowns.
+   answers make it unrecoverable (the ledger ends before it; a late positive answer within
+   ``recovery_negative_grace`` still wins); if every answer is in and neither threshold is
+   met the outcome is unknown and recovery aborts (:class:`LedgerRecoveryError`), never
+   closing on unknowns. Shortcut for long unconfirmed tails: an entry that the bookies'
+   ``ListEntries`` (made durable by ``Force``) show on at least Qa bookies of its write set
+   is a positive answer that needs no write-back, so it is neither read nor rewritten.
 5. Write every recovered entry back to its whole write set with RECOVERY_ADD (an entry
    counts as written back once ``Qa`` bookies acknowledged it; fewer aborts recovery --
    there is no ensemble change during recovery: a write set with a dead bookie and

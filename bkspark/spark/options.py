@@ -18,7 +18,7 @@ endingOffsets            batch read end, exclusive (``latest``); same forms
 maxEntriesPerTrigger     streaming: at most this many entries per micro-batch (no limit)
 failOnDataLoss           fail when a committed offset was truncated away (true)
 ensembleSize / writeQuorumSize / ackQuorumSize   ledgers written by Spark (3 / 2 / 2)
-digestType               ``crc32c`` | ``mac`` | ... (crc32c)
+digestType               ``crc32c`` | ``crc32`` | ``hmac`` (``mac``) | ``dummy`` (crc32c)
 password                 ledger password ("")
 entryFormat              ``record`` (one row per entry) | ``arrow`` (Arrow IPC batches) (record)
 queryId                  streaming sink: idempotency key of its commits (Spark's query id);
@@ -53,7 +53,7 @@ KNOWN_OPTIONS = (
     "_testFault",        # test-only fault injection (see bkspark.spark.writer)
 )
 _CANON = {name.lower(): name for name in KNOWN_OPTIONS}
-DIGESTS = ("crc32c", "crc32", "mac", "dummy")
+DIGESTS = ("crc32c", "crc32", "hmac", "mac", "dummy")
 MAX_ENTRY_BYTES_LIMIT = 4 << 20         # bookies refuse entries over 5 MiB by default
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,150}$")
 

@@ -36,9 +36,13 @@ def run_child(d, run, seed, delay, early_kill=None):
         pytest.fail(f"child failed to start (run {run}): {line!r} {err.decode()[-3000:]}")
     time.sleep(delay)
     p.send_signal(signal.SIGKILL)
-    out, err = p.communicate()
+    # read through p.stdout (not communicate(), which reads the raw pipe and would miss lines
+    # that readline() above already pulled into the buffer -- e.g. a "d <ledger>" line)
+    out = p.stdout.read()
+    err = p.stderr.read()
+    p.wait()
     assert p.returncode == -signal.SIGKILL, err.decode()[-3000:]
-    return out.decode().splitlines()
+    return (line + out).decode().splitlines()
 
 
 @pytest.mark.timeout(600)
