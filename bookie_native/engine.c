@@ -22,7 +22,7 @@
 #define J_VERSION 1u
 #define J_HDR 512u
 #define JR_HDR 12u /* u32 len, u32 type, u32 crc */
-#define JG_HDR 16u /* group: "BKSG", u32 len, u32 crc(records), u32 crc(first 12 bytes) */
+#define JG_HDR 24u /* group: "BKSG", u32 len, u32 crc(records), u64 own file offset, u32 crc(file id, bytes 0..20) */
 #define JF_SYNC 1u /* journal header flag: written with fdatasync per group */
 enum { JR_ADD = 1, JR_MKEY = 2, JR_FENCE = 3, JR_LAC = 4, JR_DELETE = 5 };
 
@@ -544,15 +544,18 @@ static void *journal_thread(void *arg)
             }
         }
         int fd = e->jfd;
-        uint64_t pos = e->jpos;
+        uint64_t pos = e->jpos, jid = e->jcur_id;
         pthread_mutex_unlock(&e->mu);
         uint64_t t0 = now_ns();
         {
             unsigned char *g = e->writing.buf;
+            unsigned char idb[8];
             memcpy(g, "BKSG", 4);
             put32(g + 4, (uint32_t)(e->writing.len - JG_HDR));
             put32(g + 8, bks_crc32c(0, g + JG_HDR, e->writing.len - JG_HDR));
-            put32(g + 12, bks_crc32c(0, g, 12));
+            put64(g + 12, pos); /* a copy of a group inside an entry body can't pass for a real one */
+            put64(idb, jid);
+            put32(g + 20, bks_crc32c(bks_crc32c(0, idb, 8), g, 20));
         }
         if (!err && pos + e->writing.len > e->jprealloc) {
             uint64_t grow = JPREALLOC > e->writing.len ? JPREALLOC : e->writing.len;
@@ -1952,9 +1955,11 @@ static void replay_record(Engine *e, uint32_t type, const unsigned char *p, uint
 }
 
 /* is there a complete group with valid checksums at `off`? */
-static int group_ok(const unsigned char *m, size_t off, size_t sz)
+static int group_ok(const unsigned char *m, size_t off, size_t sz, uint64_t jid)
 {
-    if (off + JG_HDR > sz || memcmp(m + off, "BKSG", 4) != 0 || get32(m + off + 12) != bks_crc32c(0, m + off, 12))
+    unsigned char idb[8];
+    put64(idb, jid);
+    if (off + JG_HDR > sz || memcmp(m + off, "BKSG", 4) != 0)
         return 0;
     uint32_t len = get32(m + off + 4);
     if (len < JR_HDR || off + JG_HDR + len > sz)
@@ -1963,14 +1968,14 @@ static int group_ok(const unsigned char *m, size_t off, size_t sz)
 }
 
 /* offset of the next valid group at or after `off`, or sz */
-static size_t next_group(const unsigned char *m, size_t off, size_t sz)
+static size_t next_group(const unsigned char *m, size_t off, size_t sz, uint64_t jid)
 {
     while (off + JG_HDR <= sz) {
         const unsigned char *q = memchr(m + off, 'B', sz - off);
         if (!q)
             return sz;
         off = (size_t)(q - m);
-        if (group_ok(m, off, sz))
+        if (group_ok(m, off, sz, jid))
             return off;
         off++;
     }
@@ -2028,8 +2033,8 @@ static int replay_journals(Engine *e, int have_mark, uint64_t *maxid)
          * garbage, or the preallocated zeros: cut it. */
         size_t off = J_HDR, end = J_HDR;
         while (off < sz) {
-            if (!group_ok(m, off, sz)) {
-                size_t k = next_group(m, off + 1, sz);
+            if (!group_ok(m, off, sz, id)) {
+                size_t k = next_group(m, off + 1, sz, id);
                 if (k >= sz)
                     break;
                 if (synced_file && k > from) {

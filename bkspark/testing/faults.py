@@ -367,6 +367,9 @@ class FaultRun:
         self._next_worker = 0
         self._bg: list[threading.Thread] = []
         self.log_snapshots: list[list[dict]] = []
+        self.paused: set[int] = set()
+        self._takeovers = 0
+        self._takeover_lock = threading.Lock()
         self.uri = ""
 
     def say(self, *a):
@@ -502,12 +505,19 @@ class FaultRun:
         c = self.cluster
         self.say("begin", f.kind, f.target, round(f.duration, 2), f.params or "")
         self.events.write("F", f.kind, f.target, json.dumps(f.params, separators=(",", ":")))
-        self.faults_applied[f.kind] += 1
+        self._apply(f)
+        self.faults_applied[f.kind] += 1     # counted once applied without error
+
+    def _apply(self, f: Fault) -> None:
+        c = self.cluster
         if f.kind == "bookie_kill":
             c.kill(f.target)
         elif f.kind == "bookie_pause":
             c.pause(f.target)
+            self.paused.add(f.target)
         elif f.kind == "inject":
+            if f.target in self.paused or not c.bookies[f.target].alive:
+                raise RuntimeError(f"bookie {f.target} is down or paused (schedule drift)")
             c.set_faults(f.target, [f.params["rule"]])
         elif f.kind == "disk_full":
             b = c.bookies[f.target]
@@ -547,8 +557,10 @@ class FaultRun:
             c.start(f.target)
         elif f.kind == "bookie_pause":
             c.resume(f.target)
+            self.paused.discard(f.target)
         elif f.kind == "inject":
-            c.set_faults(f.target, [])
+            if c.bookies[f.target].alive and f.target not in self.paused:
+                c.set_faults(f.target, [])
         elif f.kind == "disk_full":
             c.kill(f.target)
             c.bookies[f.target].extra_args = list(c.extra_args)
@@ -573,7 +585,9 @@ class FaultRun:
     def _takeover(self) -> None:
         """A second log writer takes the log over while the first writes."""
         from bkspark.log import LogStore
-        wid = 100_000 + self.faults_applied["log_takeover"]
+        with self._takeover_lock:
+            self._takeovers += 1
+            wid = 100_000 + self._takeovers
         acks = AckFile(os.path.join(self.workdir, f"worker-{wid}.acks"))
         logs = LogStore(self.bk, password=PASSWORD, ensemble_size=3, write_quorum=2, ack_quorum=2)
         try:
@@ -665,7 +679,7 @@ class Checker:
         for _ in range(attempts):
             try:
                 return bk.open_ledger(lid, password=PASSWORD, recovery=True)
-            except errors.LedgerRecoveryError as exc:
+            except (errors.LedgerRecoveryError, errors.BookieUnavailableError) as exc:
                 last_exc = exc
                 time.sleep(0.5)
         raise last_exc
@@ -696,7 +710,7 @@ class Checker:
                         self.violation("end-moved", ledger=lid, before=last,
                                        after=rh.last_add_confirmed)
                     elif last >= 0:
-                        got = [e.data for e in rh.read(0, last)]
+                        got = _retry(lambda: [e.data for e in rh.read(0, last)])
                         if got != contents[lid]:
                             self.violation("reader-divergence", ledger=lid,
                                            detail="content changed after restarting bookies")
@@ -764,7 +778,7 @@ class Checker:
         if last < 0:
             return []
         try:
-            return [e.data for e in rh.read(0, last)]
+            return _retry(lambda: [e.data for e in rh.read(0, last)])
         except errors.BKError as exc:
             self.violation("acked-entry-lost", ledger=lid,
                            detail=f"read 0..{last} failed: {exc!r}")
@@ -911,6 +925,18 @@ class Checker:
                 ends[lid], contents[lid] = entry["last_entry_id"], data
             self._check_replicas(b, lid, a.ledger_metadata(lid), entry["last_entry_id"], data)
         return ids
+
+
+def _retry(fn, attempts: int = 15, pause: float = 1.0):
+    """``fn()``, retried while bookies are transiently unreachable (a client that just saw
+    them restart may fail fast for a while); a persistent failure is raised."""
+    for i in range(attempts):
+        try:
+            return fn()
+        except errors.BookieUnavailableError:
+            if i == attempts - 1:
+                raise
+            time.sleep(pause)
 
 
 def _ensembles(md) -> list[tuple[int, list[str]]]:

@@ -102,6 +102,10 @@ def test_entries_carry_header_and_lac_order(bk, mem_cluster):
     lh.close()
     d = DigestManager(lh.ledger_id, "crc32c", b"pw")
     b = mem_cluster.bookies[0]
+    deadline = time.monotonic() + 30    # Qa=2 < Qw=3: the third copies land on their own
+    while len(b.storage.entries.get(lh.ledger_id, {})) < 199:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     stored = b.storage.entries[lh.ledger_id]
     total = 0
     for eid in range(199):
@@ -226,12 +230,26 @@ def test_digest_mismatch_served_from_another_replica(bk, mem_cluster):
 def test_digest_mismatch_in_range_read_falls_over(bk, mem_cluster):
     with bk.create_ledger(3, 3, 2) as lh:
         lh.append_many([b"r%d" % i for i in range(20)])
+    deadline = time.monotonic() + 30    # Qa=2 < Qw=3: the third copies land on their own
+    while any(len(b.storage.entries.get(lh.ledger_id, {})) < 20 for b in mem_cluster.bookies):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     for b in mem_cluster.bookies:       # a different corrupt entry on every bookie
         i = mem_cluster.bookies.index(b)
         st = b.storage.entries[lh.ledger_id]
         st[5 + i] = st[5 + i][:-1] + b"!"
     rh = bk.open_ledger(lh.ledger_id)
     assert [e.data for e in rh.read(0, 19)] == [b"r%d" % i for i in range(20)]
+
+
+def test_range_read_falls_over_to_another_bookie(bk, mem_cluster):
+    with bk.create_ledger(3, 3, 3) as lh:
+        lh.append_many([b"q%d" % i for i in range(50)])
+        ens = lh.metadata.last_ensemble()
+    mem_cluster.by_id(ens[0]).stop()              # the bookie a range read starts with
+    rh = bk.open_ledger(lh.ledger_id)
+    assert [e.data for e in rh.read(0, 49)] == [b"q%d" % i for i in range(50)]
+    assert bk._health.is_suspect(ens[0])
 
 
 def test_speculative_read_after_timeout(mem_cluster):

@@ -43,15 +43,16 @@ def parse_journal(path):
     import crc32c
     data = open(path, "rb").read()
     assert data[:4] == b"BKSJ" and struct.unpack_from("<I", data, 20)[0] == crc32c.crc32c(data[:20])
+    jid = data[8:16]
     off = 512
     groups = []
-    while off + 16 <= len(data):
-        magic, ln, crc, hcrc = struct.unpack_from("<4sIII", data, off)
-        if magic != b"BKSG" or hcrc != crc32c.crc32c(data[off:off + 12]) or off + 16 + ln > len(data) \
-                or crc32c.crc32c(data[off + 16:off + 16 + ln]) != crc:
+    while off + 24 <= len(data):
+        magic, ln, crc, goff, hcrc = struct.unpack_from("<4sIIQI", data, off)
+        if magic != b"BKSG" or goff != off or hcrc != crc32c.crc32c(jid + data[off:off + 20]) \
+                or off + 24 + ln > len(data) or crc32c.crc32c(data[off + 24:off + 24 + ln]) != crc:
             break
         recs = []
-        r, end = off + 16, off + 16 + ln
+        r, end = off + 24, off + 24 + ln
         while r < end:
             rl, typ, rcrc = struct.unpack_from("<III", data, r)
             assert crc32c.crc32c(data[r:r + 8] + data[r + 12:r + 12 + rl]) == rcrc
@@ -169,12 +170,41 @@ def test_journal_damage_before_valid_synced_group_refuses_start(tmp_path):
     groups = parse_journal(jp)
     g = groups[0]
     with open(jp, "r+b") as f:  # flip a bit inside the first group's records
-        f.seek(g[0] + 16 + 40)
+        f.seek(g[0] + 24 + 40)
         b = f.read(1)
-        f.seek(g[0] + 16 + 40)
+        f.seek(g[0] + 24 + 40)
         f.write(bytes([b[0] ^ 0x10]))
     with pytest.raises(errors.BookieIOError, match="refusing to start"):
         Storage(cfg(d))
+
+
+def test_group_copy_inside_an_entry_body_does_not_block_startup(tmp_path):
+    # an entry body may contain journal bytes (say, a backup of a journal); after a torn tail the
+    # reader must not mistake such a copy for a later synced group and refuse to start
+    a = str(tmp_path / "a")
+    populate(a, n=5)
+    ja = newest_journal(a)
+    g0 = parse_journal(ja)[0]
+    raw = open(ja, "rb").read()[g0[0]:g0[1]]
+    b = str(tmp_path / "b")
+    s = Storage(cfg(b))
+    s.add_entries([(5, 0, b"k", False, b"first")])
+    s.add_entries([(5, 1, b"k", False, b"x" * 64 + raw + raw)])
+    s._store.close(checkpoint=False)
+    jb = newest_journal(b)
+    last = parse_journal(jb)[-1]
+    with open(jb, "r+b") as f:  # damage the last group ahead of the embedded copies (like a torn write)
+        f.seek(last[0] + 30)
+        c = f.read(1)
+        f.seek(last[0] + 30)
+        f.write(bytes([c[0] ^ 0xFF]))
+    s = Storage(cfg(b))
+    try:
+        assert s.read_entry(5, 0) == b"first"
+        with pytest.raises(errors.NoSuchEntryError):  # its group was torn: never acknowledged
+            s.read_entry(5, 1)
+    finally:
+        s.close()
 
 
 def entry_offsets(d):
