@@ -1959,7 +1959,8 @@ static int group_ok(const unsigned char *m, size_t off, size_t sz, uint64_t jid)
 {
     unsigned char idb[8];
     put64(idb, jid);
-    if (off + JG_HDR > sz || memcmp(m + off, "BKSG", 4) != 0)
+    if (off + JG_HDR > sz || memcmp(m + off, "BKSG", 4) != 0 || get64(m + off + 12) != off ||
+        get32(m + off + 20) != bks_crc32c(bks_crc32c(0, idb, 8), m + off, 20))
         return 0;
     uint32_t len = get32(m + off + 4);
     if (len < JR_HDR || off + JG_HDR + len > sz)

@@ -4,7 +4,9 @@
   process go down one ``AddStream`` per bookie: appenders put hand-encoded ``AddBatch``
   elements (see :mod:`bkspark.client.wire`) on a queue; the stream's request generator
   drains whatever is queued into one message (up to ``MAX_BATCH_BYTES``), so many entries
-  travel per gRPC message; a reader thread hands acks to the ledger handle registered for
+  travel per gRPC message; at high message rates it keeps at least ``linger`` (2 ms)
+  between two messages of a stream so that per-message costs (which dominate in Python
+  gRPC, on both ends) do not grow with the entry rate; a reader thread hands acks to the ledger handle registered for
   their ledger id (``sink.on_add_responses(bookie_id, [(entry_id, status), ...])``). When the
   stream breaks every registered sink hears ``sink.on_bookie_failed(bookie_id, error)``;
   the next send opens a new stream.
