@@ -334,6 +334,7 @@ class BookieService(pb_grpc.BookieServicer):
             return
         max_bytes = min(request.max_bytes_per_message or _RANGE_DEFAULT_BYTES,
                         self.config.max_message_bytes // 2)
+        step = max(1, request.step)
         next_id = first
         while next_id <= last and context.is_active():
             fault = self.faults.check("read_range", lid, next_id)
@@ -344,7 +345,8 @@ class BookieService(pb_grpc.BookieServicer):
                                                message="injected fault")
                     return
             try:
-                chunk = self.storage.read_range(lid, next_id, last, max_bytes)
+                chunk = (self.storage.read_range(lid, next_id, last, max_bytes) if step == 1
+                         else self._read_strided(lid, next_id, last, step, max_bytes))
             except errors.BKError as exc:
                 yield pb.ReadRangeResponse(status=exc.status or errors.EIO, next_entry_id=next_id,
                                            message=str(exc))
@@ -352,11 +354,28 @@ class BookieService(pb_grpc.BookieServicer):
             if not chunk:
                 yield pb.ReadRangeResponse(status=errors.ENOENTRY, next_entry_id=next_id)
                 return
-            next_id = chunk[-1][0] + 1
+            next_id = chunk[-1][0] + step
             if self.metrics is not None:
                 self.metrics.record_read(sum(len(b) for _, b in chunk), len(chunk))
             yield pb.ReadRangeResponse(status=errors.EOK, next_entry_id=next_id,
                                        entries=[pb.EntryBody(entry_id=e, body=b) for e, b in chunk])
+
+    def _read_strided(self, lid: int, first: int, last: int, step: int, max_bytes: int):
+        """Entries first, first+step, ... <= last, up to max_bytes (at least one); stops at
+        the first absent entry (raising for ``first`` itself, like read_range)."""
+        chunk, size = [], 0
+        for entry_id in range(first, last + 1, step):
+            try:
+                body = self.storage.read_entry(lid, entry_id)
+            except (errors.NoSuchEntryError, errors.NoSuchLedgerError):
+                if not chunk:
+                    raise
+                break
+            if chunk and size + len(body) > max_bytes:
+                break
+            chunk.append((entry_id, body))
+            size += len(body)
+        return chunk
 
     # ---- LAC ---------------------------------------------------------------------------
 

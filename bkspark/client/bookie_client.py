@@ -288,11 +288,11 @@ class BookieClient:
             return f
 
     def read_range(self, ledger_id: int, first: int, last: int, *, timeout: float = 60.0,
-                   max_bytes: int = 4 << 20):
-        """Iterate ``(entry_id, body)`` for first..last; raises the first error (status or
-        transport) after yielding what was served before it."""
+                   max_bytes: int = 4 << 20, step: int = 1):
+        """Iterate ``(entry_id, body)`` for first, first+step, ... <= last; raises the first
+        error (status or transport) after yielding what was served before it."""
         req = pb.ReadRangeRequest(ledger_id=ledger_id, first_entry_id=first,
-                                  last_entry_id=last, max_bytes_per_message=max_bytes)
+                                  last_entry_id=last, max_bytes_per_message=max_bytes, step=step)
         call = self.stub.ReadRange(req, timeout=timeout)
         try:
             for msg in call:

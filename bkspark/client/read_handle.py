@@ -242,10 +242,12 @@ class ReadHandle:
     def _iter_entries(self, first: int, last: int):
         qw, e = self._md.write_quorum, self._md.ensemble_size
         for lo, hi, ensemble in self._segments(first, last):
-            if qw == e and hi > lo and self._bk.conf.use_read_range:
+            if not self._bk.conf.use_read_range or hi - lo < 2 * e:
+                yield from self._read_window(lo, hi, ensemble)
+            elif qw == e:
                 yield from self._read_range_segment(lo, hi, ensemble)
             else:
-                yield from self._read_window(lo, hi, ensemble)
+                yield from self._read_striped_segment(lo, hi, ensemble)
 
     def _read_one_op(self, entry_id: int, ensemble: list[str], flags: int = 0) -> _EntryRead:
         bookies = quorum.write_set_bookies(entry_id, ensemble, self._md.write_quorum)
@@ -312,6 +314,53 @@ class ReadHandle:
                          self.ledger_id, bookie, nxt, exc)
         if nxt <= hi:
             yield from self._read_window(nxt, hi, ensemble)
+
+    def _read_striped_segment(self, lo: int, hi: int, ensemble: list[str]):
+        """Stream lo..hi of a striped fragment (Qw < E) from all E bookies at once: bookie
+        ``ensemble[r]`` is first in the write set of every entry e with e mod E == r, so it
+        streams those (ReadRange with step E). A stream that fails continues on the next
+        member of that write set, then entry by entry; entries are yielded in order."""
+        n = len(ensemble)
+        streams = {}
+        for r in range(n):
+            first = lo + (r - lo) % n
+            if first <= hi:
+                streams[r] = self._residue_stream(first, hi, ensemble)
+        try:
+            for eid in range(lo, hi + 1):
+                got_id, entry = next(streams[eid % n])
+                if got_id != eid:
+                    raise DigestMismatchError(f"striped read expected entry {eid}, got {got_id}")
+                yield entry
+        finally:
+            for stream in streams.values():
+                stream.close()
+
+    def _residue_stream(self, first: int, hi: int, ensemble: list[str]):
+        """(entry_id, LedgerEntry) for first, first+E, ... <= hi with fall-over."""
+        n, qw = len(ensemble), self._md.write_quorum
+        nxt = first
+        members = [ensemble[(first + k) % n] for k in range(qw)]
+        for bookie in self._bk._health.order(members):
+            try:
+                for eid, body in self._bk._pool.get(bookie).read_range(
+                        self.ledger_id, nxt, hi, step=n, timeout=self._bk.conf.read_range_timeout):
+                    if eid != nxt:
+                        raise DigestMismatchError(f"bookie {bookie} sent entry {eid}, expected {nxt}")
+                    _, lac, length, payload = self._digest.verify(body, nxt)
+                    self._saw_lac(lac)
+                    yield eid, LedgerEntry(self.ledger_id, eid, payload, length)
+                    nxt += n
+                if nxt > hi:
+                    return
+            except BKError as exc:
+                if not isinstance(exc, (errors.NoSuchEntryError, errors.NoSuchLedgerError)):
+                    self._bk._health.suspect(bookie)
+                log.info("ledger %d: striped read from %s stopped at entry %d (%s); falling over",
+                         self.ledger_id, bookie, nxt, exc)
+        while nxt <= hi:                    # every member failed: entry by entry
+            yield nxt, self._read_one_op(nxt, ensemble).future.result()
+            nxt += n
 
     # ---- LAC ----------------------------------------------------------------------------
     def _lac_from_response(self, resp) -> int:
