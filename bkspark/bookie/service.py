@@ -280,6 +280,15 @@ class BookieService(pb_grpc.BookieServicer):
             elif item.responses:
                 yield item
 
+    def _injected(self, op: str, ledger_id: int, context, entry_id: int = ANY_ENTRY) -> int:
+        """Apply a matching test fault: sleep its delay (a drop sleeps until the caller gives
+        up); return the status to answer instead (EIO for a drop), or 0 to proceed."""
+        fault = self.faults.check(op, ledger_id, entry_id)
+        if fault is None:
+            return 0
+        FaultInjector.apply_delay(fault, cancelled=lambda: not context.is_active())
+        return fault.error or (errors.EIO if fault.drop else 0)
+
     # ---- reads -----------------------------------------------------------------------
 
     def _read_error(self, req, status, message=""):
@@ -289,13 +298,9 @@ class BookieService(pb_grpc.BookieServicer):
     def Read(self, request, context):
         if request.ledger_id < 0 or request.entry_id < -1:
             return self._read_error(request, errors.EBADREQ, "bad ledger or entry id")
-        fault = self.faults.check("read", request.ledger_id, request.entry_id)
-        if fault is not None:
-            FaultInjector.apply_delay(fault, cancelled=lambda: not context.is_active())
-            if fault.error:
-                return self._read_error(request, fault.error, "injected fault")
-            if fault.drop:
-                return self._read_error(request, errors.EIO, "dropped")
+        status = self._injected("read", request.ledger_id, context, request.entry_id)
+        if status:
+            return self._read_error(request, status, "injected fault")
         if request.flags & pb.ReadRequest.FENCE_LEDGER:
             if len(request.master_key) != MASTER_KEY_LEN:
                 return self._read_error(request, errors.EBADREQ, "fencing read needs the master key")
@@ -337,13 +342,10 @@ class BookieService(pb_grpc.BookieServicer):
         step = max(1, request.step)
         next_id = first
         while next_id <= last and context.is_active():
-            fault = self.faults.check("read_range", lid, next_id)
-            if fault is not None:
-                FaultInjector.apply_delay(fault, cancelled=lambda: not context.is_active())
-                if fault.error or fault.drop:
-                    yield pb.ReadRangeResponse(status=fault.error or errors.EIO, next_entry_id=next_id,
-                                               message="injected fault")
-                    return
+            status = self._injected("read_range", lid, context, next_id)
+            if status:
+                yield pb.ReadRangeResponse(status=status, next_entry_id=next_id, message="injected fault")
+                return
             try:
                 chunk = (self.storage.read_range(lid, next_id, last, max_bytes) if step == 1
                          else self._read_strided(lid, next_id, last, step, max_bytes))
@@ -380,11 +382,9 @@ class BookieService(pb_grpc.BookieServicer):
     # ---- LAC ---------------------------------------------------------------------------
 
     def ReadLac(self, request, context):
-        fault = self.faults.check("read_lac", request.ledger_id)
-        if fault is not None:
-            FaultInjector.apply_delay(fault, cancelled=lambda: not context.is_active())
-            if fault.error or fault.drop:
-                return pb.ReadLacResponse(status=fault.error or errors.EIO, ledger_id=request.ledger_id)
+        status = self._injected("read_lac", request.ledger_id, context)
+        if status:
+            return pb.ReadLacResponse(status=status, ledger_id=request.ledger_id)
         if request.ledger_id < 0:
             return pb.ReadLacResponse(status=errors.EBADREQ, ledger_id=request.ledger_id,
                                       message="bad ledger id")
@@ -402,11 +402,9 @@ class BookieService(pb_grpc.BookieServicer):
                                   lac_body=lac_body, last_entry_body=last)
 
     def WriteLac(self, request, context):
-        fault = self.faults.check("write_lac", request.ledger_id)
-        if fault is not None:
-            FaultInjector.apply_delay(fault, cancelled=lambda: not context.is_active())
-            if fault.error or fault.drop:
-                return pb.WriteLacResponse(status=fault.error or errors.EIO)
+        status = self._injected("write_lac", request.ledger_id, context)
+        if status:
+            return pb.WriteLacResponse(status=status)
         if len(request.master_key) != MASTER_KEY_LEN or request.ledger_id < 0:
             return pb.WriteLacResponse(status=errors.EBADREQ, message="bad ledger id or master key")
         if self.state.read_only:
