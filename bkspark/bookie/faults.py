@@ -47,6 +47,11 @@ class FaultInjector:
         self._rules: list[FaultRule] = []
         self._lock = threading.Lock()
 
+    @property
+    def active(self) -> bool:
+        """True while any rule is set (the hot path skips fault checks otherwise)."""
+        return bool(self._rules)
+
     def set_rules(self, rules: list[FaultRule]) -> None:
         with self._lock:
             self._rules = list(rules)

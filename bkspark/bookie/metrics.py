@@ -23,15 +23,16 @@ class BookieMetrics:
         self.read_only = Gauge("bookie_read_only", "1 when the bookie is read-only", registry=self.registry)
         self.registry.register(_StorageCollector(storage, service_ref))
 
-    def record_adds(self, requests, statuses, seconds: float) -> None:
-        ok_bytes = 0
-        counts: dict[int, int] = {}
-        for req, status in zip(requests, statuses):
-            counts[status] = counts.get(status, 0) + 1
-            if status == errors.EOK:
-                ok_bytes += len(req.body)
-        for status, n in counts.items():
-            self.adds.labels(status=errors.status_name(status)).inc(n)
+    def record_adds(self, accepted, statuses, nbytes: int, seconds: float) -> None:
+        """Count a stored batch: ``nbytes`` is the size of all accepted entries."""
+        failed = [s for s in statuses if s != errors.EOK]
+        if failed:
+            ok_bytes = sum(len(a[4]) for a, s in zip(accepted, statuses) if s == errors.EOK)
+            for status in set(failed):
+                self.adds.labels(status=errors.status_name(status)).inc(failed.count(status))
+        else:
+            ok_bytes = nbytes
+        self.adds.labels(status="EOK").inc(len(statuses) - len(failed))
         self.add_bytes.inc(ok_bytes)
         self.add_latency.observe(seconds)
 

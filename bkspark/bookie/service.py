@@ -26,6 +26,7 @@ MASTER_KEY_LEN = 20          # SHA1("ledger" || password)
 ENTRY_HEADER_LEN = 32        # ledger id, entry id, lac, length: 4 x int64
 _LAC = struct.Struct(">q")
 _STREAM_MAX_INFLIGHT_BATCHES = 16
+_RECOVERY_ADD = pb.AddRequest.RECOVERY_ADD
 _RANGE_DEFAULT_BYTES = 4 << 20
 
 
@@ -119,19 +120,18 @@ class BookieService(pb_grpc.BookieServicer):
 
     # ---- adds ------------------------------------------------------------------------
 
-    def _validate_add(self, req: pb.AddRequest) -> tuple[int, str] | None:
-        if req.ledger_id < 0 or req.entry_id < 0:
+    def _rejection(self, lid: int, eid: int, key: bytes, flags: int, size: int) -> tuple[int, str] | None:
+        """Why an add must be refused before storage (EBADREQ), or None."""
+        if lid < 0 or eid < 0:
             return errors.EBADREQ, "negative ledger or entry id"
-        if len(req.master_key) != MASTER_KEY_LEN:
+        if len(key) != MASTER_KEY_LEN:
             return errors.EBADREQ, f"master key must be {MASTER_KEY_LEN} bytes"
-        if len(req.body) < ENTRY_HEADER_LEN:
+        if size < ENTRY_HEADER_LEN:
             return errors.EBADREQ, "entry body shorter than its header"
-        if len(req.body) > self.config.max_entry_bytes:
-            return errors.EBADREQ, f"entry of {len(req.body)} bytes exceeds max_entry_bytes"
-        if req.flags & ~pb.AddRequest.RECOVERY_ADD:
-            return errors.EBADREQ, f"unknown add flags {req.flags:#x}"
-        if self.state.read_only:
-            return errors.EREADONLY, "bookie is read-only"
+        if size > self.config.max_entry_bytes:
+            return errors.EBADREQ, f"entry of {size} bytes exceeds max_entry_bytes"
+        if flags & ~_RECOVERY_ADD:
+            return errors.EBADREQ, f"unknown add flags {flags:#x}"
         return None
 
     def _reserve(self, nbytes: int) -> bool:
@@ -152,15 +152,28 @@ class BookieService(pb_grpc.BookieServicer):
     def _process_adds(self, adds) -> list[pb.AddResponse]:
         """Validate, apply faults, store durably; one response per add that is answered.
 
-        Dropped adds (fault injection) get no response at all.
+        Dropped adds (fault injection) get no response at all. This is the hot path: one
+        pass over the batch, no per-entry work beyond what each ack needs.
         """
+        Response = pb.AddResponse
         responses: list[pb.AddResponse] = []
-        accepted = []
+        accepted: list[tuple] = []          # (ledger, entry, key, recovery, body, request_id)
         delay = 0.0
+        read_only = self.state.read_only
+        faults = self.faults if self.faults.active else None
+        max_entry = self.config.max_entry_bytes
+        nbytes = 0
         for req in adds:
-            bad = self._validate_add(req)
-            if bad is None:
-                fault = self.faults.check("add", req.ledger_id, req.entry_id)
+            lid, eid, key, flags, body = req.ledger_id, req.entry_id, req.master_key, req.flags, req.body
+            size = len(body)
+            bad = None
+            if (lid < 0 or eid < 0 or len(key) != MASTER_KEY_LEN or size < ENTRY_HEADER_LEN
+                    or size > max_entry or flags & ~_RECOVERY_ADD):
+                bad = self._rejection(lid, eid, key, flags, size)
+            elif read_only:
+                bad = (errors.EREADONLY, "bookie is read-only")
+            elif faults is not None:
+                fault = faults.check("add", lid, eid)
                 if fault is not None:
                     delay = max(delay, fault.delay_s)
                     if fault.drop:
@@ -168,48 +181,46 @@ class BookieService(pb_grpc.BookieServicer):
                     if fault.error:
                         bad = (fault.error, "injected fault")
             if bad is not None:
-                responses.append(pb.AddResponse(status=bad[0], ledger_id=req.ledger_id,
-                                                entry_id=req.entry_id, request_id=req.request_id,
-                                                message=bad[1]))
+                responses.append(Response(status=bad[0], ledger_id=lid, entry_id=eid,
+                                          request_id=req.request_id, message=bad[1]))
             else:
-                accepted.append(req)
+                accepted.append((lid, eid, key, bool(flags), body, req.request_id))
+                nbytes += size
         if not accepted:
             if delay:
                 time.sleep(delay)
             return responses
-        nbytes = sum(len(r.body) for r in accepted)
         if not self._reserve(nbytes):
-            responses.extend(pb.AddResponse(status=errors.ETOOMANYREQUESTS, ledger_id=r.ledger_id,
-                                            entry_id=r.entry_id, request_id=r.request_id,
-                                            message="bookie overloaded") for r in accepted)
+            responses.extend(Response(status=errors.ETOOMANYREQUESTS, ledger_id=a[0], entry_id=a[1],
+                                      request_id=a[5], message="bookie overloaded") for a in accepted)
             return responses
         started = time.perf_counter()
+        message = ""
         try:
             if delay:           # injected slowness holds its in-flight bytes, like a slow disk
                 time.sleep(delay)
-            statuses = self.storage.add_entries(
-                [(r.ledger_id, r.entry_id, r.master_key,
-                  bool(r.flags & pb.AddRequest.RECOVERY_ADD), r.body) for r in accepted])
-            messages = [""] * len(accepted)
+            statuses = self.storage.add_entries([a[:5] for a in accepted])
         except errors.BKError as exc:
             log.error("add batch failed: %s", exc)
             statuses = [exc.status or errors.EIO] * len(accepted)
-            messages = [str(exc)] * len(accepted)
+            message = str(exc)
         finally:
             self._release(nbytes)
         lacs: dict[int, int] = {}
-        for req, status, message in zip(accepted, statuses, messages):
-            if status == errors.EOK:
-                lac = entry_lac(req.body)
-                if lac > lacs.get(req.ledger_id, -1):
-                    lacs[req.ledger_id] = lac
-            responses.append(pb.AddResponse(status=status, ledger_id=req.ledger_id,
-                                            entry_id=req.entry_id, request_id=req.request_id,
-                                            message=message))
+        unpack, ok = _LAC.unpack_from, errors.EOK
+        for (lid, eid, _key, _rec, body, request_id), status in zip(accepted, statuses):
+            if status == ok:
+                lac = unpack(body, 16)[0]
+                if lac > lacs.get(lid, -1):
+                    lacs[lid] = lac
+                responses.append(Response(ledger_id=lid, entry_id=eid, request_id=request_id))
+            else:
+                responses.append(Response(status=status, ledger_id=lid, entry_id=eid,
+                                          request_id=request_id, message=message))
         if lacs:
             self.lac.advance(lacs)
         if self.metrics is not None:
-            self.metrics.record_adds(accepted, statuses, time.perf_counter() - started)
+            self.metrics.record_adds(accepted, statuses, nbytes, time.perf_counter() - started)
         return responses
 
     def Add(self, request, context):
