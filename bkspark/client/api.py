@@ -46,6 +46,7 @@ class ClientConfig:
     close_flush_timeout: float = 120.0
     bookie_cache_seconds: float = 1.0       # how long the writable-bookie list is reused
     explicit_lac_interval: float = 1.0      # idle writer publishes its LAC (0 = never)
+    tls_ca_file: str = ""                   # PEM roots: talk TLS to bookies and verify them
     overload_retry_delay: float = 0.05      # resend after ETOOMANYREQUESTS
     suspect_seconds: float = 30.0           # a failed/slow bookie is read from last this long
 
@@ -130,7 +131,8 @@ class BookKeeper:
         self._own_store = store is None
         self.store = store if store is not None else open_store(metadata_uri)
         self._health = _BookieHealth(self.conf.suspect_seconds)
-        self._pool = BookieClientPool(self._resolve_address, self._health.suspect)
+        self._pool = BookieClientPool(self._resolve_address, self._health.suspect,
+                                      _tls_credentials(self.conf.tls_ca_file))
         self._executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="bk-client")
         self._scheduler = _Scheduler()
         self._writers: weakref.WeakSet = weakref.WeakSet()
@@ -302,3 +304,15 @@ def _as_bytes(v, what: str) -> bytes:
     if isinstance(v, (bytes, bytearray, memoryview)):
         return bytes(v)
     raise BadRequestError(f"{what} must be bytes, got {type(v).__name__}")
+
+
+def _tls_credentials(ca_file: str):
+    """Channel credentials verifying bookies against ``ca_file``, or None (plaintext)."""
+    if not ca_file:
+        return None
+    import grpc
+    try:
+        with open(ca_file, "rb") as f:
+            return grpc.ssl_channel_credentials(root_certificates=f.read())
+    except OSError as exc:
+        raise BadRequestError(f"cannot read tls_ca_file {ca_file}: {exc}") from None

@@ -155,12 +155,15 @@ class BookieClient:
 
     linger = 0.002      # minimum seconds between two add messages on one stream
 
-    def __init__(self, bookie_id: str, address: str, sinks: dict, on_failure=None):
+    def __init__(self, bookie_id: str, address: str, sinks: dict, on_failure=None,
+                 credentials: grpc.ChannelCredentials | None = None):
         self.bookie_id = bookie_id
         self.on_failure = on_failure
         self.address = address
         self.sinks = sinks      # ledger_id -> handle, shared by the whole BookKeeper client
-        self.channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self.channel = (grpc.secure_channel(address, credentials, options=_CHANNEL_OPTIONS)
+                        if credentials is not None
+                        else grpc.insecure_channel(address, options=_CHANNEL_OPTIONS))
         self.stub = pb_grpc.BookieStub(self.channel)
         self._add_stream_callable = self.channel.stream_stream(
             _ADD_STREAM_METHOD, request_serializer=wire.identity,
@@ -327,9 +330,10 @@ class BookieClient:
 class BookieClientPool:
     """One :class:`BookieClient` per bookie id; addresses from the bookie registry."""
 
-    def __init__(self, resolve_address, on_failure=None):
+    def __init__(self, resolve_address, on_failure=None, credentials=None):
         self._resolve = resolve_address     # bookie_id -> "host:port"
         self.on_failure = on_failure        # called with a bookie id whose stream broke
+        self.credentials = credentials      # TLS: verify bookies against these roots
         self._clients: dict[str, BookieClient] = {}
         self._lock = threading.Lock()
         self.sinks: dict[int, object] = {}
@@ -342,7 +346,7 @@ class BookieClientPool:
             c = self._clients.get(bookie_id)
             if c is None:
                 c = BookieClient(bookie_id, self._resolve(bookie_id), self.sinks,
-                                 self.on_failure)
+                                 self.on_failure, self.credentials)
                 self._clients[bookie_id] = c
             return c
 
