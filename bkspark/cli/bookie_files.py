@@ -5,7 +5,8 @@ little-endian on the supported platforms):
 * journal ``<journal_dir>/<%016x>.txn``: 512-byte header ``"BKSJ"``, u32 version, u64 id,
   then either u32 crc32c(header[0:16]) (records follow directly) or u32 flags + u32
   crc32c(header[0:20]) (records inside ``"BKSG"`` groups: u32 len, u32 crc32c(records),
-  u32 crc32c(first 12 bytes)); records are ``u32 len, u32 type, u32 crc`` + ``len``
+  u64 offset of the group, u32 crc32c(journal id + the 20 group-header bytes before it));
+  records are ``u32 len, u32 type, u32 crc`` + ``len``
   bytes, crc = crc32c(first 8 header bytes + payload). Types: 1 add (u64 ledger, i64 entry,
   body), 2 master key / 3 fence (u64 ledger, u64 incarnation, u16 key length, key), 4
   explicit LAC (u64 ledger, LAC body), 5 delete (u64 ledger). A zero length (preallocated
@@ -30,6 +31,7 @@ JR_TYPES = {1: "add", 2: "masterkey", 3: "fence", 4: "lac", 5: "delete"}
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _I64 = struct.Struct("<q")
+_GROUP_HEADER = 24      # "BKSG", u32 len, u32 crc(records), u64 own offset, u32 header crc
 
 
 def _crc(data: bytes, value: int = 0) -> int:
@@ -86,8 +88,8 @@ def read_journal(path: str, ledger_id: int | None = None):
 
     Reads both journal layouts of ``bookie_native``: records back to back after the header
     (header crc over bytes 0..16), and records inside ``"BKSG"`` groups (header with flags,
-    crc over bytes 0..20; each group: magic, u32 len, u32 crc32c(records), u32 crc32c of the
-    first 12 bytes). A bad spot ends the file's listing (with a ``corrupt`` record)."""
+    crc over bytes 0..20; each group: magic, u32 len, u32 crc32c(records), u64 own offset,
+    u32 crc32c(journal id + the 20 bytes before it)). A bad spot ends the file's listing (with a ``corrupt`` record)."""
     files = journal_files(path)
     if not files:
         raise BadRequestError(f"no journal files (*.txn) in {path}")
@@ -101,19 +103,21 @@ def read_journal(path: str, ledger_id: int | None = None):
             yield {"file": os.path.basename(fp), "offset": 0, "type": "invalid-header"}
             continue
         if _U32.unpack_from(data, 20)[0] == _crc(data[:20]):         # grouped layout
+            journal_id = data[8:16]
             off = 512
-            while off + 16 <= len(data):
+            while off + _GROUP_HEADER <= len(data):
                 if data[off:off + 4] != b"BKSG":
-                    if any(data[off:off + 16]):
+                    if any(data[off:off + _GROUP_HEADER]):
                         yield {"file": os.path.basename(fp), "offset": off, "type": "corrupt"}
                     break
-                ln, rcrc, hcrc = struct.unpack_from("<III", data, off + 4)
-                if hcrc != _crc(data[off:off + 12]) or off + 16 + ln > len(data) or \
-                        _crc(data[off + 16:off + 16 + ln]) != rcrc:
+                ln, rcrc, goff, hcrc = struct.unpack_from("<IIQI", data, off + 4)
+                end = off + _GROUP_HEADER + ln
+                if (hcrc != _crc(journal_id + data[off:off + 20]) or goff != off or end > len(data)
+                        or _crc(data[off + _GROUP_HEADER:end]) != rcrc):
                     yield {"file": os.path.basename(fp), "offset": off, "type": "corrupt"}
                     break
-                yield from _records(data, off + 16, off + 16 + ln, fp, ledger_id)
-                off += 16 + ln
+                yield from _records(data, off + _GROUP_HEADER, end, fp, ledger_id)
+                off = end
         elif _U32.unpack_from(data, 16)[0] == _crc(data[:16]):       # records only
             yield from _records(data, 512, len(data), fp, ledger_id)
         else:
