@@ -24,6 +24,8 @@ bench: build
 	$(PYTHON) bench/storage.py
 	$(PYTHON) bench/bookie.py
 	$(PYTHON) bench/client.py
+	$(PYTHON) bench/rereplication.py
+	$(PYTHON) bench/spark.py
 
 # Long randomized fault run + bookie crash campaign (issue 9); the report is JSON with a
 # "text" summary. Replay a failing run with the seed it prints.
