@@ -234,7 +234,6 @@ class BookieService(pb_grpc.BookieServicer):
         """Pipelined adds: batches are stored concurrently; acks stream back as they are durable."""
         out: queue.Queue = queue.Queue()
         slots = threading.Semaphore(_STREAM_MAX_INFLIGHT_BATCHES)
-        done_reading = threading.Event()
         pending = [0]
         pending_lock = threading.Lock()
 
@@ -263,11 +262,16 @@ class BookieService(pb_grpc.BookieServicer):
             except Exception:  # noqa: BLE001 - client went away or sent garbage
                 pass
             finally:
-                done_reading.set()
                 out.put(None)
 
         threading.Thread(target=reader, name="bookie-addstream-reader", daemon=True).start()
+        reader_done = False
         while True:
+            if reader_done:
+                # the client finished sending: end the stream once every batch was answered
+                with pending_lock:
+                    if pending[0] == 0 and out.empty():
+                        return
             try:
                 item = out.get(timeout=0.5)
             except queue.Empty:
@@ -275,19 +279,7 @@ class BookieService(pb_grpc.BookieServicer):
                     return
                 continue
             if item is None:
-                # reader finished: drain what is still in flight, then end the stream
-                while True:
-                    with pending_lock:
-                        if pending[0] == 0 and out.empty():
-                            return
-                    try:
-                        item = out.get(timeout=0.5)
-                    except queue.Empty:
-                        if not context.is_active():
-                            return
-                        continue
-                    if item is not None and item.responses:
-                        yield item
+                reader_done = True
             elif item.responses:
                 yield item
 
