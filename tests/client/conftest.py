@@ -14,31 +14,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from memory_bookie import MemoryBookie  # noqa: E402
-
-from metadata import open_store  # noqa: E402
-
-
-class MemCluster:
-    def __init__(self, uri, n):
-        self.metadata_uri = uri
-        self.store = open_store(uri)
-        self.bookies = [MemoryBookie(self.store) for _ in range(n)]
-
-    @property
-    def bookie_ids(self):
-        return [b.bookie_id for b in self.bookies]
-
-    def by_id(self, bookie_id) -> MemoryBookie:
-        return next(b for b in self.bookies if b.bookie_id == bookie_id)
-
-    def close(self):
-        for b in self.bookies:
-            try:
-                b.stop()
-            except Exception:  # noqa: BLE001
-                pass
-        self.store.close()
+from memory_bookie import MemCluster  # noqa: E402
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import grpc
 from bkspark import errors
 from bkspark.bookie.service import BookieService
 from bkspark.proto import bookie_pb2_grpc as pb_grpc
-from metadata import registry
+from metadata import open_store, registry
 
 
 class MemoryStorage:
@@ -115,3 +115,25 @@ class MemoryBookie:
     def stop(self):
         registry.unregister_bookie(self.store, self.bookie_id)
         self.server.stop(0)
+
+
+class MemCluster:
+    def __init__(self, uri, n):
+        self.metadata_uri = uri
+        self.store = open_store(uri)
+        self.bookies = [MemoryBookie(self.store) for _ in range(n)]
+
+    @property
+    def bookie_ids(self):
+        return [b.bookie_id for b in self.bookies]
+
+    def by_id(self, bookie_id) -> MemoryBookie:
+        return next(b for b in self.bookies if b.bookie_id == bookie_id)
+
+    def close(self):
+        for b in self.bookies:
+            try:
+                b.stop()
+            except Exception:  # noqa: BLE001
+                pass
+        self.store.close()

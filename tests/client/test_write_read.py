@@ -46,7 +46,7 @@ def test_append_close_read(bk, digest):
 
 def test_zookeeper_metadata(zk_uri):
     """The same client on the ZooKeeper store (in-process bookies registered there)."""
-    from conftest import MemCluster
+    from memory_bookie import MemCluster
     c = MemCluster(zk_uri, 3)
     try:
         with BookKeeper(c.metadata_uri) as bk:
