@@ -17,6 +17,8 @@ import uuid
 
 import pytest
 
+from metadata.testing import skip_or_fail
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -46,9 +48,7 @@ def uri(bk_cluster) -> str:
 @pytest.fixture(scope="session")
 def spark(bk_cluster):
     if not _java_available():
-        if os.environ.get("BKSPARK_REQUIRE_ALL", "") not in ("", "0", "false", "no"):
-            pytest.fail("no Java: Spark tests need a JVM (BKSPARK_REQUIRE_ALL is set)")
-        pytest.skip("no Java: Spark tests need a JVM")
+        skip_or_fail("no Java: Spark tests need a JVM")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
