@@ -285,47 +285,24 @@ class ReadHandle:
                 op.future.cancel()
 
     def _read_range_segment(self, lo: int, hi: int, ensemble: list[str]):
-        """Stream lo..hi with ReadRange (Qw == E: every member holds the whole fragment).
-        When a bookie fails (error, digest mismatch, gap) the stream continues from the next
-        entry on another member; after every member failed, per-entry reads (fall-over
-        per entry) finish the segment."""
+        """Stream lo..hi with ReadRange (Qw == E: every member holds the whole fragment),
+        falling over to the next member, then to per-entry reads."""
         k = lo % len(ensemble)
-        order = self._bk._health.order(ensemble[k:] + ensemble[:k])
-        nxt = lo
-        for bookie in order:
-            try:
-                for eid, body in self._bk._pool.get(bookie).read_range(
-                        self.ledger_id, nxt, hi, timeout=self._bk.conf.read_range_timeout):
-                    if eid != nxt:
-                        raise DigestMismatchError(
-                            f"bookie {bookie} sent entry {eid}, expected {nxt}")
-                    _, lac, length, payload = self._digest.verify(body, nxt)
-                    self._saw_lac(lac)
-                    yield LedgerEntry(self.ledger_id, eid, payload, length)
-                    nxt += 1
-                    if nxt > hi:
-                        return
-                if nxt > hi:
-                    return
-            except BKError as exc:
-                if not isinstance(exc, (errors.NoSuchEntryError, errors.NoSuchLedgerError)):
-                    self._bk._health.suspect(bookie)
-                log.info("ledger %d: range read from %s stopped at entry %d (%s); falling over",
-                         self.ledger_id, bookie, nxt, exc)
-        if nxt <= hi:
-            yield from self._read_window(nxt, hi, ensemble)
+        for _, entry in self._stream(lo, hi, ensemble[k:] + ensemble[:k], 1, ensemble):
+            yield entry
 
     def _read_striped_segment(self, lo: int, hi: int, ensemble: list[str]):
         """Stream lo..hi of a striped fragment (Qw < E) from all E bookies at once: bookie
         ``ensemble[r]`` is first in the write set of every entry e with e mod E == r, so it
         streams those (ReadRange with step E). A stream that fails continues on the next
         member of that write set, then entry by entry; entries are yielded in order."""
-        n = len(ensemble)
+        n, qw = len(ensemble), self._md.write_quorum
         streams = {}
         for r in range(n):
             first = lo + (r - lo) % n
             if first <= hi:
-                streams[r] = self._residue_stream(first, hi, ensemble)
+                members = [ensemble[(first + k) % n] for k in range(qw)]
+                streams[r] = self._stream(first, hi, members, n, ensemble)
         try:
             for eid in range(lo, hi + 1):
                 got_id, entry = next(streams[eid % n])
@@ -336,31 +313,35 @@ class ReadHandle:
             for stream in streams.values():
                 stream.close()
 
-    def _residue_stream(self, first: int, hi: int, ensemble: list[str]):
-        """(entry_id, LedgerEntry) for first, first+E, ... <= hi with fall-over."""
-        n, qw = len(ensemble), self._md.write_quorum
+    def _stream(self, first: int, hi: int, members: list[str], step: int, ensemble: list[str]):
+        """(entry_id, LedgerEntry) for first, first+step, ... <= hi: streamed by ReadRange
+        from one member, continuing on the next member when it fails (error, gap, digest
+        mismatch); when every member failed, the rest is read entry by entry."""
         nxt = first
-        members = [ensemble[(first + k) % n] for k in range(qw)]
         for bookie in self._bk._health.order(members):
             try:
                 for eid, body in self._bk._pool.get(bookie).read_range(
-                        self.ledger_id, nxt, hi, step=n, timeout=self._bk.conf.read_range_timeout):
+                        self.ledger_id, nxt, hi, step=step, timeout=self._bk.conf.read_range_timeout):
                     if eid != nxt:
                         raise DigestMismatchError(f"bookie {bookie} sent entry {eid}, expected {nxt}")
                     _, lac, length, payload = self._digest.verify(body, nxt)
                     self._saw_lac(lac)
                     yield eid, LedgerEntry(self.ledger_id, eid, payload, length)
-                    nxt += n
+                    nxt += step
                 if nxt > hi:
                     return
             except BKError as exc:
                 if not isinstance(exc, (errors.NoSuchEntryError, errors.NoSuchLedgerError)):
                     self._bk._health.suspect(bookie)
-                log.info("ledger %d: striped read from %s stopped at entry %d (%s); falling over",
+                log.info("ledger %d: range read from %s stopped at entry %d (%s); falling over",
                          self.ledger_id, bookie, nxt, exc)
-        while nxt <= hi:                    # every member failed: entry by entry
-            yield nxt, self._read_one_op(nxt, ensemble).future.result()
-            nxt += n
+        if step == 1:
+            for entry in self._read_window(nxt, hi, ensemble):
+                yield entry.entry_id, entry
+        else:
+            while nxt <= hi:
+                yield nxt, self._read_one_op(nxt, ensemble).future.result()
+                nxt += step
 
     # ---- LAC ----------------------------------------------------------------------------
     def _lac_from_response(self, resp) -> int:
