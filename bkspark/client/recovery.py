@@ -404,8 +404,10 @@ class LedgerRecovery:
         """RECOVERY_ADD of a recovered entry to its whole write set; ``.wait()`` raises
         LedgerRecoveryError unless Qa bookies acknowledged it."""
         bookies = quorum.write_set_bookies(entry_id, md.ensemble_for(entry_id), md.write_quorum)
-        if self._stream_wb is not None:
+        if self._stream_wb is not None and self._stream_wb.registered:
             return self._stream_wb.add(entry_id, body, bookies, md.ack_quorum)
+        # no stream when this client also writes the ledger: its acks go to the writer's
+        # handle, so write-backs use unary adds
         return _WriteBack(self, entry_id, body, bookies, md.ack_quorum)
 
 

@@ -133,14 +133,14 @@ class LogWriter:
                 old.close()
             except _LOST as exc:
                 raise self._lost(exc) from exc
-            end = {"state": CLOSED, "last_entry_id": old.last_add_confirmed, "length": old.length}
+            end = self._closed_end(old.ledger_id)
             handle = self.logs.bk.create_ledger(**self.logs.ledger_options)
 
             def change(md):
                 ids = md.ledger_ids()
                 if not ids or ids[-1] != old.ledger_id:
                     raise LogFencedError(f"log {self.name}: another writer took over")
-                md = md.with_ledger_updated(old.ledger_id, **end)
+                md = _with_end(md, old.ledger_id, end)
                 return md.with_ledger(handle.ledger_id, state=OPEN)
 
             try:
@@ -150,6 +150,12 @@ class LogWriter:
                 raise
             self._handle = handle
             self._opened_at, self._bytes = time.monotonic(), 0
+
+    def _closed_end(self, ledger_id: int) -> dict:
+        """The list entry of a ledger this writer just closed, from its (CLOSED) metadata:
+        the ledger metadata is the truth a log list records, never a handle's own view."""
+        md = self.logs.bk.ledger_metadata(ledger_id)
+        return {"state": CLOSED, "last_entry_id": md.last_entry_id, "length": md.length}
 
     def flush(self) -> None:
         """Make the last appended entry visible to tailing readers (explicit LAC)."""
@@ -169,12 +175,12 @@ class LogWriter:
                 handle.close()
             except _LOST:
                 return
-            end = {"state": CLOSED, "last_entry_id": handle.last_add_confirmed, "length": handle.length}
+            end = self._closed_end(handle.ledger_id)
 
             def change(md):
                 if handle.ledger_id not in md.ledger_ids():
                     raise _NoChange()
-                return md.with_ledger_updated(handle.ledger_id, **end)
+                return _with_end(md, handle.ledger_id, end)
 
             self.logs.update(self.name, change)
 
@@ -183,6 +189,15 @@ class LogWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _with_end(md, ledger_id: int, end: dict):
+    """Record a closed ledger's end in the list, unless the list already records one (a new
+    owner that sealed the ledger wrote it first; both come from the same CLOSED metadata)."""
+    for entry in md.ledgers:
+        if entry["ledger_id"] == ledger_id and entry.get("state") == CLOSED:
+            return md
+    return md.with_ledger_updated(ledger_id, **end)
 
 
 def _path(name: str) -> str:
