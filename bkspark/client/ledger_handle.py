@@ -89,6 +89,7 @@ class LedgerHandle:
         self._error: BKError | None = None
         self._closing = False
         self._closed = False
+        self._close_future: Future | None = None   # the one close; its outcome is final
         self._done_q: deque = deque()
         self._cb_lock = threading.Lock()
         self.ensemble_changes = 0
@@ -493,17 +494,19 @@ class LedgerHandle:
                 self._space.wait(min(1.0, remaining) if remaining is not None else 1.0)
 
     def close(self) -> None:
-        """Wait for pending adds, then CAS the metadata to CLOSED at the LAC."""
+        """Wait for pending adds, then CAS the metadata to CLOSED at the LAC.
+
+        The handle is closed once, whatever the outcome: calling ``close`` again returns the
+        first close's outcome — it raises again if that close failed (e.g. FencedError: the
+        ledger was being recovered by another client, whose end is not known here)."""
         self.close_async().result()
 
     def close_async(self) -> Future:
         with self._lock:
-            if self._closed:
-                f: Future = Future()
-                f.set_result(None)
-                return f
-            self._closing = True
-        return self._bk._executor.submit(self._close)
+            if self._close_future is None:
+                self._closing = True
+                self._close_future = self._bk._executor.submit(self._close)
+            return self._close_future
 
     def _close(self) -> None:
         bk = self._bk

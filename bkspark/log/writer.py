@@ -25,6 +25,7 @@ from bkspark import errors
 from bkspark.errors import LogFencedError
 from bkspark.log.position import Position
 from bkspark.log.store import CLOSED, OPEN, LogStore, _NoChange
+from metadata.ledger_metadata import LedgerState
 
 log = logging.getLogger("bkspark.log.writer")
 
@@ -152,9 +153,15 @@ class LogWriter:
             self._opened_at, self._bytes = time.monotonic(), 0
 
     def _closed_end(self, ledger_id: int) -> dict:
-        """The list entry of a ledger this writer just closed, from its (CLOSED) metadata:
-        the ledger metadata is the truth a log list records, never a handle's own view."""
+        """The list entry of a ledger this writer just closed, from its CLOSED metadata:
+        the ledger metadata is the truth a log list records, never a handle's own view.
+
+        Metadata that is not CLOSED (IN_RECOVERY: its end is not decided yet) is never
+        recorded: this writer lost the ledger, and the recovering owner records its end."""
         md = self.logs.bk.ledger_metadata(ledger_id)
+        if md.state is not LedgerState.CLOSED:
+            raise LogFencedError(f"log {self.name}: ledger {ledger_id} is {md.state.name}, "
+                                 "not closed by this writer; a new writer is recovering it")
         return {"state": CLOSED, "last_entry_id": md.last_entry_id, "length": md.length}
 
     def flush(self) -> None:
@@ -173,9 +180,9 @@ class LogWriter:
             handle = self._handle
             try:
                 handle.close()
-            except _LOST:
-                return
-            end = self._closed_end(handle.ledger_id)
+                end = self._closed_end(handle.ledger_id)
+            except (*_LOST, LogFencedError):
+                return      # the new owner records this ledger's end
 
             def change(md):
                 if handle.ledger_id not in md.ledger_ids():

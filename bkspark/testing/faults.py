@@ -129,8 +129,25 @@ def _install_expiry_handler(bk, acks: AckFile) -> None:
     signal.signal(signal.SIGUSR1, lambda *_: threading.Thread(target=expire, daemon=True).start())
 
 
+def _log_to(path_or_stream, level=None) -> "logging.Handler":
+    """Send bkspark's INFO records (recoveries, ensemble changes, log takeovers) to a file
+    or stream of the run directory: what a violation's post-mortem reads."""
+    import logging
+    handler = (logging.FileHandler(path_or_stream) if isinstance(path_or_stream, str)
+               else logging.StreamHandler(path_or_stream))
+    handler.setFormatter(logging.Formatter(
+        "%(asctime)s.%(msecs)03d %(threadName)s %(name)s %(levelname)s %(message)s", "%H:%M:%S"))
+    handler.setLevel(level or logging.INFO)
+    root = logging.getLogger("bkspark")
+    root.addHandler(handler)
+    if root.getEffectiveLevel() > logging.INFO:
+        root.setLevel(logging.INFO)
+    return handler
+
+
 def worker_main(args) -> None:
     from bkspark.client import BookKeeper
+    _log_to(sys.stderr)
     rng = random.Random(args.seed * 7919 + args.worker_id)
     acks = AckFile(args.acks)
     seq = 0
@@ -444,6 +461,7 @@ class FaultRun:
         self.cluster = cluster
         cluster.start_all()
         started = time.monotonic()
+        handler = _log_to(os.path.join(self.workdir, "runner.log"))
         try:
             with BookKeeper(self.uri, **CLIENT_CONF) as bk:
                 self.bk = bk
@@ -460,6 +478,9 @@ class FaultRun:
         finally:
             self._kill_workers()
             cluster.stop_all()
+            import logging
+            logging.getLogger("bkspark").removeHandler(handler)
+            handler.close()
         result.update(seed=self.seed, store=self.store_kind, duration=self.duration,
                       faults=dict(self.faults_applied), fault_errors=self.fault_errors[:20],
                       wall_seconds=round(time.monotonic() - started, 1))
@@ -873,7 +894,9 @@ class Checker:
                     seen_nonempty = [lid for lid in ids if lid in set(seen_nonempty)
                                      or lid == e["ledger_id"]]
         # seal the tail as a new owner would, then read it twice
-        md = logs._seal_open_tail(logs.get(LOG_NAME)[0])
+        raw = logs.get(LOG_NAME)[0]
+        md = logs._seal_open_tail(raw)
+        self._dump_log_state(a, raw, md)
         ids = [e["ledger_id"] for e in md.ledgers]
         present = [lid for lid in seen_nonempty if lid in ids]
         if present != seen_nonempty:
@@ -925,6 +948,21 @@ class Checker:
                 ends[lid], contents[lid] = entry["last_entry_id"], data
             self._check_replicas(b, lid, a.ledger_metadata(lid), entry["last_entry_id"], data)
         return ids
+
+
+    def _dump_log_state(self, bk, raw, sealed) -> None:
+        """Write the log list (as found and as sealed), every snapshot taken during the run
+        and each listed ledger's metadata to ``log-state.json``: a violation's post-mortem."""
+        ledgers = {}
+        for entry in sealed.ledgers:
+            try:
+                ledgers[entry["ledger_id"]] = bk.ledger_metadata(entry["ledger_id"]).to_dict()
+            except errors.BKError as exc:
+                ledgers[entry["ledger_id"]] = repr(exc)
+        with open(os.path.join(self.workdir, "log-state.json"), "w") as f:
+            json.dump({"found": raw.ledgers, "sealed": sealed.ledgers,
+                       "snapshots": self.log_snapshots, "ledger_metadata": ledgers},
+                      f, indent=1, default=str)
 
 
 def _retry(fn, attempts: int = 15, pause: float = 1.0):

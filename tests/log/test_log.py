@@ -106,6 +106,29 @@ def test_new_writer_fences_the_last_two_ledgers(logs, bk, log_name):
     assert [r.data for r in read_all(logs, log_name)] == [b"old-0", b"new-0", b"w-0"]
 
 
+def test_writer_losing_its_ledger_mid_recovery_records_no_end(logs, bk, log_name):
+    """Found by the fault runner: a new owner has the writer's ledger IN_RECOVERY, the old
+    writer's roll fails to close it, and its close() then must not record an end (the
+    metadata's -1 would hide every acknowledged entry of the ledger). The recovering owner
+    records the real end."""
+    writer = logs.open_writer(log_name)
+    acked = [writer.append(b"e%d" % i) for i in range(10)]
+    lid = writer.ledger_id
+    md, version = bk._read_md(lid)          # a recoverer got as far as IN_RECOVERY
+    bk._write_md(md.with_in_recovery(), version)
+    with pytest.raises(errors.LogFencedError):
+        writer.roll()
+    writer.close()                          # lost: leaves the list alone
+    entry = logs.get(log_name)[0].ledgers[-1]
+    assert entry == {"ledger_id": lid, "state": "open"}
+    with pytest.raises(errors.FencedError):  # a failed close stays failed
+        writer._handle.close()
+    with logs.open_writer(log_name) as new:   # recovers the ledger at its real end
+        new.append(b"after")
+    assert [r.data for r in read_all(logs, log_name)] == [b"e%d" % i for i in range(10)] + [b"after"]
+    assert [p.entry_id for p in acked] == list(range(10))
+
+
 WRITER_SCRIPT = r"""
 import sys
 from bkspark.client import BookKeeper
