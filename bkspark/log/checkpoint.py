@@ -66,7 +66,12 @@ class CheckpointStore:
         self._apply(record)
 
     def commit(self, batch_id: int, payload) -> None:
-        """Durably record ``payload`` (any JSON value) for ``batch_id``; LogFencedError if superseded."""
+        """Durably record ``payload`` (any JSON value) for ``batch_id``.
+
+        LogFencedError if a new owner took the store over. The commit that raised it is in
+        doubt, as any BookKeeper add that failed while being fenced: the new owner's recovery
+        decides whether its record is in the store (``get(batch_id)`` of the new owner tells).
+        Commits that returned are always there; the old owner can commit nothing more."""
         if not isinstance(batch_id, int) or batch_id < 0:
             raise BadRequestError(f"batch_id must be a non-negative integer, got {batch_id!r}")
         try:
