@@ -204,12 +204,21 @@ class SqliteStore(MetadataStore):
             raise MetadataError(f"sqlite metadata store {self.path}: {msg}") from e
 
     @contextlib.contextmanager
-    def _write(self, reap: bool = True, bump: bool = True):
+    def _write(self, reap: bool = True, bump: bool = True, wait: bool = True):
         """A ``BEGIN IMMEDIATE`` transaction, committed on success, rolled back on error.
         Dead sessions are reaped first. ``bump``: the transaction changes nodes, so advance
-        the change counter that the watch poller looks at."""
+        the change counter that the watch poller looks at. ``wait=False``: if another
+        connection holds the write lock right now, raise MetadataConnectionError at once
+        instead of waiting up to the busy timeout."""
         with self._conn() as conn, self._errors():
-            conn.execute("BEGIN IMMEDIATE")
+            if wait:
+                conn.execute("BEGIN IMMEDIATE")
+            else:
+                conn.execute("PRAGMA busy_timeout=0")
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                finally:
+                    conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT * 1000)}")
             try:
                 reaped = self._reap(conn) if reap else 0
                 yield conn
@@ -224,10 +233,16 @@ class SqliteStore(MetadataStore):
 
     @contextlib.contextmanager
     def _read(self):
-        """A consistent read snapshot (deferred transaction), after reaping dead sessions."""
+        """A consistent read snapshot (deferred transaction), after reaping dead sessions if
+        the write lock is free. A read never waits for a writer (WAL): a process stopped in
+        the middle of a write transaction (SIGSTOP) blocks writers until it resumes, never
+        readers; dead sessions are then reaped by a later operation."""
         with self._conn() as conn, self._errors():
             if self._has_dead_sessions(conn):
-                with self._write():
+                try:
+                    with self._write(wait=False):
+                        pass
+                except MetadataConnectionError:
                     pass
             conn.execute("BEGIN")
             try:
