@@ -30,7 +30,8 @@ Exactly the seeds (``fencing.txt``, ``closing-ledgers-safely.txt``, ``protocol.t
    entries known replicated count as confirmed).
    *Ensemble change during recovery*: when a write-back cannot reach Qa because bookies of
    its write set failed (unavailable, no answer within ``add_timeout``, any error but
-   EFENCED / EUA, which abort recovery), those bookies are replaced in the write ensemble
+   EFENCED / EUA, which abort recovery; ETOOMANYREQUESTS is not a failure: the entry is
+   sent again a little later), those bookies are replaced in the write ensemble
    (placement among the writable bookies outside it, non-suspect ones first; a bookie that
    failed once in this recovery is never chosen again), in a new segment starting at ``x`` =
    recovery LAC + 1 (the first entry not yet confirmed; never before the last fragment's
@@ -379,8 +380,9 @@ class LedgerRecovery:
                 raise LedgerRecoveryError(
                     f"ledger {self.ledger_id}: write-back of entry {wb.entry_id} cannot reach "
                     f"Qa={wb.qa}: bookie(s) {sorted(failed)} failed ({wb.notes()}) and there is "
-                    f"no bookie to replace {b} ({exc}); recovery aborted, the ledger stays "
-                    "IN_RECOVERY; retry once a bookie is available") from None
+                    f"no bookie to replace {b} (failed in this recovery: {sorted(self._bad)}; "
+                    f"{exc}); recovery aborted, the ledger stays IN_RECOVERY; retry once a "
+                    "bookie is available") from None
             new_ens[i] = nb
         log.info("ledger %d: recovery ensemble change: %s replaced from entry %d "
                  "(write ensemble %s -> %s; %s)", self.ledger_id, sorted(failed), x,

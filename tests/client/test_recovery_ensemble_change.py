@@ -27,23 +27,28 @@ BATCH = 250
 N = 4 * BATCH           # entries 0..N-1 acknowledged, entry N partial
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    d = tmp_path_factory.mktemp("rec-ens")
-    with BookieCluster(f"sqlite://{d}/meta.db", num_bookies=4, data_dir=d,
-                       fault_injection=True) as c:
-        yield c
-
-
 @pytest.fixture
-def c(cluster):
-    yield cluster
-    for i, b in enumerate(cluster.bookies):
-        if not b.alive:
-            cluster.start(i)
-        else:
-            cluster.resume(i)
-    cluster.clear_faults()
+def c(tmp_path):
+    """A cluster of 4 bookies per test: the tests kill bookies for good, and a bookie
+    restarted on the same port is not reliably reachable again from this process at once
+    (gRPC shares subchannels, and their reconnect backoff, between a process's channels)."""
+    with BookieCluster(f"sqlite://{tmp_path}/meta.db", num_bookies=4, data_dir=tmp_path,
+                       fault_injection=True) as cluster:
+        yield cluster
+
+
+def start(c, i, bk):
+    """Restart bookie ``i`` and wait until ``bk`` reaches it."""
+    c.start(i)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            bk._pool.get(c.bookie_ids[i]).list_entries(1, timeout=10).result()
+            return
+        except errors.BKError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def client(c, **kw):
@@ -190,8 +195,8 @@ def test_no_replacement_bookie_leaves_the_ledger_in_recovery(c):
         md = rbk.ledger_metadata(lid)
         assert md.state is LedgerState.IN_RECOVERY and md.last_entry_id == -1
         assert md.ensembles == [(0, ens)]
-    c.start(idx(c, spare))
     with client(c) as rbk:
+        start(c, idx(c, spare), rbk)
         rh = rbk.open_ledger(lid, password=PW)
         assert rh.is_closed and rh.last_add_confirmed == N
         check_recovered(c, rbk, lid, ens, 2)
