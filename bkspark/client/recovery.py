@@ -19,14 +19,47 @@ Exactly the seeds (``fencing.txt``, ``closing-ledgers-safely.txt``, ``protocol.t
    met the outcome is unknown and recovery aborts (:class:`LedgerRecoveryError`), never
    closing on unknowns. Shortcut for long unconfirmed tails: an entry that the bookies'
    ``ListEntries`` (made durable by ``Force``) show on at least Qa bookies of its write set
-   is a positive answer that needs no write-back, so it is neither read nor rewritten.
-5. Write every recovered entry back to its whole write set with RECOVERY_ADD (an entry
-   counts as written back once ``Qa`` bookies acknowledged it; fewer aborts recovery --
-   there is no ensemble change during recovery: a write set with a dead bookie and
-   Qw = Qa keeps the ledger IN_RECOVERY until the bookie is back or re-replicated).
-6. CAS CLOSED with the last recovered entry and its cumulative length. On a conflict the
-   metadata is reread: CLOSED by another recoverer -> accept its end (recoverers converge);
-   otherwise recovery starts over.
+   *in the current write ensemble* (step 5) is a positive answer that needs no write-back,
+   so it is neither read nor rewritten.
+5. Write every recovered entry back with RECOVERY_ADD. Reads and the end decision always use
+   the write sets of the metadata this attempt started from (BookKeeper's
+   ``metadataForRecovery``); write-backs use the *write ensemble*, initially that metadata's
+   last ensemble. An entry is written back once ``Qa`` bookies of its write set acknowledged
+   it; entries are confirmed in entry order (the recovery's own LAC: every entry up to it is
+   on Qa bookies of its write set -- the LAC entry, entries at or below the fenced LAC and
+   entries known replicated count as confirmed).
+   *Ensemble change during recovery*: when a write-back cannot reach Qa because bookies of
+   its write set failed (unavailable, no answer within ``add_timeout``, any error but
+   EFENCED / EUA, which abort recovery; ETOOMANYREQUESTS is not a failure: the entry is
+   sent again a little later), those bookies are replaced in the write ensemble
+   (placement among the writable bookies outside it, non-suspect ones first; a bookie that
+   failed once in this recovery is never chosen again), in a new segment starting at ``x`` =
+   recovery LAC + 1 (the first entry not yet confirmed; never before the last fragment's
+   first entry, which the start of step 3 guarantees; a segment already starting at ``x`` is
+   replaced). Recovery then goes on from ``x``: every entry >= x -- including the ones read
+   but not yet written back, and the ones skipped as known replicated on their old write
+   set -- is read again (from the original write sets) or found replicated on Qa bookies of
+   its *new* write set by the listing, and written back to its new write set. Entries below
+   ``x`` stay in the old segment, where Qa bookies hold them. No replacement available:
+   :class:`LedgerRecoveryError` naming the failed bookies; nothing is written to the
+   metadata and the ledger stays IN_RECOVERY.
+   The new segments stay in memory until the end is found and every entry from ``x`` to the
+   end is on Qa bookies of its new write set: a published segment must never attribute an
+   entry that may have been acknowledged to a bookie that does not hold it (a later
+   recoverer would count that bookie's NoSuchEntry as a negative answer: truncation).
+6. Publish and close, each by CAS: first the new segments (segments starting after the end
+   are empty and dropped; the state stays IN_RECOVERY, so a recoverer that dies here leaves
+   a ledger whose last ensemble no longer has the dead bookie), then CLOSED with the last
+   recovered entry and its cumulative length. On a conflict at either CAS the metadata is
+   reread: CLOSED by another recoverer -> accept its end (recoverers converge); otherwise
+   (still IN_RECOVERY but changed, e.g. another recoverer's segment) recovery starts over
+   from step 1 on the reread metadata, fencing its last ensemble.
+
+Apache BookKeeper (4.9+, ``ReadOnlyLedgerHandle.handleBookieFailure``: recovery adds go
+through the handle's add path, a failed bookie is replaced in ``newEnsemblesFromRecovery`` at
+LAC + 1 and every unacknowledged add is resent; ``closeRecovered`` writes those ensembles in
+the same CAS as CLOSED) keeps them in memory until the close; here they are CASed just before
+the close, under the same invariant.
 """
 from __future__ import annotations
 
@@ -38,15 +71,16 @@ from collections import deque
 
 from bkspark import errors
 from bkspark.errors import (BKError, DigestMismatchError, LedgerRecoveryError,
-                            UnauthorizedError)
+                            NotEnoughBookiesError, UnauthorizedError)
 from metadata.ledger_metadata import LedgerState
 
-from . import quorum, wire
+from . import placement, quorum, wire
 from .digest import DigestManager, master_key
 
 log = logging.getLogger("bkspark.client.recovery")
 
 _NEGATIVE = (errors.ENOENTRY, errors.ENOLEDGER)
+_FATAL_ADD = (errors.EFENCED, errors.EUA)      # write-back answers that abort, never replaced
 
 
 class _Outcome:
@@ -107,6 +141,7 @@ class LedgerRecovery:
         self.master_key = master_key(password)
         self.conf = bk.conf
         self._stream_wb = None
+        self._bad: set[str] = set()     # bookies that failed a write-back in this recovery
 
     # ---- driver ------------------------------------------------------------------------
     def run(self, md, version):
@@ -115,9 +150,21 @@ class LedgerRecovery:
             md, version = self._mark_in_recovery(md, version)
             if md.state is LedgerState.CLOSED:
                 return md, version
-            last, length = self._find_end(md)
-            closed = md.with_closed(last, length)
+            last, length, segments = self._find_end(md)
             try:
+                if segments:
+                    # step 6: every entry of these segments up to `last` is on Qa bookies of
+                    # its write set in them; publish them first, still IN_RECOVERY
+                    with_segments = md
+                    for first, bookies in segments:
+                        with_segments = with_segments.with_ensemble(first, bookies)
+                    version = self.bk._write_md(with_segments, version)
+                    md = with_segments
+                    log.info("ledger %d: recovery ensemble change published: %s (still "
+                             "IN_RECOVERY)", self.ledger_id,
+                             ", ".join(f"{bookies} from entry {first}"
+                                       for first, bookies in segments))
+                closed = md.with_closed(last, length)
                 version = self.bk._write_md(closed, version)
                 log.info("ledger %d recovered: closed at entry %d (length %d)",
                          self.ledger_id, last, length)
@@ -128,7 +175,10 @@ class LedgerRecovery:
                     log.info("ledger %d: closed concurrently by another client at entry %d "
                              "(we found %d)", self.ledger_id, md.last_entry_id, last)
                     return md, version
-                # still IN_RECOVERY but changed (another recoverer): start over
+                # still IN_RECOVERY but changed (another recoverer, its ensemble change):
+                # start over from the reread metadata
+                log.info("ledger %d: metadata changed during recovery; starting over",
+                         self.ledger_id)
         raise LedgerRecoveryError(f"ledger {self.ledger_id}: recovery kept conflicting "
                                   "with concurrent metadata changes; retry later")
 
@@ -206,22 +256,23 @@ class LedgerRecovery:
 
     # ---- finding the end -----------------------------------------------------------------------
     def _find_end(self, md):
+        """Fence, find the end and write back (steps 2-5); return ``(last entry, its
+        cumulative length, [(first entry, bookies), ...] segments of the recovery's ensemble
+        changes that hold entries up to the end)``."""
         lac = self.fence(md)
         last_fragment_first = md.last_ensemble_first_entry()
         start = max(lac, last_fragment_first - 1)
-        qw, qa = md.write_quorum, md.ack_quorum
         digest = DigestManager(self.ledger_id, md.digest_type, self.password)
         log.info("ledger %d: fenced; highest LAC %d, reading forward from %d",
                  self.ledger_id, lac, start + 1)
-        writebacks = []
         self._stream_wb = _StreamWriteBacks(self)
         try:
-            return self._scan(md, start, digest, writebacks)
+            return self._scan(md, start, digest)
         finally:
             self._stream_wb.close()
             self._stream_wb = None
 
-    def _scan(self, md, start: int, digest, writebacks):
+    def _scan(self, md, start: int, digest):
         last, length = -1, 0
         if start >= 0:
             # the LAC entry is acknowledged: read it (for its length) and write it back
@@ -235,32 +286,21 @@ class LedgerRecovery:
             # already on Qa bookies (it is <= the LAC): the write-back is best effort
             self._write_back(md, start, out.body)
         replicated = self._replicated_checker(md)
-        window = self.conf.recovery_read_window
-        inflight: deque = deque()
-        nxt = start + 1
+        wmd = md                # md plus the recovery's ensemble changes (in memory)
+        segments: list = []
+        first = start + 1
         while True:
-            while len(inflight) < window:
-                if replicated(nxt):
-                    inflight.append(_Outcome.known(nxt, md.write_quorum, md.ack_quorum))
-                else:
-                    inflight.append(self._recovery_read(md, nxt, digest))
-                nxt += 1
-            out = inflight[0]
-            self._wait_outcome(out, inflight)
-            inflight.popleft()
-            res = out.result
-            if res == quorum.RECOVERABLE:
-                last, length = out.entry_id, out.length
-                if out.body is not None:
-                    writebacks.append(self._write_back(md, out.entry_id, out.body))
-                continue
-            if res == quorum.UNRECOVERABLE:
+            try:
+                last, length = self._scan_from(md, wmd, first, last, length, digest,
+                                               replicated)
                 break
-            raise LedgerRecoveryError(
-                f"ledger {self.ledger_id}: cannot decide whether entry {out.entry_id} exists "
-                f"(answers: {out.notes}); recovery aborted without closing, retry later")
-        for wb in writebacks:
-            wb.wait()
+            except _WriteBackFailed as f:
+                wmd, x = self._change_ensemble(wmd, f)
+                if segments and segments[-1][0] == x:
+                    segments[-1] = (x, wmd.last_ensemble())
+                else:
+                    segments.append((x, wmd.last_ensemble()))
+                first, last, length = x, f.last, f.length
         if length is None:
             # the last entry was known replicated without reading it: read it for its length
             out = self._recovery_read(md, last, digest)
@@ -270,24 +310,103 @@ class LedgerRecovery:
                     f"ledger {self.ledger_id}: cannot read the last entry {last} "
                     f"({out.notes}); recovery aborted")
             length = out.length
+        # a segment starting after the end holds nothing: not published
+        return last, length, [(x, ens) for x, ens in segments if x <= last]
+
+    def _scan_from(self, md, wmd, first: int, last: int, length, digest, replicated):
+        """Read forward from ``first`` (``last``/``length``: entry ``first - 1``, confirmed),
+        deciding on ``md``'s write sets and writing back to ``wmd``'s; return the last
+        recovered entry and its length once every write-back is confirmed.
+        :raises _WriteBackFailed: a write-back cannot reach Qa acks."""
+        progress = _Progress(self, first - 1, last, length)
+        write_ensemble = wmd.last_ensemble()      # every entry >= first is in it
+        window = self.conf.recovery_read_window
+        inflight: deque = deque()
+        nxt = first
+        while True:
+            while len(inflight) < window:
+                if replicated(nxt, write_ensemble):
+                    inflight.append(_Outcome.known(nxt, md.write_quorum, md.ack_quorum))
+                else:
+                    inflight.append(self._recovery_read(md, nxt, digest))
+                nxt += 1
+            out = inflight[0]
+            self._wait_outcome(out, inflight)
+            inflight.popleft()
+            progress.check()
+            res = out.result
+            if res == quorum.RECOVERABLE:
+                last, length = out.entry_id, out.length
+                wb = None
+                if out.body is not None:
+                    wb = self._write_back(wmd, out.entry_id, out.body)
+                progress.add(out.entry_id, wb, out.length)
+                continue
+            if res == quorum.UNRECOVERABLE:
+                break
+            raise LedgerRecoveryError(
+                f"ledger {self.ledger_id}: cannot decide whether entry {out.entry_id} exists "
+                f"(answers: {out.notes}); recovery aborted without closing, retry later")
+        progress.finish()
         return last, length
 
+    def _change_ensemble(self, wmd, f: "_WriteBackFailed"):
+        """Replace the bookies that failed write-back ``f.wb`` in a new segment of the write
+        ensemble starting at the first unconfirmed entry; return (new wmd, first entry)."""
+        wb = f.wb
+        x = f.confirmed + 1
+        ensemble = wmd.last_ensemble()
+        failed = {b: note for b, note in f.failed.items() if b in ensemble}
+        if wb.fatal is not None or not failed:
+            raise LedgerRecoveryError(
+                f"ledger {self.ledger_id}: write-back of entry {wb.entry_id} reached "
+                f"{wb.acks} of {wb.qa} bookies ({wb.notes()}); recovery aborted")
+        self._bad.update(failed)
+        for b in failed:
+            self.bk._health.suspect(b)
+        writable = self.bk._writable_bookies()
+        suspects = {b for b in writable if self.bk._health.is_suspect(b)}
+        new_ens = list(ensemble)
+        for i, b in enumerate(ensemble):
+            if b not in failed:
+                continue
+            try:
+                try:        # avoid bookies that recently failed, if possible
+                    nb = placement.choose_replacement(writable, new_ens, i,
+                                                      self._bad | suspects)
+                except NotEnoughBookiesError:
+                    nb = placement.choose_replacement(writable, new_ens, i, self._bad)
+            except NotEnoughBookiesError as exc:
+                raise LedgerRecoveryError(
+                    f"ledger {self.ledger_id}: write-back of entry {wb.entry_id} cannot reach "
+                    f"Qa={wb.qa}: bookie(s) {sorted(failed)} failed ({wb.notes()}) and there is "
+                    f"no bookie to replace {b} (failed in this recovery: {sorted(self._bad)}; "
+                    f"{exc}); recovery aborted, the ledger stays IN_RECOVERY; retry once a "
+                    "bookie is available") from None
+            new_ens[i] = nb
+        log.info("ledger %d: recovery ensemble change: %s replaced from entry %d "
+                 "(write ensemble %s -> %s; %s)", self.ledger_id, sorted(failed), x,
+                 ensemble, new_ens, "; ".join(f"{b}: {n}" for b, n in failed.items()))
+        return wmd.with_ensemble(x, new_ens), x
+
     def _replicated_checker(self, md):
-        """A predicate: is entry ``e`` (of the last fragment) already durably stored on at
-        least Qa bookies of its write set, according to ``ListEntries`` (then ``Force``) of
-        the last ensemble?
+        """A predicate ``replicated(e, write_ensemble)``: is entry ``e`` (of the last
+        fragment) already durably stored on at least Qa bookies of its write set in
+        ``write_ensemble``, according to ``ListEntries`` (then ``Force``) of ``md``'s last
+        ensemble?
 
         Such an entry is recoverable (a positive answer) and already has the replication a
         write-back would give it, so recovery needs neither to read nor to write it (only the
         last entry is read, for its length). Anything else takes the per-entry path; a
-        missing or failed listing only means fewer shortcuts."""
+        missing or failed listing only means fewer shortcuts. A bookie that was not listed
+        (a replacement of the recovery's ensemble change) holds nothing here."""
         ensemble = md.last_ensemble()
         first = md.last_ensemble_first_entry()
-        qw, qa, e_size = md.write_quorum, md.ack_quorum, md.ensemble_size
+        qw, qa = md.write_quorum, md.ack_quorum
         futs = {b: self.bk._pool.get(b).list_entries(self.ledger_id,
                                                      timeout=self.conf.read_timeout)
                 for b in ensemble}
-        held: list = []
+        held: dict = {}
         for b in ensemble:
             try:
                 resp = futs[b].result()
@@ -297,36 +416,39 @@ class LedgerRecovery:
             except BKError as exc:
                 log.info("ledger %d: no entry listing from %s (%s)", self.ledger_id, b, exc)
                 ranges = []
-            held.append(([a for a, _ in ranges], [z for _, z in ranges]))
+            if ranges:
+                held[b] = ([a for a, _ in ranges], [z for _, z in ranges])
         # a listed entry may still sit unsynced in the bookie's journal queue: Force makes
         # everything the bookie accepted so far durable; a bookie that cannot force counts
         # as holding nothing
-        forced = {i: self.bk._pool.get(b).force(self.ledger_id, timeout=self.conf.add_timeout)
-                  for i, b in enumerate(ensemble) if held[i][0]}
-        for i, f in forced.items():
+        forced = {b: self.bk._pool.get(b).force(self.ledger_id, timeout=self.conf.add_timeout)
+                  for b in held}
+        for b, f in forced.items():
             try:
                 resp = f.result()
                 if resp.status != errors.EOK:
                     raise errors.error_for_status(resp.status)
             except BKError as exc:
                 log.info("ledger %d: %s could not force its journal (%s)", self.ledger_id,
-                         ensemble[i], exc)
-                held[i] = ([], [])
-        if not any(starts for starts, _ in held):
-            return lambda entry_id: False
+                         b, exc)
+                del held[b]
+        if not held:
+            return lambda entry_id, write_ensemble: False
 
-        def has(i, entry_id):
-            starts, ends = held[i]
+        def has(b, entry_id):
+            h = held.get(b)
+            if h is None:
+                return False
+            starts, ends = h
             k = bisect.bisect_right(starts, entry_id) - 1
             return k >= 0 and ends[k] >= entry_id
 
-        def replicated(entry_id):
+        def replicated(entry_id, write_ensemble):
             if entry_id < first:
                 return False
-            s = entry_id % e_size
             n = 0
-            for j in range(qw):
-                if has((s + j) % e_size, entry_id):
+            for b in quorum.write_set_bookies(entry_id, write_ensemble, qw):
+                if has(b, entry_id):
                     n += 1
             return n >= qa
         return replicated
@@ -411,6 +533,169 @@ class LedgerRecovery:
         return _WriteBack(self, entry_id, body, bookies, md.ack_quorum)
 
 
+class _WriteBackFailed(Exception):
+    """A write-back cannot reach Qa acks; ``confirmed``/``last``/``length``: the recovery's
+    LAC (every entry up to it is on Qa bookies of its write set) and its entry's length;
+    ``failed``: {bookie: note} of every failed write-back seen so far."""
+
+    def __init__(self, wb, failed: dict, confirmed: int, last: int, length):
+        super().__init__(f"write-back of entry {wb.entry_id} failed")
+        self.wb = wb
+        self.failed = failed
+        self.confirmed = confirmed
+        self.last = last
+        self.length = length
+
+
+class _Progress:
+    """The write-backs of one pass, confirmed in entry order (the recovery's LAC)."""
+
+    def __init__(self, rec: "LedgerRecovery", confirmed: int, last: int, length):
+        self.rec = rec
+        self.timeout = rec.conf.add_timeout
+        self.pending: deque = deque()         # (entry_id, write-back or None, length)
+        self.confirmed, self.last, self.length = confirmed, last, length
+        self.failure = threading.Event()      # some write-back cannot reach Qa
+
+    def add(self, entry_id: int, wb, length) -> None:
+        self.pending.append((entry_id, wb, length))
+        if wb is not None:
+            wb.add_listener(self._on_done)
+        self._advance(block=False)
+
+    def _on_done(self, wb) -> None:
+        if not wb.ok:
+            self.failure.set()
+
+    def check(self) -> None:
+        """Advance the LAC over finished write-backs; raise if one failed."""
+        self._advance(block=False)
+        if self.failure.is_set():
+            wb = next((wb for _, wb, _ in self.pending
+                       if wb is not None and wb.event.is_set() and not wb.ok), None)
+            if wb is not None:
+                self._raise(wb)
+
+    def finish(self) -> None:
+        """Wait until every write-back is confirmed (or raise)."""
+        self._advance(block=True)
+
+    def _advance(self, block: bool) -> None:
+        while self.pending:
+            entry_id, wb, length = self.pending[0]
+            if wb is not None:
+                if not wb.event.is_set():
+                    remaining = wb.t0 + self.timeout - time.monotonic()
+                    if remaining > 0 and not block:
+                        return
+                    if remaining <= 0 or not wb.event.wait(remaining):
+                        wb.expire(self.timeout)
+                if not wb.ok:
+                    self._raise(wb)
+            self.pending.popleft()
+            self.confirmed, self.last, self.length = entry_id, entry_id, length
+
+    def _raise(self, wb) -> None:
+        failed: dict = {}
+        for _, other, _ in self.pending:      # every failure known now, not just this one
+            if other is not None and other.event.is_set() and not other.ok:
+                for b, note in other.fails.items():
+                    failed.setdefault(b, note)
+        raise _WriteBackFailed(wb, failed, self.confirmed, self.last, self.length)
+
+
+class _WriteBackState:
+    """Answers to the RECOVERY_ADD of one entry to its write set: done (``event``) once
+    ``qa`` bookies acknowledged it or once that can no longer happen."""
+
+    def _init_state(self, rec, entry_id: int, bookies, qa: int) -> None:
+        self.rec = rec
+        self.entry_id = entry_id
+        self.bookies = list(bookies)
+        self.qa = qa
+        self.answered: dict[str, bool] = {}
+        self.fails: dict[str, str] = {}       # bookie -> why it failed
+        self.fatal: str | None = None         # an EFENCED / EUA answer: never replaced
+        self.event = threading.Event()
+        self.lock = threading.Lock()
+        self.t0 = time.monotonic()
+        self._listeners: list = []
+
+    @property
+    def acks(self) -> int:
+        return sum(1 for ok in self.answered.values() if ok)
+
+    @property
+    def ok(self) -> bool:
+        return self.acks >= self.qa
+
+    def overloaded(self, bookie: str) -> None:
+        """``bookie`` answered ETOOMANYREQUESTS: busy, not broken -- send it the entry again
+        a little later (if it never takes it, ``add_timeout`` fails it)."""
+        with self.lock:
+            if self.event.is_set() or bookie not in self.bookies or bookie in self.answered:
+                return
+        self.rec.bk._scheduler.schedule(self.rec.conf.overload_retry_delay,
+                                        lambda: self._resend(bookie))
+
+    def _resend(self, bookie: str) -> None:
+        raise NotImplementedError
+
+    def answer(self, bookie: str, ok: bool, note: str = "", fatal: bool = False) -> None:
+        with self.lock:
+            if bookie not in self.bookies or bookie in self.answered:
+                return
+            self.answered[bookie] = ok
+            if not ok:
+                self.fails[bookie] = note
+                if fatal and self.fatal is None:
+                    self.fatal = f"{bookie}: {note}"
+            if self.event.is_set():
+                return
+            if self.acks >= self.qa or len(self.fails) > len(self.bookies) - self.qa:
+                self.event.set()
+                listeners, self._listeners = self._listeners, []
+            else:
+                return
+        for fn in listeners:
+            fn(self)
+
+    def expire(self, timeout: float) -> None:
+        """``timeout`` passed: the bookies that did not answer failed."""
+        for b in self.bookies:
+            self.answer(b, False, f"no answer within {timeout}s")
+        with self.lock:
+            if self.event.is_set():
+                return
+            self.event.set()
+            listeners, self._listeners = self._listeners, []
+        for fn in listeners:
+            fn(self)
+
+    def add_listener(self, fn) -> None:
+        """Call ``fn(self)`` once the write-back is done."""
+        with self.lock:
+            if not self.event.is_set():
+                self._listeners.append(fn)
+                return
+        fn(self)
+
+    def notes(self) -> list[str]:
+        with self.lock:
+            return [f"{b}: {n}" for b, n in self.fails.items()]
+
+    def wait(self):
+        """Wait up to ``add_timeout``; raise LedgerRecoveryError unless Qa bookies
+        acknowledged the entry."""
+        timeout = self.rec.conf.add_timeout
+        if not self.event.wait(max(0.0, self.t0 + timeout - time.monotonic())):
+            self.expire(timeout)
+        if not self.ok:
+            raise LedgerRecoveryError(
+                f"ledger {self.rec.ledger_id}: write-back of entry {self.entry_id} reached "
+                f"{self.acks} of {self.qa} bookies ({self.notes()}); recovery aborted")
+
+
 class _StreamWriteBacks:
     """Write-backs of one recovery over the per-bookie add streams (batched like the
     writer's adds), registered as the ledger's ack sink while recovery runs."""
@@ -427,22 +712,26 @@ class _StreamWriteBacks:
             self.registered = True
 
     def add(self, entry_id: int, body: bytes, bookies, qa: int) -> "_StreamWriteBack":
-        wb = _StreamWriteBack(self.rec, entry_id, bookies, qa)
-        with self.lock:
-            self.entries[entry_id] = wb
         elem = wire.encode_add(self.prefix, entry_id, wire.RECOVERY_ADD, [body])
+        wb = _StreamWriteBack(self.rec, entry_id, bookies, qa, elem)
+        with self.lock:
+            # an entry written back again after an ensemble change: acks of the earlier
+            # sends count too (an ack means the bookie stores this very entry)
+            self.entries[entry_id] = wb
         for b in bookies:
-            try:
-                self.rec.bk._pool.get(b).send_adds([elem])
-            except BKError as exc:
-                wb.answer(b, False, str(exc))
+            wb._resend(b)
         return wb
 
     def on_add_responses(self, bookie_id: str, items) -> None:
         for eid, status in items:
             wb = self.entries.get(eid)
-            if wb is not None:
-                wb.answer(bookie_id, status == errors.EOK, errors.status_name(status))
+            if wb is None:
+                continue
+            if status == errors.ETOOMANYREQUESTS:
+                wb.overloaded(bookie_id)
+            else:
+                wb.answer(bookie_id, status == errors.EOK, errors.status_name(status),
+                          fatal=status in _FATAL_ADD)
 
     def on_bookie_failed(self, bookie_id: str, error) -> None:
         with self.lock:
@@ -455,76 +744,57 @@ class _StreamWriteBacks:
             self.rec.bk._pool.unregister(self.rec.ledger_id, self)
 
 
-class _StreamWriteBack:
-    def __init__(self, rec, entry_id, bookies, qa):
-        self.rec = rec
-        self.entry_id = entry_id
-        self.bookies = list(bookies)
-        self.qa = qa
-        self.answered: dict[str, bool] = {}
-        self.fails: list[str] = []
-        self.event = threading.Event()
-        self.lock = threading.Lock()
+class _StreamWriteBack(_WriteBackState):
+    def __init__(self, rec, entry_id, bookies, qa, elem: bytes):
+        self._init_state(rec, entry_id, bookies, qa)
+        self.elem = elem
+        self.add_listener(_StreamWriteBack._drop_elem)     # no body kept once done
 
-    def answer(self, bookie: str, ok: bool, note: str) -> None:
-        with self.lock:
-            if bookie not in self.bookies or bookie in self.answered:
-                return
-            self.answered[bookie] = ok
-            if not ok:
-                self.fails.append(f"{bookie}: {note}")
-            acks = sum(self.answered.values())
-            if acks >= self.qa or len(self.fails) > len(self.bookies) - self.qa:
-                self.event.set()
+    def _drop_elem(self) -> None:
+        self.elem = None
 
-    def wait(self):
-        if not self.event.wait(self.rec.conf.add_timeout):
-            with self.lock:
-                self.fails.append(f"no answer within {self.rec.conf.add_timeout}s from "
-                                  f"{[b for b in self.bookies if b not in self.answered]}")
-        acks = sum(self.answered.values())
-        if acks < self.qa:
-            raise LedgerRecoveryError(
-                f"ledger {self.rec.ledger_id}: write-back of entry {self.entry_id} reached "
-                f"{acks} of {self.qa} bookies ({self.fails}); recovery aborted")
+    def _resend(self, bookie: str) -> None:
+        elem = self.elem
+        if elem is None:
+            return
+        try:
+            self.rec.bk._pool.get(bookie).send_adds([elem])
+        except BKError as exc:
+            self.answer(bookie, False, str(exc))
 
 
-class _WriteBack:
-    """RECOVERY_ADD of one entry to its whole write set; done at Qa acknowledgements."""
+class _WriteBack(_WriteBackState):
+    """RECOVERY_ADD of one entry to its whole write set with unary adds."""
 
     def __init__(self, rec: LedgerRecovery, entry_id: int, body: bytes, bookies, qa: int):
-        self.rec = rec
-        self.entry_id = entry_id
-        self.bookies = bookies
-        self.qa = qa
-        self.acks = 0
-        self.fails: list[str] = []
-        self.event = threading.Event()
-        self.lock = threading.Lock()
-        for b in bookies:
-            f = rec.bk._pool.get(b).add(rec.ledger_id, entry_id, body, rec.master_key,
-                                        flags=wire.RECOVERY_ADD,
-                                        timeout=rec.conf.add_timeout)
-            f.add_done_callback(lambda fut, b=b: self._on_resp(b, fut))
+        self._init_state(rec, entry_id, bookies, qa)
+        self.body = body
+        self.add_listener(_WriteBack._drop_body)
+        for b in self.bookies:
+            self._resend(b)
+
+    def _drop_body(self) -> None:
+        self.body = None
+
+    def _resend(self, bookie: str) -> None:
+        body = self.body
+        if body is None:
+            return
+        rec = self.rec
+        timeout = max(0.1, self.t0 + rec.conf.add_timeout - time.monotonic())
+        f = rec.bk._pool.get(bookie).add(rec.ledger_id, self.entry_id, body, rec.master_key,
+                                         flags=wire.RECOVERY_ADD, timeout=timeout)
+        f.add_done_callback(lambda fut: self._on_resp(bookie, fut))
 
     def _on_resp(self, b, fut):
         try:
             resp = fut.result()
+            if resp.status == errors.ETOOMANYREQUESTS:
+                self.overloaded(b)
+                return
             ok = resp.status == errors.EOK
             note = "" if ok else errors.status_name(resp.status)
+            fatal = resp.status in _FATAL_ADD
         except BKError as exc:
-            ok, note = False, str(exc)
-        with self.lock:
-            if ok:
-                self.acks += 1
-            else:
-                self.fails.append(f"{b}: {note}")
-            if self.acks >= self.qa or len(self.fails) > len(self.bookies) - self.qa:
-                self.event.set()
-
-    def wait(self):
-        self.event.wait()
-        if self.acks < self.qa:
-            raise LedgerRecoveryError(
-                f"ledger {self.rec.ledger_id}: write-back of entry {self.entry_id} reached "
-                f"{self.acks} of {self.qa} bookies ({self.fails}); recovery aborted")
+            ok, note, fatal = False, str(exc), False
+        self.answer(b, ok, note, fatal)
