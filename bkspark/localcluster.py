@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -50,6 +51,7 @@ class BookieProcess:
 
     def __init__(self, index: int, metadata_uri: str, data_dir: str, extra_args: list[str]):
         self.index = index
+        self.ever_ready = False
         self.port = free_port()
         self.http_port = free_port()
         self.bookie_id = f"127.0.0.1:{self.port}"
@@ -64,6 +66,14 @@ class BookieProcess:
                 "--port", str(self.port), "--http-port", str(self.http_port),
                 "--journal-dir", os.path.join(self.dir, "journal"),
                 "--ledger-dirs", os.path.join(self.dir, "ledgers"), *self.extra_args]
+
+    def new_ports(self) -> None:
+        """Take fresh ports and an empty directory: for a bookie that never started (its
+        ports were taken by another process between choosing and binding them)."""
+        assert not self.ever_ready and not self.alive
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.port, self.http_port = free_port(), free_port()
+        self.bookie_id = f"127.0.0.1:{self.port}"
 
     def start(self) -> None:
         os.makedirs(self.dir, exist_ok=True)
@@ -193,11 +203,19 @@ class LocalCluster:
         """Wait until bookie ``i`` serves and has registered itself in the metadata store."""
         bookie = self.bookies[i]
         deadline = time.monotonic() + self.start_timeout
+        port_retries = 3
         while time.monotonic() < deadline:
             if not bookie.alive:
+                tail = bookie.log_tail()
+                if not bookie.ever_ready and port_retries and "already in use" in tail:
+                    port_retries -= 1       # a free port was taken before the bookie bound it
+                    bookie.new_ports()
+                    bookie.start()
+                    continue
                 raise BKError(f"bookie {bookie.bookie_id} exited with {bookie.proc.returncode}:\n"
-                              + bookie.log_tail())
+                              + tail)
             if bookie_state(bookie.http_port).get("registeredAs"):
+                bookie.ever_ready = True
                 return
             time.sleep(0.1)
         raise BKError(f"bookie {bookie.bookie_id} did not become ready in {self.start_timeout}s:\n"

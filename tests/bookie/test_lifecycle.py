@@ -167,3 +167,22 @@ def test_bad_flags_exit_with_a_clear_message(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "bkspark.bookie", "--metadata", f"sqlite:///{tmp_path}/m.db",
                            "--journal-dir", str(tmp_path / "j")], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "ledger_dirs" in proc.stderr
+
+
+def test_cluster_takes_other_ports_when_its_free_port_was_taken(tmp_path):
+    """A port chosen free can be taken by another process before the bookie binds it (test
+    suites on a busy machine): a bookie that never started takes fresh ports and starts."""
+    import socket
+    cluster = BookieCluster(f"sqlite:///{tmp_path}/m.db", num_bookies=1, data_dir=tmp_path)
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    cluster.bookies[0].port = taken.getsockname()[1]
+    cluster.bookies[0].bookie_id = f"127.0.0.1:{cluster.bookies[0].port}"
+    try:
+        with cluster:
+            assert cluster.bookies[0].port != taken.getsockname()[1]
+            with open_store(cluster.metadata_uri) as store:
+                assert sorted(registry.list_bookies(store)) == cluster.bookie_ids
+    finally:
+        taken.close()
