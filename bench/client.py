@@ -5,10 +5,20 @@ then for each configuration appends entries as fast as back-pressure allows for
 ``--seconds`` and prints acknowledged entries/s, MB/s and the p50/p99 add latency
 (submit -> acknowledgement of the append call carrying it). At peak, latency is mostly
 queueing behind the outstanding-bytes bound. A second, paced run at half the measured peak
-rate (entries submitted every millisecond) gives the latency the issue's target refers to. Configurations: E=3 Qw=2 Qa=2 on
-3 bookies with 1 KiB and 64 KiB entries, and the single-bookie E=Qw=Qa=1 figure.
+rate (entries submitted every millisecond) gives the latency the issue's target refers to.
+Configurations: E=3 Qw=2 Qa=2 on 3 bookies with 1 KiB and 64 KiB entries, and the
+single-bookie E=Qw=Qa=1 figure.
+
+Every line also prints the CPU per entry (client, bookies) and the add-stream messages per
+second with the entries they carried: at peak the queues are deep and one message carries
+hundreds of entries; a paced run sends small messages, and per-message costs (Python gRPC,
+both ends) then dominate -- a steady rate costs several times the CPU per entry of the peak
+rate, so "half the peak" is not half the capacity. ``--call-size`` adds an unpaced run with
+the paced run's entries per call (the per-call cost alone). The load average is printed
+before each line: the machine is shared, compare figures of one run only.
 
     python bench/client.py [--seconds 5] [--sizes 1024,65536] [--no-single] [--no-paced]
+                           [--call-size] [--sweep 0.1,0.2,0.3,0.4]
 """
 from __future__ import annotations
 
@@ -88,14 +98,36 @@ def run(bk, ensemble, qw, qa, size, seconds, batch, rate=None, outstanding=None)
     return n, elapsed, sorted(lat)
 
 
+def stream_counters(bk):
+    """(request messages, AddBatch elements, ack messages) of the client's add streams."""
+    clients = bk._pool.clients()
+    return tuple(sum(getattr(c, k, 0) for c in clients)
+                 for k in ("add_messages", "add_elements", "ack_messages"))
+
+
+def measured(bk, cluster, fn):
+    """Run ``fn()`` -> (n, elapsed, lat); return it with (client cpu, bookie cpu, counters)."""
+    c0, b0, m0 = time.process_time(), bookie_cpu_seconds(cluster), stream_counters(bk)
+    n, el, lat = fn()
+    m1 = stream_counters(bk)
+    cpu = (time.process_time() - c0, bookie_cpu_seconds(cluster) - b0,
+           tuple(b - a for a, b in zip(m0, m1)))
+    return n, el, lat, cpu
+
+
 def report(label, size, n, elapsed, lat, cpu=None):
     rate = n / elapsed
     extra = ""
     if cpu is not None:
-        client_cpu, bookie_cpu = cpu
+        client_cpu, bookie_cpu = cpu[:2]
         extra = (f"  cpu/entry: client {client_cpu / n * 1e6:.0f} us, "
                  f"bookies {bookie_cpu / n * 1e6:.0f} us")
-    print(f"{label:<26} {size:>7} B  {rate:>10,.0f} entries/s  {rate * size / 1e6:>8.1f} MB/s  "
+        if len(cpu) > 2 and cpu[2][0]:
+            msgs, elems, acks = cpu[2]
+            extra += (f"; msgs/s: {msgs / elapsed:.0f} requests ({elems / msgs:.0f} entries "
+                      f"each), {acks / elapsed:.0f} acks")
+    label = f"{label} [load {os.getloadavg()[0]:.1f}]"
+    print(f"{label:<38} {size:>7} B  {rate:>10,.0f} entries/s  {rate * size / 1e6:>8.1f} MB/s  "
           f"p50 {percentile(lat, 0.50):7.2f} ms  p99 {percentile(lat, 0.99):7.2f} ms  "
           f"({n} entries in {elapsed:.1f} s){extra}", flush=True)
     return rate
@@ -110,6 +142,11 @@ def main():
     ap.add_argument("--max-outstanding-mb", type=int, default=8)
     ap.add_argument("--no-single", action="store_true", help="skip the E=Qw=Qa=1 figure")
     ap.add_argument("--no-paced", action="store_true", help="skip the half-peak paced run")
+    ap.add_argument("--call-size", action="store_true",
+                    help="also run unpaced with the paced run's entries per call")
+    ap.add_argument("--sweep", default="",
+                    help="also pace at these fractions of the peak, e.g. 0.1,0.2,0.3 "
+                         "(the latency/throughput curve: where the steady-rate capacity is)")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     with tempfile.TemporaryDirectory(prefix="bkspark-bench-") as d:
@@ -128,14 +165,24 @@ def main():
             for label, e, qw, qa in configs:
                 for size in sizes:
                     batch = max(1, args.batch_bytes // size)
-                    c0, b0 = time.process_time(), bookie_cpu_seconds(c)
-                    n, el, lat = run(bk, e, qw, qa, size, args.seconds, batch)
-                    cpu = (time.process_time() - c0, bookie_cpu_seconds(c) - b0)
+                    n, el, lat, cpu = measured(
+                        bk, c, lambda: run(bk, e, qw, qa, size, args.seconds, batch))
                     peak = report(label, size, n, el, lat, cpu)
                     if not args.no_paced:
-                        n, el, lat = run(bk, e, qw, qa, size, min(args.seconds, 3.0), 1,
-                                         rate=peak / 2)
-                        report("  paced at half peak", size, n, el, lat)
+                        n, el, lat, cpu = measured(
+                            bk, c, lambda: run(bk, e, qw, qa, size, min(args.seconds, 3.0), 1,
+                                               rate=peak / 2))
+                        report("  paced at half peak", size, n, el, lat, cpu)
+                    for frac in [float(f) for f in args.sweep.split(",") if f]:
+                        n, el, lat, cpu = measured(
+                            bk, c, lambda: run(bk, e, qw, qa, size, min(args.seconds, 3.0), 1,
+                                               rate=peak * frac))
+                        report(f"  paced at {frac:.2f} x peak", size, n, el, lat, cpu)
+                    if args.call_size:
+                        k = max(1, round(peak / 2 / 1000))
+                        n, el, lat, cpu = measured(
+                            bk, c, lambda: run(bk, e, qw, qa, size, min(args.seconds, 3.0), k))
+                        report(f"  unpaced, {k} per call", size, n, el, lat, cpu)
 
 
 if __name__ == "__main__":

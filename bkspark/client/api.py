@@ -49,6 +49,9 @@ class ClientConfig:
     tls_ca_file: str = ""                   # PEM roots: talk TLS to bookies and verify them
     overload_retry_delay: float = 0.05      # resend after ETOOMANYREQUESTS
     suspect_seconds: float = 30.0           # a failed/slow bookie is read from last this long
+    add_linger: float = 0.002               # min spacing of two add messages to one bookie
+    add_max_linger: float = 0.005           # ... waiting up to this for the previous ones'
+                                            # acks (self-clocking; see bookie_client)
 
 
 class _BookieHealth:
@@ -132,7 +135,9 @@ class BookKeeper:
         self.store = store if store is not None else open_store(metadata_uri)
         self._health = _BookieHealth(self.conf.suspect_seconds)
         self._pool = BookieClientPool(self._resolve_address, self._health.suspect,
-                                      _tls_credentials(self.conf.tls_ca_file))
+                                      _tls_credentials(self.conf.tls_ca_file),
+                                      linger=self.conf.add_linger,
+                                      max_linger=self.conf.add_max_linger)
         self._executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="bk-client")
         self._scheduler = _Scheduler()
         self._writers: weakref.WeakSet = weakref.WeakSet()
