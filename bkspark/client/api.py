@@ -236,7 +236,8 @@ class BookKeeper:
         neither fences nor closes: for tailing a ledger still being written.
 
         :raises NoSuchLedgerError: no such ledger. :raises UnauthorizedError: wrong password.
-        :raises LedgerRecoveryError: recovery could not decide the end (retry later).
+        :raises LedgerRecoveryError: recovery could not decide the end, or a write-back found
+            no bookie to replace a failed one (the ledger stays IN_RECOVERY; retry later).
         """
         self._check_open()
         password = _as_bytes(password, "password")
