@@ -21,7 +21,7 @@ def cluster(tmp_path_factory):
 
 def test_bookie_streams_every_kth_entry(cluster):
     with BookKeeper(cluster.metadata_uri) as bk:
-        lh = bk.create_ledger(3, 3, 2, password=b"pw")
+        lh = bk.create_ledger(3, 3, 3, password=b"pw")     # Qa = E: every bookie has all
         lh.append_many([b"e%d" % i for i in range(20)])
         lh.close()
     with grpc.insecure_channel(cluster.bookie_ids[0]) as channel:
