@@ -49,6 +49,12 @@ static uint64_t now_ns(void)
     return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
 }
 
+const char *const eng_tm_names[TM_N] = {"add_crc", "add_locked", "add_syncwait", "cache_wait", "j_groupwait",
+                                        "j_crc", "j_write", "j_sync", "f_collect", "f_sort", "f_write",
+                                        "f_logsync", "f_idx", "f_repoint", "f_state", "f_jwait",
+                                        "j_roll"};
+#define TM_ADD(e, k, v) __atomic_fetch_add(&(e)->tm[k], (v), __ATOMIC_RELAXED)
+
 static void put32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
 static void put64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
 static uint32_t get32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
@@ -493,6 +499,7 @@ static int j_open_file(Engine *e, uint64_t id)
 static void *journal_thread(void *arg)
 {
     Engine *e = arg;
+    pthread_setname_np(pthread_self(), "bks-journal");
     pthread_mutex_lock(&e->mu);
     for (;;) {
         while (e->pending.len == 0 && !e->j_stop)
@@ -508,6 +515,7 @@ static void *journal_thread(void *arg)
         /* group wait: until threshold bytes or max wait since the oldest pending record --
          * but only while some add_entries call is about to enqueue (adaptive: when nobody is,
          * waiting cannot grow the group, so flush at once, like a raw write+sync loop) */
+        uint64_t tgw = now_ns();
         while (!e->j_stop && e->group_wait_ns && e->pending.len < e->threshold && e->j_entering > 0) {
             uint64_t deadline = e->pending_since_ns + e->group_wait_ns;
             uint64_t t = now_ns();
@@ -524,6 +532,7 @@ static void *journal_thread(void *arg)
             }
             pthread_cond_timedwait(&e->jcv, &e->mu, &ts);
         }
+        TM_ADD(e, TM_J_GROUPWAIT, now_ns() - tgw);
         Buf tmp = e->writing;
         e->writing = e->pending;
         e->pending = tmp;
@@ -531,7 +540,10 @@ static void *journal_thread(void *arg)
         uint64_t start = e->j_written, end = start + e->writing.len;
         int err = 0;
         if (e->jpos >= e->jmax_size) { /* roll */
-            if (j_open_file(e, e->jcur_id + 1) < 0) {
+            uint64_t tr = now_ns();
+            int ro = j_open_file(e, e->jcur_id + 1);
+            TM_ADD(e, TM_J_ROLL, now_ns() - tr);
+            if (ro < 0) {
                 err = errno;
             } else {
                 if (e->njfiles == e->jfcap) {
@@ -557,6 +569,8 @@ static void *journal_thread(void *arg)
             put64(idb, jid);
             put32(g + 20, bks_crc32c(bks_crc32c(0, idb, 8), g, 20));
         }
+        uint64_t tc = now_ns();
+        TM_ADD(e, TM_J_CRC, tc - t0);
         if (!err && pos + e->writing.len > e->jprealloc) {
             uint64_t grow = JPREALLOC > e->writing.len ? JPREALLOC : e->writing.len;
             if (posix_fallocate(fd, (off_t)e->jprealloc, (off_t)(pos + grow - e->jprealloc)) == 0)
@@ -564,9 +578,12 @@ static void *journal_thread(void *arg)
         }
         if (!err && write_full(fd, e->writing.buf, e->writing.len, pos) < 0)
             err = errno;
+        uint64_t tw = now_ns();
+        TM_ADD(e, TM_J_WRITE, tw - tc);
         if (!err && e->jsync && fdatasync(fd) < 0)
             err = errno;
         uint64_t t1 = now_ns();
+        TM_ADD(e, TM_J_SYNC, t1 - tw);
         pthread_mutex_lock(&e->mu);
         if (err) {
             e->j_failed = err;
@@ -631,11 +648,15 @@ int eng_add_entries(Engine *e, AddReq *reqs, size_t n, int *status)
     pthread_mutex_lock(&e->mu);
     e->j_entering++;
     pthread_mutex_unlock(&e->mu);
+    uint64_t ta = now_ns();
     for (size_t i = 0; i < n; i++) { /* checksums outside the lock */
         reqs[i].jcrc = add_jcrc(reqs[i].ledger, reqs[i].entry, reqs[i].body, reqs[i].len);
         reqs[i].lcrc = log_crc(reqs[i].ledger, reqs[i].entry, reqs[i].body, reqs[i].len);
     }
+    uint64_t tb = now_ns();
+    TM_ADD(e, TM_ADD_CRC, tb - ta);
     pthread_mutex_lock(&e->mu);
+    uint64_t tl = now_ns(), tlw = 0;
     e->j_entering--;
     if (e->closed) {
         pthread_mutex_unlock(&e->mu);
@@ -674,7 +695,11 @@ int eng_add_entries(Engine *e, AddReq *reqs, size_t n, int *status)
                     rc = E_IO;
                     break;
                 }
+                uint64_t tw0 = now_ns();
                 pthread_cond_wait(&e->cache_cv, &e->mu);
+                uint64_t tw1 = now_ns();
+                tlw += tw1 - tw0;
+                TM_ADD(e, TM_CACHE_WAIT, tw1 - tw0);
                 if (e->closed || e->j_failed) {
                     rc = e->closed ? E_CLOSED : E_IO;
                     break;
@@ -714,8 +739,11 @@ int eng_add_entries(Engine *e, AddReq *reqs, size_t n, int *status)
     }
     if (e->cache[e->active].used >= e->cache_half / 2 && !e->flush_pending) /* background flush at half */
         pthread_cond_signal(&e->ckpt_cv);
+    uint64_t ts = now_ns();
+    TM_ADD(e, TM_ADD_LOCKED, ts - tl - tlw);
     if (rc == E_OK)
         rc = j_wait(e, e->j_enq);
+    TM_ADD(e, TM_ADD_SYNCWAIT, now_ns() - ts);
     pthread_mutex_unlock(&e->mu);
     return rc;
 }
@@ -1118,6 +1146,7 @@ static int write_items(Engine *e, WItem *w, size_t n, LogFile **cur, LogFile ***
             *cur = lf;
         }
         /* fill this log up to its max size (at least one record) */
+        uint64_t tw_start = now_ns();
         size_t start = i;
         uint64_t pos = lf->size;
         b.len = 0;
@@ -1161,7 +1190,15 @@ static int write_items(Engine *e, WItem *w, size_t n, LogFile **cur, LogFile ***
         }
         if (rc != E_OK)
             break;
-        if ((b.len && write_full(lf->fd, b.buf, b.len, pos - b.len) < 0) || fdatasync(lf->fd) < 0) {
+        uint64_t tw0 = now_ns();
+        if (b.len && write_full(lf->fd, b.buf, b.len, pos - b.len) < 0) {
+            seterr(e, "entry log %x write failed: %s", lf->id, strerror(errno));
+            rc = E_IO;
+            break;
+        }
+        uint64_t tw1 = now_ns();
+        TM_ADD(e, TM_F_WRITE, tw1 - tw_start);
+        if (fdatasync(lf->fd) < 0) {
             seterr(e, "entry log %x write failed: %s", lf->id, strerror(errno));
             rc = E_IO;
             break;
@@ -1169,11 +1206,15 @@ static int write_items(Engine *e, WItem *w, size_t n, LogFile **cur, LogFile ***
         uint32_t cnt = (uint32_t)(i - start);
         put32(ib.buf, cnt);
         put32(ib.buf + 4, bks_crc32c(bks_crc32c(0, ib.buf, 4), ib.buf + 8, ib.len - 8));
+        uint64_t tw2 = now_ns();
+        TM_ADD(e, TM_F_LOGSYNC, tw2 - tw1);
         if (write_full(lf->idx_fd, ib.buf, ib.len, lf->idx_size) < 0 || fdatasync(lf->idx_fd) < 0) {
             seterr(e, "entry log index %x write failed: %s", lf->id, strerror(errno));
             rc = E_IO;
             break;
         }
+        TM_ADD(e, TM_F_IDX, now_ns() - tw2);
+        (void)tw0;
         pthread_mutex_lock(&e->mu);
         lf->total += pos - lf->size;
         lf->size = pos;
@@ -1323,6 +1364,7 @@ static int flush_cache_slot(Engine *e, int slot)
     Cache *c = &e->cache[slot];
     /* collect live entries (those the index still points at) */
     pthread_mutex_lock(&e->mu);
+    uint64_t t0 = now_ns();
     WItem *w = malloc((c->n ? c->n : 1) * sizeof *w);
     if (!w) {
         pthread_mutex_unlock(&e->mu);
@@ -1348,13 +1390,17 @@ static int flush_cache_slot(Engine *e, int slot)
         x->src = c->buf + ce->off;
         x->cache_off = ce->off;
     }
+    uint64_t t1 = now_ns();
+    TM_ADD(e, TM_F_COLLECT, t1 - t0);
     pthread_mutex_unlock(&e->mu);
     qsort(w, n, sizeof *w, witem_cmp);
+    TM_ADD(e, TM_F_SORT, now_ns() - t1);
     LogFile **created = NULL;
     size_t ncreated = 0;
     int rc = n ? write_items(e, w, n, &e->wlog, &created, &ncreated) : E_OK;
     free(created);
     pthread_mutex_lock(&e->mu);
+    uint64_t t2 = now_ns();
     if (rc == E_OK) {
         for (size_t i = 0; i < n; i++) {
             WItem *x = &w[i];
@@ -1366,6 +1412,7 @@ static int flush_cache_slot(Engine *e, int slot)
                 loc_set(e, l, x->entry, x->where, x->len, x->dst_off);
         }
     }
+    TM_ADD(e, TM_F_REPOINT, now_ns() - t2);
     pthread_mutex_unlock(&e->mu);
     free(w);
     return rc;
@@ -1388,7 +1435,9 @@ static int checkpoint_locked(Engine *e, int full)
         swap_for_flush(e);
     uint64_t mark_seq = e->flush_mark_seq;
     int slot = !e->active;
+    uint64_t tj = now_ns();
     int rc = j_wait(e, mark_seq);
+    TM_ADD(e, TM_F_JWAIT, now_ns() - tj);
     pthread_mutex_unlock(&e->mu);
     if (rc != E_OK)
         return rc;
@@ -1414,6 +1463,7 @@ static int checkpoint_locked(Engine *e, int full)
     uint64_t mid, mpos;
     seq_to_mark(e, mark_seq, &mid, &mpos);
     pthread_mutex_unlock(&e->mu);
+    uint64_t tst = now_ns();
     rc = write_state(e);
     if (rc != E_OK)
         return rc;
@@ -1427,6 +1477,7 @@ static int checkpoint_locked(Engine *e, int full)
     e->last_full_ns = now_ns();
     pthread_mutex_unlock(&e->mu);
     gc_journals(e, mid);
+    TM_ADD(e, TM_F_STATE, now_ns() - tst);
     return E_OK;
 }
 
@@ -1441,6 +1492,7 @@ int eng_checkpoint(Engine *e)
 static void *ckpt_thread(void *arg)
 {
     Engine *e = arg;
+    pthread_setname_np(pthread_self(), "bks-ckpt");
     uint64_t last = now_ns();
     pthread_mutex_lock(&e->mu);
     while (!e->c_stop) {

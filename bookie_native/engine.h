@@ -140,7 +140,32 @@ typedef struct Engine {
     uint64_t st_adds, st_add_bytes, st_syncs, st_sync_ns, st_jbytes, st_checkpoints, st_compactions,
         st_compacted_logs, st_compacted_bytes, st_deleted_logs, st_replay_records, st_replay_truncated,
         st_bg_errors, st_fences, st_cache_waits;
+    /* timers (ns, cumulative; see TM_* and tm_names) -- where the time goes, for the benchmark */
+    uint64_t tm[24];
+
 } Engine;
+
+enum {
+    TM_ADD_CRC,      /* adders: checksums outside the lock */
+    TM_ADD_LOCKED,   /* adders: time holding mu to enqueue (excludes waits) */
+    TM_ADD_SYNCWAIT, /* adders: waiting for the covering fdatasync */
+    TM_CACHE_WAIT,   /* adders: waiting for a free cache half */
+    TM_J_GROUPWAIT,  /* journal thread: waiting for the group to grow */
+    TM_J_CRC,        /* journal thread: group checksum */
+    TM_J_WRITE,      /* journal thread: pwrite */
+    TM_J_SYNC,       /* journal thread: fdatasync */
+    TM_F_COLLECT,    /* flush: collecting live cache entries (holds mu) */
+    TM_F_SORT,       /* flush: sorting */
+    TM_F_WRITE,      /* flush: building + writing entry-log data */
+    TM_F_LOGSYNC,    /* flush: fdatasync of entry logs */
+    TM_F_IDX,        /* flush: index block write + fdatasync */
+    TM_F_REPOINT,    /* flush: re-pointing the index (holds mu) */
+    TM_F_STATE,      /* checkpoint: ledgers.state + lastMark + journal gc */
+    TM_F_JWAIT,      /* flush: waiting for the journal to cover the swapped half */
+    TM_J_ROLL,       /* journal thread: rolling to a new file */
+    TM_N
+};
+extern const char *const eng_tm_names[TM_N];
 
 typedef struct {
     uint64_t ledger;

@@ -568,7 +568,7 @@ static PyObject *Store_stats(StoreObject *self, PyObject *unused)
     }
     cache = e->cache[0].used + e->cache[1].used;
     eng_unlock(e);
-    BKS_END return Py_BuildValue(
+    BKS_END PyObject *d = Py_BuildValue(
         "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsi}", "adds", c.st_adds, "add_bytes", c.st_add_bytes,
         "journal_syncs", c.st_syncs, "journal_sync_ns_sum", c.st_sync_ns, "journal_sync_count", c.st_syncs,
         "journal_bytes", c.st_jbytes, "cache_bytes", cache, "queue_depth_bytes", (unsigned long long)c.pending.len,
@@ -579,6 +579,20 @@ static PyObject *Store_stats(StoreObject *self, PyObject *unused)
         "ledgers", (unsigned long long)c.nledgers, "entry_logs", (unsigned long long)nlogs, "entry_log_live_bytes",
         live, "entry_log_bytes", total, "journal_id", c.jcur_id, "journal_pos", c.jpos, "journal_failed",
         c.j_failed);
+    if (!d)
+        return NULL;
+    for (int k = 0; k < TM_N; k++) { /* timers, ns */
+        char name[64];
+        snprintf(name, sizeof name, "t_%s_ns", eng_tm_names[k]);
+        PyObject *v = PyLong_FromUnsignedLongLong(c.tm[k]);
+        if (!v || PyDict_SetItemString(d, name, v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    return d;
 }
 
 static PyMethodDef Store_methods[] = {
