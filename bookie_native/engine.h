@@ -52,10 +52,12 @@ typedef struct {
     uint32_t len, lcrc; /* lcrc: entry-log record crc, computed before insertion */
 } CEnt;
 
+/* write-cache half: an arena of entry-log records (24-byte header + body, the exact bytes a flush
+ * writes, so it writes them straight from here) + the list of entries in insertion order */
 typedef struct {
     unsigned char *buf;
     size_t used, cap;
-    CEnt *ents;
+    CEnt *ents; /* ents[i].off: offset of the body in buf (its record header is the 24 bytes before) */
     size_t n, ncap;
 } Cache;
 
@@ -66,6 +68,7 @@ typedef struct LogFile {
     uint64_t size, idx_size; /* bytes written (including header) */
     uint64_t live, total;    /* record bytes referenced by the index / written */
     int refs, dead, writable, selected;
+    int unsynced; /* written by a flush that did not fdatasync (see sync_dirty_logs) */
 } LogFile;
 
 typedef struct {
@@ -131,6 +134,9 @@ typedef struct Engine {
     uint64_t last_full_ns;   /* time of the last state+lastMark write */
     uint64_t st_flushes;
     int flush_failed; /* last flush failed: adds waiting for cache space get EIO */
+    int log_sync_failed; /* an entry-log fdatasync failed: never move the mark again (errno) */
+    void *fw, *fw_tmp; /* flush scratch (WItem arrays), reused across flushes (ckpt_mu) */
+    size_t fw_cap;
 
     int closed;
     int lock_fds[2]; /* flock on journal_dir/LOCK and ledger_dirs[0]/LOCK */
@@ -163,6 +169,7 @@ enum {
     TM_F_STATE,      /* checkpoint: ledgers.state + lastMark + journal gc */
     TM_F_JWAIT,      /* flush: waiting for the journal to cover the swapped half */
     TM_J_ROLL,       /* journal thread: rolling to a new file */
+    TM_F_DEFSYNC,    /* checkpoint: fdatasync of the entry logs flushed since the last one */
     TM_N
 };
 extern const char *const eng_tm_names[TM_N];

@@ -149,6 +149,31 @@ static PyObject *Store_close(StoreObject *self, PyObject *args, PyObject *kw)
     Py_RETURN_NONE;
 }
 
+/* the bytes of a key/body: exact bytes objects are held by a reference (the list may be changed
+ * by another thread while the engine runs without the GIL; a reference costs less than a buffer
+ * view), anything else through a buffer view.  *held says which. */
+static int get_bytes(PyObject *o, Py_buffer *v, char *held)
+{
+    if (PyBytes_CheckExact(o)) {
+        Py_INCREF(o);
+        v->obj = o;
+        v->buf = PyBytes_AS_STRING(o);
+        v->len = PyBytes_GET_SIZE(o);
+        *held = 1;
+        return 0;
+    }
+    *held = 0;
+    return PyObject_GetBuffer(o, v, PyBUF_SIMPLE);
+}
+
+static void put_bytes(Py_buffer *v, char held)
+{
+    if (held)
+        Py_CLEAR(v->obj);
+    else
+        PyBuffer_Release(v);
+}
+
 static PyObject *Store_add_entries(StoreObject *self, PyObject *arg)
 {
     if (check_open(self) < 0)
@@ -160,9 +185,10 @@ static PyObject *Store_add_entries(StoreObject *self, PyObject *arg)
     AddReq *reqs = PyMem_Calloc((size_t)(n ? n : 1), sizeof *reqs);
     Py_buffer *views = PyMem_Calloc((size_t)(n ? n : 1) * 2, sizeof *views);
     int *status = PyMem_Calloc((size_t)(n ? n : 1), sizeof *status);
+    char *held = PyMem_Calloc((size_t)(n ? n : 1) * 2, 1);
     Py_ssize_t got = 0;
     PyObject *result = NULL;
-    if (!reqs || !views || !status) {
+    if (!reqs || !views || !status || !held) {
         PyErr_NoMemory();
         goto out;
     }
@@ -188,15 +214,15 @@ static PyObject *Store_add_entries(StoreObject *self, PyObject *arg)
         if (rec < 0)
             goto out;
         r->recovery = rec;
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(t, 2), &views[2 * got], PyBUF_SIMPLE) < 0)
+        if (get_bytes(PyTuple_GET_ITEM(t, 2), &views[2 * got], &held[2 * got]) < 0)
             goto out;
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(t, 4), &views[2 * got + 1], PyBUF_SIMPLE) < 0) {
-            PyBuffer_Release(&views[2 * got]);
+        if (get_bytes(PyTuple_GET_ITEM(t, 4), &views[2 * got + 1], &held[2 * got + 1]) < 0) {
+            put_bytes(&views[2 * got], held[2 * got]);
             goto out;
         }
         if (views[2 * got].len > (Py_ssize_t)MAX_KEY || views[2 * got + 1].len > (Py_ssize_t)MAX_BODY) {
-            PyBuffer_Release(&views[2 * got]);
-            PyBuffer_Release(&views[2 * got + 1]);
+            put_bytes(&views[2 * got], held[2 * got]);
+            put_bytes(&views[2 * got + 1], held[2 * got + 1]);
             PyErr_SetString(ExcBadReq ? ExcBadReq : PyExc_ValueError, "master key or entry body too large");
             goto out;
         }
@@ -220,9 +246,10 @@ static PyObject *Store_add_entries(StoreObject *self, PyObject *arg)
         PyList_SET_ITEM(result, i, PyLong_FromLong(status[i]));
 out:
     for (Py_ssize_t i = 0; i < got; i++) {
-        PyBuffer_Release(&views[2 * i]);
-        PyBuffer_Release(&views[2 * i + 1]);
+        put_bytes(&views[2 * i], held[2 * i]);
+        put_bytes(&views[2 * i + 1], held[2 * i + 1]);
     }
+    PyMem_Free(held);
     PyMem_Free(reqs);
     PyMem_Free(views);
     PyMem_Free(status);
