@@ -10,6 +10,8 @@ static uint32_t table[8][256];
 #define LONG 8192
 #define SHORT 256
 static uint32_t zeros_long[4][256], zeros_short[4][256];
+#define NPOW 40
+static uint32_t zeros_pow[NPOW][4][256]; /* shift over 2^k zero bytes */
 
 static uint32_t gf2_times(const uint32_t *mat, uint32_t vec)
 {
@@ -87,6 +89,21 @@ static void init_tables(void)
     }
     zeros_table(zeros_long, LONG);
     zeros_table(zeros_short, SHORT);
+    {
+        /* operator for 2^k zero bytes: square the one for 2^(k-1) */
+        uint32_t op[32], sq[32];
+        zeros_op(op, 1);
+        for (int k = 0; k < NPOW; k++) {
+            for (uint32_t n = 0; n < 256; n++) {
+                zeros_pow[k][0][n] = gf2_times(op, n);
+                zeros_pow[k][1][n] = gf2_times(op, n << 8);
+                zeros_pow[k][2][n] = gf2_times(op, n << 16);
+                zeros_pow[k][3][n] = gf2_times(op, n << 24);
+            }
+            gf2_square(sq, op);
+            memcpy(op, sq, sizeof op);
+        }
+    }
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
     have_hw = __builtin_cpu_supports("sse4.2") ? 1 : 0;
@@ -194,6 +211,15 @@ uint32_t bks_crc32c(uint32_t crc, const void *buf, size_t len)
         return crc_hw(crc, buf, len);
 #endif
     return bks_crc32c_sw(crc, buf, len);
+}
+
+uint32_t bks_crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b)
+{
+    pthread_once(&once, init_tables);
+    for (int k = 0; len_b && k < NPOW; k++, len_b >>= 1)
+        if (len_b & 1)
+            crc_a = shift(zeros_pow[k], crc_a);
+    return crc_a ^ crc_b;
 }
 
 int bks_crc32c_hw(void)

@@ -426,9 +426,23 @@ static uint32_t log_crc(uint64_t ledger, int64_t entry, const unsigned char *bod
 /* ---------------------------------------------------------------- journal */
 static void jpath(Engine *e, uint64_t id, char *out, size_t n) { snprintf(out, n, "%s/%016llx.txn", e->journal_dir, (unsigned long long)id); }
 
-/* append a record to the pending buffer; caller holds mu */
+/* Checksums of a journal record, derived from pcrc = crc32c(payload) without another pass over
+ * it: *field = crc32c(len || type || payload) (the record's crc field) and *rec = crc32c of the
+ * whole record as it sits in the group (len || type || field || payload), which the group crc is
+ * combined from. */
+static void jrec_crcs(uint32_t type, uint32_t plen, uint32_t pcrc, uint32_t *field, uint32_t *rec)
+{
+    unsigned char h[JR_HDR];
+    put32(h, plen);
+    put32(h + 4, type);
+    *field = bks_crc32c_combine(bks_crc32c(0, h, 8), pcrc, plen);
+    put32(h + 8, *field);
+    *rec = bks_crc32c_combine(bks_crc32c(0, h, JR_HDR), pcrc, plen);
+}
+
+/* append a record to the pending buffer; caller holds mu.  have_crc: field/rec from jrec_crcs */
 static int j_enqueue(Engine *e, uint32_t type, const unsigned char *hdr, size_t hlen, const unsigned char *body,
-                     size_t blen, int have_crc, uint32_t crc)
+                     size_t blen, int have_crc, uint32_t field, uint32_t rec)
 {
     size_t plen = hlen + blen;
     if (buf_reserve(&e->pending, JG_HDR + JR_HDR + plen) < 0)
@@ -437,41 +451,34 @@ static int j_enqueue(Engine *e, uint32_t type, const unsigned char *hdr, size_t 
         e->pending_since_ns = now_ns();
         e->pending.len = JG_HDR;
         e->j_enq += JG_HDR;
+        e->pending_gcrc = 0; /* crc32c of the group's records so far (none) */
+    }
+    if (!have_crc) {
+        uint32_t pcrc = bks_crc32c(0, hdr, hlen);
+        if (blen)
+            pcrc = bks_crc32c(pcrc, body, blen);
+        jrec_crcs(type, (uint32_t)plen, pcrc, &field, &rec);
     }
     unsigned char *p = e->pending.buf + e->pending.len;
     put32(p, (uint32_t)plen);
     put32(p + 4, type);
-    if (!have_crc) {
-        crc = bks_crc32c(0, p, 8);
-        crc = bks_crc32c(crc, hdr, hlen);
-        if (blen)
-            crc = bks_crc32c(crc, body, blen);
-    }
-    put32(p + 8, crc);
+    put32(p + 8, field);
     memcpy(p + JR_HDR, hdr, hlen);
     if (blen)
         memcpy(p + JR_HDR + hlen, body, blen);
     e->pending.len += JR_HDR + plen;
     e->j_enq += JR_HDR + plen;
+    e->pending_gcrc = bks_crc32c_combine(e->pending_gcrc, rec, JR_HDR + plen);
     return 0;
 }
 
-static uint32_t add_jcrc(uint64_t ledger, int64_t entry, const unsigned char *body, uint32_t len)
-{
-    unsigned char h[8 + 16];
-    put32(h, 16 + len);
-    put32(h + 4, JR_ADD);
-    put64(h + 8, ledger);
-    put64(h + 16, (uint64_t)entry);
-    return bks_crc32c(bks_crc32c(0, h, 24), body, len);
-}
-
-static int j_enq_add(Engine *e, uint64_t ledger, int64_t entry, const unsigned char *body, uint32_t len, uint32_t crc)
+static int j_enq_add(Engine *e, uint64_t ledger, int64_t entry, const unsigned char *body, uint32_t len, uint32_t field,
+                     uint32_t rec)
 {
     unsigned char h[16];
     put64(h, ledger);
     put64(h + 8, (uint64_t)entry);
-    return j_enqueue(e, JR_ADD, h, 16, body, len, 1, crc);
+    return j_enqueue(e, JR_ADD, h, 16, body, len, 1, field, rec);
 }
 
 static int j_enq_keyrec(Engine *e, uint32_t type, Ledger *l)
@@ -482,7 +489,7 @@ static int j_enq_keyrec(Engine *e, uint32_t type, Ledger *l)
     uint16_t kl = l->keylen;
     memcpy(h + 16, &kl, 2);
     memcpy(h + 18, l->key, kl);
-    return j_enqueue(e, type, h, 18 + (size_t)kl, NULL, 0, 0, 0);
+    return j_enqueue(e, type, h, 18 + (size_t)kl, NULL, 0, 0, 0, 0);
 }
 
 static int j_open_file(Engine *e, uint64_t id)
@@ -557,6 +564,7 @@ static void *journal_thread(void *arg)
         }
         TM_ADD(e, TM_J_GROUPWAIT, now_ns() - tgw);
         Buf tmp = e->writing;
+        uint32_t gcrc = e->pending_gcrc;
         e->writing = e->pending;
         e->pending = tmp;
         e->pending.len = 0;
@@ -587,7 +595,7 @@ static void *journal_thread(void *arg)
             unsigned char idb[8];
             memcpy(g, "BKSG", 4);
             put32(g + 4, (uint32_t)(e->writing.len - JG_HDR));
-            put32(g + 8, bks_crc32c(0, g + JG_HDR, e->writing.len - JG_HDR));
+            put32(g + 8, gcrc); /* combined from the records' crcs as they were enqueued */
             put64(g + 12, pos); /* a copy of a group inside an entry body can't pass for a real one */
             put64(idb, jid);
             put32(g + 20, bks_crc32c(bks_crc32c(0, idb, 8), g, 20));
@@ -673,8 +681,10 @@ int eng_add_entries(Engine *e, AddReq *reqs, size_t n, int *status)
     pthread_mutex_unlock(&e->mu);
     uint64_t ta = now_ns();
     for (size_t i = 0; i < n; i++) { /* checksums outside the lock */
-        reqs[i].jcrc = add_jcrc(reqs[i].ledger, reqs[i].entry, reqs[i].body, reqs[i].len);
+        /* one pass over the body: the journal record's checksums derive from the entry-log one
+         * (its payload, ledger || entry || body, is what log_crc covers) */
         reqs[i].lcrc = log_crc(reqs[i].ledger, reqs[i].entry, reqs[i].body, reqs[i].len);
+        jrec_crcs(JR_ADD, 16 + reqs[i].len, reqs[i].lcrc, &reqs[i].jcrc, &reqs[i].rcrc);
     }
     uint64_t tb = now_ns();
     TM_ADD(e, TM_ADD_CRC, tb - ta);
@@ -751,7 +761,7 @@ int eng_add_entries(Engine *e, AddReq *reqs, size_t n, int *status)
         uint64_t off;
         if (cache_put(c, r->ledger, l->inc, r->entry, r->body, r->len, r->lcrc, 1, &off) < 0 ||
             loc_set(e, l, r->entry, WHERE_CACHE0 + (uint32_t)e->active, r->len, off) < 0 ||
-            j_enq_add(e, r->ledger, r->entry, r->body, r->len, r->jcrc) < 0) {
+            j_enq_add(e, r->ledger, r->entry, r->body, r->len, r->jcrc, r->rcrc) < 0) {
             rc = E_IO;
             seterr(e, "out of memory");
             break;
@@ -826,7 +836,7 @@ int eng_set_lac(Engine *e, uint64_t ledger, const unsigned char *lac, uint32_t l
             l->has_lac = 1;
             unsigned char h[8];
             put64(h, ledger);
-            if (j_enqueue(e, JR_LAC, h, 8, lac, len, 0, 0) < 0)
+            if (j_enqueue(e, JR_LAC, h, 8, lac, len, 0, 0, 0) < 0)
                 rc = E_IO;
             else
                 rc = j_wait(e, e->j_enq);
@@ -846,7 +856,7 @@ int eng_delete(Engine *e, uint64_t ledger)
         ledger_remove(e, ledger);
         unsigned char h[8];
         put64(h, ledger);
-        if (j_enqueue(e, JR_DELETE, h, 8, NULL, 0, 0, 0) < 0)
+        if (j_enqueue(e, JR_DELETE, h, 8, NULL, 0, 0, 0, 0) < 0)
             rc = E_IO;
         else
             rc = j_wait(e, e->j_enq);

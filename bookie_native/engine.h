@@ -108,6 +108,7 @@ typedef struct Engine {
 
     /* journal */
     Buf pending, writing;
+    uint32_t pending_gcrc; /* crc32c of the records in `pending` (the group checksum, built up) */
     uint64_t j_enq, j_written, j_synced; /* logical byte sequence numbers */
     uint64_t pending_since_ns;
     int j_failed, j_stop, j_waiters;
@@ -182,7 +183,8 @@ typedef struct {
     int recovery;
     const unsigned char *body;
     uint32_t len;
-    uint32_t jcrc, lcrc; /* filled by eng_add_entries */
+    uint32_t jcrc, lcrc, rcrc; /* filled by eng_add_entries: journal record crc field, entry-log
+                                * record crc, crc of the whole journal record */
 } AddReq;
 
 typedef struct {

@@ -680,6 +680,15 @@ static PyObject *mod_crc32c_sw(PyObject *m, PyObject *args)
     return PyLong_FromUnsignedLong(r);
 }
 
+static PyObject *mod_crc32c_combine(PyObject *m, PyObject *args)
+{
+    unsigned int a, b;
+    unsigned long long n;
+    if (!PyArg_ParseTuple(args, "IIK", &a, &b, &n))
+        return NULL;
+    return PyLong_FromUnsignedLong(bks_crc32c_combine(a, b, n));
+}
+
 static PyObject *mod_crc32c_hw(PyObject *m, PyObject *unused) { return PyBool_FromLong(bks_crc32c_hw()); }
 
 static PyObject *mod_set_exceptions(PyObject *m, PyObject *args)
@@ -706,6 +715,7 @@ static PyMethodDef mod_methods[] = {
     {"crc32c", mod_crc32c, METH_VARARGS, "crc32c(data, value=0) -> int (Castagnoli)"},
     {"crc32c_sw", mod_crc32c_sw, METH_VARARGS, "software (slice-by-8) crc32c"},
     {"crc32c_hw", mod_crc32c_hw, METH_NOARGS, "True if the SSE4.2 path is used"},
+    {"crc32c_combine", mod_crc32c_combine, METH_VARARGS, "crc32c_combine(crc_a, crc_b, len_b): crc of a+b"},
     {"set_exceptions", mod_set_exceptions, METH_VARARGS,
      "set_exceptions(NoSuchLedger, NoSuchEntry, BookieIO, BadRequest)"},
     {NULL, NULL, 0, NULL}};
