@@ -1263,6 +1263,10 @@ static int write_items(Engine *e, WItem *w, size_t n, LogFile **cur, LogFile ***
     while (i < n && rc == E_OK) {
         LogFile *lf = *cur;
         if (!lf || lf->size >= e->entry_log_max) {
+            if (lf && lf->prealloc > lf->size) { /* sealed: give back the unused reservation */
+                if (ftruncate(lf->fd, (off_t)lf->size) == 0)
+                    lf->prealloc = lf->size;
+            }
             pthread_mutex_lock(&e->mu);
             uint32_t id = e->next_log_id++;
             int dir = e->next_log_dir;
@@ -1279,6 +1283,19 @@ static int write_items(Engine *e, WItem *w, size_t n, LogFile **cur, LogFile ***
             *created = realloc(*created, (*ncreated + 1) * sizeof(LogFile *));
             (*created)[(*ncreated)++] = lf;
             *cur = lf;
+        }
+        /* reserve the blocks ahead (unwritten extents, size unchanged): page-cache writes into
+         * them skip ext4's per-page delayed-allocation accounting, and writeback has nothing to
+         * allocate.  Best effort. */
+        if (!sync && lf->prealloc < lf->size + (32u << 20) && lf->prealloc < e->entry_log_max) {
+            uint64_t from = lf->prealloc > lf->size ? lf->prealloc : lf->size;
+            uint64_t to = from + (64u << 20);
+            if (to > e->entry_log_max + (8u << 20))
+                to = e->entry_log_max + (8u << 20);
+            if (to > from && fallocate(lf->fd, FALLOC_FL_KEEP_SIZE, (off_t)from, (off_t)(to - from)) == 0)
+                lf->prealloc = to;
+            else
+                lf->prealloc = e->entry_log_max; /* not supported: stop trying */
         }
         /* fill this log up to its max size (at least one record) */
         uint64_t tw_start = now_ns();
@@ -2535,6 +2552,9 @@ void eng_close(Engine *e, int do_checkpoint)
     if (e->jthread_started)
         pthread_join(e->jthread, NULL);
     e->cthread_started = e->jthread_started = 0;
+    if (e->wlog && e->wlog->prealloc > e->wlog->size && e->wlog->fd >= 0) /* unused reservation */
+        if (ftruncate(e->wlog->fd, (off_t)e->wlog->size) == 0)
+            e->wlog->prealloc = e->wlog->size;
 }
 
 void eng_free(Engine *e)

@@ -69,6 +69,7 @@ typedef struct LogFile {
     uint64_t live, total;    /* record bytes referenced by the index / written */
     int refs, dead, writable, selected;
     int unsynced; /* written by a flush that did not fdatasync (see sync_dirty_logs) */
+    uint64_t prealloc; /* blocks reserved (fallocate KEEP_SIZE) up to here; trimmed when sealed */
 } LogFile;
 
 typedef struct {
