@@ -14,6 +14,8 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/uio.h>
+#include <limits.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -48,6 +50,12 @@ static uint64_t now_ns(void)
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
 }
+
+const char *const eng_tm_names[TM_N] = {"add_crc", "add_locked", "add_syncwait", "cache_wait", "j_groupwait",
+                                        "j_crc", "j_write", "j_sync", "f_collect", "f_sort", "f_write",
+                                        "f_logsync", "f_idx", "f_repoint", "f_state", "f_jwait",
+                                        "j_roll", "f_defsync"};
+#define TM_ADD(e, k, v) __atomic_fetch_add(&(e)->tm[k], (v), __ATOMIC_RELAXED)
 
 static void put32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
 static void put64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
@@ -301,6 +309,22 @@ static Loc *loc_get(Ledger *l, int64_t id)
     return NULL;
 }
 
+/* loc_get with a cursor: consecutive lookups of increasing entries of one ledger are O(1) */
+static Loc *loc_get_hint(Ledger *l, int64_t id, size_t *hint)
+{
+    size_t h = *hint;
+    if (h < l->n && l->locs[h].entry == id) {
+        *hint = h + 1;
+        return &l->locs[h];
+    }
+    size_t i = loc_lower(l, id);
+    if (i < l->n && l->locs[i].entry == id) {
+        *hint = i + 1;
+        return &l->locs[i];
+    }
+    return NULL;
+}
+
 /* set the location of an entry (insert or replace); keeps log live-byte accounting */
 static int loc_set(Engine *e, Ledger *l, int64_t entry, uint32_t where, uint32_t len, uint64_t off)
 {
@@ -342,11 +366,11 @@ static int loc_set(Engine *e, Ledger *l, int64_t entry, uint32_t where, uint32_t
 static int cache_put(Cache *c, uint64_t ledger, uint64_t inc, int64_t entry, const unsigned char *body, uint32_t len,
                      uint32_t lcrc, int grow, uint64_t *off)
 {
-    if (c->used + len > c->cap) {
+    if (c->used + LR_HDR + len > c->cap) {
         if (!grow && c->used > 0)
             return 1; /* full */
         size_t nc = c->cap ? c->cap : (1 << 20);
-        while (nc < c->used + len)
+        while (nc < c->used + LR_HDR + len)
             nc *= 2;
         unsigned char *p = realloc(c->buf, nc);
         if (!p)
@@ -362,16 +386,21 @@ static int cache_put(Cache *c, uint64_t ledger, uint64_t inc, int64_t entry, con
         c->ents = p;
         c->ncap = nc;
     }
-    memcpy(c->buf + c->used, body, len);
+    unsigned char *h = c->buf + c->used; /* the entry-log record, as a flush will write it */
+    put32(h, 16 + len);
+    put32(h + 4, lcrc);
+    put64(h + 8, ledger);
+    put64(h + 16, (uint64_t)entry);
+    memcpy(h + LR_HDR, body, len);
     CEnt *ce = &c->ents[c->n++];
     ce->ledger = ledger;
     ce->inc = inc;
     ce->entry = entry;
-    ce->off = c->used;
+    ce->off = c->used + LR_HDR;
     ce->len = len;
     ce->lcrc = lcrc;
-    *off = c->used;
-    c->used += len;
+    *off = ce->off;
+    c->used += LR_HDR + len;
     return 0;
 }
 
@@ -397,9 +426,23 @@ static uint32_t log_crc(uint64_t ledger, int64_t entry, const unsigned char *bod
 /* ---------------------------------------------------------------- journal */
 static void jpath(Engine *e, uint64_t id, char *out, size_t n) { snprintf(out, n, "%s/%016llx.txn", e->journal_dir, (unsigned long long)id); }
 
-/* append a record to the pending buffer; caller holds mu */
+/* Checksums of a journal record, derived from pcrc = crc32c(payload) without another pass over
+ * it: *field = crc32c(len || type || payload) (the record's crc field) and *rec = crc32c of the
+ * whole record as it sits in the group (len || type || field || payload), which the group crc is
+ * combined from. */
+static void jrec_crcs(uint32_t type, uint32_t plen, uint32_t pcrc, uint32_t *field, uint32_t *rec)
+{
+    unsigned char h[JR_HDR];
+    put32(h, plen);
+    put32(h + 4, type);
+    *field = bks_crc32c_combine(bks_crc32c(0, h, 8), pcrc, plen);
+    put32(h + 8, *field);
+    *rec = bks_crc32c_combine(bks_crc32c(0, h, JR_HDR), pcrc, plen);
+}
+
+/* append a record to the pending buffer; caller holds mu.  have_crc: field/rec from jrec_crcs */
 static int j_enqueue(Engine *e, uint32_t type, const unsigned char *hdr, size_t hlen, const unsigned char *body,
-                     size_t blen, int have_crc, uint32_t crc)
+                     size_t blen, int have_crc, uint32_t field, uint32_t rec)
 {
     size_t plen = hlen + blen;
     if (buf_reserve(&e->pending, JG_HDR + JR_HDR + plen) < 0)
@@ -408,41 +451,34 @@ static int j_enqueue(Engine *e, uint32_t type, const unsigned char *hdr, size_t 
         e->pending_since_ns = now_ns();
         e->pending.len = JG_HDR;
         e->j_enq += JG_HDR;
+        e->pending_gcrc = 0; /* crc32c of the group's records so far (none) */
+    }
+    if (!have_crc) {
+        uint32_t pcrc = bks_crc32c(0, hdr, hlen);
+        if (blen)
+            pcrc = bks_crc32c(pcrc, body, blen);
+        jrec_crcs(type, (uint32_t)plen, pcrc, &field, &rec);
     }
     unsigned char *p = e->pending.buf + e->pending.len;
     put32(p, (uint32_t)plen);
     put32(p + 4, type);
-    if (!have_crc) {
-        crc = bks_crc32c(0, p, 8);
-        crc = bks_crc32c(crc, hdr, hlen);
-        if (blen)
-            crc = bks_crc32c(crc, body, blen);
-    }
-    put32(p + 8, crc);
+    put32(p + 8, field);
     memcpy(p + JR_HDR, hdr, hlen);
     if (blen)
         memcpy(p + JR_HDR + hlen, body, blen);
     e->pending.len += JR_HDR + plen;
     e->j_enq += JR_HDR + plen;
+    e->pending_gcrc = bks_crc32c_combine(e->pending_gcrc, rec, JR_HDR + plen);
     return 0;
 }
 
-static uint32_t add_jcrc(uint64_t ledger, int64_t entry, const unsigned char *body, uint32_t len)
-{
-    unsigned char h[8 + 16];
-    put32(h, 16 + len);
-    put32(h + 4, JR_ADD);
-    put64(h + 8, ledger);
-    put64(h + 16, (uint64_t)entry);
-    return bks_crc32c(bks_crc32c(0, h, 24), body, len);
-}
-
-static int j_enq_add(Engine *e, uint64_t ledger, int64_t entry, const unsigned char *body, uint32_t len, uint32_t crc)
+static int j_enq_add(Engine *e, uint64_t ledger, int64_t entry, const unsigned char *body, uint32_t len, uint32_t field,
+                     uint32_t rec)
 {
     unsigned char h[16];
     put64(h, ledger);
     put64(h + 8, (uint64_t)entry);
-    return j_enqueue(e, JR_ADD, h, 16, body, len, 1, crc);
+    return j_enqueue(e, JR_ADD, h, 16, body, len, 1, field, rec);
 }
 
 static int j_enq_keyrec(Engine *e, uint32_t type, Ledger *l)
@@ -453,7 +489,7 @@ static int j_enq_keyrec(Engine *e, uint32_t type, Ledger *l)
     uint16_t kl = l->keylen;
     memcpy(h + 16, &kl, 2);
     memcpy(h + 18, l->key, kl);
-    return j_enqueue(e, type, h, 18 + (size_t)kl, NULL, 0, 0, 0);
+    return j_enqueue(e, type, h, 18 + (size_t)kl, NULL, 0, 0, 0, 0);
 }
 
 static int j_open_file(Engine *e, uint64_t id)
@@ -493,6 +529,7 @@ static int j_open_file(Engine *e, uint64_t id)
 static void *journal_thread(void *arg)
 {
     Engine *e = arg;
+    pthread_setname_np(pthread_self(), "bks-journal");
     pthread_mutex_lock(&e->mu);
     for (;;) {
         while (e->pending.len == 0 && !e->j_stop)
@@ -508,6 +545,7 @@ static void *journal_thread(void *arg)
         /* group wait: until threshold bytes or max wait since the oldest pending record --
          * but only while some add_entries call is about to enqueue (adaptive: when nobody is,
          * waiting cannot grow the group, so flush at once, like a raw write+sync loop) */
+        uint64_t tgw = now_ns();
         while (!e->j_stop && e->group_wait_ns && e->pending.len < e->threshold && e->j_entering > 0) {
             uint64_t deadline = e->pending_since_ns + e->group_wait_ns;
             uint64_t t = now_ns();
@@ -524,14 +562,19 @@ static void *journal_thread(void *arg)
             }
             pthread_cond_timedwait(&e->jcv, &e->mu, &ts);
         }
+        TM_ADD(e, TM_J_GROUPWAIT, now_ns() - tgw);
         Buf tmp = e->writing;
+        uint32_t gcrc = e->pending_gcrc;
         e->writing = e->pending;
         e->pending = tmp;
         e->pending.len = 0;
         uint64_t start = e->j_written, end = start + e->writing.len;
         int err = 0;
         if (e->jpos >= e->jmax_size) { /* roll */
-            if (j_open_file(e, e->jcur_id + 1) < 0) {
+            uint64_t tr = now_ns();
+            int ro = j_open_file(e, e->jcur_id + 1);
+            TM_ADD(e, TM_J_ROLL, now_ns() - tr);
+            if (ro < 0) {
                 err = errno;
             } else {
                 if (e->njfiles == e->jfcap) {
@@ -552,11 +595,13 @@ static void *journal_thread(void *arg)
             unsigned char idb[8];
             memcpy(g, "BKSG", 4);
             put32(g + 4, (uint32_t)(e->writing.len - JG_HDR));
-            put32(g + 8, bks_crc32c(0, g + JG_HDR, e->writing.len - JG_HDR));
+            put32(g + 8, gcrc); /* combined from the records' crcs as they were enqueued */
             put64(g + 12, pos); /* a copy of a group inside an entry body can't pass for a real one */
             put64(idb, jid);
             put32(g + 20, bks_crc32c(bks_crc32c(0, idb, 8), g, 20));
         }
+        uint64_t tc = now_ns();
+        TM_ADD(e, TM_J_CRC, tc - t0);
         if (!err && pos + e->writing.len > e->jprealloc) {
             uint64_t grow = JPREALLOC > e->writing.len ? JPREALLOC : e->writing.len;
             if (posix_fallocate(fd, (off_t)e->jprealloc, (off_t)(pos + grow - e->jprealloc)) == 0)
@@ -564,9 +609,12 @@ static void *journal_thread(void *arg)
         }
         if (!err && write_full(fd, e->writing.buf, e->writing.len, pos) < 0)
             err = errno;
+        uint64_t tw = now_ns();
+        TM_ADD(e, TM_J_WRITE, tw - tc);
         if (!err && e->jsync && fdatasync(fd) < 0)
             err = errno;
         uint64_t t1 = now_ns();
+        TM_ADD(e, TM_J_SYNC, t1 - tw);
         pthread_mutex_lock(&e->mu);
         if (err) {
             e->j_failed = err;
@@ -631,11 +679,17 @@ int eng_add_entries(Engine *e, AddReq *reqs, size_t n, int *status)
     pthread_mutex_lock(&e->mu);
     e->j_entering++;
     pthread_mutex_unlock(&e->mu);
+    uint64_t ta = now_ns();
     for (size_t i = 0; i < n; i++) { /* checksums outside the lock */
-        reqs[i].jcrc = add_jcrc(reqs[i].ledger, reqs[i].entry, reqs[i].body, reqs[i].len);
+        /* one pass over the body: the journal record's checksums derive from the entry-log one
+         * (its payload, ledger || entry || body, is what log_crc covers) */
         reqs[i].lcrc = log_crc(reqs[i].ledger, reqs[i].entry, reqs[i].body, reqs[i].len);
+        jrec_crcs(JR_ADD, 16 + reqs[i].len, reqs[i].lcrc, &reqs[i].jcrc, &reqs[i].rcrc);
     }
+    uint64_t tb = now_ns();
+    TM_ADD(e, TM_ADD_CRC, tb - ta);
     pthread_mutex_lock(&e->mu);
+    uint64_t tl = now_ns(), tlw = 0;
     e->j_entering--;
     if (e->closed) {
         pthread_mutex_unlock(&e->mu);
@@ -660,7 +714,7 @@ int eng_add_entries(Engine *e, AddReq *reqs, size_t n, int *status)
             continue;
         }
         Cache *c = &e->cache[e->active];
-        if (c->used + r->len > e->cache_half && c->used > 0) {
+        if (c->used + LR_HDR + r->len > e->cache_half && c->used > 0) {
             if (!e->flush_pending) {
                 swap_for_flush(e);
             } else {
@@ -674,7 +728,11 @@ int eng_add_entries(Engine *e, AddReq *reqs, size_t n, int *status)
                     rc = E_IO;
                     break;
                 }
+                uint64_t tw0 = now_ns();
                 pthread_cond_wait(&e->cache_cv, &e->mu);
+                uint64_t tw1 = now_ns();
+                tlw += tw1 - tw0;
+                TM_ADD(e, TM_CACHE_WAIT, tw1 - tw0);
                 if (e->closed || e->j_failed) {
                     rc = e->closed ? E_CLOSED : E_IO;
                     break;
@@ -703,7 +761,7 @@ int eng_add_entries(Engine *e, AddReq *reqs, size_t n, int *status)
         uint64_t off;
         if (cache_put(c, r->ledger, l->inc, r->entry, r->body, r->len, r->lcrc, 1, &off) < 0 ||
             loc_set(e, l, r->entry, WHERE_CACHE0 + (uint32_t)e->active, r->len, off) < 0 ||
-            j_enq_add(e, r->ledger, r->entry, r->body, r->len, r->jcrc) < 0) {
+            j_enq_add(e, r->ledger, r->entry, r->body, r->len, r->jcrc, r->rcrc) < 0) {
             rc = E_IO;
             seterr(e, "out of memory");
             break;
@@ -714,8 +772,11 @@ int eng_add_entries(Engine *e, AddReq *reqs, size_t n, int *status)
     }
     if (e->cache[e->active].used >= e->cache_half / 2 && !e->flush_pending) /* background flush at half */
         pthread_cond_signal(&e->ckpt_cv);
+    uint64_t ts = now_ns();
+    TM_ADD(e, TM_ADD_LOCKED, ts - tl - tlw);
     if (rc == E_OK)
         rc = j_wait(e, e->j_enq);
+    TM_ADD(e, TM_ADD_SYNCWAIT, now_ns() - ts);
     pthread_mutex_unlock(&e->mu);
     return rc;
 }
@@ -775,7 +836,7 @@ int eng_set_lac(Engine *e, uint64_t ledger, const unsigned char *lac, uint32_t l
             l->has_lac = 1;
             unsigned char h[8];
             put64(h, ledger);
-            if (j_enqueue(e, JR_LAC, h, 8, lac, len, 0, 0) < 0)
+            if (j_enqueue(e, JR_LAC, h, 8, lac, len, 0, 0, 0) < 0)
                 rc = E_IO;
             else
                 rc = j_wait(e, e->j_enq);
@@ -795,7 +856,7 @@ int eng_delete(Engine *e, uint64_t ledger)
         ledger_remove(e, ledger);
         unsigned char h[8];
         put64(h, ledger);
-        if (j_enqueue(e, JR_DELETE, h, 8, NULL, 0, 0, 0) < 0)
+        if (j_enqueue(e, JR_DELETE, h, 8, NULL, 0, 0, 0, 0) < 0)
             rc = E_IO;
         else
             rc = j_wait(e, e->j_enq);
@@ -1090,26 +1151,132 @@ static int witem_cmp(const void *a, const void *b)
     return 0;
 }
 
+/* Sort flush items by (ledger, entry).  Items come in write-cache (insertion) order, which is
+ * usually a few long runs per ledger with increasing entry ids (one per add batch): sort the runs
+ * and concatenate them when they do not overlap, else fall back to a full sort. */
+typedef struct {
+    uint64_t ledger;
+    int64_t first, last;
+    size_t start, len;
+} Run;
+
+static int run_cmp(const void *a, const void *b)
+{
+    const Run *x = a, *y = b;
+    if (x->ledger != y->ledger)
+        return x->ledger < y->ledger ? -1 : 1;
+    return x->first < y->first ? -1 : x->first > y->first;
+}
+
+static void sort_items(WItem *w, size_t n, WItem *o)
+{
+    if (n < 2)
+        return;
+    size_t nr = 1;
+    for (size_t i = 1; i < n; i++)
+        if (w[i].ledger != w[i - 1].ledger || w[i].entry <= w[i - 1].entry)
+            nr++;
+    if (nr == 1)
+        return;
+    Run *r = malloc(nr * sizeof *r);
+    int ok = r && o && nr <= n / 4; /* runs of ~1 item: just sort */
+    if (ok) {
+        size_t k = 0;
+        r[0] = (Run){w[0].ledger, w[0].entry, w[0].entry, 0, 1};
+        for (size_t i = 1; i < n; i++) {
+            if (w[i].ledger != w[i - 1].ledger || w[i].entry <= w[i - 1].entry) {
+                k++;
+                r[k] = (Run){w[i].ledger, w[i].entry, w[i].entry, i, 0};
+            }
+            r[k].last = w[i].entry;
+            r[k].len++;
+        }
+        qsort(r, nr, sizeof *r, run_cmp);
+        for (size_t j = 1; j < nr && ok; j++)
+            if (r[j].ledger == r[j - 1].ledger && r[j].first <= r[j - 1].last)
+                ok = 0; /* overlapping runs (re-written entries) */
+    }
+    if (ok) {
+        size_t m = 0;
+        for (size_t j = 0; j < nr; j++) {
+            memcpy(&o[m], &w[r[j].start], r[j].len * sizeof *o);
+            m += r[j].len;
+        }
+        memcpy(w, o, n * sizeof *w);
+    } else {
+        qsort(w, n, sizeof *w, witem_cmp);
+    }
+    free(r);
+}
+
 /* Write items into entry logs.  `*cur` is the log to append to (may be NULL or rolled);
- * new logs are created as needed and appended to `created`.  After the data of every
- * touched log is fdatasync'ed, the index blocks are appended and synced.
- * Caller holds ckpt_mu but not mu. */
-static int write_items(Engine *e, WItem *w, size_t n, LogFile **cur, LogFile ***created, size_t *ncreated)
+ * new logs are created as needed and appended to `created`.  `arena`: every item's entry-log
+ * record (header + body) is already laid out at src - LR_HDR (a write-cache half), so runs of
+ * adjacent records are written straight from there with pwritev; else records are assembled in
+ * a buffer.  `sync`: fdatasync each touched log, then append + fdatasync its index block (what
+ * compaction needs before it rewrites ledgers.state).  Without `sync` (plain flushes, which do
+ * not move the LastLogMark, so the journal still covers them) the writes are only pushed out
+ * with sync_file_range(WRITE) and the log is marked unsynced: sync_dirty_logs() makes it durable
+ * before any ledgers.state / lastMark is written.  Caller holds ckpt_mu but not mu. */
+typedef struct {
+    struct iovec v[IOV_MAX > 1024 ? 1024 : IOV_MAX];
+    int n;
+    uint64_t bytes, off; /* bytes gathered, file offset of the first */
+} IoBatch;
+
+static int iob_flush(IoBatch *b, int fd)
+{
+    int vi = 0;
+    uint64_t off = b->off;
+    while (vi < b->n) {
+        ssize_t w = pwritev(fd, &b->v[vi], b->n - vi, (off_t)off);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        off += (uint64_t)w;
+        while (vi < b->n && (size_t)w >= b->v[vi].iov_len) {
+            w -= (ssize_t)b->v[vi].iov_len;
+            vi++;
+        }
+        if (vi < b->n && w > 0) {
+            b->v[vi].iov_base = (char *)b->v[vi].iov_base + w;
+            b->v[vi].iov_len -= (size_t)w;
+        }
+    }
+    b->off = off;
+    b->n = 0;
+    b->bytes = 0;
+    return 0;
+}
+
+static int write_items(Engine *e, WItem *w, size_t n, LogFile **cur, LogFile ***created, size_t *ncreated, int arena,
+                       int sync)
 {
     size_t i = 0;
     int rc = E_OK;
     Buf b = {0}, ib = {0};
+    IoBatch *iob = arena ? malloc(sizeof *iob) : NULL;
+    if (arena && !iob)
+        return E_IO;
     while (i < n && rc == E_OK) {
         LogFile *lf = *cur;
         if (!lf || lf->size >= e->entry_log_max) {
+            if (lf && lf->prealloc > lf->size) { /* sealed: give back the unused reservation */
+                if (ftruncate(lf->fd, (off_t)lf->size) == 0)
+                    lf->prealloc = lf->size;
+            }
             pthread_mutex_lock(&e->mu);
             uint32_t id = e->next_log_id++;
             int dir = e->next_log_dir;
             e->next_log_dir = (e->next_log_dir + 1) % e->nldirs;
             pthread_mutex_unlock(&e->mu);
             lf = log_create(e, id, dir);
-            if (!lf)
-                return E_IO;
+            if (!lf) {
+                rc = E_IO;
+                break;
+            }
             pthread_mutex_lock(&e->mu);
             logs_insert(e, lf);
             pthread_mutex_unlock(&e->mu);
@@ -1117,28 +1284,68 @@ static int write_items(Engine *e, WItem *w, size_t n, LogFile **cur, LogFile ***
             (*created)[(*ncreated)++] = lf;
             *cur = lf;
         }
+        /* reserve the blocks ahead (unwritten extents, size unchanged): page-cache writes into
+         * them skip ext4's per-page delayed-allocation accounting, and writeback has nothing to
+         * allocate.  Best effort. */
+        if (!sync && lf->prealloc < lf->size + (32u << 20) && lf->prealloc < e->entry_log_max) {
+            uint64_t from = lf->prealloc > lf->size ? lf->prealloc : lf->size;
+            uint64_t to = from + (64u << 20);
+            if (to > e->entry_log_max + (8u << 20))
+                to = e->entry_log_max + (8u << 20);
+            if (to > from && fallocate(lf->fd, FALLOC_FL_KEEP_SIZE, (off_t)from, (off_t)(to - from)) == 0)
+                lf->prealloc = to;
+            else
+                lf->prealloc = e->entry_log_max; /* not supported: stop trying */
+        }
         /* fill this log up to its max size (at least one record) */
+        uint64_t tw_start = now_ns();
         size_t start = i;
         uint64_t pos = lf->size;
         b.len = 0;
         ib.len = 8;
+        if (iob) {
+            iob->n = 0;
+            iob->bytes = 0;
+            iob->off = pos;
+        }
         if (buf_reserve(&ib, 8) < 0) {
             rc = E_IO;
             break;
         }
         while (i < n && (i == start || pos < e->entry_log_max)) {
             WItem *x = &w[i];
-            if (buf_reserve(&b, LR_HDR + x->len) < 0 || buf_reserve(&ib, IR_SIZE) < 0) {
+            if (buf_reserve(&ib, IR_SIZE) < 0) {
                 rc = E_IO;
                 break;
             }
-            unsigned char *p = b.buf + b.len;
-            put32(p, 16 + x->len);
-            put32(p + 4, x->crc);
-            put64(p + 8, x->ledger);
-            put64(p + 16, (uint64_t)x->entry);
-            memcpy(p + LR_HDR, x->src, x->len);
-            b.len += LR_HDR + x->len;
+            if (iob) {
+                unsigned char *rec = (unsigned char *)x->src - LR_HDR;
+                struct iovec *last = iob->n ? &iob->v[iob->n - 1] : NULL;
+                if (last && (unsigned char *)last->iov_base + last->iov_len == rec) {
+                    last->iov_len += LR_HDR + x->len;
+                } else {
+                    if (iob->n == (int)(sizeof iob->v / sizeof iob->v[0]) && iob_flush(iob, lf->fd) < 0) {
+                        rc = E_IO;
+                        break;
+                    }
+                    iob->v[iob->n].iov_base = rec;
+                    iob->v[iob->n].iov_len = LR_HDR + x->len;
+                    iob->n++;
+                }
+                iob->bytes += LR_HDR + x->len;
+            } else {
+                if (buf_reserve(&b, LR_HDR + x->len) < 0) {
+                    rc = E_IO;
+                    break;
+                }
+                unsigned char *p = b.buf + b.len;
+                put32(p, 16 + x->len);
+                put32(p + 4, x->crc);
+                put64(p + 8, x->ledger);
+                put64(p + 16, (uint64_t)x->entry);
+                memcpy(p + LR_HDR, x->src, x->len);
+                b.len += LR_HDR + x->len;
+            }
             x->where = lf->id;
             x->dst_off = pos;
             unsigned char *q = ib.buf + ib.len;
@@ -1151,7 +1358,12 @@ static int write_items(Engine *e, WItem *w, size_t n, LogFile **cur, LogFile ***
             ib.len += IR_SIZE;
             pos += LR_HDR + x->len;
             i++;
-            if (b.len >= (8u << 20)) { /* write in 8 MiB chunks */
+            if (iob && iob->bytes >= (8u << 20)) { /* write in 8 MiB chunks */
+                if (iob_flush(iob, lf->fd) < 0) {
+                    rc = E_IO;
+                    break;
+                }
+            } else if (!iob && b.len >= (8u << 20)) {
                 if (write_full(lf->fd, b.buf, b.len, pos - b.len) < 0) {
                     rc = E_IO;
                     break;
@@ -1159,29 +1371,94 @@ static int write_items(Engine *e, WItem *w, size_t n, LogFile **cur, LogFile ***
                 b.len = 0;
             }
         }
-        if (rc != E_OK)
+        if (rc != E_OK) {
+            seterr(e, "entry log %x write failed: %s", lf->id, strerror(errno));
             break;
-        if ((b.len && write_full(lf->fd, b.buf, b.len, pos - b.len) < 0) || fdatasync(lf->fd) < 0) {
+        }
+        if ((iob && iob->n && iob_flush(iob, lf->fd) < 0) ||
+            (!iob && b.len && write_full(lf->fd, b.buf, b.len, pos - b.len) < 0)) {
             seterr(e, "entry log %x write failed: %s", lf->id, strerror(errno));
             rc = E_IO;
             break;
         }
+        uint64_t tw1 = now_ns();
+        TM_ADD(e, TM_F_WRITE, tw1 - tw_start);
+        if (sync && fdatasync(lf->fd) < 0) {
+            seterr(e, "entry log %x write failed: %s", lf->id, strerror(errno));
+            rc = E_IO;
+            break;
+        }
+        if (!sync) /* start the writeback now, without waiting: the checkpoint's fdatasync finds little left */
+            sync_file_range(lf->fd, (off_t)lf->size, (off_t)(pos - lf->size), SYNC_FILE_RANGE_WRITE);
+        uint64_t tw2 = now_ns();
+        TM_ADD(e, TM_F_LOGSYNC, tw2 - tw1);
         uint32_t cnt = (uint32_t)(i - start);
         put32(ib.buf, cnt);
         put32(ib.buf + 4, bks_crc32c(bks_crc32c(0, ib.buf, 4), ib.buf + 8, ib.len - 8));
-        if (write_full(lf->idx_fd, ib.buf, ib.len, lf->idx_size) < 0 || fdatasync(lf->idx_fd) < 0) {
+        if (write_full(lf->idx_fd, ib.buf, ib.len, lf->idx_size) < 0 || (sync && fdatasync(lf->idx_fd) < 0)) {
             seterr(e, "entry log index %x write failed: %s", lf->id, strerror(errno));
             rc = E_IO;
             break;
         }
+        TM_ADD(e, TM_F_IDX, now_ns() - tw2);
         pthread_mutex_lock(&e->mu);
         lf->total += pos - lf->size;
         lf->size = pos;
         lf->idx_size += ib.len;
+        if (!sync)
+            lf->unsynced = 1;
         pthread_mutex_unlock(&e->mu);
     }
     free(b.buf);
     free(ib.buf);
+    free(iob);
+    return rc;
+}
+
+/* fdatasync every entry log + index written by a flush since the last call.  Runs before any
+ * ledgers.state / lastMark is written (write_state), so the sizes they record and the data below
+ * the mark are durable.  A failure is sticky: pages that failed to write may since have been
+ * marked clean, so no later fdatasync could prove them durable -- the mark never moves again (the
+ * journal keeps covering the data; a restart replays it).  Caller holds ckpt_mu, not mu. */
+static int sync_dirty_logs(Engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    if (e->log_sync_failed) {
+        int err = e->log_sync_failed;
+        pthread_mutex_unlock(&e->mu);
+        seterr(e, "an entry log fdatasync failed earlier (%s): checkpoints are disabled until restart", strerror(err));
+        return E_IO;
+    }
+    size_t n = 0;
+    LogFile **v = malloc((e->nlogs ? e->nlogs : 1) * sizeof *v);
+    if (!v) {
+        pthread_mutex_unlock(&e->mu);
+        return E_IO;
+    }
+    for (size_t k = 0; k < e->nlogs; k++)
+        if (e->logs[k]->unsynced) {
+            v[n++] = e->logs[k];
+            e->logs[k]->refs++;
+        }
+    pthread_mutex_unlock(&e->mu);
+    int rc = E_OK;
+    for (size_t k = 0; k < n; k++) {
+        LogFile *lf = v[k];
+        if (rc == E_OK && (fdatasync(lf->fd) < 0 || fdatasync(lf->idx_fd) < 0)) {
+            int err = errno;
+            seterr(e, "entry log %x fdatasync failed: %s", lf->id, strerror(err));
+            pthread_mutex_lock(&e->mu);
+            e->log_sync_failed = err ? err : EIO;
+            pthread_mutex_unlock(&e->mu);
+            rc = E_IO;
+        } else if (rc == E_OK) {
+            pthread_mutex_lock(&e->mu);
+            lf->unsynced = 0;
+            pthread_mutex_unlock(&e->mu);
+        }
+        log_unref(e, lf);
+    }
+    free(v);
     return rc;
 }
 
@@ -1233,6 +1510,11 @@ static int serialize_state(Engine *e, Buf *b)
 
 static int write_state(Engine *e)
 {
+    uint64_t t0 = now_ns();
+    int sr = sync_dirty_logs(e);
+    TM_ADD(e, TM_F_DEFSYNC, now_ns() - t0);
+    if (sr != E_OK)
+        return sr;
     Buf b = {0};
     pthread_mutex_lock(&e->mu);
     int r = serialize_state(e, &b);
@@ -1321,22 +1603,32 @@ static void gc_journals(Engine *e, uint64_t mark_id)
 static int flush_cache_slot(Engine *e, int slot)
 {
     Cache *c = &e->cache[slot];
+    if (c->n > e->fw_cap) { /* scratch reused across flushes: no page faults on fresh memory */
+        size_t nc = c->n + c->n / 4;
+        free(e->fw);
+        free(e->fw_tmp);
+        e->fw = malloc(nc * sizeof(WItem));
+        e->fw_tmp = malloc(nc * sizeof(WItem));
+        e->fw_cap = e->fw && e->fw_tmp ? nc : 0;
+        if (!e->fw_cap)
+            return E_IO;
+    }
+    WItem *w = e->fw;
     /* collect live entries (those the index still points at) */
     pthread_mutex_lock(&e->mu);
-    WItem *w = malloc((c->n ? c->n : 1) * sizeof *w);
-    if (!w) {
-        pthread_mutex_unlock(&e->mu);
-        return E_IO;
-    }
-    size_t n = 0;
+    uint64_t t0 = now_ns();
+    size_t n = 0, hint = 0;
+    Ledger *l = NULL;
     for (size_t i = 0; i < c->n; i++) {
         CEnt *ce = &c->ents[i];
-        Ledger *l = eng_find(e, ce->ledger);
+        if (!l || l->id != ce->ledger) {
+            l = eng_find(e, ce->ledger);
+            hint = 0;
+        }
         if (!l || l->inc != ce->inc)
             continue;
-        Loc *lc = loc_get(l, ce->entry);
-        /* (offset, len) identifies the cache copy: two versions share an offset only if the
-         * first is empty, and then the length differs unless both are empty (and equal) */
+        Loc *lc = loc_get_hint(l, ce->entry, &hint);
+        /* (offset, len) identifies the cache copy (every record in the arena has its own offset) */
         if (!lc || lc->where != WHERE_CACHE0 + (uint32_t)slot || lc->off != ce->off || lc->len != ce->len)
             continue;
         WItem *x = &w[n++];
@@ -1348,26 +1640,42 @@ static int flush_cache_slot(Engine *e, int slot)
         x->src = c->buf + ce->off;
         x->cache_off = ce->off;
     }
+    uint64_t t1 = now_ns();
+    TM_ADD(e, TM_F_COLLECT, t1 - t0);
     pthread_mutex_unlock(&e->mu);
-    qsort(w, n, sizeof *w, witem_cmp);
+    sort_items(w, n, e->fw_tmp);
+    TM_ADD(e, TM_F_SORT, now_ns() - t1);
     LogFile **created = NULL;
     size_t ncreated = 0;
-    int rc = n ? write_items(e, w, n, &e->wlog, &created, &ncreated) : E_OK;
+    int rc = n ? write_items(e, w, n, &e->wlog, &created, &ncreated, 1, 0) : E_OK;
     free(created);
     pthread_mutex_lock(&e->mu);
+    uint64_t t2 = now_ns();
     if (rc == E_OK) {
+        l = NULL;
+        LogFile *lf = NULL;
         for (size_t i = 0; i < n; i++) {
             WItem *x = &w[i];
-            Ledger *l = eng_find(e, x->ledger);
+            if (!l || l->id != x->ledger) {
+                l = eng_find(e, x->ledger);
+                hint = 0;
+            }
             if (!l || l->inc != x->inc)
                 continue;
-            Loc *lc = loc_get(l, x->entry);
-            if (lc && lc->where == WHERE_CACHE0 + (uint32_t)slot && lc->off == x->cache_off && lc->len == x->len)
-                loc_set(e, l, x->entry, x->where, x->len, x->dst_off);
+            Loc *lc = loc_get_hint(l, x->entry, &hint);
+            if (lc && lc->where == WHERE_CACHE0 + (uint32_t)slot && lc->off == x->cache_off && lc->len == x->len) {
+                /* what loc_set would do: the old place is the cache (no log to debit) */
+                if (!lf || lf->id != x->where)
+                    lf = log_find(e, x->where);
+                lc->where = x->where;
+                lc->off = x->dst_off;
+                if (lf)
+                    lf->live += LR_HDR + x->len;
+            }
         }
     }
+    TM_ADD(e, TM_F_REPOINT, now_ns() - t2);
     pthread_mutex_unlock(&e->mu);
-    free(w);
     return rc;
 }
 
@@ -1388,7 +1696,9 @@ static int checkpoint_locked(Engine *e, int full)
         swap_for_flush(e);
     uint64_t mark_seq = e->flush_mark_seq;
     int slot = !e->active;
+    uint64_t tj = now_ns();
     int rc = j_wait(e, mark_seq);
+    TM_ADD(e, TM_F_JWAIT, now_ns() - tj);
     pthread_mutex_unlock(&e->mu);
     if (rc != E_OK)
         return rc;
@@ -1414,6 +1724,7 @@ static int checkpoint_locked(Engine *e, int full)
     uint64_t mid, mpos;
     seq_to_mark(e, mark_seq, &mid, &mpos);
     pthread_mutex_unlock(&e->mu);
+    uint64_t tst = now_ns();
     rc = write_state(e);
     if (rc != E_OK)
         return rc;
@@ -1427,6 +1738,7 @@ static int checkpoint_locked(Engine *e, int full)
     e->last_full_ns = now_ns();
     pthread_mutex_unlock(&e->mu);
     gc_journals(e, mid);
+    TM_ADD(e, TM_F_STATE, now_ns() - tst);
     return E_OK;
 }
 
@@ -1441,6 +1753,7 @@ int eng_checkpoint(Engine *e)
 static void *ckpt_thread(void *arg)
 {
     Engine *e = arg;
+    pthread_setname_np(pthread_self(), "bks-ckpt");
     uint64_t last = now_ns();
     pthread_mutex_lock(&e->mu);
     while (!e->c_stop) {
@@ -1599,7 +1912,7 @@ int eng_compact(Engine *e, CompactStats *cs)
             cbytes += x->len;
         }
         if (cn)
-            rc = write_items(e, chunk, cn, &out, &created, &ncreated);
+            rc = write_items(e, chunk, cn, &out, &created, &ncreated, 0, 1);
         for (size_t k = 0; k < cn; k++) {
             w[chunk_idx[k]].where = chunk[k].where;
             w[chunk_idx[k]].dst_off = chunk[k].dst_off;
@@ -2239,6 +2552,9 @@ void eng_close(Engine *e, int do_checkpoint)
     if (e->jthread_started)
         pthread_join(e->jthread, NULL);
     e->cthread_started = e->jthread_started = 0;
+    if (e->wlog && e->wlog->prealloc > e->wlog->size && e->wlog->fd >= 0) /* unused reservation */
+        if (ftruncate(e->wlog->fd, (off_t)e->wlog->size) == 0)
+            e->wlog->prealloc = e->wlog->size;
 }
 
 void eng_free(Engine *e)
@@ -2263,6 +2579,8 @@ void eng_free(Engine *e)
     }
     free(e->pending.buf);
     free(e->writing.buf);
+    free(e->fw);
+    free(e->fw_tmp);
     free(e->jfiles);
     if (e->jfd >= 0)
         close(e->jfd);

@@ -52,10 +52,12 @@ typedef struct {
     uint32_t len, lcrc; /* lcrc: entry-log record crc, computed before insertion */
 } CEnt;
 
+/* write-cache half: an arena of entry-log records (24-byte header + body, the exact bytes a flush
+ * writes, so it writes them straight from here) + the list of entries in insertion order */
 typedef struct {
     unsigned char *buf;
     size_t used, cap;
-    CEnt *ents;
+    CEnt *ents; /* ents[i].off: offset of the body in buf (its record header is the 24 bytes before) */
     size_t n, ncap;
 } Cache;
 
@@ -66,6 +68,8 @@ typedef struct LogFile {
     uint64_t size, idx_size; /* bytes written (including header) */
     uint64_t live, total;    /* record bytes referenced by the index / written */
     int refs, dead, writable, selected;
+    int unsynced; /* written by a flush that did not fdatasync (see sync_dirty_logs) */
+    uint64_t prealloc; /* blocks reserved (fallocate KEEP_SIZE) up to here; trimmed when sealed */
 } LogFile;
 
 typedef struct {
@@ -105,6 +109,7 @@ typedef struct Engine {
 
     /* journal */
     Buf pending, writing;
+    uint32_t pending_gcrc; /* crc32c of the records in `pending` (the group checksum, built up) */
     uint64_t j_enq, j_written, j_synced; /* logical byte sequence numbers */
     uint64_t pending_since_ns;
     int j_failed, j_stop, j_waiters;
@@ -131,6 +136,9 @@ typedef struct Engine {
     uint64_t last_full_ns;   /* time of the last state+lastMark write */
     uint64_t st_flushes;
     int flush_failed; /* last flush failed: adds waiting for cache space get EIO */
+    int log_sync_failed; /* an entry-log fdatasync failed: never move the mark again (errno) */
+    void *fw, *fw_tmp; /* flush scratch (WItem arrays), reused across flushes (ckpt_mu) */
+    size_t fw_cap;
 
     int closed;
     int lock_fds[2]; /* flock on journal_dir/LOCK and ledger_dirs[0]/LOCK */
@@ -140,7 +148,33 @@ typedef struct Engine {
     uint64_t st_adds, st_add_bytes, st_syncs, st_sync_ns, st_jbytes, st_checkpoints, st_compactions,
         st_compacted_logs, st_compacted_bytes, st_deleted_logs, st_replay_records, st_replay_truncated,
         st_bg_errors, st_fences, st_cache_waits;
+    /* timers (ns, cumulative; see TM_* and tm_names) -- where the time goes, for the benchmark */
+    uint64_t tm[24];
+
 } Engine;
+
+enum {
+    TM_ADD_CRC,      /* adders: checksums outside the lock */
+    TM_ADD_LOCKED,   /* adders: time holding mu to enqueue (excludes waits) */
+    TM_ADD_SYNCWAIT, /* adders: waiting for the covering fdatasync */
+    TM_CACHE_WAIT,   /* adders: waiting for a free cache half */
+    TM_J_GROUPWAIT,  /* journal thread: waiting for the group to grow */
+    TM_J_CRC,        /* journal thread: group checksum */
+    TM_J_WRITE,      /* journal thread: pwrite */
+    TM_J_SYNC,       /* journal thread: fdatasync */
+    TM_F_COLLECT,    /* flush: collecting live cache entries (holds mu) */
+    TM_F_SORT,       /* flush: sorting */
+    TM_F_WRITE,      /* flush: building + writing entry-log data */
+    TM_F_LOGSYNC,    /* flush: fdatasync of entry logs */
+    TM_F_IDX,        /* flush: index block write + fdatasync */
+    TM_F_REPOINT,    /* flush: re-pointing the index (holds mu) */
+    TM_F_STATE,      /* checkpoint: ledgers.state + lastMark + journal gc */
+    TM_F_JWAIT,      /* flush: waiting for the journal to cover the swapped half */
+    TM_J_ROLL,       /* journal thread: rolling to a new file */
+    TM_F_DEFSYNC,    /* checkpoint: fdatasync of the entry logs flushed since the last one */
+    TM_N
+};
+extern const char *const eng_tm_names[TM_N];
 
 typedef struct {
     uint64_t ledger;
@@ -150,7 +184,8 @@ typedef struct {
     int recovery;
     const unsigned char *body;
     uint32_t len;
-    uint32_t jcrc, lcrc; /* filled by eng_add_entries */
+    uint32_t jcrc, lcrc, rcrc; /* filled by eng_add_entries: journal record crc field, entry-log
+                                * record crc, crc of the whole journal record */
 } AddReq;
 
 typedef struct {

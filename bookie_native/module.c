@@ -149,6 +149,31 @@ static PyObject *Store_close(StoreObject *self, PyObject *args, PyObject *kw)
     Py_RETURN_NONE;
 }
 
+/* the bytes of a key/body: exact bytes objects are held by a reference (the list may be changed
+ * by another thread while the engine runs without the GIL; a reference costs less than a buffer
+ * view), anything else through a buffer view.  *held says which. */
+static int get_bytes(PyObject *o, Py_buffer *v, char *held)
+{
+    if (PyBytes_CheckExact(o)) {
+        Py_INCREF(o);
+        v->obj = o;
+        v->buf = PyBytes_AS_STRING(o);
+        v->len = PyBytes_GET_SIZE(o);
+        *held = 1;
+        return 0;
+    }
+    *held = 0;
+    return PyObject_GetBuffer(o, v, PyBUF_SIMPLE);
+}
+
+static void put_bytes(Py_buffer *v, char held)
+{
+    if (held)
+        Py_CLEAR(v->obj);
+    else
+        PyBuffer_Release(v);
+}
+
 static PyObject *Store_add_entries(StoreObject *self, PyObject *arg)
 {
     if (check_open(self) < 0)
@@ -160,9 +185,10 @@ static PyObject *Store_add_entries(StoreObject *self, PyObject *arg)
     AddReq *reqs = PyMem_Calloc((size_t)(n ? n : 1), sizeof *reqs);
     Py_buffer *views = PyMem_Calloc((size_t)(n ? n : 1) * 2, sizeof *views);
     int *status = PyMem_Calloc((size_t)(n ? n : 1), sizeof *status);
+    char *held = PyMem_Calloc((size_t)(n ? n : 1) * 2, 1);
     Py_ssize_t got = 0;
     PyObject *result = NULL;
-    if (!reqs || !views || !status) {
+    if (!reqs || !views || !status || !held) {
         PyErr_NoMemory();
         goto out;
     }
@@ -188,15 +214,15 @@ static PyObject *Store_add_entries(StoreObject *self, PyObject *arg)
         if (rec < 0)
             goto out;
         r->recovery = rec;
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(t, 2), &views[2 * got], PyBUF_SIMPLE) < 0)
+        if (get_bytes(PyTuple_GET_ITEM(t, 2), &views[2 * got], &held[2 * got]) < 0)
             goto out;
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(t, 4), &views[2 * got + 1], PyBUF_SIMPLE) < 0) {
-            PyBuffer_Release(&views[2 * got]);
+        if (get_bytes(PyTuple_GET_ITEM(t, 4), &views[2 * got + 1], &held[2 * got + 1]) < 0) {
+            put_bytes(&views[2 * got], held[2 * got]);
             goto out;
         }
         if (views[2 * got].len > (Py_ssize_t)MAX_KEY || views[2 * got + 1].len > (Py_ssize_t)MAX_BODY) {
-            PyBuffer_Release(&views[2 * got]);
-            PyBuffer_Release(&views[2 * got + 1]);
+            put_bytes(&views[2 * got], held[2 * got]);
+            put_bytes(&views[2 * got + 1], held[2 * got + 1]);
             PyErr_SetString(ExcBadReq ? ExcBadReq : PyExc_ValueError, "master key or entry body too large");
             goto out;
         }
@@ -220,9 +246,10 @@ static PyObject *Store_add_entries(StoreObject *self, PyObject *arg)
         PyList_SET_ITEM(result, i, PyLong_FromLong(status[i]));
 out:
     for (Py_ssize_t i = 0; i < got; i++) {
-        PyBuffer_Release(&views[2 * i]);
-        PyBuffer_Release(&views[2 * i + 1]);
+        put_bytes(&views[2 * i], held[2 * i]);
+        put_bytes(&views[2 * i + 1], held[2 * i + 1]);
     }
+    PyMem_Free(held);
     PyMem_Free(reqs);
     PyMem_Free(views);
     PyMem_Free(status);
@@ -568,7 +595,7 @@ static PyObject *Store_stats(StoreObject *self, PyObject *unused)
     }
     cache = e->cache[0].used + e->cache[1].used;
     eng_unlock(e);
-    BKS_END return Py_BuildValue(
+    BKS_END PyObject *d = Py_BuildValue(
         "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsi}", "adds", c.st_adds, "add_bytes", c.st_add_bytes,
         "journal_syncs", c.st_syncs, "journal_sync_ns_sum", c.st_sync_ns, "journal_sync_count", c.st_syncs,
         "journal_bytes", c.st_jbytes, "cache_bytes", cache, "queue_depth_bytes", (unsigned long long)c.pending.len,
@@ -579,6 +606,20 @@ static PyObject *Store_stats(StoreObject *self, PyObject *unused)
         "ledgers", (unsigned long long)c.nledgers, "entry_logs", (unsigned long long)nlogs, "entry_log_live_bytes",
         live, "entry_log_bytes", total, "journal_id", c.jcur_id, "journal_pos", c.jpos, "journal_failed",
         c.j_failed);
+    if (!d)
+        return NULL;
+    for (int k = 0; k < TM_N; k++) { /* timers, ns */
+        char name[64];
+        snprintf(name, sizeof name, "t_%s_ns", eng_tm_names[k]);
+        PyObject *v = PyLong_FromUnsignedLongLong(c.tm[k]);
+        if (!v || PyDict_SetItemString(d, name, v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    return d;
 }
 
 static PyMethodDef Store_methods[] = {
@@ -639,6 +680,15 @@ static PyObject *mod_crc32c_sw(PyObject *m, PyObject *args)
     return PyLong_FromUnsignedLong(r);
 }
 
+static PyObject *mod_crc32c_combine(PyObject *m, PyObject *args)
+{
+    unsigned int a, b;
+    unsigned long long n;
+    if (!PyArg_ParseTuple(args, "IIK", &a, &b, &n))
+        return NULL;
+    return PyLong_FromUnsignedLong(bks_crc32c_combine(a, b, n));
+}
+
 static PyObject *mod_crc32c_hw(PyObject *m, PyObject *unused) { return PyBool_FromLong(bks_crc32c_hw()); }
 
 static PyObject *mod_set_exceptions(PyObject *m, PyObject *args)
@@ -665,6 +715,7 @@ static PyMethodDef mod_methods[] = {
     {"crc32c", mod_crc32c, METH_VARARGS, "crc32c(data, value=0) -> int (Castagnoli)"},
     {"crc32c_sw", mod_crc32c_sw, METH_VARARGS, "software (slice-by-8) crc32c"},
     {"crc32c_hw", mod_crc32c_hw, METH_NOARGS, "True if the SSE4.2 path is used"},
+    {"crc32c_combine", mod_crc32c_combine, METH_VARARGS, "crc32c_combine(crc_a, crc_b, len_b): crc of a+b"},
     {"set_exceptions", mod_set_exceptions, METH_VARARGS,
      "set_exceptions(NoSuchLedger, NoSuchEntry, BookieIO, BadRequest)"},
     {NULL, NULL, 0, NULL}};
