@@ -103,3 +103,77 @@ def test_stream_available_now_freezes_the_end(reader):
     r.prepareForTriggerAvailableNow()
     logs.lac[2] = 20                                     # more data after the trigger began
     assert r.latestOffset(start, ReadAllAvailable()) == start
+
+
+def test_split_span_makes_equal_pieces():
+    from bkspark.spark.reader import split_span
+    opts = parse_options({"metadataServiceUri": "sqlite:///x", "log": "a",
+                          "entriesPerPartition": "64"})
+    pieces = list(split_span(opts, 7, 0, 99, {}, "record"))
+    assert pieces == [(7, 0, 49), (7, 50, 99)]           # not 64 + 36
+    pieces = list(split_span(opts, 7, 5, 5, {}, "record"))
+    assert pieces == [(7, 5, 5)]
+    pieces = list(split_span(opts, 7, 0, 200, {}, "record"))
+    assert [hi - lo + 1 for _, lo, hi in pieces] == [51, 51, 51, 48]
+    assert pieces[0][1] == 0 and pieces[-1][2] == 200
+    assert all(b[1] == a[2] + 1 for a, b in zip(pieces, pieces[1:]))
+
+
+def test_read_range_prefetch_propagates_errors_and_stops_early(monkeypatch):
+    """The prefetch thread hands errors to the consumer and stops (closing the entry
+    iterator) when the consumer stops early."""
+    import threading
+
+    from bkspark.spark import reader as rd
+
+    closed = threading.Event()
+
+    class Entry:
+        def __init__(self, i):
+            self.entry_id, self.data = i, b"v%d" % i
+
+    def entries(n, fail_at=None):
+        try:
+            for i in range(n):
+                if i == fail_at:
+                    raise RuntimeError("boom")
+                yield Entry(i)
+        finally:
+            closed.set()
+
+    class RH:
+        last_add_confirmed = 10_000_000
+
+        def __init__(self, n, fail_at=None):
+            self.n, self.fail_at = n, fail_at
+
+        def read(self, first, last):
+            return entries(self.n, self.fail_at)
+
+        def close(self):
+            pass
+
+    class BK:
+        def __init__(self, rh):
+            self.rh = rh
+
+        def open_ledger(self, *a, **kw):
+            return self.rh
+
+    schema = record_spark_schema()
+    opts = parse_options({"metadataServiceUri": "sqlite:///x", "log": "a"})
+    part = rd.LedgerRange("a", 1, 0, 10_000_000)
+    monkeypatch.setattr(rd, "RECORD_BATCH_ROWS", 2)
+    monkeypatch.setattr(rd.conn, "bookkeeper", lambda uri: BK(RH(10, fail_at=7)))
+    got = []
+    with pytest.raises(RuntimeError, match="boom"):
+        for b in rd.read_range(opts, "record", schema, part):
+            got.extend(b.column("entry_id").to_pylist())
+    assert got == list(range(6))
+    closed.clear()
+    monkeypatch.setattr(rd.conn, "bookkeeper", lambda uri: BK(RH(1_000_000)))
+    gen = rd.read_range(opts, "record", schema, part)
+    first = next(gen)
+    assert first.column("entry_id").to_pylist() == [0, 1]
+    gen.close()
+    assert closed.is_set()
