@@ -221,25 +221,12 @@ class Pushed:
 
 # ---- reading ----------------------------------------------------------------------------
 
-PREFETCH_ITEMS = 8           # decoded entries (arrow) / record chunks buffered ahead of Spark
-_DONE = object()
-
-
-def _produce(part, fmt, rh, q, stop):
-    """Body of the prefetch thread: read the range, decode, put items on ``q``; a final
-    ``_DONE`` or ``(exception,)``. Closes the entry iterator (its gRPC streams) itself."""
-    import queue as _queue
-
-    def put(item) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.1)
-                return True
-            except _queue.Full:
-                continue
-        return False
-
-    entries = None
+def read_range(opts, fmt: str, schema, part: LedgerRange):
+    """Yield RecordBatches (exactly ``to_arrow_schema(schema)``) of one LedgerRange."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    target = to_arrow_schema(schema, timezone="UTC")
+    bk = conn.bookkeeper(opts.metadata_uri)
+    rh = bk.open_ledger(part.ledger_id, password=opts.password, recovery=False)
     try:
         if part.last <= rh.last_add_confirmed:
             entries = rh.read(part.first, part.last)
@@ -254,61 +241,18 @@ def _produce(part, fmt, rh, q, stop):
                     "entryFormat=record")
             for e in entries:
                 batch = codec.decode_arrow(e.data, stored)
-                if batch.num_rows and not put(batch):
-                    return
+                if batch.num_rows:
+                    yield codec.conform(batch, target)
         else:
             chunk = []
             for e in entries:
                 chunk.append((e.entry_id, e.data))
                 if len(chunk) >= RECORD_BATCH_ROWS:
-                    if not put(chunk):
-                        return
+                    yield codec.records_to_batch(part.log, part.ledger_id, chunk, target)
                     chunk = []
-            if chunk and not put(chunk):
-                return
-        put(_DONE)
-    except BaseException as exc:  # noqa: BLE001 - handed to the consumer
-        put((exc,))
+            if chunk:
+                yield codec.records_to_batch(part.log, part.ledger_id, chunk, target)
     finally:
-        if entries is not None and hasattr(entries, "close"):
-            try:
-                entries.close()
-            except Exception:  # noqa: BLE001
-                pass
-
-
-def read_range(opts, fmt: str, schema, part: LedgerRange):
-    """Yield RecordBatches (exactly ``to_arrow_schema(schema)``) of one LedgerRange.
-
-    The entries are fetched and decoded by a prefetch thread, up to ``PREFETCH_ITEMS`` ahead:
-    the bookies' ReadRange streams keep flowing while Spark's worker ships the previous batch
-    to the JVM (a gRPC stream only asks for its next message when its reader does)."""
-    import queue as _queue
-    import threading
-
-    from pyspark.sql.pandas.types import to_arrow_schema
-    target = to_arrow_schema(schema, timezone="UTC")
-    bk = conn.bookkeeper(opts.metadata_uri)
-    rh = bk.open_ledger(part.ledger_id, password=opts.password, recovery=False)
-    q: _queue.Queue = _queue.Queue(maxsize=PREFETCH_ITEMS)
-    stop = threading.Event()
-    worker = threading.Thread(target=_produce, args=(part, fmt, rh, q, stop), daemon=True,
-                              name=f"bkspark-read-{part.ledger_id}-{part.first}")
-    worker.start()
-    try:
-        while True:
-            item = q.get()
-            if item is _DONE:
-                return
-            if type(item) is tuple:
-                raise item[0]
-            if fmt == ARROW:
-                yield codec.conform(item, target)
-            else:
-                yield codec.records_to_batch(part.log, part.ledger_id, item, target)
-    finally:
-        stop.set()
-        worker.join()
         rh.close()
 
 
