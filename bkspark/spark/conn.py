@@ -8,6 +8,7 @@ live until the process exits.
 from __future__ import annotations
 
 import atexit
+import itertools
 import os
 import threading
 
@@ -52,3 +53,37 @@ def _close_all() -> None:
                 bk.close()
             except Exception:  # noqa: BLE001
                 pass
+
+
+# ---- opt-in profiling of Spark tasks ---------------------------------------------------------
+
+PROFILE_ENV = "BKSPARK_SPARK_PROFILE"     # a directory: each task dumps <kind>-<pid>-<n>.prof
+
+
+def profiled(kind: str, gen):
+    """``gen`` (an iterator of a task), profiled with cProfile into ``$BKSPARK_SPARK_PROFILE``
+    when that variable is set (Spark's Python workers inherit the driver's environment)."""
+    out = os.environ.get(PROFILE_ENV)
+    if not out:
+        yield from gen
+        return
+    import cProfile
+    prof = cProfile.Profile()
+    it = iter(gen)
+    try:
+        while True:
+            prof.enable()
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+            finally:
+                prof.disable()
+            yield item
+    finally:
+        os.makedirs(out, exist_ok=True)
+        n = next(_profile_seq)
+        prof.dump_stats(os.path.join(out, f"{kind}-{os.getpid()}-{n}.prof"))
+
+
+_profile_seq = itertools.count()

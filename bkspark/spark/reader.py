@@ -132,6 +132,10 @@ def split_span(opts, lid: int, first: int, last: int, entry: dict, fmt: str):
                 per = ARROW_ENTRIES_PER_PARTITION
         else:
             per = RECORD_ENTRIES_PER_PARTITION
+    # equal-sized pieces (64+36 entries would leave one Spark core idle at the end)
+    count = last - first + 1
+    pieces = -(-count // per)
+    per = -(-count // pieces)
     lo = first
     while lo <= last:
         hi = min(last, lo + per - 1)
@@ -286,7 +290,7 @@ class BookKeeperBatchReader(DataSourceReader):
         return parts
 
     def read(self, partition):
-        yield from read_range(self.opts, self.fmt, self.schema, partition)
+        yield from conn.profiled("read", read_range(self.opts, self.fmt, self.schema, partition))
 
 
 class BookKeeperFilteringReader(BookKeeperBatchReader):

@@ -225,6 +225,15 @@ class BookKeeperBatchWriter(DataSourceArrowWriter):
         self.job = f"batch-{uuid.uuid4().hex}"
 
     def write(self, iterator):
+        if os.environ.get(conn.PROFILE_ENV):
+            box = []
+            def run():
+                box.append(write_task(self.opts, self.fmt, self.schema_json, self.job, iterator,
+                                      {}, self.job))
+                yield None
+            for _ in conn.profiled("write", run()):
+                pass
+            return box[0]
         return write_task(self.opts, self.fmt, self.schema_json, self.job, iterator, {},
                           self.job)
 

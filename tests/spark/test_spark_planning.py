@@ -103,3 +103,18 @@ def test_stream_available_now_freezes_the_end(reader):
     r.prepareForTriggerAvailableNow()
     logs.lac[2] = 20                                     # more data after the trigger began
     assert r.latestOffset(start, ReadAllAvailable()) == start
+
+
+def test_split_span_makes_equal_pieces():
+    from bkspark.spark.reader import split_span
+    opts = parse_options({"metadataServiceUri": "sqlite:///x", "log": "a",
+                          "entriesPerPartition": "64"})
+    pieces = list(split_span(opts, 7, 0, 99, {}, "record"))
+    assert pieces == [(7, 0, 49), (7, 50, 99)]           # not 64 + 36
+    pieces = list(split_span(opts, 7, 5, 5, {}, "record"))
+    assert pieces == [(7, 5, 5)]
+    pieces = list(split_span(opts, 7, 0, 200, {}, "record"))
+    assert [hi - lo + 1 for _, lo, hi in pieces] == [51, 51, 51, 48]
+    assert pieces[0][1] == 0 and pieces[-1][2] == 200
+    assert all(b[1] == a[2] + 1 for a, b in zip(pieces, pieces[1:]))
+
