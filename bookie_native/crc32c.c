@@ -138,6 +138,34 @@ uint32_t bks_crc32c_sw(uint32_t crc, const void *buf, size_t len)
 
 #if defined(__x86_64__)
 #include <nmmintrin.h>
+/* crc of as many 3 x `block` byte runs of *p as *len holds, as three interleaved streams;
+ * advances *p and *len.  `zeros` shifts a crc over `block` zero bytes. */
+__attribute__((target("sse4.2"))) static inline uint64_t crc_3streams(
+    uint64_t c, const unsigned char **pp, size_t *lenp, size_t block, uint32_t zeros[4][256])
+{
+    const unsigned char *p = *pp;
+    size_t len = *lenp;
+    while (len >= 3 * block) {
+        uint64_t c1 = 0, c2 = 0;
+        const unsigned char *end = p + block;
+        do {
+            uint64_t a, b, d;
+            memcpy(&a, p, 8); memcpy(&b, p + block, 8); memcpy(&d, p + 2 * block, 8);
+            c = _mm_crc32_u64(c, a);
+            c1 = _mm_crc32_u64(c1, b);
+            c2 = _mm_crc32_u64(c2, d);
+            p += 8;
+        } while (p < end);
+        c = shift(zeros, (uint32_t)c) ^ (uint32_t)c1;
+        c = shift(zeros, (uint32_t)c) ^ (uint32_t)c2;
+        p += 2 * block;
+        len -= 3 * block;
+    }
+    *pp = p;
+    *lenp = len;
+    return c;
+}
+
 __attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const void *buf, size_t len)
 {
     const unsigned char *p = buf;
@@ -148,38 +176,8 @@ __attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const voi
     }
     /* three independent streams (the crc32 instruction has a 3-cycle latency, 1-cycle
      * throughput), combined by shifting over the zero bytes of the following streams */
-    while (len >= 3 * LONG) {
-        uint64_t c1 = 0, c2 = 0;
-        const unsigned char *end = p + LONG;
-        do {
-            uint64_t a, b, d;
-            memcpy(&a, p, 8); memcpy(&b, p + LONG, 8); memcpy(&d, p + 2 * LONG, 8);
-            c = _mm_crc32_u64(c, a);
-            c1 = _mm_crc32_u64(c1, b);
-            c2 = _mm_crc32_u64(c2, d);
-            p += 8;
-        } while (p < end);
-        c = shift(zeros_long, (uint32_t)c) ^ (uint32_t)c1;
-        c = shift(zeros_long, (uint32_t)c) ^ (uint32_t)c2;
-        p += 2 * LONG;
-        len -= 3 * LONG;
-    }
-    while (len >= 3 * SHORT) {
-        uint64_t c1 = 0, c2 = 0;
-        const unsigned char *end = p + SHORT;
-        do {
-            uint64_t a, b, d;
-            memcpy(&a, p, 8); memcpy(&b, p + SHORT, 8); memcpy(&d, p + 2 * SHORT, 8);
-            c = _mm_crc32_u64(c, a);
-            c1 = _mm_crc32_u64(c1, b);
-            c2 = _mm_crc32_u64(c2, d);
-            p += 8;
-        } while (p < end);
-        c = shift(zeros_short, (uint32_t)c) ^ (uint32_t)c1;
-        c = shift(zeros_short, (uint32_t)c) ^ (uint32_t)c2;
-        p += 2 * SHORT;
-        len -= 3 * SHORT;
-    }
+    c = crc_3streams(c, &p, &len, LONG, zeros_long);
+    c = crc_3streams(c, &p, &len, SHORT, zeros_short);
     while (len >= 32) {
         uint64_t a, b, d, e;
         memcpy(&a, p, 8); memcpy(&b, p + 8, 8); memcpy(&d, p + 16, 8); memcpy(&e, p + 24, 8);

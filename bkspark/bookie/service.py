@@ -17,6 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from bkspark import errors
 from bkspark.bookie.faults import ANY_ENTRY, Fault, FaultInjector, FaultRule
+from bkspark.client.wire import SMALL_VARINTS as _SMALL_VARINTS
+from bkspark.client.wire import varint as _varint
 from bkspark.proto import bookie_pb2 as pb
 from bkspark.proto import bookie_pb2_grpc as pb_grpc
 
@@ -28,23 +30,6 @@ _LAC = struct.Struct(">q")
 _STREAM_MAX_INFLIGHT_BATCHES = 16
 _RECOVERY_ADD = pb.AddRequest.RECOVERY_ADD
 _RANGE_DEFAULT_BYTES = 4 << 20
-
-
-_SMALL_VARINTS = [bytes([i]) for i in range(128)]
-
-
-def _varint(n: int) -> bytes:
-    """Protobuf varint (negative int64s: 10-byte two's complement)."""
-    if 0 <= n < 0x80:
-        return _SMALL_VARINTS[n]
-    if n < 0:
-        n += 1 << 64
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 # AddBatchResponse.responses (field 1, bytes); AddResponse fields: status 1 (varint),

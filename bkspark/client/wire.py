@@ -1,4 +1,5 @@
-"""Hand-encoded protobuf for the add hot path.
+"""Hand-encoded protobuf for the add hot path (the client's requests; the bookie's
+responses use the same :func:`varint`).
 
 Building an ``AddRequest`` message per entry per bookie and serializing the batch costs
 several microseconds per entry in Python; the same request bytes go to every bookie of the
@@ -19,13 +20,13 @@ _T_FLAGS = b"\x20"       # 4 varint
 _T_BODY = b"\x2a"        # 5 bytes
 _T_ADDS = b"\x0a"        # AddBatch.adds: 1 bytes
 
-_SMALL = [bytes([i]) for i in range(128)]
+SMALL_VARINTS = [bytes([i]) for i in range(128)]   # varints of 0..127
 
 
 def varint(n: int) -> bytes:
     """Protobuf varint of a non-negative int (negative int64s use 10-byte two's complement)."""
     if 0 <= n < 0x80:
-        return _SMALL[n]
+        return SMALL_VARINTS[n]
     if 0 < n < 0x4000:
         return bytes((n & 0x7F | 0x80, n >> 7))
     if 0 < n < 0x200000:

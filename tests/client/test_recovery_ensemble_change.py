@@ -8,20 +8,20 @@ asserts.
 """
 from __future__ import annotations
 
-import threading
 import time
 
 import grpc
 import pytest
 
 from bkspark import errors
-from bkspark.client import BookKeeper, quorum
+from bkspark.client import quorum
 from bkspark.client.digest import peek_header
 from bkspark.errors import LedgerRecoveryError
 from bkspark.proto import bookie_pb2 as pb
 from bkspark.proto import bookie_pb2_grpc as pb_grpc
 from bkspark.testing.cluster import BookieCluster
 from metadata.ledger_metadata import LedgerState
+from bookie_helpers import client, idx, raw_read, recover_concurrently, wait_until  # noqa: E402,E501
 
 PW = b"pw"
 BATCH = 250
@@ -52,36 +52,12 @@ def start(c, i, bk):
             time.sleep(0.2)
 
 
-def client(c, **kw):
-    kw.setdefault("add_timeout", 3)
-    kw.setdefault("read_timeout", 5)
-    return BookKeeper(c.metadata_uri, **kw)
-
-
-def idx(c, bookie_id) -> int:
-    return c.bookie_ids.index(bookie_id)
-
-
-def raw_read(bookie_id, lid, eid):
-    with grpc.insecure_channel(bookie_id) as ch:
-        return pb_grpc.BookieStub(ch).Read(pb.ReadRequest(ledger_id=lid, entry_id=eid),
-                                           timeout=10)
-
-
 def listed(bookie_id, lid) -> set[int]:
     with grpc.insecure_channel(bookie_id) as ch:
         r = pb_grpc.BookieStub(ch).ListEntries(pb.ListEntriesRequest(ledger_id=lid),
                                                 timeout=10)
     assert r.status == errors.EOK, r
     return {e for rg in r.ranges for e in range(rg.first, rg.last + 1)}
-
-
-def wait_until(cond, what, limit=60.0):
-    deadline = time.monotonic() + limit
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def data(i) -> bytes:
@@ -163,24 +139,7 @@ def test_recovery_replaces_a_dead_bookie_of_the_write_set(c, qw):
 def test_concurrent_recoverers_converge_with_an_ensemble_change(c):
     """(c) Two recoverers at once, both needing the ensemble change: same end, same data."""
     lid, ens = dead_writer_with_tail(c, 2, 2)
-    results, errs = [], []
-    barrier = threading.Barrier(2)
-
-    def recover():
-        with client(c) as bk:
-            barrier.wait()
-            try:
-                rh = bk.open_ledger(lid, password=PW)
-                results.append((rh.metadata.last_entry_id, rh.length,
-                                [e.data for e in rh.read(0, rh.last_add_confirmed)]))
-            except errors.BKError as exc:    # pragma: no cover - reported below
-                errs.append(exc)
-    ts = [threading.Thread(target=recover) for _ in range(2)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(300)
-    assert not errs and len(results) == 2
+    results = recover_concurrently(c, lid, PW)
     assert results[0] == results[1]
     assert results[0][0] == N and results[0][2] == [data(i) for i in range(N + 1)]
     with client(c) as bk:

@@ -14,7 +14,6 @@ import grpc
 import pytest
 
 from bkspark import errors
-from bkspark.client import BookKeeper
 from bkspark.client.digest import master_key
 from bkspark.errors import (BadRequestError, FencedError, LedgerClosedError,
                             LedgerRecoveryError, UnauthorizedError)
@@ -22,6 +21,7 @@ from bkspark.proto import bookie_pb2 as pb
 from bkspark.proto import bookie_pb2_grpc as pb_grpc
 from bkspark.testing.cluster import BookieCluster
 from metadata.ledger_metadata import LedgerState
+from bookie_helpers import client, idx, raw_read, recover_concurrently, wait_until  # noqa: E402,E501
 
 PW = b"pw"
 
@@ -44,30 +44,6 @@ def c(cluster):
         else:
             cluster.resume(i)
     cluster.clear_faults()
-
-
-def client(c, **kw):
-    kw.setdefault("add_timeout", 3)
-    kw.setdefault("read_timeout", 5)
-    return BookKeeper(c.metadata_uri, **kw)
-
-
-def idx(c, bookie_id) -> int:
-    return c.bookie_ids.index(bookie_id)
-
-
-def raw_read(bookie_id, lid, eid):
-    with grpc.insecure_channel(bookie_id) as ch:
-        return pb_grpc.BookieStub(ch).Read(pb.ReadRequest(ledger_id=lid, entry_id=eid),
-                                           timeout=10)
-
-
-def wait_until(cond, what, limit=30.0):
-    deadline = time.monotonic() + limit
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def partial_entry_12(c, bk, qw=2, qa=2):
@@ -324,24 +300,7 @@ def test_stuck_bookie_outside_the_ack_quorum_is_replaced(c):
 def test_two_concurrent_recoverers_converge(c):
     with client(c) as wbk:
         lh, ens, f12 = partial_entry_12(c, wbk)
-        results, errs = [], []
-        barrier = threading.Barrier(2)
-
-        def recover():
-            with client(c) as bk:
-                barrier.wait()
-                try:
-                    rh = bk.open_ledger(lh.ledger_id, password=PW)
-                    results.append((rh.metadata.last_entry_id, rh.length,
-                                    [e.data for e in rh.read(0, rh.last_add_confirmed)]))
-                except errors.BKError as exc:    # pragma: no cover - reported below
-                    errs.append(exc)
-        ts = [threading.Thread(target=recover) for _ in range(2)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(120)
-        assert not errs and len(results) == 2
+        results = recover_concurrently(c, lh.ledger_id, PW)
         assert results[0] == results[1]
         md = wbk.ledger_metadata(lh.ledger_id)
         assert md.state is LedgerState.CLOSED and results[0][0] == md.last_entry_id == 12
