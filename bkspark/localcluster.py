@@ -10,6 +10,7 @@ its metadata URI so that clients and the Spark connector can find it without opt
 """
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
@@ -24,10 +25,20 @@ from bkspark.errors import BKError
 REGISTRY_FILE = "localcluster.json"
 
 
+_handed_out: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port free right now that this process has not handed out before (the kernel may
+    offer the same ephemeral port twice in a row; another process may still take it before
+    it is bound: see :meth:`LocalCluster.wait_ready`)."""
+    while True:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def bkspark_home() -> str:
@@ -228,5 +239,5 @@ def bookie_state(http_port: int) -> dict:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/api/v1/bookie/state", timeout=1) as r:
             return json.loads(r.read())
-    except (OSError, ValueError):
-        return {}
+    except (OSError, ValueError, http.client.HTTPException):
+        return {}   # not up yet, or another server holds the port (the bookie then exits)
