@@ -134,6 +134,8 @@ def split_span(opts, lid: int, first: int, last: int, entry: dict, fmt: str):
             per = RECORD_ENTRIES_PER_PARTITION
     # equal-sized pieces (64+36 entries would leave one Spark core idle at the end)
     count = last - first + 1
+    if count <= 0:             # nothing left (e.g. pushed filters exclude the whole span)
+        return
     pieces = -(-count // per)
     per = -(-count // pieces)
     lo = first

@@ -117,4 +117,5 @@ def test_split_span_makes_equal_pieces():
     assert [hi - lo + 1 for _, lo, hi in pieces] == [51, 51, 51, 48]
     assert pieces[0][1] == 0 and pieces[-1][2] == 200
     assert all(b[1] == a[2] + 1 for a, b in zip(pieces, pieces[1:]))
+    assert list(split_span(opts, 7, 10, 9, {}, "record")) == []   # filters left nothing
 
