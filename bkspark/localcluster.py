@@ -149,10 +149,20 @@ class LocalCluster:
         return [b.bookie_id for b in self.bookies]
 
     def start_all(self) -> None:
-        for bookie in self.bookies:
-            bookie.start()
-        for bookie in self.bookies:
-            self.wait_ready(bookie.index)
+        """Start every bookie and wait until each is ready; if one cannot start, the
+        others are stopped again before the error propagates (no process is left behind)."""
+        try:
+            for bookie in self.bookies:
+                bookie.start()
+            for bookie in self.bookies:
+                self.wait_ready(bookie.index)
+        except BaseException:
+            for bookie in self.bookies:
+                bookie.signal(signal.SIGCONT)
+                bookie.signal(signal.SIGKILL)
+            for bookie in self.bookies:
+                bookie.wait(10)
+            raise
         if self.publish:
             os.makedirs(bkspark_home(), exist_ok=True)
             with open(os.path.join(bkspark_home(), REGISTRY_FILE), "w") as f:

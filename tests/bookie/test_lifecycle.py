@@ -186,3 +186,11 @@ def test_cluster_takes_other_ports_when_its_free_port_was_taken(tmp_path):
                 assert sorted(registry.list_bookies(store)) == cluster.bookie_ids
     finally:
         taken.close()
+
+
+def test_cluster_that_cannot_start_leaves_no_bookie_running(tmp_path):
+    cluster = BookieCluster(f"sqlite:///{tmp_path}/m.db", num_bookies=2, data_dir=tmp_path)
+    cluster.bookies[1].extra_args = ["--no-such-flag"]
+    with pytest.raises(errors.BKError, match="no-such-flag"):
+        cluster.start_all()
+    assert not any(b.alive for b in cluster.bookies)
