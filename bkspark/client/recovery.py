@@ -672,6 +672,14 @@ class _WriteBackState:
         for fn in listeners:
             fn(self)
 
+    def _keep_until_done(self, payload) -> None:
+        """Hold what is resent to slow or replaced bookies, and drop it once done."""
+        self.payload = payload
+        self.add_listener(_WriteBackState._drop_payload)
+
+    def _drop_payload(self) -> None:
+        self.payload = None
+
     def add_listener(self, fn) -> None:
         """Call ``fn(self)`` once the write-back is done."""
         with self.lock:
@@ -747,14 +755,10 @@ class _StreamWriteBacks:
 class _StreamWriteBack(_WriteBackState):
     def __init__(self, rec, entry_id, bookies, qa, elem: bytes):
         self._init_state(rec, entry_id, bookies, qa)
-        self.elem = elem
-        self.add_listener(_StreamWriteBack._drop_elem)     # no body kept once done
-
-    def _drop_elem(self) -> None:
-        self.elem = None
+        self._keep_until_done(elem)
 
     def _resend(self, bookie: str) -> None:
-        elem = self.elem
+        elem = self.payload
         if elem is None:
             return
         try:
@@ -768,16 +772,12 @@ class _WriteBack(_WriteBackState):
 
     def __init__(self, rec: LedgerRecovery, entry_id: int, body: bytes, bookies, qa: int):
         self._init_state(rec, entry_id, bookies, qa)
-        self.body = body
-        self.add_listener(_WriteBack._drop_body)
+        self._keep_until_done(body)
         for b in self.bookies:
             self._resend(b)
 
-    def _drop_body(self) -> None:
-        self.body = None
-
     def _resend(self, bookie: str) -> None:
-        body = self.body
+        body = self.payload
         if body is None:
             return
         rec = self.rec
