@@ -140,6 +140,8 @@ def main():
     ap.add_argument("--batch-bytes", type=int, default=256 << 10,
                     help="bytes per append_many call (latency is per call's entries)")
     ap.add_argument("--max-outstanding-mb", type=int, default=8)
+    ap.add_argument("--linger", type=float, default=None,
+                    help="ClientConfig.add_linger in seconds (default: the client's default)")
     ap.add_argument("--no-single", action="store_true", help="skip the E=Qw=Qa=1 figure")
     ap.add_argument("--no-paced", action="store_true", help="skip the half-peak paced run")
     ap.add_argument("--call-size", action="store_true",
@@ -158,7 +160,8 @@ def main():
         with BookieCluster(f"sqlite://{d}/meta.db", num_bookies=3, data_dir=d,
                            fault_injection=False) as c, \
                 BookKeeper(c.metadata_uri, max_outstanding_bytes=args.max_outstanding_mb << 20,
-                           add_timeout=30) as bk:
+                           add_timeout=30,
+                           **({} if args.linger is None else {"add_linger": args.linger})) as bk:
             configs = [("E=3 Qw=2 Qa=2 (3 bookies)", 3, 2, 2)]
             if not args.no_single:
                 configs.append(("E=1 Qw=1 Qa=1 (1 bookie)", 1, 1, 1))

@@ -21,6 +21,8 @@ class BookieConfig:
     listen_address: str = "127.0.0.1"
     advertised_address: str = ""        # default: listen_address (or 127.0.0.1 for 0.0.0.0)
     port: int = 3181
+    data_port: int = 0                  # adds/range reads over TCP frames; 0 = any free port,
+                                        # -1 = none (clients then stream adds over gRPC)
     rack: str = ""                      # placement label ("/region/rack")
     http_port: int = 0                  # admin endpoint; 0 = pick a free port, -1 = disabled
     # directories
@@ -68,6 +70,8 @@ class BookieConfig:
             raise BadRequestError("ledger_dirs needs at least one directory")
         if not (0 < self.port < 65536):
             raise BadRequestError(f"port must be in 1..65535, got {self.port}")
+        if not (-1 <= self.data_port < 65536):
+            raise BadRequestError(f"data_port must be -1, 0 or a port number, got {self.data_port}")
         if not self.advertised_address:
             self.advertised_address = ("127.0.0.1" if self.listen_address in ("0.0.0.0", "::", "")
                                        else self.listen_address)

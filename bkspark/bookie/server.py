@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import ssl
 import threading
 import time
 import weakref
@@ -20,6 +21,7 @@ import grpc
 from bkspark import errors
 from bkspark.bookie import cookie as cookies
 from bkspark.bookie.config import BookieConfig
+from bkspark.bookie.data_port import DataPortServer
 from bkspark.bookie.http_admin import AdminHttpServer
 from bkspark.bookie.metrics import BookieMetrics
 from bkspark.bookie.service import BookieService
@@ -85,6 +87,7 @@ class BookieServer:
         self.storage = None
         self.service = None
         self.grpc_server = None
+        self.data_server = None
         self.http = None
         self.metrics = None
         self.autorecovery = None
@@ -113,14 +116,26 @@ class BookieServer:
                      ("grpc.so_reuseport", 0)])
         pb_grpc.add_BookieServicer_to_server(self.service, self.grpc_server)
         address = f"{cfg.listen_address}:{cfg.port}"
+        data_tls = None
         if cfg.tls_cert_file:
             with open(cfg.tls_key_file, "rb") as k, open(cfg.tls_cert_file, "rb") as c:
                 creds = grpc.ssl_server_credentials([(k.read(), c.read())])
             bound = self.grpc_server.add_secure_port(address, creds)
+            data_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            data_tls.load_cert_chain(cfg.tls_cert_file, cfg.tls_key_file)
         else:
             bound = self.grpc_server.add_insecure_port(address)
         if not bound:
             raise errors.BKError(f"cannot listen on {address}")
+        if cfg.data_port >= 0:
+            try:
+                self.data_server = DataPortServer(
+                    self.service, cfg.listen_address, cfg.data_port,
+                    max_frame_bytes=cfg.max_message_bytes, ssl_context=data_tls).start()
+            except OSError as exc:
+                raise errors.BKError(f"cannot listen on data port {cfg.listen_address}:"
+                                     f"{cfg.data_port}: {exc}") from None
+            self.service.data_port = self.data_server.port
         self.grpc_server.start()
         if cfg.http_port >= 0:
             self.http = AdminHttpServer(self, cfg.listen_address, cfg.http_port)
@@ -137,8 +152,9 @@ class BookieServer:
                 cfg.metadata_uri, AutoRecoveryConfig(
                     session_timeout=cfg.metadata_session_timeout_s),
                 identifier=f"{cfg.bookie_id}:{os.getpid()}").start()
-        log.info("bookie started id=%s address=%s http=%s journal=%s ledgers=%s",
-                 cfg.bookie_id, address, self.http.port if self.http else None,
+        log.info("bookie started id=%s address=%s data_port=%s http=%s journal=%s ledgers=%s",
+                 cfg.bookie_id, address, self.service.data_port or None,
+                 self.http.port if self.http else None,
                  cfg.journal_dir, ",".join(cfg.ledger_dirs))
 
     def _spawn(self, target, name: str) -> None:
@@ -156,6 +172,8 @@ class BookieServer:
         if self.autorecovery is not None:
             self.autorecovery.stop()
         self._unregister()
+        if self.data_server is not None:
+            self.data_server.stop()
         if self.grpc_server is not None:
             self.grpc_server.stop(grace).wait()
         if self.service is not None:

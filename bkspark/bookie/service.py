@@ -77,6 +77,25 @@ def encode_add_responses(items) -> bytes:
     return b"".join(parts)
 
 
+def encode_range_chunk(status: int, next_entry_id: int, entries, message: str = "") -> bytes:
+    """A ``ReadRangeResponse`` of ``(entry_id, body)`` pairs, hand-encoded: one join of the
+    bodies instead of an ``EntryBody`` object and two copies per entry. Pinned against the
+    generated code by tests/bookie/test_add_response_encoding.py."""
+    v = _varint
+    parts = []
+    if status:
+        parts += [b"\x08", v(status)]
+    for eid, body in entries:
+        ev, bl = v(eid), v(len(body))
+        parts += [b"\x12", v(2 + len(ev) + len(bl) + len(body)), b"\x08", ev, b"\x12", bl, body]
+    if next_entry_id:
+        parts += [b"\x18", v(next_entry_id)]
+    if message:
+        m = message.encode()
+        parts += [b"\x22", v(len(m)), m]
+    return b"".join(parts)
+
+
 def entry_lac(body: bytes) -> int:
     """The writer's LAC piggybacked in a framed entry body (bytes 16..24)."""
     return _LAC.unpack_from(body, 16)[0] if len(body) >= 24 else -1
@@ -160,6 +179,7 @@ class BookieService(pb_grpc.BookieServicer):
         self._max_inflight = config.max_inflight_add_mb << 20
         self._add_pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="bookie-add")
         self._stopping = False
+        self.data_port = 0              # set by the server once its data port listens
 
     def stop(self) -> None:
         self._stopping = True
@@ -364,13 +384,13 @@ class BookieService(pb_grpc.BookieServicer):
             if parts:
                 yield from_string(b"".join(parts) if len(parts) > 1 else parts[0])
 
-    def _injected(self, op: str, ledger_id: int, context, entry_id: int = ANY_ENTRY) -> int:
+    def _injected(self, op: str, ledger_id: int, alive, entry_id: int = ANY_ENTRY) -> int:
         """Apply a matching test fault: sleep its delay (a drop sleeps until the caller gives
-        up); return the status to answer instead (EIO for a drop), or 0 to proceed."""
+        up: ``alive()`` false); return the status to answer instead (EIO for a drop), or 0."""
         fault = self.faults.check(op, ledger_id, entry_id)
         if fault is None:
             return 0
-        FaultInjector.apply_delay(fault, cancelled=lambda: not context.is_active())
+        FaultInjector.apply_delay(fault, cancelled=lambda: not alive())
         return fault.error or (errors.EIO if fault.drop else 0)
 
     # ---- reads -----------------------------------------------------------------------
@@ -382,7 +402,7 @@ class BookieService(pb_grpc.BookieServicer):
     def Read(self, request, context):
         if request.ledger_id < 0 or request.entry_id < -1:
             return self._read_error(request, errors.EBADREQ, "bad ledger or entry id")
-        status = self._injected("read", request.ledger_id, context, request.entry_id)
+        status = self._injected("read", request.ledger_id, context.is_active, request.entry_id)
         if status:
             return self._read_error(request, status, "injected fault")
         if request.flags & pb.ReadRequest.FENCE_LEDGER:
@@ -416,35 +436,40 @@ class BookieService(pb_grpc.BookieServicer):
                                body=body, max_lac=lac if lac is not None else self.lac.get(request.ledger_id))
 
     def ReadRange(self, request, context):
+        for chunk in self.read_range_chunks(request, context.is_active):
+            yield pb.ReadRangeResponse.FromString(chunk)
+
+    def read_range_chunks(self, request, alive):
+        """The encoded ``ReadRangeResponse`` messages answering ``request`` (gRPC and the data
+        port): EOK chunks of up to ``max_bytes_per_message``, then at most one error chunk
+        (ENOENTRY at the first absent entry, EIO for an unreadable one); stops early once
+        ``alive()`` is false."""
         lid, first, last = request.ledger_id, request.first_entry_id, request.last_entry_id
         if lid < 0 or first < 0 or last < first:
-            yield pb.ReadRangeResponse(status=errors.EBADREQ, next_entry_id=first,
-                                       message="bad ledger id or entry range")
+            yield encode_range_chunk(errors.EBADREQ, first, (), "bad ledger id or entry range")
             return
         max_bytes = min(request.max_bytes_per_message or _RANGE_DEFAULT_BYTES,
                         self.config.max_message_bytes // 2)
         step = max(1, request.step)
         next_id = first
-        while next_id <= last and context.is_active():
-            status = self._injected("read_range", lid, context, next_id)
+        while next_id <= last and alive():
+            status = self._injected("read_range", lid, alive, next_id)
             if status:
-                yield pb.ReadRangeResponse(status=status, next_entry_id=next_id, message="injected fault")
+                yield encode_range_chunk(status, next_id, (), "injected fault")
                 return
             try:
                 chunk = (self.storage.read_range(lid, next_id, last, max_bytes) if step == 1
                          else self._read_strided(lid, next_id, last, step, max_bytes))
             except errors.BKError as exc:
-                yield pb.ReadRangeResponse(status=exc.status or errors.EIO, next_entry_id=next_id,
-                                           message=str(exc))
+                yield encode_range_chunk(exc.status or errors.EIO, next_id, (), str(exc))
                 return
             if not chunk:
-                yield pb.ReadRangeResponse(status=errors.ENOENTRY, next_entry_id=next_id)
+                yield encode_range_chunk(errors.ENOENTRY, next_id, ())
                 return
             next_id = chunk[-1][0] + step
             if self.metrics is not None:
                 self.metrics.record_read(sum(len(b) for _, b in chunk), len(chunk))
-            yield pb.ReadRangeResponse(status=errors.EOK, next_entry_id=next_id,
-                                       entries=[pb.EntryBody(entry_id=e, body=b) for e, b in chunk])
+            yield encode_range_chunk(errors.EOK, next_id, chunk)
 
     def _read_strided(self, lid: int, first: int, last: int, step: int, max_bytes: int):
         """Entries first, first+step, ... <= last, up to max_bytes (at least one); stops at
@@ -466,7 +491,7 @@ class BookieService(pb_grpc.BookieServicer):
     # ---- LAC ---------------------------------------------------------------------------
 
     def ReadLac(self, request, context):
-        status = self._injected("read_lac", request.ledger_id, context)
+        status = self._injected("read_lac", request.ledger_id, context.is_active)
         if status:
             return pb.ReadLacResponse(status=status, ledger_id=request.ledger_id)
         if request.ledger_id < 0:
@@ -486,7 +511,7 @@ class BookieService(pb_grpc.BookieServicer):
                                   lac_body=lac_body, last_entry_body=last)
 
     def WriteLac(self, request, context):
-        status = self._injected("write_lac", request.ledger_id, context)
+        status = self._injected("write_lac", request.ledger_id, context.is_active)
         if status:
             return pb.WriteLacResponse(status=status)
         if len(request.master_key) != MASTER_KEY_LEN or request.ledger_id < 0:
@@ -509,7 +534,8 @@ class BookieService(pb_grpc.BookieServicer):
         total, free = self.state.disk_space()
         return pb.BookieInfoResponse(status=errors.EOK, bookie_id=self.state.bookie_id,
                                      total_disk_bytes=total, free_disk_bytes=free,
-                                     read_only=self.state.read_only)
+                                     read_only=self.state.read_only,
+                                     data_port=self.data_port)
 
     def ListEntries(self, request, context):
         if request.ledger_id < 0:
@@ -544,4 +570,4 @@ def _entry_id_of(body: bytes) -> int:
 
 
 __all__ = ["BookieService", "LacTracker", "entry_lac", "encode_add_oks",
-           "encode_add_responses", "ANY_ENTRY"]
+           "encode_add_responses", "encode_range_chunk", "ANY_ENTRY"]

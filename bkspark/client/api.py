@@ -18,7 +18,7 @@ from metadata import registry as _registry
 from metadata.ledger_metadata import LedgerMetadata, LedgerState
 
 from . import placement, quorum
-from .bookie_client import BookieClientPool
+from .bookie_client import BookieClientPool, TlsRoots
 from .digest import normalize_digest_type
 from .ledger_handle import LedgerHandle
 from .read_handle import ReadHandle
@@ -49,7 +49,8 @@ class ClientConfig:
     tls_ca_file: str = ""                   # PEM roots: talk TLS to bookies and verify them
     overload_retry_delay: float = 0.05      # resend after ETOOMANYREQUESTS
     suspect_seconds: float = 30.0           # a failed/slow bookie is read from last this long
-    add_linger: float = 0.002               # min spacing of two add messages to one bookie
+    add_linger: float | None = None         # min spacing of two add messages to one bookie
+                                            # (None: 0 on data ports, 2 ms over gRPC)
     add_max_linger: float = 0.005           # ... waiting up to this for the previous ones'
                                             # acks (self-clocking; see bookie_client)
 
@@ -135,7 +136,8 @@ class BookKeeper:
         self.store = store if store is not None else open_store(metadata_uri)
         self._health = _BookieHealth(self.conf.suspect_seconds)
         self._pool = BookieClientPool(self._resolve_address, self._health.suspect,
-                                      _tls_credentials(self.conf.tls_ca_file),
+                                      TlsRoots(self.conf.tls_ca_file)
+                                      if self.conf.tls_ca_file else None,
                                       linger=self.conf.add_linger,
                                       max_linger=self.conf.add_max_linger)
         self._executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="bk-client")
@@ -310,15 +312,3 @@ def _as_bytes(v, what: str) -> bytes:
     if isinstance(v, (bytes, bytearray, memoryview)):
         return bytes(v)
     raise BadRequestError(f"{what} must be bytes, got {type(v).__name__}")
-
-
-def _tls_credentials(ca_file: str):
-    """Channel credentials verifying bookies against ``ca_file``, or None (plaintext)."""
-    if not ca_file:
-        return None
-    import grpc
-    try:
-        with open(ca_file, "rb") as f:
-            return grpc.ssl_channel_credentials(root_certificates=f.read())
-    except OSError as exc:
-        raise BadRequestError(f"cannot read tls_ca_file {ca_file}: {exc}") from None

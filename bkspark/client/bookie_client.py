@@ -1,16 +1,17 @@
 """Per-bookie gRPC clients: one channel per bookie, one add stream per bookie.
 
 * :class:`BookieClient` owns the channel to one bookie. Adds from every ledger handle of the
-  process go down one ``AddStream`` per bookie: appenders put hand-encoded ``AddBatch``
-  elements (see :mod:`bkspark.client.wire`) on a queue; the stream's request generator
-  drains whatever is queued into one message (up to ``MAX_BATCH_BYTES``), so many entries
-  travel per gRPC message; it keeps at least ``linger`` (2 ms) between two messages of a
-  stream and, up to ``max_linger`` (5 ms), waits for the previous messages to be answered
-  (self-clocking), so that per-message costs (which dominate in Python gRPC, on both
-  ends: ~0.3 ms of CPU per message and direction on the reference machine) neither grow
-  with the entry rate nor swamp the CPU when the bookies slow down; a reader thread hands
-  acks to the ledger handle registered for their ledger id
-  (``sink.on_add_responses(bookie_id, [(entry_id, status), ...])``). When the stream breaks every registered sink hears ``sink.on_bookie_failed(bookie_id, error)``;
+  process go down one add stream per bookie: on the bookie's data port (plain TCP frames,
+  :mod:`bkspark.bookie.data_port`; the port is asked from the bookie over gRPC each time a
+  stream opens) or, for a bookie without one, gRPC's ``AddStream``. Appenders put
+  hand-encoded ``AddBatch`` elements (see :mod:`bkspark.client.wire`) on a queue; the
+  stream's request generator drains whatever is queued into one message (up to
+  ``MAX_BATCH_BYTES``). Messages are self-clocked: the next one waits, up to ``max_linger``
+  (5 ms), for the previous ones to be answered, and carries everything queued meanwhile;
+  over gRPC, whose per-message cost is ~0.3 ms of CPU on each end, they are also spaced by
+  at least ``linger`` (2 ms). A reader thread hands acks to the ledger handle registered for
+  their ledger id (``sink.on_add_responses(bookie_id, [(entry_id, status), ...])``). When
+  the stream breaks every registered sink hears ``sink.on_bookie_failed(bookie_id, error)``;
   the next send opens a new stream.
 * Unary calls (reads, recovery adds, LAC reads) return :class:`concurrent.futures.Future`
   objects; transport failures become :class:`BookieUnavailableError` /
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import logging
 import queue
+import socket
+import ssl
 import threading
 import time
 from concurrent.futures import Future
@@ -37,6 +40,9 @@ from . import wire
 log = logging.getLogger("bkspark.client.bookie")
 
 MAX_BATCH_BYTES = 2 << 20            # one AddBatch message carries at most ~2 MiB
+MAX_RESPONSE_BYTES = 256 << 20       # largest frame accepted from a bookie
+DATA_CONNECT_TIMEOUT = 10.0          # GetBookieInfo + connect + hello of an add stream
+GRPC_ADD_LINGER = 0.002              # spacing of add messages over gRPC (~0.3 ms CPU each)
 _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 256 << 20),
     ("grpc.max_receive_message_length", 256 << 20),
@@ -47,6 +53,20 @@ _CHANNEL_OPTIONS = [
 ]
 _ADD_STREAM_METHOD = "/bkspark.bookie.v1.Bookie/AddStream"
 _CLOSE = object()
+
+
+class TlsRoots:
+    """The PEM roots bookies are verified against: gRPC credentials and the data port's
+    ``ssl`` context from one file (:class:`~bkspark.errors.BadRequestError` if unreadable)."""
+
+    def __init__(self, ca_file: str):
+        try:
+            with open(ca_file, "rb") as f:
+                pem = f.read()
+            self.ssl_context = ssl.create_default_context(cafile=ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise errors.BadRequestError(f"cannot read tls_ca_file {ca_file}: {exc}") from None
+        self.channel_credentials = grpc.ssl_channel_credentials(root_certificates=pem)
 
 
 def rpc_error(bookie_id: str, exc: BaseException) -> errors.BKError:
@@ -71,32 +91,33 @@ def check(status: int, message: str = "", bookie_id: str = "") -> None:
 
 
 class _AddStream:
-    """One open AddStream call and its reader thread."""
+    """One add stream to a bookie (data port, or gRPC ``AddStream``) and its reader thread."""
 
     def __init__(self, client: "BookieClient"):
         self.client = client
         self.q: queue.SimpleQueue = queue.SimpleQueue()
         self.dead = False
-        self.backlog = 0            # bytes queued but not yet handed to gRPC
+        self.cancelled = False
+        self._cancel = None         # ends the transport once it is open
+        self.backlog = 0            # bytes queued but not yet handed to the transport
         # self-clocking (written by one thread each): elements sent, responses received
         self.sent_elements = 0
         self.acked_elements = 0
         self.answered = threading.Event()
-        self.call = client._add_stream_callable(self._requests())
+        self.linger = client.linger     # None: the transport's default, once it is open
         self.thread = threading.Thread(target=self._read, daemon=True,
                                        name=f"bk-acks-{client.bookie_id}")
         self.thread.start()
 
     def _requests(self):
-        """The request messages: whatever is queued, coalesced (see the module docstring).
+        """The request messages, each a list of encoded ``AddBatch`` elements: whatever is
+        queued, coalesced (see the module docstring).
 
         Message spacing is self-clocked: a message goes out at least ``linger`` after the
         previous one, and not before the previous messages were answered unless
-        ``max_linger`` passed. At light load the bookie answers within ``linger`` and
-        entries go out every ``linger``; when the bookies (journal sync, CPU) are slower,
-        messages get fewer and larger instead of piling up per-message costs, which
-        dominate in Python gRPC on both ends and made a moderate, steady entry rate cost
-        ~3x the CPU per entry of the peak rate (bench/client.py).
+        ``max_linger`` passed. At light load the bookie answers quickly and entries go out at
+        once; when the bookies (journal sync, CPU) are slower, messages get fewer and larger
+        instead of piling up per-message costs.
         """
         q = self.q
         client = self.client
@@ -105,7 +126,7 @@ class _AddStream:
         answered = self.answered
         last = 0.0
         while True:
-            linger = client.linger
+            linger = self.linger
             if linger:
                 wait = last + linger - monotonic()
                 if wait > 0:
@@ -132,7 +153,7 @@ class _AddStream:
                     break
                 if item is _CLOSE:
                     if parts:
-                        yield b"".join(parts)
+                        yield parts
                     return
                 parts.extend(item)
                 size += sum(map(len, item))
@@ -141,14 +162,14 @@ class _AddStream:
             self.sent_elements += len(parts)
             client.add_messages += 1
             client.add_elements += len(parts)
-            yield b"".join(parts)
+            yield parts
 
     def _read(self):
         error = None
         client = self.client
         sinks = client.sinks
         try:
-            for msg in self.call:
+            for msg in client._open_add_transport(self):
                 responses = msg.responses
                 if not responses:
                     continue
@@ -173,6 +194,12 @@ class _AddStream:
             error = rpc_error(self.client.bookie_id, exc)
         self.client._stream_died(self, error)
 
+    def opened(self, cancel) -> None:
+        """The transport is open; ``cancel()`` aborts it (at once if already cancelled)."""
+        self._cancel = cancel
+        if self.cancelled:
+            cancel()
+
     def send(self, elems: list[bytes]) -> bool:
         if self.dead:
             return False
@@ -181,23 +208,48 @@ class _AddStream:
         return True
 
     def close(self):
+        """End the stream after sending what is queued (acks still arrive)."""
         self.q.put(_CLOSE)
+
+    def cancel(self):
+        """Abort the stream now: unanswered adds get no ack (the reader sees it end)."""
+        self.cancelled = True
+        if self._cancel is not None:
+            try:
+                self._cancel()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def _joined(messages):
+    for parts in messages:
+        yield b"".join(parts)
+
+
+def _shutdown(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 class BookieClient:
     """Channel, stub and add stream of one bookie (thread-safe)."""
 
-    linger = 0.002      # minimum seconds between two add messages on one stream
+    linger = None       # min seconds between two add messages (None: 0 on the data port,
+                        # GRPC_ADD_LINGER on gRPC)
     max_linger = 0.005  # ... and at most this long waiting for the previous ones' acks
 
     def __init__(self, bookie_id: str, address: str, sinks: dict, on_failure=None,
-                 credentials: grpc.ChannelCredentials | None = None):
+                 tls: "TlsRoots | None" = None):
         self.bookie_id = bookie_id
         self.on_failure = on_failure
         self.address = address
         self.sinks = sinks      # ledger_id -> handle, shared by the whole BookKeeper client
-        self.channel = (grpc.secure_channel(address, credentials, options=_CHANNEL_OPTIONS)
-                        if credentials is not None
+        self.tls = tls
+        self.channel = (grpc.secure_channel(address, tls.channel_credentials,
+                                            options=_CHANNEL_OPTIONS)
+                        if tls is not None
                         else grpc.insecure_channel(address, options=_CHANNEL_OPTIONS))
         self.stub = pb_grpc.BookieStub(self.channel)
         self._add_stream_callable = self.channel.stream_stream(
@@ -222,6 +274,79 @@ class BookieClient:
             if st is None or st.dead:
                 st = self._stream = _AddStream(self)
             st.send(elems)
+
+    def _open_add_transport(self, stream: _AddStream):
+        """Open ``stream``'s transport; return the iterator of its ``AddBatchResponse``s.
+
+        The data port (asked from the bookie itself, so a restarted bookie's new port is
+        found) when the bookie has one, else gRPC's ``AddStream``."""
+        data_port = self.info(timeout=DATA_CONNECT_TIMEOUT).data_port
+        if not data_port:
+            if stream.linger is None:
+                stream.linger = GRPC_ADD_LINGER
+            call = self._add_stream_callable(_joined(stream._requests()))
+            stream.opened(call.cancel)
+            return call
+        sock = self._connect_data_port(data_port)
+        if stream.linger is None:
+            stream.linger = 0.0
+        stream.opened(lambda: _shutdown(sock))
+        return self._data_port_responses(sock, stream)
+
+    def _connect_data_port(self, data_port: int) -> socket.socket:
+        host = self.address.rsplit(":", 1)[0].strip("[]")
+        sock = socket.create_connection((host, data_port), timeout=DATA_CONNECT_TIMEOUT)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.tls is not None:
+                sock = self.tls.ssl_context.wrap_socket(sock, server_hostname=host)
+            sock.sendall(wire.DATA_MAGIC)
+            hello = b""
+            while len(hello) < len(wire.DATA_MAGIC):
+                more = sock.recv(len(wire.DATA_MAGIC) - len(hello))
+                if not more:
+                    break
+                hello += more
+            if hello != wire.DATA_MAGIC:
+                raise BookieUnavailableError(
+                    f"bookie {self.bookie_id}: data port {host}:{data_port} did not answer "
+                    f"the data protocol's hello")
+            sock.settimeout(None)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    def _data_port_responses(self, sock: socket.socket, stream: _AddStream):
+        """Send the stream's messages from a thread; yield the responses read here."""
+        def send():
+            try:
+                frame, kind = wire.frame, wire.KIND_ADD_BATCH
+                for parts in stream._requests():
+                    sock.sendall(frame(kind, parts))
+                sock.shutdown(socket.SHUT_WR)       # closed: the bookie answers, then ends
+            except OSError:
+                _shutdown(sock)
+
+        threading.Thread(target=send, daemon=True, name=f"bk-adds-{self.bookie_id}").start()
+        try:
+            rfile = sock.makefile("rb", buffering=256 << 10)
+            from_string = pb.AddBatchResponse.FromString
+            while True:
+                item = wire.read_frame(rfile, MAX_RESPONSE_BYTES)
+                if item is None:
+                    return
+                kind, payload = item
+                if kind != wire.KIND_ADD_RESPONSES:
+                    raise wire.FrameError(f"unexpected frame kind {kind} on an add stream")
+                yield from_string(payload)
+        except (OSError, wire.FrameError) as exc:
+            if not stream.cancelled:
+                raise BookieUnavailableError(f"bookie {self.bookie_id}: data port: {exc}") from None
+        finally:
+            _shutdown(sock)
+            stream.close()          # ends the sender
+            sock.close()
 
     def _stream_died(self, stream: _AddStream, error: errors.BKError) -> None:
         with self._lock:
@@ -251,10 +376,7 @@ class BookieClient:
         st = self._stream
         if st is not None:
             log.warning("bookie %s: %s; abandoning its add stream", self.bookie_id, reason)
-            try:
-                st.call.cancel()
-            except Exception:  # noqa: BLE001
-                pass
+            st.cancel()
 
     # ---- unary calls -------------------------------------------------------------------
     def _wrap(self, grpc_future) -> Future:
@@ -360,21 +482,18 @@ class BookieClient:
             st, self._stream = self._stream, None
         if st is not None:
             st.close()
-            try:
-                st.call.cancel()
-            except Exception:  # noqa: BLE001
-                pass
+            st.cancel()
         self.channel.close()
 
 
 class BookieClientPool:
     """One :class:`BookieClient` per bookie id; addresses from the bookie registry."""
 
-    def __init__(self, resolve_address, on_failure=None, credentials=None, *,
+    def __init__(self, resolve_address, on_failure=None, tls: TlsRoots | None = None, *,
                  linger: float | None = None, max_linger: float | None = None):
         self._resolve = resolve_address     # bookie_id -> "host:port"
         self.on_failure = on_failure        # called with a bookie id whose stream broke
-        self.credentials = credentials      # TLS: verify bookies against these roots
+        self.tls = tls                      # verify bookies against these roots
         self.linger = BookieClient.linger if linger is None else linger
         self.max_linger = BookieClient.max_linger if max_linger is None else max_linger
         self._clients: dict[str, BookieClient] = {}
@@ -389,7 +508,7 @@ class BookieClientPool:
             c = self._clients.get(bookie_id)
             if c is None:
                 c = BookieClient(bookie_id, self._resolve(bookie_id), self.sinks,
-                                 self.on_failure, self.credentials)
+                                 self.on_failure, self.tls)
                 c.linger, c.max_linger = self.linger, self.max_linger
                 self._clients[bookie_id] = c
             return c

@@ -10,6 +10,8 @@ elements. ``tests/client/test_wire.py`` pins the bytes against the generated pro
 """
 from __future__ import annotations
 
+import struct
+
 from bkspark.proto import bookie_pb2 as pb
 
 # AddRequest field tags (field_number << 3 | wire_type)
@@ -71,3 +73,44 @@ def identity(b: bytes) -> bytes:
 RECOVERY_ADD = pb.AddRequest.RECOVERY_ADD
 FENCE_LEDGER = pb.ReadRequest.FENCE_LEDGER
 ENTRY_PIGGYBACK = pb.ReadRequest.ENTRY_PIGGYBACK
+
+
+# ---- the data port: AddStream and ReadRange over plain TCP frames -------------------------
+# After a 4-byte hello (DATA_MAGIC, answered with the same bytes), each direction carries
+# frames: FRAME header (payload length, kind) + payload. Payloads are the gRPC methods'
+# protobuf messages, so both transports share every encoder and decoder.
+DATA_MAGIC = b"BKD1"
+FRAME = struct.Struct(">IB")
+KIND_ADD_BATCH = 1          # client -> bookie: AddBatch (many in flight)
+KIND_ADD_RESPONSES = 2      # bookie -> client: AddBatchResponse
+KIND_READ_RANGE = 3         # client -> bookie: ReadRangeRequest (one at a time)
+KIND_READ_CHUNK = 4         # bookie -> client: ReadRangeResponse (a chunk, or the error)
+KIND_READ_END = 5           # bookie -> client: end of the range (empty payload)
+
+
+class FrameError(Exception):
+    """The peer broke the framing (closed mid-frame, unknown kind, oversized frame)."""
+
+
+def frame(kind: int, payload_parts) -> bytes:
+    """Header + payload in one buffer (one copy of the payload, one send)."""
+    size = 0
+    for p in payload_parts:
+        size += len(p)
+    return b"".join((FRAME.pack(size, kind), *payload_parts))
+
+
+def read_frame(rfile, max_bytes: int) -> tuple[int, bytes] | None:
+    """Next ``(kind, payload)`` from a buffered socket file; None at a clean end of stream."""
+    head = rfile.read(FRAME.size)
+    if not head:
+        return None
+    if len(head) != FRAME.size:
+        raise FrameError("connection closed inside a frame header")
+    size, kind = FRAME.unpack(head)
+    if size > max_bytes:
+        raise FrameError(f"frame of {size} bytes exceeds the limit of {max_bytes}")
+    payload = rfile.read(size) if size else b""
+    if len(payload) != size:
+        raise FrameError("connection closed inside a frame")
+    return kind, payload

@@ -201,18 +201,20 @@ class BookieInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class BookieInfoResponse(_message.Message):
-    __slots__ = ("status", "bookie_id", "total_disk_bytes", "free_disk_bytes", "read_only")
+    __slots__ = ("status", "bookie_id", "total_disk_bytes", "free_disk_bytes", "read_only", "data_port")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     BOOKIE_ID_FIELD_NUMBER: _ClassVar[int]
     TOTAL_DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
     FREE_DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
     READ_ONLY_FIELD_NUMBER: _ClassVar[int]
+    DATA_PORT_FIELD_NUMBER: _ClassVar[int]
     status: StatusCode
     bookie_id: str
     total_disk_bytes: int
     free_disk_bytes: int
     read_only: bool
-    def __init__(self, status: _Optional[_Union[StatusCode, str]] = ..., bookie_id: _Optional[str] = ..., total_disk_bytes: _Optional[int] = ..., free_disk_bytes: _Optional[int] = ..., read_only: _Optional[bool] = ...) -> None: ...
+    data_port: int
+    def __init__(self, status: _Optional[_Union[StatusCode, str]] = ..., bookie_id: _Optional[str] = ..., total_disk_bytes: _Optional[int] = ..., free_disk_bytes: _Optional[int] = ..., read_only: _Optional[bool] = ..., data_port: _Optional[int] = ...) -> None: ...
 
 class ListEntriesRequest(_message.Message):
     __slots__ = ("ledger_id",)

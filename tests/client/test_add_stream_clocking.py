@@ -1,4 +1,4 @@
-"""The add stream's request generator: coalescing and self-clocking (no gRPC, no bookie).
+"""The add stream's request generator: coalescing and self-clocking (no transport, no bookie).
 
 A fake call consumes the generator like gRPC does; the test plays the bookie by counting
 elements as answered. Nothing here asserts how long anything took.
@@ -34,9 +34,10 @@ class _FakeClient:
         self.add_messages = self.add_elements = self.ack_messages = 0
         self.calls = []
 
-    def _add_stream_callable(self, requests):
-        call = _FakeCall(requests)
+    def _open_add_transport(self, stream):
+        call = _FakeCall(bc._joined(stream._requests()))
         self.calls.append(call)
+        stream.opened(call.cancel)
         return call
 
     def _stream_died(self, stream, error):
