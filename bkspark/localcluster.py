@@ -57,6 +57,22 @@ def running_cluster_uri() -> str | None:
         return None
 
 
+def _sqlite_write_locked(metadata_uri: str) -> bool:
+    """Whether another process holds the write lock of an embedded store (False for others)."""
+    if not metadata_uri.startswith("sqlite://"):
+        return False
+    import sqlite3
+    conn = sqlite3.connect(metadata_uri[len("sqlite://"):], timeout=0.2, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("ROLLBACK")
+        return False
+    except sqlite3.OperationalError:
+        return True
+    finally:
+        conn.close()
+
+
 class BookieProcess:
     """One bookie subprocess with fixed directories and port."""
 
@@ -214,8 +230,25 @@ class LocalCluster:
         self.kill(i) if kill else self.stop(i)
         self.start(i)
 
-    def pause(self, i: int) -> None:
-        self.bookies[i].signal(signal.SIGSTOP)
+    def pause(self, i: int, anywhere: bool = False) -> None:
+        """SIGSTOP bookie ``i``; unless ``anywhere``, never inside a write transaction of the
+        embedded store.
+
+        A process stopped inside one holds every writer of the SQLite store until it resumes
+        (README, "Metadata stores"): a limit of the embedded store, not the fault a test of
+        the client means to inject. A bookie caught there (its heartbeat) is resumed and
+        paused again a moment later. The fault runner pauses ``anywhere``."""
+        bookie = self.bookies[i]
+        if anywhere:
+            bookie.signal(signal.SIGSTOP)
+            return
+        for _ in range(50):
+            bookie.signal(signal.SIGSTOP)
+            if not _sqlite_write_locked(self.metadata_uri):
+                return
+            bookie.signal(signal.SIGCONT)
+            time.sleep(0.02)
+        raise BKError(f"could not pause bookie {i} outside a metadata write transaction")
 
     def resume(self, i: int) -> None:
         self.bookies[i].signal(signal.SIGCONT)

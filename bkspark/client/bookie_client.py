@@ -42,6 +42,7 @@ log = logging.getLogger("bkspark.client.bookie")
 MAX_BATCH_BYTES = 2 << 20            # one AddBatch message carries at most ~2 MiB
 MAX_RESPONSE_BYTES = 256 << 20       # largest frame accepted from a bookie
 DATA_CONNECT_TIMEOUT = 10.0          # GetBookieInfo + connect + hello of an add stream
+MAX_IDLE_READS = 4                   # data-port connections kept for later range reads
 GRPC_ADD_LINGER = 0.002              # spacing of add messages over gRPC (~0.3 ms CPU each)
 _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 256 << 20),
@@ -226,6 +227,23 @@ def _joined(messages):
         yield b"".join(parts)
 
 
+def _idle_and_open(sock: socket.socket) -> bool:
+    """False if the peer closed an idle connection (or sent something unasked)."""
+    if isinstance(sock, ssl.SSLSocket):
+        return True             # no peeking under TLS: a stale one fails its first read
+    try:
+        sock.setblocking(False)
+        try:
+            sock.recv(1, socket.MSG_PEEK)
+            return False
+        finally:
+            sock.setblocking(True)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+
+
 def _shutdown(sock: socket.socket) -> None:
     try:
         sock.shutdown(socket.SHUT_RDWR)
@@ -257,6 +275,8 @@ class BookieClient:
             response_deserializer=pb.AddBatchResponse.FromString)
         self._lock = threading.Lock()
         self._stream: _AddStream | None = None
+        self._data_port: int | None = None      # learnt from GetBookieInfo; 0 = none
+        self._idle_reads: list[socket.socket] = []
         self.closed = False
         # perf counters (add stream): request messages and the AddBatch elements they
         # carried, ack messages received
@@ -280,7 +300,7 @@ class BookieClient:
 
         The data port (asked from the bookie itself, so a restarted bookie's new port is
         found) when the bookie has one, else gRPC's ``AddStream``."""
-        data_port = self.info(timeout=DATA_CONNECT_TIMEOUT).data_port
+        data_port = self._data_port = self.info(timeout=DATA_CONNECT_TIMEOUT).data_port
         if not data_port:
             if stream.linger is None:
                 stream.linger = GRPC_ADD_LINGER
@@ -455,20 +475,85 @@ class BookieClient:
     def read_range(self, ledger_id: int, first: int, last: int, *, timeout: float = 60.0,
                    max_bytes: int = 4 << 20, step: int = 1):
         """Iterate ``(entry_id, body)`` for first, first+step, ... <= last; raises the first
-        error (status or transport) after yielding what was served before it."""
+        error (status or transport) after yielding what was served before it. On the data
+        port when the bookie has one (a connection per concurrent range, kept for reuse),
+        else gRPC's ``ReadRange``."""
         req = pb.ReadRangeRequest(ledger_id=ledger_id, first_entry_id=first,
                                   last_entry_id=last, max_bytes_per_message=max_bytes, step=step)
+        deadline = time.monotonic() + timeout
+        try:
+            sock = self._read_connection(timeout)
+        except (OSError, ssl.SSLError, grpc.RpcError) as exc:
+            raise rpc_error(self.bookie_id, exc) from None
+        messages = (self._grpc_range(req, timeout) if sock is None
+                    else self._data_port_range(sock, req, deadline))
+        for msg in messages:
+            for e in msg.entries:
+                yield e.entry_id, e.body
+            if msg.status != errors.EOK:
+                check(msg.status, msg.message, self.bookie_id)
+
+    def _grpc_range(self, req, timeout: float):
         call = self.stub.ReadRange(req, timeout=timeout)
         try:
-            for msg in call:
-                for e in msg.entries:
-                    yield e.entry_id, e.body
-                if msg.status != errors.EOK:
-                    check(msg.status, msg.message, self.bookie_id)
+            yield from call
         except grpc.RpcError as exc:
             raise rpc_error(self.bookie_id, exc) from None
         finally:
             call.cancel()
+
+    def _read_connection(self, timeout: float) -> socket.socket | None:
+        """An idle or new data-port connection for a range read; None: use gRPC."""
+        while True:
+            with self._lock:
+                sock = self._idle_reads.pop() if self._idle_reads else None
+            if sock is None:
+                break
+            if _idle_and_open(sock):
+                return sock
+            sock.close()            # the bookie closed it (restarted, stopped)
+        if self._data_port is None:
+            self._data_port = self.info(timeout=min(timeout, DATA_CONNECT_TIMEOUT)).data_port
+        if not self._data_port:
+            return None
+        try:
+            return self._connect_data_port(self._data_port)
+        except OSError:         # restarted on another port?
+            self._data_port = self.info(timeout=min(timeout, DATA_CONNECT_TIMEOUT)).data_port
+            return self._connect_data_port(self._data_port) if self._data_port else None
+
+    def _data_port_range(self, sock: socket.socket, req, deadline: float):
+        reusable = False
+        try:
+            sock.sendall(wire.frame(wire.KIND_READ_RANGE, (req.SerializeToString(),)))
+            rfile = sock.makefile("rb", buffering=1 << 20)
+            from_string = pb.ReadRangeResponse.FromString
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise OperationTimeoutError(f"bookie {self.bookie_id}: range read timed out")
+                sock.settimeout(remaining)
+                item = wire.read_frame(rfile, MAX_RESPONSE_BYTES)
+                if item is None:
+                    raise BookieUnavailableError(f"bookie {self.bookie_id}: data port closed")
+                kind, payload = item
+                if kind == wire.KIND_READ_END:
+                    reusable = True
+                    return
+                if kind != wire.KIND_READ_CHUNK:
+                    raise wire.FrameError(f"unexpected frame kind {kind} on a range read")
+                yield from_string(payload)
+        except socket.timeout:
+            raise OperationTimeoutError(f"bookie {self.bookie_id}: range read timed out") from None
+        except (OSError, wire.FrameError) as exc:
+            raise BookieUnavailableError(f"bookie {self.bookie_id}: data port: {exc}") from None
+        finally:
+            with self._lock:
+                if reusable and not self.closed and len(self._idle_reads) < MAX_IDLE_READS:
+                    self._idle_reads.append(sock)
+                    sock = None
+            if sock is not None:
+                sock.close()
 
     def info(self, timeout: float = 5.0) -> pb.BookieInfoResponse:
         try:
@@ -480,6 +565,9 @@ class BookieClient:
         with self._lock:
             self.closed = True
             st, self._stream = self._stream, None
+            idle, self._idle_reads = self._idle_reads, []
+        for sock in idle:
+            sock.close()
         if st is not None:
             st.close()
             st.cancel()

@@ -534,7 +534,7 @@ class FaultRun:
         if f.kind == "bookie_kill":
             c.kill(f.target)
         elif f.kind == "bookie_pause":
-            c.pause(f.target)
+            c.pause(f.target, anywhere=True)
             self.paused.add(f.target)
         elif f.kind == "inject":
             if f.target in self.paused or not c.bookies[f.target].alive:

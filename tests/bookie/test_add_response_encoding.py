@@ -3,7 +3,7 @@ against the generated protobuf code."""
 import pytest
 
 from bkspark import errors
-from bkspark.bookie.service import encode_add_oks, encode_add_responses
+from bkspark.bookie.service import encode_add_oks, encode_add_responses, encode_range_chunk
 from bkspark.proto import bookie_pb2 as pb
 
 
@@ -46,3 +46,20 @@ def test_error_responses_are_byte_identical_to_generated_messages():
     assert _fields(raw) == items
     # concatenated bodies are one message: the stream coalesces batches this way
     assert _fields(raw + encode_add_oks([(4, 4, b"", False, b"")])) == items + [(0, 4, 4, 0, "")]
+
+
+@pytest.mark.parametrize("status,next_id,message", [(errors.EOK, 5, ""), (errors.EOK, 0, ""),
+                                                    (errors.ENOENTRY, 2**40, ""),
+                                                    (errors.EIO, 3, "bad crc ü")])
+def test_range_chunks_parse_like_generated_messages(status, next_id, message):
+    def generated(entries):
+        return pb.ReadRangeResponse(
+            status=status, next_entry_id=next_id, message=message,
+            entries=[pb.EntryBody(entry_id=e, body=b) for e, b in entries]).SerializeToString()
+
+    entries = [(1, b"x"), (127, b"y" * 200), (2**33, b"z" * 20000)]
+    assert encode_range_chunk(status, next_id, entries, message) == generated(entries)
+    # a zero id or empty body is encoded where the generated code omits it: same message
+    with_defaults = [(0, b""), *entries]
+    assert (pb.ReadRangeResponse.FromString(encode_range_chunk(status, next_id, with_defaults, message))
+            == pb.ReadRangeResponse.FromString(generated(with_defaults)))

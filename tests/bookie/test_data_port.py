@@ -1,0 +1,202 @@
+"""The bookie's data port (adds and range reads over TCP frames), against a real bookie process.
+
+Raw sockets speak the protocol here, so every framing error path is reachable; the client's
+use of the port is covered by every client test (it is the default add transport).
+"""
+import itertools
+import socket
+import struct
+
+import pytest
+
+from bkspark import errors
+from bkspark.client import wire
+from bkspark.proto import bookie_pb2 as pb
+
+from .conftest import add_request, frame, stub_for
+
+_ids = itertools.count(7000)
+
+
+@pytest.fixture
+def data_address(one_bookie):
+    stub, channel = stub_for(one_bookie.bookie_ids[0])
+    port = stub.GetBookieInfo(pb.BookieInfoRequest(), timeout=10).data_port
+    channel.close()
+    assert port > 0
+    return one_bookie.bookie_ids[0].rsplit(":", 1)[0], port
+
+
+def connect(address, hello=wire.DATA_MAGIC):
+    sock = socket.create_connection(address, timeout=20)
+    sock.sendall(hello)
+    return sock
+
+
+def recv_exact(sock, n):
+    data = b""
+    while len(data) < n:
+        more = sock.recv(n - len(data))
+        if not more:
+            break
+        data += more
+    return data
+
+
+def read_frame(sock):
+    head = recv_exact(sock, wire.FRAME.size)
+    if len(head) < wire.FRAME.size:
+        return None
+    size, kind = wire.FRAME.unpack(head)
+    return kind, recv_exact(sock, size)
+
+
+def closed_by_peer(sock) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def add_batch(lid, entries):
+    return pb.AddBatch(adds=[add_request(lid, e, b"data-%d" % e, lac=e - 1) for e in entries])
+
+
+def test_adds_are_answered_in_order_of_their_batches(data_address, stub):
+    lid = next(_ids)
+    sock = connect(data_address)
+    assert recv_exact(sock, 4) == wire.DATA_MAGIC
+    for first in (0, 3):
+        sock.sendall(wire.frame(wire.KIND_ADD_BATCH, [add_batch(lid, range(first, first + 3))
+                                                     .SerializeToString()]))
+    answered = []
+    while len(answered) < 6:
+        kind, payload = read_frame(sock)
+        assert kind == wire.KIND_ADD_RESPONSES
+        answered += [(r.entry_id, r.status) for r in pb.AddBatchResponse.FromString(payload).responses]
+    assert answered == [(e, errors.EOK) for e in range(6)]
+    sock.close()
+    reply = stub.Read(pb.ReadRequest(ledger_id=lid, entry_id=5), timeout=10)
+    assert reply.status == errors.EOK and reply.body == frame(lid, 5, b"data-5", 4)
+
+
+def test_range_read_matches_grpc(data_address, stub):
+    lid = next(_ids)
+    for e in range(20):
+        assert stub.Add(add_request(lid, e, b"r" * (e * 100)), timeout=10).status == errors.EOK
+    request = pb.ReadRangeRequest(ledger_id=lid, first_entry_id=2, last_entry_id=25,
+                                  max_bytes_per_message=700)
+    via_grpc = list(stub.ReadRange(request, timeout=20))
+    sock = connect(data_address)
+    recv_exact(sock, 4)
+    sock.sendall(wire.frame(wire.KIND_READ_RANGE, [request.SerializeToString()]))
+    via_port = []
+    while True:
+        kind, payload = read_frame(sock)
+        if kind == wire.KIND_READ_END:
+            break
+        assert kind == wire.KIND_READ_CHUNK
+        via_port.append(pb.ReadRangeResponse.FromString(payload))
+    sock.close()
+    assert via_port == via_grpc
+    assert [e.entry_id for m in via_port for e in m.entries] == list(range(2, 20))
+    assert via_port[-1].status == errors.ENOENTRY and via_port[-1].next_entry_id == 20
+
+
+@pytest.mark.parametrize("bad", ["hello", "kind", "oversized", "truncated", "garbage-batch"])
+def test_broken_framing_closes_only_that_connection(data_address, stub, bad):
+    sock = connect(data_address, b"HTTP" if bad == "hello" else wire.DATA_MAGIC)
+    if bad != "hello":
+        assert recv_exact(sock, 4) == wire.DATA_MAGIC
+        if bad == "kind":
+            sock.sendall(wire.frame(99, [b"x"]))
+        elif bad == "oversized":
+            sock.sendall(wire.FRAME.pack(1 << 31, wire.KIND_ADD_BATCH))
+        elif bad == "truncated":
+            sock.sendall(wire.FRAME.pack(100, wire.KIND_ADD_BATCH) + b"x" * 10)
+            sock.shutdown(socket.SHUT_WR)
+        else:
+            sock.sendall(wire.frame(wire.KIND_ADD_BATCH, [b"\xff" * 64]))
+    assert closed_by_peer(sock)
+    sock.close()
+    # the bookie is unharmed: another connection stores and answers
+    lid = next(_ids)
+    good = connect(data_address)
+    recv_exact(good, 4)
+    good.sendall(wire.frame(wire.KIND_ADD_BATCH, [add_batch(lid, [0]).SerializeToString()]))
+    kind, payload = read_frame(good)
+    assert [r.status for r in pb.AddBatchResponse.FromString(payload).responses] == [errors.EOK]
+    good.close()
+
+
+def test_invalid_adds_get_statuses_not_a_closed_connection(data_address):
+    lid = next(_ids)
+    batch = pb.AddBatch(adds=[add_request(lid, 0), add_request(lid, 1, key=b"short")])
+    sock = connect(data_address)
+    recv_exact(sock, 4)
+    sock.sendall(wire.frame(wire.KIND_ADD_BATCH, [batch.SerializeToString()]))
+    kind, payload = read_frame(sock)
+    statuses = {r.entry_id: r.status for r in pb.AddBatchResponse.FromString(payload).responses}
+    assert statuses == {0: errors.EOK, 1: errors.EBADREQ}
+    sock.close()
+
+
+def test_frame_reader_errors():
+    import io
+    good = wire.frame(wire.KIND_ADD_BATCH, [b"abc", b"de"])
+    assert wire.read_frame(io.BytesIO(good), 100) == (wire.KIND_ADD_BATCH, b"abcde")
+    assert wire.read_frame(io.BytesIO(b""), 100) is None
+    for broken, limit in [(good[:3], 100), (good[:-1], 100), (good, 4)]:
+        with pytest.raises(wire.FrameError):
+            wire.read_frame(io.BytesIO(broken), limit)
+    assert struct.unpack(">I", good[:4])[0] == 5
+
+
+def test_bookies_without_a_data_port_take_adds_over_grpc(tmp_path):
+    from bkspark.client import BookKeeper
+    from bkspark.testing.cluster import BookieCluster
+
+    with BookieCluster(f"sqlite:///{tmp_path}/meta.db", num_bookies=2, data_dir=tmp_path,
+                       extra_args=["--data-port", "-1"]) as cluster, \
+            BookKeeper(cluster.metadata_uri) as bk:
+        stub, channel = stub_for(cluster.bookie_ids[0])
+        assert stub.GetBookieInfo(pb.BookieInfoRequest(), timeout=10).data_port == 0
+        channel.close()
+        lh = bk.create_ledger(2, 2, 2, password=b"pw")
+        lh.append_many([b"grpc-%d" % i for i in range(50)])
+        lh.close()
+        streams = [c._stream for c in bk._pool.clients()]
+        assert all(st is not None and st.linger == 0.002 for st in streams)  # gRPC spacing
+        rh = bk.open_ledger(lh.ledger_id, password=b"pw")
+        assert [e.data for e in rh.read(0, 49)] == [b"grpc-%d" % i for i in range(50)]
+
+
+def test_bad_data_port_setting_is_refused():
+    from bkspark.bookie.config import BookieConfig
+    from bkspark.errors import BadRequestError
+
+    with pytest.raises(BadRequestError, match="data_port"):
+        BookieConfig(metadata_uri="sqlite:///tmp/x.db", journal_dir="/tmp/j", ledger_dirs=["/tmp/l"],
+                     data_port=70000).finalize()
+
+
+def test_range_reads_reuse_connections_and_survive_a_bookie_restart(tmp_path):
+    from bkspark.client import BookKeeper
+    from bkspark.testing.cluster import BookieCluster
+
+    with BookieCluster(f"sqlite:///{tmp_path}/meta.db", num_bookies=1, data_dir=tmp_path) as cluster, \
+            BookKeeper(cluster.metadata_uri) as bk:
+        lh = bk.create_ledger(1, 1, 1, password=b"pw")
+        lh.append_many([b"e-%d" % i for i in range(30)])
+        lh.close()
+        client = bk._pool.get(cluster.bookie_ids[0])
+        assert [b[-4:] for _, b in client.read_range(lh.ledger_id, 0, 29)][-1] == b"e-29"
+        assert len(client._idle_reads) == 1
+        idle = client._idle_reads[0]
+        assert len(list(client.read_range(lh.ledger_id, 5, 9))) == 5
+        assert client._idle_reads == [idle]                     # reused
+        old_port = client._data_port
+        cluster.restart(0)
+        entries = list(client.read_range(lh.ledger_id, 0, 29))  # stale connection dropped
+        assert [e for e, _ in entries] == list(range(30))
+        assert client._data_port != old_port and idle not in client._idle_reads
