@@ -7,7 +7,9 @@ then for each configuration appends entries as fast as back-pressure allows for
 queueing behind the outstanding-bytes bound. A second, paced run at half the measured peak
 rate (entries submitted every millisecond) gives the latency the issue's target refers to.
 Configurations: E=3 Qw=2 Qa=2 on 3 bookies with 1 KiB and 64 KiB entries, and the
-single-bookie E=Qw=Qa=1 figure.
+single-bookie E=Qw=Qa=1 figure. Peak lines also print the disk bound measured in the same
+run: sequential write+fdatasync MB/s of the bookies' disk divided by the 2 x Qw writes each
+acknowledged byte costs there (journal and entry log on each bookie of the write quorum).
 
 Every line also prints the CPU per entry (client, bookies) and the add-stream messages per
 second with the entries they carried: at peak the queues are deep and one message carries
@@ -33,6 +35,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bkspark.client import BookKeeper  # noqa: E402
 from bkspark.testing.cluster import BookieCluster  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from storage import raw_loop  # noqa: E402
+
+
+def disk_bound_mb_s(directory: str, seconds: float = 2.0) -> float:
+    """Sequential 1 MiB write + fdatasync on the bookies' disk, MB/s (the disk's own limit)."""
+    dt, n = raw_loop(os.path.join(directory, "disk-bound.dat"), 1 << 20, seconds, True)
+    return n * (1 << 20) / dt / 1e6
 
 
 def percentile(sorted_vals, q):
@@ -115,9 +126,11 @@ def measured(bk, cluster, fn):
     return n, el, lat, cpu
 
 
-def report(label, size, n, elapsed, lat, cpu=None):
+def report(label, size, n, elapsed, lat, cpu=None, bound=None):
     rate = n / elapsed
     extra = ""
+    if bound:
+        extra += f"  ({rate * size / 1e6 / bound * 100:.0f}% of the disk bound {bound:.0f} MB/s)"
     if cpu is not None:
         client_cpu, bookie_cpu = cpu[:2]
         extra = (f"  cpu/entry: client {client_cpu / n * 1e6:.0f} us, "
@@ -157,6 +170,10 @@ def main():
               f"{os.cpu_count()} CPUs; {args.seconds:.0f} s per run; digest crc32c; "
               f"max outstanding {args.max_outstanding_mb} MiB; "
               f"append_many batches of ~{args.batch_bytes >> 10} KiB", flush=True)
+        raw = disk_bound_mb_s(d)
+        print(f"disk: sequential 1 MiB write+fdatasync {raw:.0f} MB/s; every acknowledged byte is "
+              f"written 2 x Qw times (journal + entry log on each of Qw bookies, one disk), so the "
+              f"disk bound of a configuration is {raw:.0f} / (2 x Qw) MB/s", flush=True)
         with BookieCluster(f"sqlite://{d}/meta.db", num_bookies=3, data_dir=d,
                            fault_injection=False) as c, \
                 BookKeeper(c.metadata_uri, max_outstanding_bytes=args.max_outstanding_mb << 20,
@@ -170,7 +187,7 @@ def main():
                     batch = max(1, args.batch_bytes // size)
                     n, el, lat, cpu = measured(
                         bk, c, lambda: run(bk, e, qw, qa, size, args.seconds, batch))
-                    peak = report(label, size, n, el, lat, cpu)
+                    peak = report(label, size, n, el, lat, cpu, bound=raw / (2 * qw))
                     if not args.no_paced:
                         n, el, lat, cpu = measured(
                             bk, c, lambda: run(bk, e, qw, qa, size, min(args.seconds, 3.0), 1,
