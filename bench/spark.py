@@ -10,7 +10,10 @@ The same cached DataFrame (id long, key string, score double, flag boolean, payl
 Parquet on local disk. Reads are materialised with the ``noop`` sink (every column is
 produced, nothing collected). MB/s uses the same logical size for both formats: the Arrow
 bytes of the data (what the log stores per replica). Prints rows/s, MB/s and the ratio to
-Parquet for each direction; the best of ``--repeat`` runs counts.
+Parquet for each direction; the best of ``--repeat`` runs counts. A third read, of a Python
+data source that yields the log's first Arrow batch from memory over the same partitions
+(:func:`floor_source`), gives the ceiling of the read ratio on this machine: what Spark's
+Python data source path itself costs next to Parquet's JVM reader.
 
 Targets (issue 7): read >= 0.7x Parquet rows/s, write >= 0.5x Parquet rows/s.
 """
@@ -29,6 +32,54 @@ _pp = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
 if REPO not in _pp:
     os.environ["PYTHONPATH"] = os.pathsep.join([REPO] + _pp)
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
+def floor_source():
+    """The Python data source path with no storage: a source whose tasks yield a template
+    Arrow batch (the first entry of the written log, decoded once) until they have produced
+    as many rows as the log holds, over as many partitions as the bookkeeper read plans. The
+    read ratio cannot exceed this source's ratio: it is what Spark's Python data source path
+    (Arrow batches from a Python worker to the JVM) costs on this machine, measured in the
+    same run."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    class Share(InputPartition):
+        def __init__(self, rows: int):
+            self.rows = rows
+
+    class Reader(DataSourceReader):
+        def __init__(self, options):
+            self.options = options
+
+        def partitions(self):
+            rows, n = int(self.options["rows"]), int(self.options["partitions"])
+            return [Share(rows // n + (1 if i < rows % n else 0)) for i in range(n)]
+
+        def read(self, partition):
+            import pyarrow as pa
+            with open(self.options["template"], "rb") as f:
+                template = pa.ipc.open_stream(f.read()).read_next_batch()
+            left = partition.rows
+            while left > 0:
+                batch = template if left >= template.num_rows else template.slice(0, left)
+                left -= batch.num_rows
+                yield batch
+
+    class FloorSource(DataSource):
+        @classmethod
+        def name(cls):
+            return "bkspark_bench_floor"
+
+        def schema(self):
+            import json
+
+            from pyspark.sql.types import StructType
+            return StructType.fromJson(json.loads(self.options["schema"]))
+
+        def reader(self, schema):
+            return Reader(self.options)
+
+    return FloorSource
 
 
 def timed(fn) -> float:
@@ -100,6 +151,10 @@ def main() -> int:
         def pq_read():
             spark.read.parquet(parquet_dir).write.format("noop").mode("overwrite").save()
 
+        def floor_read():
+            (spark.read.format("bkspark_bench_floor").options(**floor_opts).load()
+             .write.format("noop").mode("overwrite").save())
+
         # warm-up: JVM, Python workers, both code paths (small)
         small = df.limit(1000)
         small.write.format("bookkeeper").mode("overwrite").options(**bk_opts).save("bench-warmup")
@@ -107,12 +162,17 @@ def main() -> int:
         small.write.mode("overwrite").parquet(parquet_dir + "-warmup")
         spark.read.parquet(parquet_dir + "-warmup").count()
 
-        best = {k: float("inf") for k in ("bk_write", "pq_write", "bk_read", "pq_read")}
+        best = {k: float("inf") for k in ("bk_write", "pq_write", "bk_read", "pq_read", "floor_read")}
+        floor_opts = None
         for _ in range(args.repeat):
             best["bk_write"] = min(best["bk_write"], timed(bk_write))
             best["pq_write"] = min(best["pq_write"], timed(pq_write))
+            if floor_opts is None:
+                floor_opts = prepare_floor(spark, uri, log, bk_opts, rows, work)
+                floor_read()        # warm-up: the new source's planning and workers
             best["bk_read"] = min(best["bk_read"], timed(bk_read))
             best["pq_read"] = min(best["pq_read"], timed(pq_read))
+            best["floor_read"] = min(best["floor_read"], timed(floor_read))
 
         from bkspark.client import BookKeeper
         from bkspark.log import LogStore
@@ -136,12 +196,43 @@ def main() -> int:
                   f"({bk_t:.2f}s) | parquet {rows / pq_t:>12,.0f} rows/s {mb / pq_t:7.1f} MB/s "
                   f"({pq_t:.2f}s) | ratio {ratio:.2f}x (target >= {target}x: "
                   f"{'met' if ratio >= target else 'NOT met'})")
+        fl_t = best["floor_read"]
+        print(f"floor: python source, no storage {rows / fl_t:>7,.0f} rows/s {mb / fl_t:7.1f} MB/s "
+              f"({fl_t:.2f}s, {floor_opts['partitions']} partitions) | ratio to parquet "
+              f"{best['pq_read'] / fl_t:.2f}x: the read ratio's ceiling; bookkeeper read reaches "
+              f"{fl_t / best['bk_read'] * 100:.0f}% of it")
     finally:
         spark.stop()
         if cluster is not None:
             cluster.stop_all()
         shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def prepare_floor(spark, uri, log, bk_opts, rows, work) -> dict:
+    """Register the floor source with the bookkeeper read's schema, partition count and first
+    entry (as an Arrow IPC stream file the tasks read once)."""
+    import pyarrow as pa
+
+    from bkspark.client import BookKeeper
+    from bkspark.log import LogStore
+    from bkspark.spark.codec import MD_ARROW_SCHEMA, decode_arrow
+
+    spark.dataSource.register(floor_source())
+    df = spark.read.format("bookkeeper").options(**bk_opts).load(log)
+    with BookKeeper(uri) as bk:
+        logs = LogStore(bk)
+        md, _ = logs.get(log)
+        first = md.ledgers[0]["ledger_id"]
+        rh = bk.open_ledger(first, password=b"", recovery=False)
+        data = next(iter(rh.read(0, 0))).data
+        arrow_schema = pa.ipc.read_schema(pa.py_buffer(rh.metadata.custom_metadata[MD_ARROW_SCHEMA]))
+    batch = decode_arrow(data, arrow_schema)
+    template = os.path.join(work, "floor-template.arrows")
+    with open(template, "wb") as f, pa.ipc.new_stream(f, batch.schema) as w:
+        w.write_batch(batch)
+    return {"schema": df.schema.json(),
+            "rows": str(rows), "partitions": str(df.rdd.getNumPartitions()), "template": template}
 
 
 if __name__ == "__main__":
