@@ -5,7 +5,8 @@ then for each configuration appends entries as fast as back-pressure allows for
 ``--seconds`` and prints acknowledged entries/s, MB/s and the p50/p99 add latency
 (submit -> acknowledgement of the append call carrying it). At peak, latency is mostly
 queueing behind the outstanding-bytes bound. A second, paced run at half the measured peak
-rate (entries submitted every millisecond) gives the latency the issue's target refers to.
+rate (entries submitted every millisecond) gives the latency the issue's target refers to;
+it starts once the bookies are idle again (the peak run's flushes done: :func:`settle`).
 Configurations: E=3 Qw=2 Qa=2 on 3 bookies with 1 KiB and 64 KiB entries, and the
 single-bookie E=Qw=Qa=1 figure. Peak lines also print the disk bound measured in the same
 run: sequential write+fdatasync MB/s of the bookies' disk divided by the 2 x Qw writes each
@@ -65,6 +66,19 @@ def bookie_cpu_seconds(cluster) -> float:
         except (OSError, AttributeError, IndexError, ValueError):
             pass
     return total
+
+
+def settle(cluster, limit: float = 15.0) -> float:
+    """Wait until the bookies are idle again (the previous run's write-cache flushes and
+    checkpoint done: under 0.05 cores for 0.5 s), so a paced run measures its own steady state
+    rather than the backlog of the peak run before it; return the seconds waited."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit:
+        c0 = bookie_cpu_seconds(cluster)
+        time.sleep(0.5)
+        if bookie_cpu_seconds(cluster) - c0 < 0.025:
+            break
+    return time.monotonic() - t0
 
 
 def run(bk, ensemble, qw, qa, size, seconds, batch, rate=None, outstanding=None):
@@ -190,11 +204,13 @@ def main():
                         bk, c, lambda: run(bk, e, qw, qa, size, args.seconds, batch))
                     peak = report(label, size, n, el, lat, cpu, bound=raw / (2 * qw))
                     if not args.no_paced:
+                        settle(c)
                         n, el, lat, cpu = measured(
                             bk, c, lambda: run(bk, e, qw, qa, size, min(args.seconds, 3.0), 1,
                                                rate=peak / 2))
                         report("  paced at half peak", size, n, el, lat, cpu)
                     for frac in [float(f) for f in args.sweep.split(",") if f]:
+                        settle(c)
                         n, el, lat, cpu = measured(
                             bk, c, lambda: run(bk, e, qw, qa, size, min(args.seconds, 3.0), 1,
                                                rate=peak * frac))

@@ -474,10 +474,11 @@ class BookieClient:
 
     def read_range(self, ledger_id: int, first: int, last: int, *, timeout: float = 60.0,
                    max_bytes: int = 4 << 20, step: int = 1):
-        """Iterate ``(entry_id, body)`` for first, first+step, ... <= last; raises the first
-        error (status or transport) after yielding what was served before it. On the data
-        port when the bookie has one (a connection per concurrent range, kept for reuse),
-        else gRPC's ``ReadRange``."""
+        """Iterate ``(entry_id, body)`` for first, first+step, ... <= last (body: bytes, or a
+        memoryview of the received chunk on the data port); raises the first error (status or
+        transport) after yielding what was served before it. On the data port when the bookie
+        has one (a connection per concurrent range, kept for reuse), else gRPC's
+        ``ReadRange``."""
         req = pb.ReadRangeRequest(ledger_id=ledger_id, first_entry_id=first,
                                   last_entry_id=last, max_bytes_per_message=max_bytes, step=step)
         deadline = time.monotonic() + timeout
@@ -485,18 +486,18 @@ class BookieClient:
             sock = self._read_connection(timeout)
         except (OSError, ssl.SSLError, grpc.RpcError) as exc:
             raise rpc_error(self.bookie_id, exc) from None
-        messages = (self._grpc_range(req, timeout) if sock is None
-                    else self._data_port_range(sock, req, deadline))
-        for msg in messages:
-            for e in msg.entries:
-                yield e.entry_id, e.body
-            if msg.status != errors.EOK:
-                check(msg.status, msg.message, self.bookie_id)
+        chunks = (self._grpc_range(req, timeout) if sock is None
+                  else self._data_port_range(sock, req, deadline))
+        for status, message, entries in chunks:
+            yield from entries
+            if status != errors.EOK:
+                check(status, message, self.bookie_id)
 
     def _grpc_range(self, req, timeout: float):
         call = self.stub.ReadRange(req, timeout=timeout)
         try:
-            yield from call
+            for msg in call:
+                yield msg.status, msg.message, [(e.entry_id, e.body) for e in msg.entries]
         except grpc.RpcError as exc:
             raise rpc_error(self.bookie_id, exc) from None
         finally:
@@ -527,7 +528,7 @@ class BookieClient:
         try:
             sock.sendall(wire.frame(wire.KIND_READ_RANGE, (req.SerializeToString(),)))
             rfile = sock.makefile("rb", buffering=1 << 20)
-            from_string = pb.ReadRangeResponse.FromString
+            decode = wire.decode_range_chunk
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -542,7 +543,8 @@ class BookieClient:
                     return
                 if kind != wire.KIND_READ_CHUNK:
                     raise wire.FrameError(f"unexpected frame kind {kind} on a range read")
-                yield from_string(payload)
+                status, _next, message, entries = decode(payload)
+                yield status, message, entries
         except socket.timeout:
             raise OperationTimeoutError(f"bookie {self.bookie_id}: range read timed out") from None
         except (OSError, wire.FrameError) as exc:

@@ -114,3 +114,64 @@ def read_frame(rfile, max_bytes: int) -> tuple[int, bytes] | None:
     if len(payload) != size:
         raise FrameError("connection closed inside a frame")
     return kind, payload
+
+
+def _read_varint(buf, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise FrameError("varint too long")
+
+
+def decode_range_chunk(payload: bytes):
+    """``(status, next_entry_id, message, [(entry_id, body), ...])`` of an encoded
+    ``ReadRangeResponse``, each body a memoryview of ``payload`` (no copy: the generated
+    parser copies every body twice). Unknown fields are skipped as protobuf does; a malformed
+    message is a :class:`FrameError`."""
+    view = memoryview(payload)
+    status = next_id = 0
+    message = ""
+    entries = []
+    pos, end = 0, len(view)
+    try:
+        while pos < end:
+            key, pos = _read_varint(view, pos)
+            field, wtype = key >> 3, key & 7
+            if wtype == 0:
+                value, pos = _read_varint(view, pos)
+                if field == 1:
+                    status = value
+                elif field == 3:
+                    next_id = value - (1 << 64) if value >= 1 << 63 else value
+                continue
+            if wtype != 2:
+                raise FrameError(f"unexpected wire type {wtype} in a range chunk")
+            size, pos = _read_varint(view, pos)
+            if pos + size > end:
+                raise FrameError("range chunk field runs past the message")
+            if field == 2:
+                eid, body, p, stop = 0, view[0:0], pos, pos + size
+                while p < stop:
+                    k, p = _read_varint(view, p)
+                    if k == 0x08:
+                        eid, p = _read_varint(view, p)
+                    elif k == 0x12:
+                        blen, p = _read_varint(view, p)
+                        body, p = view[p:p + blen], p + blen
+                    else:
+                        raise FrameError(f"unexpected field {k >> 3} in an entry")
+                if p != stop:
+                    raise FrameError("entry runs past its length")
+                entries.append((eid, body))
+            elif field == 4:
+                message = bytes(view[pos:pos + size]).decode("utf-8", "replace")
+            pos += size
+    except IndexError:
+        raise FrameError("range chunk truncated") from None
+    return status, next_id, message, entries

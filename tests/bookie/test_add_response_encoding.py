@@ -63,3 +63,26 @@ def test_range_chunks_parse_like_generated_messages(status, next_id, message):
     with_defaults = [(0, b""), *entries]
     assert (pb.ReadRangeResponse.FromString(encode_range_chunk(status, next_id, with_defaults, message))
             == pb.ReadRangeResponse.FromString(generated(with_defaults)))
+
+
+@pytest.mark.parametrize("status,next_id,message", [(errors.EOK, 5, ""), (errors.ENOENTRY, -1, "x"),
+                                                    (errors.EIO, 2**40, "bad crc ü")])
+def test_range_chunk_decoder_reads_generated_and_hand_encoded_messages(status, next_id, message):
+    from bkspark.client.wire import decode_range_chunk
+    entries = [(0, b""), (1, b"x"), (300, b"y" * 200), (2**33, b"z" * 20000)]
+    generated = pb.ReadRangeResponse(
+        status=status, next_entry_id=next_id, message=message,
+        entries=[pb.EntryBody(entry_id=e, body=b) for e, b in entries]).SerializeToString()
+    for raw in (generated, encode_range_chunk(status, next_id, entries, message)):
+        got = decode_range_chunk(raw)
+        assert got[:3] == (status, next_id, message)
+        assert [(e, bytes(b)) for e, b in got[3]] == entries
+
+
+def test_range_chunk_decoder_rejects_malformed_messages():
+    from bkspark.client.wire import FrameError, decode_range_chunk
+    good = encode_range_chunk(errors.EOK, 3, [(1, b"abc"), (2, b"defg")])
+    for bad in (good[:-1], good[:5], b"\x12\x7f" + good, b"\x0d\x00\x00\x00\x00", b"\xff" * 11):
+        with pytest.raises(FrameError):
+            decode_range_chunk(bad)
+    assert decode_range_chunk(b"\x28\x07" + good)[3] == [(1, b"abc"), (2, b"defg")]  # unknown varint field
