@@ -8,9 +8,7 @@ queueing behind the outstanding-bytes bound. A second, paced run at half the mea
 rate (entries submitted every millisecond) gives the latency the issue's target refers to;
 it starts once the bookies are idle again (the peak run's flushes done: :func:`settle`).
 Configurations: E=3 Qw=2 Qa=2 on 3 bookies with 1 KiB and 64 KiB entries, and the
-single-bookie E=Qw=Qa=1 figure. Peak lines also print the disk bound measured in the same
-run: sequential write+fdatasync MB/s of the bookies' disk divided by the 2 x Qw writes each
-acknowledged byte costs there (journal and entry log on each bookie of the write quorum).
+single-bookie E=Qw=Qa=1 figure.
 
 Every line also prints the CPU per entry (client, bookies) and the add-stream messages per
 second with the entries they carried: at peak the queues are deep and one message carries
@@ -36,15 +34,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bkspark.client import BookKeeper  # noqa: E402
 from bkspark.testing.cluster import BookieCluster  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from storage import raw_loop  # noqa: E402
-
-
-def disk_bound_mb_s(directory: str, seconds: float = 2.0) -> float:
-    """Sequential 4 MiB writes + fdatasync on the bookies' disk, MB/s (the disk's own limit)."""
-    dt, n = raw_loop(os.path.join(directory, "disk-bound.dat"), 4 << 20, seconds, True)
-    return n * (4 << 20) / dt / 1e6
 
 
 def percentile(sorted_vals, q):
@@ -140,7 +129,7 @@ def measured(bk, cluster, fn):
     return n, el, lat, cpu
 
 
-def report(label, size, n, elapsed, lat, cpu=None, bound=None):
+def report(label, size, n, elapsed, lat, cpu=None):
     rate = n / elapsed
     extra = ""
     if cpu is not None:
@@ -151,8 +140,6 @@ def report(label, size, n, elapsed, lat, cpu=None, bound=None):
             msgs, elems, acks = cpu[2]
             extra += (f"; msgs/s: {msgs / elapsed:.0f} requests ({elems / msgs:.0f} entries "
                       f"each), {acks / elapsed:.0f} acks")
-    if bound:
-        extra += f"; {rate * size / 1e6 / bound * 100:.0f}% of the disk bound {bound:.0f} MB/s"
     label = f"{label} [load {os.getloadavg()[0]:.1f}]"
     print(f"{label:<38} {size:>7} B  {rate:>10,.0f} entries/s  {rate * size / 1e6:>8.1f} MB/s  "
           f"p50 {percentile(lat, 0.50):7.2f} ms  p99 {percentile(lat, 0.99):7.2f} ms  "
@@ -184,11 +171,6 @@ def main():
               f"{os.cpu_count()} CPUs; {args.seconds:.0f} s per run; digest crc32c; "
               f"max outstanding {args.max_outstanding_mb} MiB; "
               f"append_many batches of ~{args.batch_bytes >> 10} KiB", flush=True)
-        raw = disk_bound_mb_s(d)
-        print(f"disk: sequential 4 MiB write+fdatasync {raw:.0f} MB/s; every acknowledged byte is "
-              f"written 2 x Qw times (journal + entry log on each of Qw bookies, one disk), so the "
-              f"sustained disk bound of a configuration is {raw:.0f} / (2 x Qw) MB/s (a run of a "
-              f"few seconds can pass it while entry-log writes wait in the write cache)", flush=True)
         with BookieCluster(f"sqlite://{d}/meta.db", num_bookies=3, data_dir=d,
                            fault_injection=False) as c, \
                 BookKeeper(c.metadata_uri, max_outstanding_bytes=args.max_outstanding_mb << 20,
@@ -202,7 +184,7 @@ def main():
                     batch = max(1, args.batch_bytes // size)
                     n, el, lat, cpu = measured(
                         bk, c, lambda: run(bk, e, qw, qa, size, args.seconds, batch))
-                    peak = report(label, size, n, el, lat, cpu, bound=raw / (2 * qw))
+                    peak = report(label, size, n, el, lat, cpu)
                     if not args.no_paced:
                         settle(c)
                         n, el, lat, cpu = measured(

@@ -82,10 +82,43 @@ def floor_source():
     return FloorSource
 
 
-def timed(fn) -> float:
+def cpu_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine since boot (/proc/stat)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + v[4]          # idle + iowait
+    return sum(v) - idle, sum(v)
+
+
+def process_cpu(pids) -> float:
+    """User+system CPU seconds used so far by these processes (gone ones count 0)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+BUSY: dict = {}
+BOOKIE_PIDS: list = []
+
+
+def timed(fn, key: str = "") -> float:
+    """Wall seconds of ``fn()``; records the share of the machine's CPU that was busy and the
+    CPU seconds the bookies used meanwhile."""
+    b0, t0 = cpu_ticks()
+    k0 = process_cpu(BOOKIE_PIDS)
     t = time.perf_counter()
     fn()
-    return time.perf_counter() - t
+    dt = time.perf_counter() - t
+    b1, t1 = cpu_ticks()
+    if key and (key not in BUSY or dt < BUSY[key][0]):
+        BUSY[key] = (dt, (b1 - b0) / max(1, t1 - t0), process_cpu(BOOKIE_PIDS) - k0)
+    return dt
 
 
 def main() -> int:
@@ -110,6 +143,7 @@ def main() -> int:
         cluster = LocalCluster(num_bookies=3, data_dir=os.path.join(work, "bookies"))
         cluster.start_all()
         uri = cluster.metadata_uri
+        BOOKIE_PIDS.extend(b.proc.pid for b in cluster.bookies)
     else:
         uri = args.metadata
     spark = (SparkSession.builder.master(args.master).appName("bkspark-bench-spark")
@@ -165,14 +199,14 @@ def main() -> int:
         best = {k: float("inf") for k in ("bk_write", "pq_write", "bk_read", "pq_read", "floor_read")}
         floor_opts = None
         for _ in range(args.repeat):
-            best["bk_write"] = min(best["bk_write"], timed(bk_write))
-            best["pq_write"] = min(best["pq_write"], timed(pq_write))
+            best["bk_write"] = min(best["bk_write"], timed(bk_write, "bk_write"))
+            best["pq_write"] = min(best["pq_write"], timed(pq_write, "pq_write"))
             if floor_opts is None:
                 floor_opts = prepare_floor(spark, uri, log, bk_opts, rows, work)
                 floor_read()        # warm-up: the new source's planning and workers
-            best["bk_read"] = min(best["bk_read"], timed(bk_read))
-            best["pq_read"] = min(best["pq_read"], timed(pq_read))
-            best["floor_read"] = min(best["floor_read"], timed(floor_read))
+            best["bk_read"] = min(best["bk_read"], timed(bk_read, "bk_read"))
+            best["pq_read"] = min(best["pq_read"], timed(pq_read, "pq_read"))
+            best["floor_read"] = min(best["floor_read"], timed(floor_read, "floor_read"))
 
         from bkspark.client import BookKeeper
         from bkspark.log import LogStore
@@ -197,6 +231,8 @@ def main() -> int:
                   f"({pq_t:.2f}s) | ratio {ratio:.2f}x (target >= {target}x: "
                   f"{'met' if ratio >= target else 'NOT met'})")
         fl_t = best["floor_read"]
+        print("cores busy in the best run (bookies' CPU seconds): " + ", ".join(
+            f"{k} {v[1] * 100:.0f}% ({v[2]:.2f}s)" for k, v in BUSY.items()))
         print(f"floor: python source, no storage {rows / fl_t:>7,.0f} rows/s {mb / fl_t:7.1f} MB/s "
               f"({fl_t:.2f}s, {floor_opts['partitions']} partitions) | ratio to parquet "
               f"{best['pq_read'] / fl_t:.2f}x: the read ratio's ceiling; bookkeeper read reaches "

@@ -115,7 +115,7 @@ typedef struct Engine {
     int j_failed, j_stop, j_waiters;
     int j_entering; /* add_entries calls that will enqueue soon (adaptive group commit) */
     int jfd;
-    uint64_t jcur_id, jpos, jprealloc;
+    uint64_t jcur_id, jpos, jprealloc, jdropped; /* jdropped: journal bytes below it are out of the page cache */
     JFile *jfiles;
     size_t njfiles, jfcap;
     pthread_t jthread;
