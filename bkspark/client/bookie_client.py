@@ -54,6 +54,7 @@ _CHANNEL_OPTIONS = [
 ]
 _ADD_STREAM_METHOD = "/bkspark.bookie.v1.Bookie/AddStream"
 _CLOSE = object()
+_WAKE = object()        # queued when send() left part of a frame for the sender thread
 
 
 class TlsRoots:
@@ -104,6 +105,9 @@ class _AddStream:
         # self-clocking (written by one thread each): elements sent, responses received
         self.sent_elements = 0
         self.acked_elements = 0
+        self.send_lock = threading.Lock()   # one message at a time on the transport
+        self._direct = None     # data port: sends what it can of a message without blocking
+        self.partial = None     # ... and the rest, for the sender thread to send first
         self.answered = threading.Event()
         self.linger = client.linger     # None: the transport's default, once it is open
         self.thread = threading.Thread(target=self._read, daemon=True,
@@ -135,6 +139,9 @@ class _AddStream:
             item = q.get()
             if item is _CLOSE:
                 return
+            if item is _WAKE:                   # send()'s unsent rest of a frame: go now
+                yield []
+                continue
             if self.sent_elements != self.acked_elements:
                 deadline = last + client.max_linger
                 while True:
@@ -156,13 +163,16 @@ class _AddStream:
                     if parts:
                         yield parts
                     return
+                if item is _WAKE:
+                    continue
                 parts.extend(item)
                 size += sum(map(len, item))
             last = monotonic()
             self.backlog -= size
-            self.sent_elements += len(parts)
-            client.add_messages += 1
-            client.add_elements += len(parts)
+            with self.send_lock:
+                self.sent_elements += len(parts)
+                client.add_messages += 1
+                client.add_elements += len(parts)
             yield parts
 
     def _read(self):
@@ -202,8 +212,30 @@ class _AddStream:
             cancel()
 
     def send(self, elems: list[bytes]) -> bool:
+        """Queue ``elems`` for the stream's sender thread -- or, on an idle data-port stream
+        (nothing queued or unanswered, no linger), send them from this thread at once, as
+        much as the socket takes without blocking (the sender thread sends the rest before
+        anything else): at light load that saves a thread hand-off per message, in CPU and
+        in latency, and a stalled bookie still never blocks an appender."""
         if self.dead:
             return False
+        direct = self._direct
+        if (direct is not None and not self.linger and self.partial is None and self.q.empty()
+                and self.send_lock.acquire(blocking=False)):   # the sender may be stuck in a send
+            try:
+                if (self.partial is None and self.sent_elements == self.acked_elements
+                        and self.q.empty() and not self.dead):
+                    self.sent_elements += len(elems)
+                    self.client.add_messages += 1
+                    self.client.add_elements += len(elems)
+                    rest = direct(elems)
+                    if rest is not None:    # socket buffer full: never block an appender
+                        self.partial = rest
+                        self.backlog += len(rest)
+                        self.q.put(_WAKE)
+                    return True
+            finally:
+                self.send_lock.release()
         self.backlog += sum(map(len, elems))
         self.q.put(elems)
         return True
@@ -339,15 +371,39 @@ class BookieClient:
 
     def _data_port_responses(self, sock: socket.socket, stream: _AddStream):
         """Send the stream's messages from a thread; yield the responses read here."""
+        frame, add_kind, lock = wire.frame, wire.KIND_ADD_BATCH, stream.send_lock
+
+        def direct(parts):
+            """Send without blocking (caller holds the lock); return the unsent rest."""
+            data = frame(add_kind, parts)
+            try:
+                n = sock.send(data, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                n = 0
+            except OSError:
+                _shutdown(sock)     # the reader sees the end: the stream dies, adds are resent
+                return None
+            return memoryview(data)[n:] if n < len(data) else None
+
         def send():
             try:
-                frame, kind = wire.frame, wire.KIND_ADD_BATCH
                 for parts in stream._requests():
-                    sock.sendall(frame(kind, parts))
-                sock.shutdown(socket.SHUT_WR)       # closed: the bookie answers, then ends
+                    with lock:
+                        rest = stream.partial
+                        if rest is not None:        # finish the frame send() began
+                            sock.sendall(rest)
+                            stream.partial = None
+                            stream.backlog -= len(rest)
+                        if parts:
+                            sock.sendall(frame(add_kind, parts))
+                with lock:
+                    stream._direct = None
+                    sock.shutdown(socket.SHUT_WR)   # closed: the bookie answers, then ends
             except OSError:
                 _shutdown(sock)
 
+        if not isinstance(sock, ssl.SSLSocket):     # no MSG_DONTWAIT under TLS
+            stream._direct = direct
         threading.Thread(target=send, daemon=True, name=f"bk-adds-{self.bookie_id}").start()
         try:
             rfile = sock.makefile("rb", buffering=256 << 10)
