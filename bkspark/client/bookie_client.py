@@ -1,4 +1,4 @@
-"""Per-bookie gRPC clients: one channel per bookie, one add stream per bookie.
+"""Per-bookie clients: one gRPC channel per bookie, one add stream per bookie.
 
 * :class:`BookieClient` owns the channel to one bookie. Adds from every ledger handle of the
   process go down one add stream per bookie: on the bookie's data port (plain TCP frames,
@@ -9,7 +9,8 @@
   ``MAX_BATCH_BYTES``). Messages are self-clocked: the next one waits, up to ``max_linger``
   (5 ms), for the previous ones to be answered, and carries everything queued meanwhile;
   over gRPC, whose per-message cost is ~0.3 ms of CPU on each end, they are also spaced by
-  at least ``linger`` (2 ms). A reader thread hands acks to the ledger handle registered for
+  at least ``linger`` (2 ms). An idle data-port stream skips the queue: the appender's
+  thread sends what the socket takes without blocking (:meth:`_AddStream.send`). A reader thread hands acks to the ledger handle registered for
   their ledger id (``sink.on_add_responses(bookie_id, [(entry_id, status), ...])``). When
   the stream breaks every registered sink hears ``sink.on_bookie_failed(bookie_id, error)``;
   the next send opens a new stream.
