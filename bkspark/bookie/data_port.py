@@ -28,6 +28,8 @@ from bkspark.proto import bookie_pb2 as pb
 
 log = logging.getLogger("bkspark.bookie.data_port")
 
+MAX_CONNECTIONS = 1024      # beyond this, new connections are closed at once (a thread each)
+
 
 class DataPortServer:
     """Accepts data-port connections for one :class:`~bkspark.bookie.service.BookieService`."""
@@ -69,6 +71,10 @@ class DataPortServer:
                 if self._stopped:
                     return
                 continue
+            if len(self._conns) >= MAX_CONNECTIONS:
+                log.warning("data port: %d connections open; refusing another", len(self._conns))
+                conn.close()
+                continue
             threading.Thread(target=self._serve, args=(conn,), daemon=True,
                              name="bookie-data-conn").start()
 
@@ -93,6 +99,8 @@ class DataPortServer:
             _Connection(self, conn, rfile).run()
         except (OSError, ssl.SSLError, wire.FrameError) as exc:
             log.debug("data connection ended: %s", exc)
+        except Exception as exc:  # noqa: BLE001 - a message that does not parse, or a bug
+            log.warning("data connection closed: %r", exc)
         finally:
             with self._lock:
                 self._conns.discard(conn)
