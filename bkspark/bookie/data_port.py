@@ -132,7 +132,7 @@ class _Connection:
         service = self.service
         max_bytes = self.server.max_frame_bytes
         add_batch = pb.AddBatch.FromString
-        sendall, frame = self.conn.sendall, wire.frame
+        sendall, frame, send_frame = self.conn.sendall, wire.frame, wire.send_frame
         while not service._stopping:
             item = wire.read_frame(self.rfile, max_bytes)
             if item is None:
@@ -144,8 +144,8 @@ class _Connection:
                     sendall(frame(wire.KIND_ADD_RESPONSES, (raw,)))
             elif kind == wire.KIND_READ_RANGE:
                 request = pb.ReadRangeRequest.FromString(payload)
-                for chunk in service.read_range_chunks(request, lambda: not service._stopping):
-                    sendall(frame(wire.KIND_READ_CHUNK, (chunk,)))
+                for parts in service.read_range_chunks(request, lambda: not service._stopping):
+                    send_frame(self.conn, wire.KIND_READ_CHUNK, parts)
                 sendall(frame(wire.KIND_READ_END, ()))
             else:
                 raise wire.FrameError(f"unknown frame kind {kind}")

@@ -100,6 +100,30 @@ def frame(kind: int, payload_parts) -> bytes:
     return b"".join((FRAME.pack(size, kind), *payload_parts))
 
 
+def send_frame(sock, kind: int, payload_parts) -> None:
+    """Send one frame without joining its pieces (``sendmsg``; a TLS socket gets them joined)."""
+    size = 0
+    for p in payload_parts:
+        size += len(p)
+    if not hasattr(sock, "sendmsg") or type(sock).__name__ == "SSLSocket":
+        sock.sendall(b"".join((FRAME.pack(size, kind), *payload_parts)))
+        return
+    views = [memoryview(FRAME.pack(size, kind))]
+    views += [memoryview(p) for p in payload_parts if len(p)]
+    while views:
+        sent = sock.sendmsg(views[:_IOV_MAX])
+        i = 0
+        while i < len(views) and sent >= len(views[i]):
+            sent -= len(views[i])
+            i += 1
+        views = views[i:]
+        if sent:
+            views[0] = views[0][sent:]
+
+
+_IOV_MAX = 1024
+
+
 def read_frame(rfile, max_bytes: int) -> tuple[int, bytes] | None:
     """Next ``(kind, payload)`` from a buffered socket file; None at a clean end of stream."""
     head = rfile.read(FRAME.size)

@@ -200,3 +200,19 @@ def test_range_reads_reuse_connections_and_survive_a_bookie_restart(tmp_path):
         entries = list(client.read_range(lh.ledger_id, 0, 29))  # stale connection dropped
         assert [e for e, _ in entries] == list(range(30))
         assert client._data_port != old_port and idle not in client._idle_reads
+
+
+def test_send_frame_survives_partial_sends_and_matches_frame():
+    import threading
+
+    a, b = socket.socketpair()
+    parts = [b"h" * 7, b"", b"x" * (5 << 20), b"y" * 3, memoryview(b"z" * 100000)]
+    expected = wire.frame(wire.KIND_READ_CHUNK, parts)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(recv_exact(b, len(expected))))
+    reader.start()                  # reads slowly enough that sendmsg sends partially
+    wire.send_frame(a, wire.KIND_READ_CHUNK, parts)
+    reader.join(30)
+    assert got == [expected]
+    a.close()
+    b.close()
