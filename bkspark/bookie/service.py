@@ -447,9 +447,9 @@ class BookieService(pb_grpc.BookieServicer):
 
     def read_range_chunks(self, request, alive):
         """The ``ReadRangeResponse`` messages answering ``request``, each as the pieces of its
-        encoding (:func:`range_chunk_parts`; gRPC and the data port): EOK chunks of up to ``max_bytes_per_message``, then at most one error chunk
-        (ENOENTRY at the first absent entry, EIO for an unreadable one); stops early once
-        ``alive()`` is false."""
+        encoding (:func:`range_chunk_parts`; gRPC and the data port): EOK chunks of up to
+        ``max_bytes_per_message``, then at most one error chunk (ENOENTRY at the first absent
+        entry, EIO for an unreadable one); stops early once ``alive()`` is false."""
         lid, first, last = request.ledger_id, request.first_entry_id, request.last_entry_id
         if lid < 0 or first < 0 or last < first:
             yield range_chunk_parts(errors.EBADREQ, first, (), "bad ledger id or entry range")
