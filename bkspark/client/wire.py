@@ -10,6 +10,7 @@ elements. ``tests/client/test_wire.py`` pins the bytes against the generated pro
 """
 from __future__ import annotations
 
+import ssl
 import struct
 
 from bkspark.proto import bookie_pb2 as pb
@@ -81,7 +82,8 @@ ENTRY_PIGGYBACK = pb.ReadRequest.ENTRY_PIGGYBACK
 # protobuf messages, so both transports share every encoder and decoder.
 DATA_MAGIC = b"BKD1"
 FRAME = struct.Struct(">IB")
-KIND_ADD_BATCH = 1          # client -> bookie: AddBatch (many in flight)
+_IOV_MAX = 1024             # pieces per sendmsg call
+KIND_ADD_BATCH = 1          # client -> bookie: AddBatch (pipelined)
 KIND_ADD_RESPONSES = 2      # bookie -> client: AddBatchResponse
 KIND_READ_RANGE = 3         # client -> bookie: ReadRangeRequest (one at a time)
 KIND_READ_CHUNK = 4         # bookie -> client: ReadRangeResponse (a chunk, or the error)
@@ -101,15 +103,13 @@ def frame(kind: int, payload_parts) -> bytes:
 
 
 def send_frame(sock, kind: int, payload_parts) -> None:
-    """Send one frame without joining its pieces (``sendmsg``; a TLS socket gets them joined)."""
-    size = 0
-    for p in payload_parts:
-        size += len(p)
-    if not hasattr(sock, "sendmsg") or type(sock).__name__ == "SSLSocket":
-        sock.sendall(b"".join((FRAME.pack(size, kind), *payload_parts)))
+    """Send one frame without joining its pieces (``sendmsg``; a TLS socket gets
+    :func:`frame`'s one buffer)."""
+    if isinstance(sock, ssl.SSLSocket):
+        sock.sendall(frame(kind, payload_parts))
         return
-    views = [memoryview(FRAME.pack(size, kind))]
-    views += [memoryview(p) for p in payload_parts if len(p)]
+    views = [memoryview(p) for p in payload_parts if len(p)]
+    views.insert(0, memoryview(FRAME.pack(sum(map(len, views)), kind)))
     while views:
         sent = sock.sendmsg(views[:_IOV_MAX])
         i = 0
@@ -119,9 +119,6 @@ def send_frame(sock, kind: int, payload_parts) -> None:
         views = views[i:]
         if sent:
             views[0] = views[0][sent:]
-
-
-_IOV_MAX = 1024
 
 
 def read_frame(rfile, max_bytes: int) -> tuple[int, bytes] | None:
@@ -156,8 +153,8 @@ def _read_varint(buf, pos: int) -> tuple[int, int]:
 def decode_range_chunk(payload: bytes):
     """``(status, next_entry_id, message, [(entry_id, body), ...])`` of an encoded
     ``ReadRangeResponse``, each body a memoryview of ``payload`` (no copy: the generated
-    parser copies every body twice). Unknown fields are skipped as protobuf does; a malformed
-    message is a :class:`FrameError`."""
+    parser copies every body twice). Unknown varint and length-delimited fields are skipped;
+    anything else, or a malformed message, is a :class:`FrameError`."""
     view = memoryview(payload)
     status = next_id = 0
     message = ""
