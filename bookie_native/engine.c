@@ -447,7 +447,7 @@ static int j_enqueue(Engine *e, uint32_t type, const unsigned char *hdr, size_t 
     size_t plen = hlen + blen;
     if (buf_reserve(&e->pending, JG_HDR + JR_HDR + plen) < 0)
         return -1;
-    if (e->pending.len == 0) { /* room for the group header, filled by the journal thread */
+    if (e->pending.len == 0) { /* room for the group header, filled by the committer */
         e->pending_since_ns = now_ns();
         e->pending.len = JG_HDR;
         e->j_enq += JG_HDR;
@@ -540,124 +540,155 @@ static void j_drop_synced(Engine *e, int fd, uint64_t end)
     }
 }
 
+/* wait on cv (mu held) for at most d nanoseconds */
+static void cond_wait_ns(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t d)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += (time_t)(d / 1000000000ull);
+    ts.tv_nsec += (long)(d % 1000000000ull);
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(cv, mu, &ts);
+}
+
+/* One group commit (mu held on entry and return; released during the I/O): write every pending
+ * record as one group, fdatasync it, then advance j_synced and wake the waiters.  Run by
+ * whichever thread finds the journal idle with records pending: an add's own thread (j_wait), so
+ * a lone writer pays no thread hand-off, or the journal thread, which drains at close.  j_busy
+ * keeps commits one at a time and in sequence order, so durability and ordering do not depend on
+ * who runs them.
+ *
+ * Group wait: until threshold bytes or the max wait since the oldest pending record -- but only
+ * while some add_entries call is about to enqueue (adaptive: when nobody is, waiting cannot grow
+ * the group, so commit at once, like a raw write+sync loop). */
+static void j_commit(Engine *e)
+{
+    if (e->j_failed) { /* drop: waiters already failed */
+        e->j_written = e->j_synced = e->j_enq;
+        e->pending.len = 0;
+        pthread_cond_broadcast(&e->synced_cv);
+        return;
+    }
+    e->j_busy = 1;
+    uint64_t tgw = now_ns();
+    e->j_grouping = 1;
+    while (!e->j_stop && e->group_wait_ns && e->pending.len < e->threshold && e->j_entering > 0) {
+        uint64_t deadline = e->pending_since_ns + e->group_wait_ns;
+        uint64_t t = now_ns();
+        if (t >= deadline)
+            break;
+        cond_wait_ns(&e->gcv, &e->mu, deadline - t);
+    }
+    e->j_grouping = 0;
+    TM_ADD(e, TM_J_GROUPWAIT, now_ns() - tgw);
+    Buf tmp = e->writing;
+    uint32_t gcrc = e->pending_gcrc;
+    e->writing = e->pending;
+    e->pending = tmp;
+    e->pending.len = 0;
+    uint64_t start = e->j_written, end = start + e->writing.len;
+    int err = 0;
+    if (e->jpos >= e->jmax_size) { /* roll */
+        uint64_t tr = now_ns();
+        int ro = j_open_file(e, e->jcur_id + 1);
+        TM_ADD(e, TM_J_ROLL, now_ns() - tr);
+        if (ro < 0) {
+            err = errno;
+        } else {
+            if (e->njfiles == e->jfcap) {
+                e->jfcap = e->jfcap ? e->jfcap * 2 : 8;
+                e->jfiles = realloc(e->jfiles, e->jfcap * sizeof *e->jfiles);
+            }
+            e->jfiles[e->njfiles].id = e->jcur_id;
+            e->jfiles[e->njfiles].start_seq = start;
+            e->njfiles++;
+        }
+    }
+    int fd = e->jfd;
+    uint64_t pos = e->jpos, jid = e->jcur_id;
+    pthread_mutex_unlock(&e->mu);
+    uint64_t t0 = now_ns();
+    {
+        unsigned char *g = e->writing.buf;
+        unsigned char idb[8];
+        memcpy(g, "BKSG", 4);
+        put32(g + 4, (uint32_t)(e->writing.len - JG_HDR));
+        put32(g + 8, gcrc); /* combined from the records' crcs as they were enqueued */
+        put64(g + 12, pos); /* a copy of a group inside an entry body can't pass for a real one */
+        put64(idb, jid);
+        put32(g + 20, bks_crc32c(bks_crc32c(0, idb, 8), g, 20));
+    }
+    uint64_t tc = now_ns();
+    TM_ADD(e, TM_J_CRC, tc - t0);
+    if (!err && pos + e->writing.len > e->jprealloc) {
+        uint64_t grow = JPREALLOC > e->writing.len ? JPREALLOC : e->writing.len;
+        if (posix_fallocate(fd, (off_t)e->jprealloc, (off_t)(pos + grow - e->jprealloc)) == 0)
+            e->jprealloc = pos + grow;
+    }
+    if (!err && write_full(fd, e->writing.buf, e->writing.len, pos) < 0)
+        err = errno;
+    uint64_t tw = now_ns();
+    TM_ADD(e, TM_J_WRITE, tw - tc);
+    if (!err && e->jsync && fdatasync(fd) < 0)
+        err = errno;
+    if (!err && e->jsync)
+        j_drop_synced(e, fd, pos + e->writing.len);
+    uint64_t t1 = now_ns();
+    TM_ADD(e, TM_J_SYNC, t1 - tw);
+    pthread_mutex_lock(&e->mu);
+    if (err) {
+        e->j_failed = err;
+        seterr(e, "journal write/sync failed: %s", strerror(err));
+    } else {
+        e->jpos = pos + e->writing.len;
+    }
+    e->st_syncs++;
+    e->st_sync_ns += t1 - t0;
+    e->st_jbytes += e->writing.len;
+    e->j_written = end;
+    e->j_synced = end;
+    e->j_busy = 0;
+    pthread_cond_broadcast(&e->synced_cv);
+    if (e->j_stop)
+        pthread_cond_broadcast(&e->jcv); /* the journal thread drains what is left, then exits */
+}
+
+/* Commits what nobody waits for at close; otherwise the waiters commit their own records. */
 static void *journal_thread(void *arg)
 {
     Engine *e = arg;
     pthread_setname_np(pthread_self(), "bks-journal");
     pthread_mutex_lock(&e->mu);
     for (;;) {
-        while (e->pending.len == 0 && !e->j_stop)
+        if (e->j_busy || (e->pending.len == 0 && !e->j_stop)) {
             pthread_cond_wait(&e->jcv, &e->mu);
-        if (e->pending.len == 0 && e->j_stop)
-            break;
-        if (e->j_failed) { /* drop: waiters already failed */
-            e->j_written = e->j_synced = e->j_enq;
-            e->pending.len = 0;
-            pthread_cond_broadcast(&e->synced_cv);
             continue;
         }
-        /* group wait: until threshold bytes or max wait since the oldest pending record --
-         * but only while some add_entries call is about to enqueue (adaptive: when nobody is,
-         * waiting cannot grow the group, so flush at once, like a raw write+sync loop) */
-        uint64_t tgw = now_ns();
-        while (!e->j_stop && e->group_wait_ns && e->pending.len < e->threshold && e->j_entering > 0) {
-            uint64_t deadline = e->pending_since_ns + e->group_wait_ns;
-            uint64_t t = now_ns();
-            if (t >= deadline)
-                break;
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            uint64_t d = deadline - t;
-            ts.tv_sec += (time_t)(d / 1000000000ull);
-            ts.tv_nsec += (long)(d % 1000000000ull);
-            if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-            }
-            pthread_cond_timedwait(&e->jcv, &e->mu, &ts);
-        }
-        TM_ADD(e, TM_J_GROUPWAIT, now_ns() - tgw);
-        Buf tmp = e->writing;
-        uint32_t gcrc = e->pending_gcrc;
-        e->writing = e->pending;
-        e->pending = tmp;
-        e->pending.len = 0;
-        uint64_t start = e->j_written, end = start + e->writing.len;
-        int err = 0;
-        if (e->jpos >= e->jmax_size) { /* roll */
-            uint64_t tr = now_ns();
-            int ro = j_open_file(e, e->jcur_id + 1);
-            TM_ADD(e, TM_J_ROLL, now_ns() - tr);
-            if (ro < 0) {
-                err = errno;
-            } else {
-                if (e->njfiles == e->jfcap) {
-                    e->jfcap = e->jfcap ? e->jfcap * 2 : 8;
-                    e->jfiles = realloc(e->jfiles, e->jfcap * sizeof *e->jfiles);
-                }
-                e->jfiles[e->njfiles].id = e->jcur_id;
-                e->jfiles[e->njfiles].start_seq = start;
-                e->njfiles++;
-            }
-        }
-        int fd = e->jfd;
-        uint64_t pos = e->jpos, jid = e->jcur_id;
-        pthread_mutex_unlock(&e->mu);
-        uint64_t t0 = now_ns();
-        {
-            unsigned char *g = e->writing.buf;
-            unsigned char idb[8];
-            memcpy(g, "BKSG", 4);
-            put32(g + 4, (uint32_t)(e->writing.len - JG_HDR));
-            put32(g + 8, gcrc); /* combined from the records' crcs as they were enqueued */
-            put64(g + 12, pos); /* a copy of a group inside an entry body can't pass for a real one */
-            put64(idb, jid);
-            put32(g + 20, bks_crc32c(bks_crc32c(0, idb, 8), g, 20));
-        }
-        uint64_t tc = now_ns();
-        TM_ADD(e, TM_J_CRC, tc - t0);
-        if (!err && pos + e->writing.len > e->jprealloc) {
-            uint64_t grow = JPREALLOC > e->writing.len ? JPREALLOC : e->writing.len;
-            if (posix_fallocate(fd, (off_t)e->jprealloc, (off_t)(pos + grow - e->jprealloc)) == 0)
-                e->jprealloc = pos + grow;
-        }
-        if (!err && write_full(fd, e->writing.buf, e->writing.len, pos) < 0)
-            err = errno;
-        uint64_t tw = now_ns();
-        TM_ADD(e, TM_J_WRITE, tw - tc);
-        if (!err && e->jsync && fdatasync(fd) < 0)
-            err = errno;
-        if (!err && e->jsync)
-            j_drop_synced(e, fd, pos + e->writing.len);
-        uint64_t t1 = now_ns();
-        TM_ADD(e, TM_J_SYNC, t1 - tw);
-        pthread_mutex_lock(&e->mu);
-        if (err) {
-            e->j_failed = err;
-            seterr(e, "journal write/sync failed: %s", strerror(err));
-        } else {
-            e->jpos = pos + e->writing.len;
-        }
-        e->st_syncs++;
-        e->st_sync_ns += t1 - t0;
-        e->st_jbytes += e->writing.len;
-        e->j_written = end;
-        e->j_synced = end;
-        pthread_cond_broadcast(&e->synced_cv);
+        if (e->pending.len == 0)
+            break; /* stopping, and nothing left */
+        j_commit(e);
     }
     pthread_mutex_unlock(&e->mu);
     return NULL;
 }
 
-/* wait (holding mu) until everything enqueued up to seq is durable */
+/* wait (holding mu) until everything enqueued up to seq is durable, committing it on this
+ * thread when no commit is running */
 static int j_wait(Engine *e, uint64_t seq)
 {
-    if (e->j_synced >= seq)
-        return e->j_failed ? E_IO : E_OK;
-    pthread_cond_signal(&e->jcv);
     e->j_waiters++;
-    while (e->j_synced < seq && !e->j_failed)
+    while (e->j_synced < seq && !e->j_failed) {
+        if (!e->j_busy) {
+            j_commit(e);
+            continue;
+        }
+        if (e->j_grouping)
+            pthread_cond_signal(&e->gcv); /* this entrant is done: the committer may stop waiting */
         pthread_cond_wait(&e->synced_cv, &e->mu);
+    }
     e->j_waiters--;
     if (e->j_failed) {
         seterr(e, "journal failed: %s", strerror(e->j_failed));
@@ -1798,15 +1829,7 @@ static void *ckpt_thread(void *arg)
             uint64_t d = e->ckpt_interval_ns - (t - last);
             if (d > 200000000ull)
                 d = 200000000ull;
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_sec += (time_t)(d / 1000000000ull);
-            ts.tv_nsec += (long)(d % 1000000000ull);
-            if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-            }
-            pthread_cond_timedwait(&e->ckpt_cv, &e->mu, &ts);
+            cond_wait_ns(&e->ckpt_cv, &e->mu, d);
             continue;
         }
         pthread_mutex_unlock(&e->mu);
@@ -1821,11 +1844,7 @@ static void *ckpt_thread(void *arg)
         pthread_mutex_lock(&e->mu);
         if (rc != E_OK) {
             e->st_bg_errors++;
-            /* don't spin on a persistent failure */
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_sec += 1;
-            pthread_cond_timedwait(&e->ckpt_cv, &e->mu, &ts);
+            cond_wait_ns(&e->ckpt_cv, &e->mu, 1000000000ull); /* don't spin on a persistent failure */
         }
     }
     pthread_mutex_unlock(&e->mu);
@@ -2483,6 +2502,7 @@ int eng_open(const EngineConfig *cfg, Engine **out, char *err, size_t errlen)
     pthread_mutex_init(&e->ckpt_mu, NULL);
     pthread_cond_init(&e->jcv, NULL);
     pthread_cond_init(&e->synced_cv, NULL);
+    pthread_cond_init(&e->gcv, NULL);
     pthread_cond_init(&e->cache_cv, NULL);
     pthread_cond_init(&e->ckpt_cv, NULL);
     e->nbuckets = 1024;

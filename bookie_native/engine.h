@@ -2,7 +2,8 @@
  * ledger state, checkpoint/LastLogMark, compaction.  See README.md for the file formats.
  *
  * Threading: one mutex `mu` guards all in-memory state (ledger map, index, write caches,
- * pending journal buffer, log table).  The journal thread writes+syncs outside `mu`.
+ * pending journal buffer, log table).  Group commits write+sync outside `mu`, one at a time, on
+ * the first waiting adder's thread (or the journal thread at close).
  * `ckpt_mu` serialises checkpoints, compaction and close (lock order ckpt_mu -> mu).
  * No function here touches Python objects; the binding layer (module.c) releases the GIL
  * around every call that may block.
@@ -95,6 +96,7 @@ typedef struct Engine {
 
     pthread_mutex_t mu, ckpt_mu;
     pthread_cond_t jcv, synced_cv, cache_cv, ckpt_cv;
+    pthread_cond_t gcv; /* a committer's group wait: an entrant finished enqueueing */
 
     /* ledgers */
     Ledger **buckets;
@@ -113,6 +115,8 @@ typedef struct Engine {
     uint64_t j_enq, j_written, j_synced; /* logical byte sequence numbers */
     uint64_t pending_since_ns;
     int j_failed, j_stop, j_waiters;
+    int j_busy;     /* a group commit is running (on the journal thread or a waiter's) */
+    int j_grouping; /* ... and is in its group wait */
     int j_entering; /* add_entries calls that will enqueue soon (adaptive group commit) */
     int jfd;
     uint64_t jcur_id, jpos, jprealloc, jdropped; /* jdropped: journal bytes below it are out of the page cache */
@@ -158,10 +162,10 @@ enum {
     TM_ADD_LOCKED,   /* adders: time holding mu to enqueue (excludes waits) */
     TM_ADD_SYNCWAIT, /* adders: waiting for the covering fdatasync */
     TM_CACHE_WAIT,   /* adders: waiting for a free cache half */
-    TM_J_GROUPWAIT,  /* journal thread: waiting for the group to grow */
-    TM_J_CRC,        /* journal thread: group checksum */
-    TM_J_WRITE,      /* journal thread: pwrite */
-    TM_J_SYNC,       /* journal thread: fdatasync */
+    TM_J_GROUPWAIT,  /* group commit: waiting for the group to grow */
+    TM_J_CRC,        /* group commit: group checksum */
+    TM_J_WRITE,      /* group commit: pwrite */
+    TM_J_SYNC,       /* group commit: fdatasync */
     TM_F_COLLECT,    /* flush: collecting live cache entries (holds mu) */
     TM_F_SORT,       /* flush: sorting */
     TM_F_WRITE,      /* flush: building + writing entry-log data */
@@ -170,7 +174,7 @@ enum {
     TM_F_REPOINT,    /* flush: re-pointing the index (holds mu) */
     TM_F_STATE,      /* checkpoint: ledgers.state + lastMark + journal gc */
     TM_F_JWAIT,      /* flush: waiting for the journal to cover the swapped half */
-    TM_J_ROLL,       /* journal thread: rolling to a new file */
+    TM_J_ROLL,       /* group commit: rolling to a new file */
     TM_F_DEFSYNC,    /* checkpoint: fdatasync of the entry logs flushed since the last one */
     TM_N
 };

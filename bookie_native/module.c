@@ -5,6 +5,7 @@
 #include <Python.h>
 #include <unistd.h>
 
+#include "addframe.h"
 #include "crc32c.h"
 #include "engine.h"
 
@@ -254,6 +255,182 @@ out:
     PyMem_Free(views);
     PyMem_Free(status);
     Py_DECREF(seq);
+    return result;
+}
+
+
+/* lacs[ledger] = max(lacs.get(ledger, -1), lac) */
+static int dict_max(PyObject *lacs, uint64_t ledger, int64_t lac)
+{
+    PyObject *k = PyLong_FromUnsignedLongLong(ledger);
+    if (!k)
+        return -1;
+    PyObject *old = PyDict_GetItemWithError(lacs, k);
+    int rc = 0;
+    if (old == NULL && PyErr_Occurred())
+        rc = -1;
+    else if (old == NULL || PyLong_AsLongLong(old) < lac) {
+        PyObject *v = PyLong_FromLongLong(lac);
+        rc = v ? PyDict_SetItem(lacs, k, v) : -1;
+        Py_XDECREF(v);
+    }
+    Py_DECREF(k);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ the data port's add batch */
+#define AF_MASTER_KEY_LEN 20   /* SHA1("ledger" || password) */
+#define AF_ENTRY_HEADER_LEN 32 /* ledger id, entry id, lac, length: 4 x int64 */
+#define AF_RECOVERY_ADD 1u
+
+/* why an add is refused before storage (EBADREQ) into msg, or 0 */
+static size_t af_rejection(const WireAdd *a, long long max_entry, char *msg, size_t cap)
+{
+    int n = 0;
+    if (a->ledger < 0 || a->entry < 0)
+        n = snprintf(msg, cap, "negative ledger or entry id");
+    else if (a->keylen != AF_MASTER_KEY_LEN)
+        n = snprintf(msg, cap, "master key must be %d bytes", AF_MASTER_KEY_LEN);
+    else if (a->len < AF_ENTRY_HEADER_LEN)
+        n = snprintf(msg, cap, "entry body shorter than its header");
+    else if ((long long)a->len > max_entry || a->len > MAX_BODY)
+        n = snprintf(msg, cap, "entry of %zu bytes exceeds max_entry_bytes", a->len);
+    else if (a->flags & ~AF_RECOVERY_ADD)
+        n = snprintf(msg, cap, "unknown add flags %#x", (unsigned)a->flags);
+    return n > 0 ? (size_t)n : 0;
+}
+
+static int64_t get_be64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v = v << 8 | p[i];
+    return (int64_t)v;
+}
+
+/* add_batch(payload, max_entry_bytes) -> (responses, lacs, ok, ok_bytes, failed)
+ *
+ * The bookie's whole add path for one AddBatch message: parse the wire bytes, refuse invalid
+ * adds (EBADREQ, as BookieService._rejection words them), store the rest (durable on return:
+ * eng_add_entries waits for the journal's fdatasync, without the GIL), and encode the
+ * AddBatchResponse body -- refusals first, then the stored adds in order.  lacs maps each
+ * ledger to the highest LAC piggybacked by its stored entries; failed lists the statuses of
+ * the adds storage refused (fenced, wrong key, I/O).  A message that is not an AddBatch
+ * raises BadRequest and stores nothing. */
+static PyObject *Store_add_batch(StoreObject *self, PyObject *args)
+{
+    Py_buffer payload;
+    long long max_entry;
+    if (check_open(self) < 0 || !PyArg_ParseTuple(args, "y*L", &payload, &max_entry))
+        return NULL;
+    PyObject *result = NULL, *lacs = NULL, *failed = NULL, *raw = NULL;
+    WireAdd *adds = NULL;
+    AddReq *reqs = NULL;
+    int *status = NULL;
+    size_t *which = NULL;
+    char (*why)[96] = NULL;
+    const char *defect = "";
+    long n = af_parse_batch(payload.buf, (size_t)payload.len, &adds, &defect);
+    if (n < 0) {
+        PyErr_Format(ExcBadReq ? ExcBadReq : PyExc_ValueError, "malformed AddBatch: %s", defect);
+        goto out;
+    }
+    size_t cnt = (size_t)n, nreq = 0, nbad = 0, bad_text = 0;
+    reqs = PyMem_Calloc(cnt ? cnt : 1, sizeof *reqs);
+    status = PyMem_Calloc(cnt ? cnt : 1, sizeof *status);
+    which = PyMem_Calloc(cnt ? cnt : 1, sizeof *which);
+    why = PyMem_Calloc(cnt ? cnt : 1, sizeof *why);
+    if (!reqs || !status || !which || !why) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (size_t i = 0; i < cnt; i++) {
+        const WireAdd *a = &adds[i];
+        size_t wl = af_rejection(a, max_entry, why[i], sizeof why[i]);
+        if (wl) {
+            nbad++;
+            bad_text += wl;
+            continue;
+        }
+        why[i][0] = 0;
+        AddReq *r = &reqs[nreq];
+        r->ledger = (uint64_t)a->ledger;
+        r->entry = a->entry;
+        r->key = a->key;
+        r->keylen = (uint32_t)a->keylen;
+        r->recovery = (a->flags & AF_RECOVERY_ADD) != 0;
+        r->body = a->body;
+        r->len = (uint32_t)a->len;
+        which[nreq++] = i;
+    }
+    int rc = E_OK;
+    char io_msg[256] = "";
+    if (nreq) {
+        Engine *e = self->e;
+        BKS_BEGIN rc = eng_add_entries(e, reqs, nreq, status);
+        BKS_END
+        if (rc != E_OK)
+            snprintf(io_msg, sizeof io_msg, "%s", rc == E_CLOSED ? "storage is closed"
+                                                  : eng_errmsg()[0] ? eng_errmsg() : "add failed");
+    }
+    size_t io_len = strlen(io_msg);
+    raw = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(cnt * AF_RESPONSE_MAX(0) + bad_text + nbad * 3 +
+                                                       (rc != E_OK ? nreq * (io_len + 3) : 0)));
+    lacs = PyDict_New();
+    failed = PyList_New(0);
+    if (!raw || !lacs || !failed)
+        goto out;
+    unsigned char *d = (unsigned char *)PyBytes_AS_STRING(raw), *d0 = d;
+    for (size_t i = 0; i < cnt && nbad; i++) /* refusals first, as the Python path answers */
+        if (why[i][0])
+            d += af_put_response(d, 404 /* EBADREQ */, adds[i].ledger, adds[i].entry, adds[i].request_id, why[i],
+                                 strlen(why[i]));
+    long long ok = 0, ok_bytes = 0;
+    uint64_t lac_ledger = 0;
+    int64_t lac_max = -1;
+    int have_lac = 0;
+    for (size_t k = 0; k < nreq; k++) {
+        const WireAdd *a = &adds[which[k]];
+        int st = rc == E_OK ? status[k] : 501 /* EIO */;
+        d += af_put_response(d, st, a->ledger, a->entry, a->request_id, st == BKS_EOK ? "" : io_msg,
+                             st == BKS_EOK ? 0 : (rc == E_OK ? 0 : io_len));
+        if (st != BKS_EOK) {
+            PyObject *v = PyLong_FromLong(st);
+            if (!v || PyList_Append(failed, v) < 0) {
+                Py_XDECREF(v);
+                goto out;
+            }
+            Py_DECREF(v);
+            continue;
+        }
+        ok++;
+        ok_bytes += (long long)a->len;
+        int64_t lac = get_be64(a->body + 16);
+        if (have_lac && lac_ledger != (uint64_t)a->ledger) { /* flush the run of the previous ledger */
+            if (dict_max(lacs, lac_ledger, lac_max) < 0)
+                goto out;
+            have_lac = 0;
+        }
+        if (!have_lac || lac > lac_max)
+            lac_max = lac;
+        lac_ledger = (uint64_t)a->ledger;
+        have_lac = 1;
+    }
+    if (have_lac && dict_max(lacs, lac_ledger, lac_max) < 0)
+        goto out;
+    if (_PyBytes_Resize(&raw, (Py_ssize_t)(d - d0)) < 0)
+        goto out;
+    result = Py_BuildValue("OOLLO", raw, lacs, ok, ok_bytes, failed);
+out:
+    Py_XDECREF(raw);
+    Py_XDECREF(lacs);
+    Py_XDECREF(failed);
+    free(adds);
+    PyMem_Free(reqs);
+    PyMem_Free(status);
+    PyMem_Free(which);
+    PyMem_Free(why);
+    PyBuffer_Release(&payload);
     return result;
 }
 
@@ -624,6 +801,8 @@ static PyObject *Store_stats(StoreObject *self, PyObject *unused)
 
 static PyMethodDef Store_methods[] = {
     {"add_entries", (PyCFunction)Store_add_entries, METH_O, "add a batch; returns list of status codes"},
+    {"add_batch", (PyCFunction)Store_add_batch, METH_VARARGS,
+     "add_batch(AddBatch bytes, max_entry_bytes) -> (AddBatchResponse bytes, lacs, ok, ok_bytes, failed)"},
     {"fence", (PyCFunction)Store_fence, METH_VARARGS, "fence(ledger, key) -> status"},
     {"is_fenced", (PyCFunction)Store_is_fenced, METH_O, NULL},
     {"master_key", (PyCFunction)Store_master_key, METH_O, NULL},

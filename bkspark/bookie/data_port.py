@@ -114,7 +114,7 @@ class _Connection:
     """Serves one connection from its own thread: each frame is answered before the next is
     read.
 
-    An add batch is stored inline (``BookieService._process_adds``: journal group commit,
+    An add batch is stored inline (``BookieService.process_add_batch``: journal group commit,
     then the encoded acks are sent). No hand-off to another thread: on two cores every
     thread switch per message cost more than the message itself. The client's stream is
     self-clocked -- its next batch carries everything queued while this one was stored --
@@ -131,7 +131,6 @@ class _Connection:
     def run(self) -> None:
         service = self.service
         max_bytes = self.server.max_frame_bytes
-        add_batch = pb.AddBatch.FromString
         sendall, frame, send_frame = self.conn.sendall, wire.frame, wire.send_frame
         while not service._stopping:
             item = wire.read_frame(self.rfile, max_bytes)
@@ -139,7 +138,7 @@ class _Connection:
                 return
             kind, payload = item
             if kind == wire.KIND_ADD_BATCH:
-                raw = service._process_adds(add_batch(payload).adds)
+                raw = service.process_add_batch(payload)
                 if raw:                 # b"": every add dropped by fault injection
                     sendall(frame(wire.KIND_ADD_RESPONSES, (raw,)))
             elif kind == wire.KIND_READ_RANGE:

@@ -26,13 +26,16 @@ class BookieMetrics:
     def record_adds(self, accepted, statuses, nbytes: int, seconds: float) -> None:
         """Count a stored batch: ``nbytes`` is the size of all accepted entries."""
         failed = [s for s in statuses if s != errors.EOK]
-        if failed:
-            ok_bytes = sum(len(a[4]) for a, s in zip(accepted, statuses) if s == errors.EOK)
-            for status in set(failed):
-                self.adds.labels(status=errors.status_name(status)).inc(failed.count(status))
-        else:
-            ok_bytes = nbytes
-        self.adds.labels(status="EOK").inc(len(statuses) - len(failed))
+        ok_bytes = (sum(len(a[4]) for a, s in zip(accepted, statuses) if s == errors.EOK)
+                    if failed else nbytes)
+        self.record_batch(len(statuses) - len(failed), ok_bytes, failed, seconds)
+
+    def record_batch(self, ok: int, ok_bytes: int, failed, seconds: float) -> None:
+        """Count a stored batch: ``ok`` entries of ``ok_bytes`` stored, ``failed`` the statuses
+        of the others."""
+        for status in set(failed):
+            self.adds.labels(status=errors.status_name(status)).inc(failed.count(status))
+        self.adds.labels(status="EOK").inc(ok)
         self.add_bytes.inc(ok_bytes)
         self.add_latency.observe(seconds)
 

@@ -312,6 +312,32 @@ class BookieService(pb_grpc.BookieServicer):
             self.metrics.record_adds(accepted, statuses, nbytes, time.perf_counter() - started)
         return b"".join(out)
 
+    def process_add_batch(self, payload) -> bytes:
+        """The data port's add path: an encoded ``AddBatch`` in, the encoded
+        ``AddBatchResponse`` body out, answered like :meth:`_process_adds` but parsed,
+        validated, stored and encoded in C (``Storage.add_batch``) with no Python object per
+        entry. Falls back to :meth:`_process_adds` while faults are injected, when the bookie
+        is read-only or over its in-flight bytes, and when storage fails as a whole (closed),
+        so those answers have one implementation."""
+        size = len(payload)
+        if self.faults.active or self.state.read_only or not self._reserve(size):
+            return self._process_adds(pb.AddBatch.FromString(payload).adds)
+        started = time.perf_counter()
+        try:
+            raw, lacs, ok, ok_bytes, failed = self.storage.add_batch(
+                payload, self.config.max_entry_bytes)
+        except errors.BadRequestError:
+            raise       # not an AddBatch: the caller drops the connection
+        except errors.BKError:
+            return self._process_adds(pb.AddBatch.FromString(payload).adds)
+        finally:
+            self._release(size)
+        if lacs:
+            self.lac.advance(lacs)
+        if self.metrics is not None and (ok or failed):
+            self.metrics.record_batch(ok, ok_bytes, failed, time.perf_counter() - started)
+        return raw
+
     def Add(self, request, context):
         raw = self._process_adds([request])
         if not raw:       # dropped by fault injection: never answer

@@ -80,6 +80,7 @@ class Storage:
         s = self._store
         # direct bindings: no Python frame per call on the hot path
         self.add_entries = s.add_entries
+        self.add_batch = s.add_batch
         self.is_fenced = s.is_fenced
         self.master_key = s.master_key
         self.has_ledger = s.has_ledger
@@ -98,6 +99,13 @@ class Storage:
     # documented signatures (the instance attributes above shadow these for speed)
     def add_entries(self, entries):  # noqa: F811 - list of (ledger, entry, key, recovery, body)
         return self._store.add_entries(entries)
+
+    def add_batch(self, payload, max_entry_bytes: int):  # noqa: F811
+        """Store an encoded ``AddBatch`` message; return ``(AddBatchResponse body, {ledger:
+        highest piggybacked LAC}, ok, ok_bytes, [statuses of refused stores])``. Invalid adds
+        are answered EBADREQ; the stored ones are durable on return. Raises
+        :class:`~bkspark.errors.BadRequestError` for bytes that are not an ``AddBatch``."""
+        return self._store.add_batch(payload, max_entry_bytes)
 
     def fence(self, ledger_id: int, master_key: bytes) -> int:
         return self._store.fence(ledger_id, bytes(master_key))

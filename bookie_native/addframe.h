@@ -1,0 +1,38 @@
+/* The data port's add messages in C: parse an AddBatch and encode an AddBatchResponse
+ * (bkspark/proto/bookie.proto) straight from and to protobuf wire bytes, so a batch of adds
+ * costs no Python object per entry.  Pure C, no Python and no engine state.
+ *
+ * Parsing follows protobuf's rules for the fields it knows (the last value of a singular
+ * field wins; a field with an unexpected wire type or number is skipped) and refuses what
+ * cannot be protobuf at all: truncated varints or lengths, groups, a length past the end.
+ */
+#ifndef BKS_ADDFRAME_H
+#define BKS_ADDFRAME_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    int64_t ledger, entry; /* as sent: negative ids are refused by the caller */
+    const unsigned char *key;
+    size_t keylen;
+    uint32_t flags;
+    const unsigned char *body; /* points into the parsed buffer */
+    size_t len;
+    uint64_t request_id;
+} WireAdd;
+
+/* Parse an AddBatch message of n bytes; *out is malloc'ed (free() it, also on error).
+ * Returns the number of adds, or -1 with *why naming the defect. */
+long af_parse_batch(const unsigned char *p, size_t n, WireAdd **out, const char **why);
+
+/* Upper bound of the bytes af_put_response writes for a message of msglen (< 2 MiB) bytes:
+ * tag, length, four fields of at most 11 bytes, the message's tag, length and text. */
+#define AF_RESPONSE_MAX(msglen) (1 + 3 + 4 * 11 + 1 + 3 + (msglen))
+
+/* Append one AddBatchResponse.responses element (an AddResponse) at dst; return the bytes
+ * written.  Zero status and request id are omitted (proto3 defaults); ids are always sent. */
+size_t af_put_response(unsigned char *dst, int status, int64_t ledger, int64_t entry, uint64_t request_id,
+                       const char *msg, size_t msglen);
+
+#endif
