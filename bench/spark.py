@@ -13,7 +13,8 @@ bytes of the data (what the log stores per replica). Prints rows/s, MB/s and the
 Parquet for each direction; the best of ``--repeat`` runs counts. A third read, of a Python
 data source that yields the log's first Arrow batch from memory over the same partitions
 (:func:`floor_source`), gives the ceiling of the read ratio on this machine: what Spark's
-Python data source path itself costs next to Parquet's JVM reader.
+Python data source path itself costs next to Parquet's JVM reader. The same source's Arrow
+writer, which only counts the batches it is given, gives the write ratio's ceiling.
 
 Targets (issue 7): read >= 0.7x Parquet rows/s, write >= 0.5x Parquet rows/s.
 """
@@ -41,7 +42,8 @@ def floor_source():
     read ratio cannot exceed this source's ratio: it is what Spark's Python data source path
     (Arrow batches from a Python worker to the JVM) costs on this machine, measured in the
     same run."""
-    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+    from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourceReader,
+                                        InputPartition, WriterCommitMessage)
 
     class Share(InputPartition):
         def __init__(self, rows: int):
@@ -65,6 +67,14 @@ def floor_source():
                 left -= batch.num_rows
                 yield batch
 
+    class Counted(WriterCommitMessage):
+        def __init__(self, rows: int):
+            self.rows = rows
+
+    class Writer(DataSourceArrowWriter):
+        def write(self, iterator):
+            return Counted(sum(batch.num_rows for batch in iterator))
+
     class FloorSource(DataSource):
         @classmethod
         def name(cls):
@@ -78,6 +88,9 @@ def floor_source():
 
         def reader(self, schema):
             return Reader(self.options)
+
+        def writer(self, schema, overwrite):
+            return Writer()
 
     return FloorSource
 
@@ -185,6 +198,9 @@ def main() -> int:
         def pq_read():
             spark.read.parquet(parquet_dir).write.format("noop").mode("overwrite").save()
 
+        def floor_write():
+            df.write.format("bkspark_bench_floor").mode("append").save()
+
         def floor_read():
             (spark.read.format("bkspark_bench_floor").options(**floor_opts).load()
              .write.format("noop").mode("overwrite").save())
@@ -196,11 +212,15 @@ def main() -> int:
         small.write.mode("overwrite").parquet(parquet_dir + "-warmup")
         spark.read.parquet(parquet_dir + "-warmup").count()
 
-        best = {k: float("inf") for k in ("bk_write", "pq_write", "bk_read", "pq_read", "floor_read")}
+        best = {k: float("inf") for k in ("bk_write", "pq_write", "floor_write", "bk_read",
+                                          "pq_read", "floor_read")}
         floor_opts = None
+        spark.dataSource.register(floor_source())
+        small.write.format("bkspark_bench_floor").mode("append").save()   # warm-up
         for _ in range(args.repeat):
             best["bk_write"] = min(best["bk_write"], timed(bk_write, "bk_write"))
             best["pq_write"] = min(best["pq_write"], timed(pq_write, "pq_write"))
+            best["floor_write"] = min(best["floor_write"], timed(floor_write, "floor_write"))
             if floor_opts is None:
                 floor_opts = prepare_floor(spark, uri, log, bk_opts, rows, work)
                 floor_read()        # warm-up: the new source's planning and workers
@@ -230,10 +250,14 @@ def main() -> int:
                   f"({bk_t:.2f}s) | parquet {rows / pq_t:>12,.0f} rows/s {mb / pq_t:7.1f} MB/s "
                   f"({pq_t:.2f}s) | ratio {ratio:.2f}x (target >= {target}x: "
                   f"{'met' if ratio >= target else 'NOT met'})")
-        fl_t = best["floor_read"]
+        fw_t, fl_t = best["floor_write"], best["floor_read"]
         print("cores busy in the best run (bookies' CPU seconds): " + ", ".join(
             f"{k} {v[1] * 100:.0f}% ({v[2]:.2f}s)" for k, v in BUSY.items()))
-        print(f"floor: python source, no storage {rows / fl_t:>7,.0f} rows/s {mb / fl_t:7.1f} MB/s "
+        print(f"floor write: python sink, no storage {rows / fw_t:>7,.0f} rows/s "
+              f"{mb / fw_t:7.1f} MB/s ({fw_t:.2f}s) | ratio to parquet {best['pq_write'] / fw_t:.2f}x: "
+              f"the write ratio's ceiling; bookkeeper write reaches "
+              f"{fw_t / best['bk_write'] * 100:.0f}% of it")
+        print(f"floor read: python source, no storage {rows / fl_t:>7,.0f} rows/s {mb / fl_t:7.1f} MB/s "
               f"({fl_t:.2f}s, {floor_opts['partitions']} partitions) | ratio to parquet "
               f"{best['pq_read'] / fl_t:.2f}x: the read ratio's ceiling; bookkeeper read reaches "
               f"{fl_t / best['bk_read'] * 100:.0f}% of it")
@@ -246,7 +270,7 @@ def main() -> int:
 
 
 def prepare_floor(spark, uri, log, bk_opts, rows, work) -> dict:
-    """Register the floor source with the bookkeeper read's schema, partition count and first
+    """The floor source's read options: the bookkeeper read's schema, partition count and first
     entry (as an Arrow IPC stream file the tasks read once)."""
     import pyarrow as pa
 
@@ -254,7 +278,6 @@ def prepare_floor(spark, uri, log, bk_opts, rows, work) -> dict:
     from bkspark.log import LogStore
     from bkspark.spark.codec import MD_ARROW_SCHEMA, decode_arrow
 
-    spark.dataSource.register(floor_source())
     df = spark.read.format("bookkeeper").options(**bk_opts).load(log)
     with BookKeeper(uri) as bk:
         logs = LogStore(bk)
