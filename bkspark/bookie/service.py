@@ -324,14 +324,16 @@ class BookieService(pb_grpc.BookieServicer):
             return self._process_adds(pb.AddBatch.FromString(payload).adds)
         started = time.perf_counter()
         try:
-            raw, lacs, ok, ok_bytes, failed = self.storage.add_batch(
-                payload, self.config.max_entry_bytes)
+            stored = self.storage.add_batch(payload, self.config.max_entry_bytes)
         except errors.BadRequestError:
             raise       # not an AddBatch: the caller drops the connection
         except errors.BKError:
-            return self._process_adds(pb.AddBatch.FromString(payload).adds)
+            stored = None
         finally:
             self._release(size)
+        if stored is None:      # storage failed as a whole: the Python path words the answers
+            return self._process_adds(pb.AddBatch.FromString(payload).adds)
+        raw, lacs, ok, ok_bytes, failed = stored
         if lacs:
             self.lac.advance(lacs)
         if self.metrics is not None and (ok or failed):

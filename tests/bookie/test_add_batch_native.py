@@ -171,3 +171,12 @@ def test_entry_header_lac_is_read_big_endian(twins):
     add = pb.AddRequest(ledger_id=21, entry_id=0, master_key=MASTER_KEY, body=body)
     _both(twins, _batch(add))
     assert twins[0].lac._lac == {21: 2**40}
+
+
+def test_closed_storage_answers_every_add_with_an_io_error(twins):
+    native = twins[0]
+    native.storage.close()
+    answers = _answers(native.process_add_batch(_batch(add_request(23, 0, b"a"),
+                                                       add_request(23, 1, b"b"))))
+    assert [(a[0], a[2]) for a in answers] == [(errors.EIO, 0), (errors.EIO, 1)]
+    assert "closed" in answers[0][4] and native.inflight_bytes == 0
