@@ -61,7 +61,7 @@ class DataPortServer:
         with self._lock:
             conns = list(self._conns)
         for conn in conns:
-            _shutdown(conn)
+            wire.shutdown(conn)
 
     def _accept_loop(self) -> None:
         while not self._stopped:
@@ -149,9 +149,3 @@ class _Connection:
             else:
                 raise wire.FrameError(f"unknown frame kind {kind}")
 
-
-def _shutdown(conn: socket.socket) -> None:
-    try:
-        conn.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass

@@ -10,9 +10,9 @@
   (5 ms), for the previous ones to be answered, and carries everything queued meanwhile;
   over gRPC, whose per-message cost is ~0.3 ms of CPU on each end, they are also spaced by
   at least ``linger`` (2 ms). An idle data-port stream skips the queue: the appender's
-  thread sends what the socket takes without blocking (:meth:`_AddStream.send`). A reader thread hands acks to the ledger handle registered for
-  their ledger id (``sink.on_add_responses(bookie_id, [(entry_id, status), ...])``). When
-  the stream breaks every registered sink hears ``sink.on_bookie_failed(bookie_id, error)``;
+  thread sends what the socket takes without blocking (:meth:`_AddStream.send`). A reader
+  thread hands acks to the ledger handle registered for their ledger id
+  (``sink.on_add_responses(bookie_id, [(entry_id, status), ...])``). When the stream breaks every registered sink hears ``sink.on_bookie_failed(bookie_id, error)``;
   the next send opens a new stream.
 * Unary calls (reads, recovery adds, LAC reads) return :class:`concurrent.futures.Future`
   objects; transport failures become :class:`BookieUnavailableError` /
@@ -171,10 +171,15 @@ class _AddStream:
             last = monotonic()
             self.backlog -= size
             with self.send_lock:
-                self.sent_elements += len(parts)
-                client.add_messages += 1
-                client.add_elements += len(parts)
+                self._count_sent(len(parts))
             yield parts
+
+    def _count_sent(self, elements: int) -> None:
+        """One message of ``elements`` adds goes out (``send_lock`` held): self-clocking and
+        the perf counters."""
+        self.sent_elements += elements
+        self.client.add_messages += 1
+        self.client.add_elements += elements
 
     def _read(self):
         error = None
@@ -226,9 +231,7 @@ class _AddStream:
             try:
                 if (self.partial is None and self.sent_elements == self.acked_elements
                         and self.q.empty() and not self.dead):
-                    self.sent_elements += len(elems)
-                    self.client.add_messages += 1
-                    self.client.add_elements += len(elems)
+                    self._count_sent(len(elems))
                     rest = direct(elems)
                     if rest is not None:    # socket buffer full: never block an appender
                         self.partial = rest
@@ -276,12 +279,6 @@ def _idle_and_open(sock: socket.socket) -> bool:
     except OSError:
         return False
 
-
-def _shutdown(sock: socket.socket) -> None:
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
 
 
 class BookieClient:
@@ -343,7 +340,7 @@ class BookieClient:
         sock = self._connect_data_port(data_port)
         if stream.linger is None:
             stream.linger = 0.0
-        stream.opened(lambda: _shutdown(sock))
+        stream.opened(lambda: wire.shutdown(sock))
         return self._data_port_responses(sock, stream)
 
     def _connect_data_port(self, data_port: int) -> socket.socket:
@@ -382,7 +379,7 @@ class BookieClient:
             except BlockingIOError:
                 n = 0
             except OSError:
-                _shutdown(sock)     # the reader sees the end: the stream dies, adds are resent
+                wire.shutdown(sock)     # the reader sees the end: the stream dies, adds are resent
                 return None
             return memoryview(data)[n:] if n < len(data) else None
 
@@ -401,7 +398,7 @@ class BookieClient:
                     stream._direct = None
                     sock.shutdown(socket.SHUT_WR)   # closed: the bookie answers, then ends
             except OSError:
-                _shutdown(sock)
+                wire.shutdown(sock)
 
         if not isinstance(sock, ssl.SSLSocket):     # no MSG_DONTWAIT under TLS
             stream._direct = direct
@@ -421,7 +418,7 @@ class BookieClient:
             if not stream.cancelled:
                 raise BookieUnavailableError(f"bookie {self.bookie_id}: data port: {exc}") from None
         finally:
-            _shutdown(sock)
+            wire.shutdown(sock)
             stream.close()          # ends the sender
             sock.close()
 

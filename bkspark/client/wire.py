@@ -10,6 +10,7 @@ elements. ``tests/client/test_wire.py`` pins the bytes against the generated pro
 """
 from __future__ import annotations
 
+import socket
 import ssl
 import struct
 
@@ -96,10 +97,16 @@ class FrameError(Exception):
 
 def frame(kind: int, payload_parts) -> bytes:
     """Header + payload in one buffer (one copy of the payload, one send)."""
-    size = 0
-    for p in payload_parts:
-        size += len(p)
-    return b"".join((FRAME.pack(size, kind), *payload_parts))
+    return b"".join((FRAME.pack(sum(map(len, payload_parts)), kind), *payload_parts))
+
+
+def shutdown(sock) -> None:
+    """Shut both directions of a data-port socket (the peer and our reader see the end);
+    an already closed one is fine."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 def send_frame(sock, kind: int, payload_parts) -> None:
