@@ -143,6 +143,8 @@ def main() -> int:
     p.add_argument("--payload", type=int, default=64, help="bytes of the binary column")
     p.add_argument("--metadata", default=None, help="metadata URI of a running cluster")
     p.add_argument("--master", default="local[2]")
+    p.add_argument("--bookie-args", default="",
+                   help='flags for the fresh cluster\'s bookies, e.g. "--entry-log-page-cache"')
     args = p.parse_args()
     rows = 2_000_000 if args.full else args.rows
 
@@ -153,7 +155,8 @@ def main() -> int:
     cluster = None
     if args.metadata is None:
         from bkspark.localcluster import LocalCluster
-        cluster = LocalCluster(num_bookies=3, data_dir=os.path.join(work, "bookies"))
+        cluster = LocalCluster(num_bookies=3, data_dir=os.path.join(work, "bookies"),
+                               extra_args=args.bookie_args.split())
         cluster.start_all()
         uri = cluster.metadata_uri
         BOOKIE_PIDS.extend(b.proc.pid for b in cluster.bookies)
@@ -239,7 +242,9 @@ def main() -> int:
         mb = arrow_bytes / 1e6
         print(f"config: rows={rows:,} partitions={args.partitions} master={args.master} "
               f"payload={args.payload}B; bookkeeper entryFormat=arrow E=3 Qw=2 Qa=2 "
-              f"({'fresh 3-bookie local cluster' if cluster else uri}), {n_ledgers} ledgers, "
+              f"({'fresh 3-bookie local cluster' if cluster else uri}"
+              f"{' with bookie flags ' + args.bookie_args if cluster and args.bookie_args else ''}), "
+              f"{n_ledgers} ledgers, "
               f"{n_entries} entries, {mb:.1f} MB Arrow (per replica); parquet {parquet_bytes / 1e6:.1f} MB "
               f"on local disk; best of {args.repeat}")
         for direction in ("write", "read"):

@@ -66,6 +66,7 @@ typedef struct LogFile {
     uint32_t id;
     int dir;     /* index into ledger_dirs */
     int fd, idx_fd;
+    int dfd;     /* O_DIRECT read descriptor, -1 if unsupported or the page cache is kept */
     uint64_t size, idx_size; /* bytes written (including header) */
     uint64_t live, total;    /* record bytes referenced by the index / written */
     int refs, dead, writable, selected;
@@ -93,6 +94,8 @@ typedef struct Engine {
     int max_backups, jsync;
     double compaction_threshold;
     uint64_t compaction_max_bytes, ckpt_interval_ns;
+    int page_cache; /* keep entry-log pages in the OS page cache (else: dropped after writeback,
+                     * reads are direct; see engine.c "entry logs and the page cache") */
 
     pthread_mutex_t mu, ckpt_mu;
     pthread_cond_t jcv, synced_cv, cache_cv, ckpt_cv;
@@ -201,6 +204,7 @@ typedef struct {
     uint64_t entry_log_max;
     double compaction_threshold;
     uint64_t compaction_max_bytes, ckpt_interval_ms;
+    int page_cache; /* see Engine.page_cache */
 } EngineConfig;
 
 typedef struct {

@@ -87,15 +87,15 @@ static int Store_init(StoreObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"journal_dir", "ledger_dirs", "write_cache_bytes", "group_wait_us", "threshold",
                              "journal_max_size", "max_backups", "sync", "entry_log_max_size", "compaction_threshold",
-                             "compaction_max_bytes", "checkpoint_interval_ms", NULL};
+                             "compaction_max_bytes", "checkpoint_interval_ms", "page_cache", NULL};
     const char *jdir;
     PyObject *ldirs;
     unsigned long long wcb = 64ull << 20, gw = 2000, thr = 512 << 10, jmax = 512ull << 20, elmax = 1ull << 30,
                        cmax = 64ull << 20, cint = 10000;
-    int backups = 5, sync = 1;
+    int backups = 5, sync = 1, page_cache = 0;
     double cthr = 0.5;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|KKKKipKdKK", kwlist, &jdir, &ldirs, &wcb, &gw, &thr, &jmax,
-                                     &backups, &sync, &elmax, &cthr, &cmax, &cint))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|KKKKipKdKKp", kwlist, &jdir, &ldirs, &wcb, &gw, &thr, &jmax,
+                                     &backups, &sync, &elmax, &cthr, &cmax, &cint, &page_cache))
         return -1;
     if (self->e) {
         PyErr_SetString(PyExc_RuntimeError, "Store already initialised");
@@ -118,7 +118,7 @@ static int Store_init(StoreObject *self, PyObject *args, PyObject *kw)
             return -1;
         }
     }
-    EngineConfig cfg = {jdir, dirs, (int)nd, wcb, gw, thr, jmax, backups, sync, elmax, cthr, cmax, cint};
+    EngineConfig cfg = {jdir, dirs, (int)nd, wcb, gw, thr, jmax, backups, sync, elmax, cthr, cmax, cint, page_cache};
     char err[600] = "";
     Engine *e = NULL;
     int rc;

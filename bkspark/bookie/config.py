@@ -37,6 +37,8 @@ class BookieConfig:
     journal_sync: bool = True           # False only for benchmarks: acks before data is durable
     entry_log_max_size_mb: int = 1024
     compaction_threshold: float = 0.5
+    entry_log_page_cache: bool = False  # keep written entry logs in the OS page cache (else
+                                        # dropped once written back; reads are O_DIRECT)
     # server limits
     max_entry_bytes: int = 5 << 20
     max_message_bytes: int = 64 << 20

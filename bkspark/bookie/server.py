@@ -74,7 +74,8 @@ def storage_config(config: BookieConfig) -> StorageConfig:
         journal_max_size_mb=config.journal_max_size_mb, journal_max_backups=config.journal_max_backups,
         journal_sync=config.journal_sync, entry_log_max_size=config.entry_log_max_size_mb << 20,
         compaction_threshold=config.compaction_threshold,
-        checkpoint_interval_s=config.checkpoint_interval_s)
+        checkpoint_interval_s=config.checkpoint_interval_s,
+        entry_log_page_cache=config.entry_log_page_cache)
 
 
 class BookieServer:

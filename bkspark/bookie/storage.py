@@ -50,6 +50,9 @@ class StorageConfig:
     compaction_threshold: float = 0.5
     compaction_max_bytes_per_pass: int = 64 << 20
     checkpoint_interval_s: float = 10.0
+    # False: entry-log pages leave the page cache once written back and flushed entries are read
+    # with O_DIRECT (through the cache on a filesystem without it); see bookie_native/README.md
+    entry_log_page_cache: bool = False
 
 
 class Storage:
@@ -76,6 +79,7 @@ class Storage:
             compaction_threshold=float(config.compaction_threshold),
             compaction_max_bytes=int(config.compaction_max_bytes_per_pass),
             checkpoint_interval_ms=max(1, int(config.checkpoint_interval_s * 1000)),
+            page_cache=bool(config.entry_log_page_cache),
         )
         s = self._store
         # direct bindings: no Python frame per call on the hot path

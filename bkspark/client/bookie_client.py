@@ -258,6 +258,22 @@ class _AddStream:
                 pass
 
 
+def _runs(elems: list[bytes], limit: int = MAX_BATCH_BYTES) -> list[list[bytes]]:
+    """``elems`` cut into runs of at most ``limit`` bytes (a larger element alone): each run
+    becomes at most one add message, and a bookie refuses a message over its frame limit."""
+    if sum(map(len, elems)) <= limit:
+        return [elems]
+    runs, run, size = [], [], 0
+    for elem in elems:
+        if run and size + len(elem) > limit:
+            runs.append(run)
+            run, size = [], 0
+        run.append(elem)
+        size += len(elem)
+    runs.append(run)
+    return runs
+
+
 def _joined(messages):
     for parts in messages:
         yield b"".join(parts)
@@ -323,7 +339,8 @@ class BookieClient:
             st = self._stream
             if st is None or st.dead:
                 st = self._stream = _AddStream(self)
-            st.send(elems)
+            for run in _runs(elems):
+                st.send(run)
 
     def _open_add_transport(self, stream: _AddStream):
         """Open ``stream``'s transport; return the iterator of its ``AddBatchResponse``s.

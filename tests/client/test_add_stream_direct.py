@@ -15,7 +15,7 @@ class _PairClient(bc.BookieClient):
 
     def _open_add_transport(self, stream):
         stream.linger = 0.0
-        stream.opened(lambda: bc._shutdown(self.near))
+        stream.opened(lambda: wire.shutdown(self.near))
         return self._data_port_responses(self.near, stream)
 
 

@@ -367,3 +367,16 @@ def test_digest_mismatch_served_from_another_replica(c):
         assert rh.read_entry(4).data == b"d4"                       # per-entry read
         assert [e.data for e in rh.read(4, 5)] == [b"d4", b"d5"]   # range read from `first`
         assert [e.data for e in rh.read(0, 5)] == [b"d%d" % i for i in range(6)]
+
+
+def test_one_append_many_larger_than_a_bookie_frame(c):
+    """One call of 72 MiB (the bookies' frame limit is max_message_bytes, 64 MiB) goes out as
+    several add messages: every entry acknowledged, none refused or replaced."""
+    big = [bytes([i]) * (2 << 20) for i in range(36)]
+    with client(c) as bk:
+        lh = bk.create_ledger(3, 2, 2, password=PW)
+        assert lh.append_many(big, timeout=120) == list(range(36))
+        assert lh.ensemble_changes == 0
+        lh.close()
+        rh = bk.open_ledger(lh.ledger_id, password=PW)
+        assert [e.data for e in rh.read(0, 35)] == big

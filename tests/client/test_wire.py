@@ -62,3 +62,12 @@ def test_ledger_handle_encodes_valid_add_batches():
             eid, lac, ln, payload = d.verify(r.body, r.entry_id)
             assert payload == payloads[eid] and lac == -1
             assert ln == sum(len(p) for p in payloads[:eid + 1])
+
+
+def test_add_runs_stay_under_the_message_limit():
+    from bkspark.client.bookie_client import _runs
+    elems = [b"a" * 300, b"b" * 500, b"c" * 300, b"d" * 2000, b"e" * 10]
+    assert _runs(elems, limit=10_000) == [elems]                  # small: one run, as given
+    runs = _runs(elems, limit=800)
+    assert runs == [[b"a" * 300, b"b" * 500], [b"c" * 300], [b"d" * 2000], [b"e" * 10]]
+    assert [e for r in runs for e in r] == elems                  # order kept, nothing lost

@@ -224,7 +224,8 @@ def entry_offsets(d):
     return res
 
 
-def test_entry_log_bitflip_is_eio_never_noentry(tmp_path):
+@pytest.mark.parametrize("page_cache", [False, True], ids=["direct-reads", "page-cache"])
+def test_entry_log_bitflip_is_eio_never_noentry(tmp_path, page_cache):
     d = str(tmp_path)
     populate(d, checkpoint=True)
     offs = entry_offsets(d)
@@ -235,7 +236,7 @@ def test_entry_log_bitflip_is_eio_never_noentry(tmp_path):
         b = f.read(1)
         f.seek(o + 24 + ln // 2)
         f.write(bytes([b[0] ^ 0x40]))
-    s = Storage(cfg(d))
+    s = Storage(cfg(d, entry_log_page_cache=page_cache))
     try:
         with pytest.raises(errors.BookieIOError, match="corrupt"):
             s.read_entry(1, 7)
@@ -252,8 +253,9 @@ def test_entry_log_bitflip_is_eio_never_noentry(tmp_path):
         s.close()
 
 
+@pytest.mark.parametrize("page_cache", [False, True], ids=["direct-reads", "page-cache"])
 @pytest.mark.parametrize("seed", range(3))
-def test_entry_log_random_damage(tmp_path, seed):
+def test_entry_log_random_damage(tmp_path, seed, page_cache):
     rnd = random.Random(100 + seed)
     base = str(tmp_path / "base")
     populate(base, checkpoint=True)
@@ -274,7 +276,7 @@ def test_entry_log_random_damage(tmp_path, seed):
                 data[rnd.randrange(len(data))] ^= 1 << rnd.randrange(8)
         open(lp, "wb").write(bytes(data))
         try:
-            s = Storage(cfg(d))
+            s = Storage(cfg(d, entry_log_page_cache=page_cache))
         except errors.BookieIOError as e:
             assert "entry log" in str(e)
             continue

@@ -1,0 +1,114 @@
+"""Entry logs and the page cache (StorageConfig.entry_log_page_cache).
+
+By default written-back entry-log pages leave the page cache and flushed entries are read with
+O_DIRECT, neighbours sharing one aligned read; with the page cache kept, reads go through it.
+Both read paths must return the same bytes for every range: records spread over several logs,
+interleaved ledgers (gaps between a ledger's records), a record larger than one direct read,
+and after a reopen (logs opened from disk).
+"""
+import ctypes
+import glob
+import mmap
+import os
+import random
+
+import pytest
+
+from bkspark.bookie.storage import Storage, StorageConfig
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def make(d, page_cache, **kw):
+    return Storage(StorageConfig(journal_dir=os.path.join(d, "j"), ledger_dirs=[os.path.join(d, "l")],
+                                 entry_log_page_cache=page_cache, checkpoint_interval_s=3600, **kw))
+
+
+def body(lid, e):
+    if (lid, e) == (2, 17):
+        return bytes([e % 251]) * (9 << 20)      # larger than one direct read (4 MiB)
+    n = (lid * 7919 + e * 104729) % 70000
+    return (b"%d:%d|" % (lid, e)) * (n // 8 + 1)
+
+
+def populate(s):
+    """Three ledgers, added in interleaved batches (each ledger's records have others between them)."""
+    want = {}
+    for step in range(40):
+        for lid in (1, 2, 3):
+            batch = [(lid, e, b"k", False, body(lid, e)) for e in range(step * 2, step * 2 + 2)]
+            assert s.add_entries(batch) == [0] * len(batch)
+            want.update({(lid, e): b for lid, e, _k, _r, b in batch})
+    return want
+
+
+def resident_fraction(path):
+    """Fraction of the file's pages in the page cache (mincore)."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
+    try:
+        pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+        vec = (ctypes.c_ubyte * pages)()
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+        assert _libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) == 0, ctypes.get_errno()
+        return sum(v & 1 for v in vec) / pages
+    finally:
+        del addr
+        m.close()
+
+
+def test_direct_and_cached_reads_agree(tmp_path):
+    direct = make(str(tmp_path / "direct"), False, entry_log_max_size=1 << 20, write_cache_bytes=8 << 20)
+    cached = make(str(tmp_path / "cached"), True, entry_log_max_size=1 << 20, write_cache_bytes=8 << 20)
+    stores = [direct, cached]
+    try:
+        want = populate(direct)
+        assert populate(cached) == want
+        for s in stores:
+            s.checkpoint()          # every entry in an entry log, none left in the write cache
+        assert len(glob.glob(str(tmp_path / "direct" / "l" / "*.log"))) > 3
+        rnd = random.Random(7)
+        for reopen in (False, True):
+            if reopen:
+                for s in stores:
+                    s.close()
+                stores = direct, cached = [make(str(tmp_path / "direct"), False),
+                                           make(str(tmp_path / "cached"), True)]
+            for lid in (1, 2, 3):
+                assert [b for _, b in direct.read_range(lid, 0, 79)] == [want[lid, e] for e in range(80)]
+            for _ in range(150):
+                lid = rnd.randint(1, 3)
+                first = rnd.randrange(80)
+                last = rnd.randrange(first, 80)
+                max_bytes = rnd.choice([1, 50_000, 300_000, 3 << 20, 1 << 40])
+                got = direct.read_range(lid, first, last, max_bytes)
+                assert got == cached.read_range(lid, first, last, max_bytes)
+                assert got and got[0][0] == first
+                assert got == [(e, want[lid, e]) for e in range(first, first + len(got))]
+            for (lid, e), b in want.items():
+                assert direct.read_entry(lid, e) == b
+    finally:
+        for s in stores:
+            s.close()
+
+
+@pytest.mark.parametrize("page_cache", [False, True])
+def test_written_entry_logs_leave_the_page_cache_unless_kept(tmp_path, page_cache):
+    s = make(str(tmp_path), page_cache, write_cache_bytes=16 << 20)
+    try:
+        payload = os.urandom(64 << 10)
+        for b in range(4):
+            assert s.add_entries([(1, b * 64 + e, b"k", False, payload) for e in range(64)]) == [0] * 64
+        s.checkpoint()
+        (log,) = glob.glob(str(tmp_path / "l" / "*.log"))
+        assert os.path.getsize(log) > 16 << 20
+        after_write = resident_fraction(log)
+        assert [b for _, b in s.read_range(1, 0, 255)] == [payload] * 256
+        after_read = resident_fraction(log)
+    finally:
+        s.close()
+    if page_cache:
+        assert after_write > 0.9 and after_read > 0.9
+    else:   # dropped once written back; direct reads do not bring them back
+        assert after_write < 0.1 and after_read < 0.1, (after_write, after_read)
