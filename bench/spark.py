@@ -3,6 +3,7 @@
     python bench/spark.py                 # ~300k rows (~30 MB), about 2 minutes
     python bench/spark.py --full          # 2M rows (~200 MB), the target size
     python bench/spark.py --metadata URI  # against a running cluster instead of a fresh one
+    python bench/spark.py --bookie-args=--entry-log-page-cache   # flags of the fresh cluster's bookies
 
 The same cached DataFrame (id long, key string, score double, flag boolean, payload binary:
 ~100 bytes a row) is written and read back through ``format("bookkeeper")``
