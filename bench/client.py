@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bkspark.client import BookKeeper  # noqa: E402
 from bkspark.testing.cluster import BookieCluster  # noqa: E402
+from procstat import process_cpu_seconds  # noqa: E402  (bench/ is sys.path[0])
 
 
 def percentile(sorted_vals, q):
@@ -47,16 +48,7 @@ def percentile(sorted_vals, q):
 
 def bookie_cpu_seconds(cluster) -> float:
     """User+system CPU seconds used so far by the cluster's bookie processes."""
-    total = 0
-    tick = os.sysconf("SC_CLK_TCK")
-    for b in cluster.bookies:
-        try:
-            with open(f"/proc/{b.proc.pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
-        except (OSError, AttributeError, IndexError, ValueError):
-            pass
-    return total
+    return process_cpu_seconds(b.proc.pid for b in cluster.bookies if b.proc is not None)
 
 
 def settle(cluster, limit: float = 15.0) -> float:

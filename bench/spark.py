@@ -35,6 +35,8 @@ if REPO not in _pp:
     os.environ["PYTHONPATH"] = os.pathsep.join([REPO] + _pp)
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
+from procstat import machine_cpu_ticks, process_cpu_seconds  # noqa: E402  (bench/ is sys.path[0])
+
 
 def floor_source():
     """The Python data source path with no storage: a source whose tasks yield a template
@@ -96,27 +98,6 @@ def floor_source():
     return FloorSource
 
 
-def cpu_ticks() -> tuple[int, int]:
-    """(busy, total) jiffies of the whole machine since boot (/proc/stat)."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    idle = v[3] + v[4]          # idle + iowait
-    return sum(v) - idle, sum(v)
-
-
-def process_cpu(pids) -> float:
-    """User+system CPU seconds used so far by these processes (gone ones count 0)."""
-    total = 0.0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
-
-
 BUSY: dict = {}
 BOOKIE_PIDS: list = []
 
@@ -124,14 +105,14 @@ BOOKIE_PIDS: list = []
 def timed(fn, key: str = "") -> float:
     """Wall seconds of ``fn()``; records the share of the machine's CPU that was busy and the
     CPU seconds the bookies used meanwhile."""
-    b0, t0 = cpu_ticks()
-    k0 = process_cpu(BOOKIE_PIDS)
+    b0, t0 = machine_cpu_ticks()
+    k0 = process_cpu_seconds(BOOKIE_PIDS)
     t = time.perf_counter()
     fn()
     dt = time.perf_counter() - t
-    b1, t1 = cpu_ticks()
+    b1, t1 = machine_cpu_ticks()
     if key and (key not in BUSY or dt < BUSY[key][0]):
-        BUSY[key] = (dt, (b1 - b0) / max(1, t1 - t0), process_cpu(BOOKIE_PIDS) - k0)
+        BUSY[key] = (dt, (b1 - b0) / max(1, t1 - t0), process_cpu_seconds(BOOKIE_PIDS) - k0)
     return dt
 
 

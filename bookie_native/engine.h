@@ -15,6 +15,8 @@
 #include <stdint.h>
 
 #define BKS_EOK 0
+#define BKS_EBADREQ 404
+#define BKS_EIO 501
 #define BKS_EUA 502
 #define BKS_EFENCED 504
 

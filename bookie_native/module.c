@@ -383,7 +383,7 @@ static PyObject *Store_add_batch(StoreObject *self, PyObject *args)
     unsigned char *d = (unsigned char *)PyBytes_AS_STRING(raw), *d0 = d;
     for (size_t i = 0; i < cnt && nbad; i++) /* refusals first, as the Python path answers */
         if (why[i][0])
-            d += af_put_response(d, 404 /* EBADREQ */, adds[i].ledger, adds[i].entry, adds[i].request_id, why[i],
+            d += af_put_response(d, BKS_EBADREQ, adds[i].ledger, adds[i].entry, adds[i].request_id, why[i],
                                  strlen(why[i]));
     long long ok = 0, ok_bytes = 0;
     uint64_t lac_ledger = 0;
@@ -391,7 +391,7 @@ static PyObject *Store_add_batch(StoreObject *self, PyObject *args)
     int have_lac = 0;
     for (size_t k = 0; k < nreq; k++) {
         const WireAdd *a = &adds[which[k]];
-        int st = rc == E_OK ? status[k] : 501 /* EIO */;
+        int st = rc == E_OK ? status[k] : BKS_EIO;
         d += af_put_response(d, st, a->ledger, a->entry, a->request_id, st == BKS_EOK ? "" : io_msg,
                              st == BKS_EOK ? 0 : (rc == E_OK ? 0 : io_len));
         if (st != BKS_EOK) {

@@ -12,8 +12,10 @@
   at least ``linger`` (2 ms). An idle data-port stream skips the queue: the appender's
   thread sends what the socket takes without blocking (:meth:`_AddStream.send`). A reader
   thread hands acks to the ledger handle registered for their ledger id
-  (``sink.on_add_responses(bookie_id, [(entry_id, status), ...])``). When the stream breaks every registered sink hears ``sink.on_bookie_failed(bookie_id, error)``;
-  the next send opens a new stream.
+  (``sink.on_add_responses(bookie_id, [(entry_id, status), ...])``). When the stream breaks,
+  every registered sink hears ``sink.on_bookie_failed(bookie_id, error)``; the next send
+  opens a new stream. One ``send_adds`` call larger than ``MAX_BATCH_BYTES`` is cut into
+  several messages (a bookie refuses a frame over its ``max_message_bytes``).
 * Unary calls (reads, recovery adds, LAC reads) return :class:`concurrent.futures.Future`
   objects; transport failures become :class:`BookieUnavailableError` /
   :class:`OperationTimeoutError` here and nowhere else (:func:`rpc_error`). Wire statuses
@@ -294,7 +296,6 @@ def _idle_and_open(sock: socket.socket) -> bool:
         return True
     except OSError:
         return False
-
 
 
 class BookieClient:

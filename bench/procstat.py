@@ -1,0 +1,26 @@
+"""CPU accounting from /proc for the bench scripts (Linux)."""
+from __future__ import annotations
+
+import os
+
+
+def process_cpu_seconds(pids) -> float:
+    """User+system CPU seconds used so far by these processes (gone ones count 0)."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+def machine_cpu_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine since boot (/proc/stat)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + v[4]          # idle + iowait
+    return sum(v) - idle, sum(v)
