@@ -1092,9 +1092,11 @@ static void log_unref(Engine *e, LogFile *lf)
     pthread_mutex_unlock(&e->mu);
 }
 
-int eng_read_range(Engine *e, uint64_t ledger, int64_t first, int64_t last, uint64_t max_bytes, RangeItem **items,
-                   size_t *nitems)
+int eng_read_range(Engine *e, uint64_t ledger, int64_t first, int64_t last, int64_t step, uint64_t max_bytes,
+                   unsigned char *buf, size_t bufcap, RangeItem **items, size_t *nitems)
 {
+    if (step < 1)
+        step = 1;
     *items = NULL;
     *nitems = 0;
     pthread_mutex_lock(&e->mu);
@@ -1137,12 +1139,16 @@ int eng_read_range(Engine *e, uint64_t ledger, int64_t first, int64_t last, uint
         rc = E_IO;
         goto unlock_out;
     }
-    for (int64_t want = first; i < l->n && want <= last; i++, want++) {
-        Loc *lc = &l->locs[i];
-        if (lc->entry != want)
+    for (int64_t want = first; want <= last; want += step) {
+        while (i < l->n && l->locs[i].entry < want) /* strided: skip the entries between */
+            i++;
+        if (i >= l->n || l->locs[i].entry != want)
             break;
+        Loc *lc = &l->locs[i++];
         if (cnt > 0 && bytes + lc->len > max_bytes)
             break;
+        if (buf && bytes + lc->len > bufcap)
+            break; /* the caller's buffer is full (none read if the first entry does not fit) */
         if (cnt == cap) {
             cap *= 2;
             RangeItem *a = realloc(it, cap * sizeof *it);
@@ -1156,7 +1162,7 @@ int eng_read_range(Engine *e, uint64_t ledger, int64_t first, int64_t last, uint
                 break;
             }
         }
-        unsigned char *d = malloc(lc->len ? lc->len : 1);
+        unsigned char *d = buf ? buf + bytes : malloc(lc->len ? lc->len : 1);
         if (!d) {
             rc = E_IO;
             break;
@@ -1168,7 +1174,8 @@ int eng_read_range(Engine *e, uint64_t ledger, int64_t first, int64_t last, uint
         } else {
             LogFile *lf = log_find(e, lc->where);
             if (!lf) {
-                free(d);
+                if (!buf)
+                    free(d);
                 if (cnt == 0) {
                     seterr(e, "entry %llu:%lld indexed in missing entry log %x", (unsigned long long)ledger,
                            (long long)lc->entry, lc->where);
@@ -1196,10 +1203,10 @@ unlock_out:
     for (size_t k = 0; k < cnt; k++)
         if (lfs[k])
             log_unref(e, lfs[k]);
-    for (size_t k = good; k < cnt; k++)
+    for (size_t k = good; k < cnt && !buf; k++)
         free(it[k].data);
     if (rc != E_OK) {
-        for (size_t k = 0; k < good; k++)
+        for (size_t k = 0; k < good && !buf; k++)
             free(it[k].data);
         free(it);
         good = 0;
@@ -1216,7 +1223,7 @@ int eng_read(Engine *e, uint64_t ledger, int64_t entry, unsigned char **out, uin
 {
     RangeItem *it;
     size_t n;
-    int rc = eng_read_range(e, ledger, entry, entry, 0, &it, &n);
+    int rc = eng_read_range(e, ledger, entry, entry, 1, 0, NULL, 0, &it, &n);
     if (rc != E_OK)
         return rc;
     *out = it[0].data;

@@ -231,8 +231,12 @@ typedef struct {
     unsigned char *data;
     uint32_t len;
 } RangeItem;
-int eng_read_range(Engine *e, uint64_t ledger, int64_t first, int64_t last, uint64_t max_bytes, RangeItem **items,
-                   size_t *nitems);
+/* Entries first, first+step, ... <= last (stopping at the first absent one) up to max_bytes (at least one entry);
+ * first == -1: the ledger's last entry.  With buf, the
+ * bodies are read into buf (bufcap bytes, stopping before an entry that does not fit: no items if the first does not)
+ * and items[k].data points into it; without, each items[k].data is malloc'ed (the caller frees it). */
+int eng_read_range(Engine *e, uint64_t ledger, int64_t first, int64_t last, int64_t step, uint64_t max_bytes,
+                   unsigned char *buf, size_t bufcap, RangeItem **items, size_t *nitems);
 /* ledger accessors (take mu) */
 Ledger *eng_find(Engine *e, uint64_t ledger); /* caller must hold mu */
 void eng_errclear(void);

@@ -521,13 +521,22 @@ static PyObject *Store_has_ledger(StoreObject *s, PyObject *a) { return query(s,
 static PyObject *Store_last_entry_id(StoreObject *s, PyObject *a) { return query(s, a, Q_LAST); }
 static PyObject *Store_explicit_lac(StoreObject *s, PyObject *a) { return query(s, a, Q_LAC); }
 
+static PyObject *raise_range_rc(StoreObject *self, int rc, uint64_t lid, long long first)
+{
+    char m[128];
+    snprintf(m, sizeof m, rc == E_NOLEDGER ? "no such ledger %llu" : "no such entry %llu:%lld",
+             (unsigned long long)lid, first);
+    return raise_rc(self, rc, m);
+}
+
+/* read_range(ledger, first, last[, max_bytes[, step]]) -> [(entry_id, bytes), ...] */
 static PyObject *Store_read_range(StoreObject *self, PyObject *args)
 {
     PyObject *lo;
-    long long first, last;
+    long long first, last, step = 1;
     unsigned long long maxb = 0;
     uint64_t lid;
-    if (check_open(self) < 0 || !PyArg_ParseTuple(args, "OLL|K", &lo, &first, &last, &maxb) ||
+    if (check_open(self) < 0 || !PyArg_ParseTuple(args, "OLL|KL", &lo, &first, &last, &maxb, &step) ||
         get_ledger_id(lo, &lid) < 0)
         return NULL;
     if (first < -1)
@@ -536,14 +545,8 @@ static PyObject *Store_read_range(StoreObject *self, PyObject *args)
     size_t n = 0;
     int rc;
     Engine *e = self->e;
-    BKS_BEGIN rc = eng_read_range(e, lid, first, last, maxb, &it, &n);
-    BKS_END if (rc != E_OK)
-    {
-        char m[128];
-        snprintf(m, sizeof m, rc == E_NOLEDGER ? "no such ledger %llu" : "no such entry %llu:%lld",
-                 (unsigned long long)lid, (long long)first);
-        return raise_rc(self, rc, m);
-    }
+    BKS_BEGIN rc = eng_read_range(e, lid, first, last, step, maxb, NULL, 0, &it, &n);
+    BKS_END if (rc != E_OK) return raise_range_rc(self, rc, lid, first);
     PyObject *res = PyList_New((Py_ssize_t)n);
     for (size_t i = 0; i < n; i++) {
         if (res) {
@@ -557,6 +560,53 @@ static PyObject *Store_read_range(StoreObject *self, PyObject *args)
         free(it[i].data);
     }
     free(it);
+    return res;
+}
+
+/* read_range_into(ledger, first, last, max_bytes, buffer[, step]) -> [(entry_id, memoryview), ...]: the bodies
+ * are read into the caller's writable buffer (reused from call to call: no fresh memory per entry) and returned as
+ * views of it, valid until the buffer is written again; [] if the first entry does not fit the buffer. */
+static PyObject *Store_read_range_into(StoreObject *self, PyObject *args)
+{
+    PyObject *lo, *bufobj;
+    long long first, last, step = 1;
+    unsigned long long maxb;
+    uint64_t lid;
+    if (check_open(self) < 0 || !PyArg_ParseTuple(args, "OLLKO|L", &lo, &first, &last, &maxb, &bufobj, &step) ||
+        get_ledger_id(lo, &lid) < 0)
+        return NULL;
+    if (first < -1)
+        return raise_rc(self, E_BADREQ, "bad entry id");
+    Py_buffer view;
+    if (PyObject_GetBuffer(bufobj, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    RangeItem *it = NULL;
+    size_t n = 0;
+    int rc;
+    Engine *e = self->e;
+    unsigned char *base = view.buf;
+    size_t cap = (size_t)view.len;
+    BKS_BEGIN rc = eng_read_range(e, lid, first, last, step, maxb, base, cap, &it, &n);
+    BKS_END PyObject *res = NULL, *mv = NULL;
+    if (rc != E_OK) {
+        raise_range_rc(self, rc, lid, first);
+        goto out;
+    }
+    mv = PyMemoryView_FromObject(bufobj);
+    res = mv ? PyList_New((Py_ssize_t)n) : NULL;
+    for (size_t i = 0; res && i < n; i++) {
+        Py_ssize_t off = (Py_ssize_t)(it[i].data - base);
+        PyObject *body = PySequence_GetSlice(mv, off, off + (Py_ssize_t)it[i].len);
+        PyObject *t = body ? Py_BuildValue("(LN)", (long long)it[i].entry, body) : NULL;
+        if (!t)
+            Py_CLEAR(res);
+        else
+            PyList_SET_ITEM(res, (Py_ssize_t)i, t);
+    }
+out:
+    Py_XDECREF(mv);
+    free(it);
+    PyBuffer_Release(&view);
     return res;
 }
 
@@ -813,6 +863,7 @@ static PyMethodDef Store_methods[] = {
     {"read_entry", (PyCFunction)Store_read_entry, METH_VARARGS, NULL},
     {"read_last", (PyCFunction)Store_read_last, METH_O, NULL},
     {"read_range", (PyCFunction)Store_read_range, METH_VARARGS, NULL},
+    {"read_range_into", (PyCFunction)Store_read_range_into, METH_VARARGS, NULL},
     {"list_entries", (PyCFunction)Store_list_entries, METH_O, NULL},
     {"ledgers", (PyCFunction)Store_ledgers, METH_NOARGS, NULL},
     {"delete_ledger", (PyCFunction)Store_delete_ledger, METH_O, NULL},

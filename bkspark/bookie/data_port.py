@@ -127,6 +127,7 @@ class _Connection:
         self.service = server.service
         self.conn = conn
         self.rfile = rfile
+        self.range_buf: bytearray | None = None     # range reads' bodies, reused
 
     def run(self) -> None:
         service = self.service
@@ -143,8 +144,10 @@ class _Connection:
                     sendall(frame(wire.KIND_ADD_RESPONSES, (raw,)))
             elif kind == wire.KIND_READ_RANGE:
                 request = pb.ReadRangeRequest.FromString(payload)
-                for parts in service.read_range_chunks(request, lambda: not service._stopping):
-                    send_frame(self.conn, wire.KIND_READ_CHUNK, parts)
+                buf = self.range_buf = service.range_buffer(self.range_buf, request)
+                for parts in service.read_range_chunks(request, lambda: not service._stopping,
+                                                       buf):
+                    send_frame(self.conn, wire.KIND_READ_CHUNK, parts)   # sent: buf is free
                 sendall(frame(wire.KIND_READ_END, ()))
             else:
                 raise wire.FrameError(f"unknown frame kind {kind}")

@@ -30,6 +30,7 @@ _LAC = struct.Struct(">q")
 _STREAM_MAX_INFLIGHT_BATCHES = 16
 _RECOVERY_ADD = pb.AddRequest.RECOVERY_ADD
 _RANGE_DEFAULT_BYTES = 4 << 20
+_RANGE_BUFFER_MAX = 16 << 20        # a connection's range buffer; larger chunks read as bytes
 
 
 # AddBatchResponse.responses (field 1, bytes); AddResponse fields: status 1 (varint),
@@ -473,11 +474,13 @@ class BookieService(pb_grpc.BookieServicer):
         for parts in self.read_range_chunks(request, context.is_active):
             yield pb.ReadRangeResponse.FromString(b"".join(parts))
 
-    def read_range_chunks(self, request, alive):
+    def read_range_chunks(self, request, alive, buf=None):
         """The ``ReadRangeResponse`` messages answering ``request``, each as the pieces of its
         encoding (:func:`range_chunk_parts`; gRPC and the data port): EOK chunks of up to
         ``max_bytes_per_message``, then at most one error chunk (ENOENTRY at the first absent
-        entry, EIO for an unreadable one); stops early once ``alive()`` is false."""
+        entry, EIO for an unreadable one); stops early once ``alive()`` is false. With ``buf``
+        (a bytearray, see :meth:`range_buffer`) the bodies of a chunk are views of it: the
+        caller must be done with a chunk before asking for the next."""
         lid, first, last = request.ledger_id, request.first_entry_id, request.last_entry_id
         if lid < 0 or first < 0 or last < first:
             yield range_chunk_parts(errors.EBADREQ, first, (), "bad ledger id or entry range")
@@ -492,8 +495,11 @@ class BookieService(pb_grpc.BookieServicer):
                 yield range_chunk_parts(status, next_id, (), "injected fault")
                 return
             try:
-                chunk = (self.storage.read_range(lid, next_id, last, max_bytes) if step == 1
-                         else self._read_strided(lid, next_id, last, step, max_bytes))
+                chunk = None
+                if buf is not None:
+                    chunk = self.storage.read_range_into(lid, next_id, last, max_bytes, buf, step)
+                if not chunk:           # no buffer, or its first entry is larger than buf
+                    chunk = self.storage.read_range(lid, next_id, last, max_bytes, step)
             except errors.BKError as exc:
                 yield range_chunk_parts(exc.status or errors.EIO, next_id, (), str(exc))
                 return
@@ -505,22 +511,13 @@ class BookieService(pb_grpc.BookieServicer):
                 self.metrics.record_read(sum(len(b) for _, b in chunk), len(chunk))
             yield range_chunk_parts(errors.EOK, next_id, chunk)
 
-    def _read_strided(self, lid: int, first: int, last: int, step: int, max_bytes: int):
-        """Entries first, first+step, ... <= last, up to max_bytes (at least one); stops at
-        the first absent entry (raising for ``first`` itself, like read_range)."""
-        chunk, size = [], 0
-        for entry_id in range(first, last + 1, step):
-            try:
-                body = self.storage.read_entry(lid, entry_id)
-            except (errors.NoSuchEntryError, errors.NoSuchLedgerError):
-                if not chunk:
-                    raise
-                break
-            if chunk and size + len(body) > max_bytes:
-                break
-            chunk.append((entry_id, body))
-            size += len(body)
-        return chunk
+    @staticmethod
+    def range_buffer(buf: bytearray | None, request) -> bytearray:
+        """A buffer for :meth:`read_range_chunks` of ``request``: ``buf`` (a connection's,
+        kept from range to range) if large enough, else a new one of a chunk's size."""
+        need = _RANGE_DEFAULT_BYTES if not request.max_bytes_per_message else \
+            min(request.max_bytes_per_message, _RANGE_BUFFER_MAX)
+        return buf if buf is not None and len(buf) >= need else bytearray(need)
 
     # ---- LAC ---------------------------------------------------------------------------
 

@@ -114,8 +114,19 @@ class Storage:
     def fence(self, ledger_id: int, master_key: bytes) -> int:
         return self._store.fence(ledger_id, bytes(master_key))
 
-    def read_range(self, ledger_id: int, first: int, last: int, max_bytes: int = 1 << 62):
-        return self._store.read_range(ledger_id, first, last, max_bytes)
+    def read_range(self, ledger_id: int, first: int, last: int, max_bytes: int = 1 << 62,
+                   step: int = 1):
+        """``[(entry_id, bytes), ...]`` of first, first+step, ... <= last: up to max_bytes (at
+        least one entry), stopping at the first absent entry (raising for ``first`` itself)."""
+        return self._store.read_range(ledger_id, first, last, max_bytes, step)
+
+    def read_range_into(self, ledger_id: int, first: int, last: int, max_bytes: int, buf,
+                        step: int = 1):
+        """:meth:`read_range` into the writable ``buf``, reused from call to call: the bodies
+        are memoryviews of ``buf``, valid until it is written again; ``[]`` if the first
+        entry does not fit ``buf`` (read it with :meth:`read_range`). Reading into memory the
+        process already holds spares a page fault per 4 KiB of every entry served."""
+        return self._store.read_range_into(ledger_id, first, last, max_bytes, buf, step)
 
     def force(self, ledger_id: int | None = None) -> None:
         self._store.force()

@@ -226,6 +226,7 @@ class Pushed:
 def read_range(opts, fmt: str, schema, part: LedgerRange):
     """Yield RecordBatches (exactly ``to_arrow_schema(schema)``) of one LedgerRange."""
     from pyspark.sql.pandas.types import to_arrow_schema
+    conn.freeze_worker_heap()
     target = to_arrow_schema(schema, timezone="UTC")
     bk = conn.bookkeeper(opts.metadata_uri)
     rh = bk.open_ledger(part.ledger_id, password=opts.password, recovery=False)

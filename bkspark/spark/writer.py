@@ -146,6 +146,7 @@ def write_task(opts, fmt: str, spark_schema_json: str, pending_key: str, iterato
                info: dict, writer_label: str) -> BKCommitMessage:
     """Write the task's batches into one new ledger; close it; describe it."""
     from pyspark import TaskContext
+    conn.freeze_worker_heap()
     tc = TaskContext.get()
     partition = tc.partitionId() if tc else -1
     attempt = tc.attemptNumber() if tc else 0
@@ -262,6 +263,7 @@ class BookKeeperBatchWriter(DataSourceArrowWriter):
 
 def _task_query_ids():
     from pyspark import TaskContext
+    conn.freeze_worker_heap()
     tc = TaskContext.get()
     if tc is None:
         return None, None

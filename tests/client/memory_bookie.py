@@ -52,11 +52,11 @@ class MemoryStorage:
                 raise errors.NoSuchEntryError(f"no entry {eid}")
             return es[eid]
 
-    def read_range(self, lid, first, last, max_bytes):
+    def read_range(self, lid, first, last, max_bytes, step=1):
         out, size = [], 0
         with self.lock:
             es = self.entries.get(lid, {})
-            for e in range(first, last + 1):
+            for e in range(first, last + 1, step):
                 if e not in es or (out and size + len(es[e]) > max_bytes):
                     break
                 out.append((e, es[e]))

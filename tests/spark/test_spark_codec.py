@@ -66,3 +66,14 @@ def test_allocate_read_limit():
     share = allocate({"a": 90, "b": 10, "c": 0}, 10)
     assert sum(share.values()) == 10 and share["a"] >= 8 and share["c"] == 0
     assert sum(allocate({"a": 1, "b": 1, "c": 1}, 2).values()) == 2
+
+
+def test_worker_heap_freeze_leaves_other_processes_alone():
+    """Only PySpark's worker processes get their heap frozen; the driver (the user's own
+    process, like this one) keeps every object collectable."""
+    import gc
+
+    from bkspark.spark import conn
+    before = gc.get_freeze_count()
+    conn.freeze_worker_heap()
+    assert gc.get_freeze_count() == before == 0

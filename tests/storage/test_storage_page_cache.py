@@ -69,6 +69,7 @@ def test_direct_and_cached_reads_agree(tmp_path):
             s.checkpoint()          # every entry in an entry log, none left in the write cache
         assert len(glob.glob(str(tmp_path / "direct" / "l" / "*.log"))) > 3
         rnd = random.Random(7)
+        buf = bytearray(1 << 20)    # read_range_into's, reused by every read
         for reopen in (False, True):
             if reopen:
                 for s in stores:
@@ -86,6 +87,21 @@ def test_direct_and_cached_reads_agree(tmp_path):
                 assert got == cached.read_range(lid, first, last, max_bytes)
                 assert got and got[0][0] == first
                 assert got == [(e, want[lid, e]) for e in range(first, first + len(got))]
+                # into one reused buffer: the prefix of got that fits it
+                fits, used = [], 0
+                for e, b in got:
+                    if used + len(b) > len(buf):
+                        break
+                    fits.append((e, b))
+                    used += len(b)
+                for s in stores:
+                    assert [(e, bytes(b)) for e, b in s.read_range_into(lid, first, last, max_bytes, buf)] == fits
+                # strided, as a striped ledger's bookie serves it
+                step = rnd.choice([2, 3, 5])
+                strided = direct.read_range(lid, first, last, max_bytes, step)
+                assert strided == cached.read_range(lid, first, last, max_bytes, step)
+                assert strided == [(e, want[lid, e]) for e in range(first, last + 1, step)][:len(strided)]
+                assert len(strided) >= 1
             for (lid, e), b in want.items():
                 assert direct.read_entry(lid, e) == b
     finally:
