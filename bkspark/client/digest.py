@@ -112,7 +112,8 @@ class DigestManager:
         return HEADER_SIZE + self.digest_size + payload_len
 
     def verify(self, body, expected_entry_id: int | None = None):
-        """Check a body; return ``(entry_id, lac, length, payload)``.
+        """Check a body; return ``(entry_id, lac, length, payload)``, the payload a
+        memoryview of ``body`` (no copy).
 
         Raises :class:`DigestMismatchError` on a short body, a digest mismatch, or an
         entry of another ledger / another entry id than expected.
@@ -135,7 +136,7 @@ class DigestManager:
         if expected_entry_id is not None and eid != expected_entry_id:
             raise DigestMismatchError(
                 f"ledger {self.ledger_id}: got entry {eid}, expected {expected_entry_id}")
-        return eid, lac, length, bytes(payload)
+        return eid, lac, length, payload
 
     # -- explicit LAC bodies -----------------------------------------------------------------
     def frame_lac(self, lac: int) -> bytes:

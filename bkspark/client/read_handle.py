@@ -18,7 +18,6 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
 
 from bkspark import errors
 from bkspark.errors import (BadRequestError, BKError, BookieUnavailableError,
@@ -33,15 +32,46 @@ log = logging.getLogger("bkspark.client.read")
 _NEGATIVE = (errors.ENOENTRY, errors.ENOLEDGER)
 
 
-@dataclass(frozen=True)
 class LedgerEntry:
-    ledger_id: int
-    entry_id: int
-    data: bytes
-    length: int = 0         # cumulative ledger length up to and including this entry
+    """One entry read from a ledger (its digest verified).
+
+    ``data`` is the payload as ``bytes``, copied out of the received message on first use;
+    ``view`` is the same payload as a read-only memoryview of the received message, without
+    a copy -- for readers that only pass the bytes on (Arrow IPC decoding, for one). A view
+    keeps the whole received message (up to a range chunk, a few MiB) alive while referenced.
+    ``length`` is the cumulative ledger length up to and including this entry.
+    """
+
+    __slots__ = ("ledger_id", "entry_id", "length", "_view", "_data")
+
+    def __init__(self, ledger_id: int, entry_id: int, data, length: int = 0):
+        self.ledger_id, self.entry_id, self.length = ledger_id, entry_id, length
+        self._data, self._view = (data, None) if isinstance(data, bytes) else (None, data)
+
+    @property
+    def data(self) -> bytes:
+        if self._data is None:
+            self._data = bytes(self._view)
+        return self._data
+
+    @property
+    def view(self) -> memoryview:
+        return self._view if self._view is not None else memoryview(self._data)
 
     def __len__(self):
-        return len(self.data)
+        return len(self._data) if self._data is not None else len(self._view)
+
+    def __eq__(self, other):
+        if not isinstance(other, LedgerEntry):
+            return NotImplemented
+        return ((self.ledger_id, self.entry_id, self.length) == (other.ledger_id, other.entry_id, other.length)
+                and self.view == other.view)
+
+    __hash__ = None
+
+    def __repr__(self):
+        return (f"LedgerEntry(ledger_id={self.ledger_id}, entry_id={self.entry_id}, "
+                f"{len(self)} bytes, length={self.length})")
 
 
 class _EntryRead:

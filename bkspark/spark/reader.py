@@ -243,7 +243,7 @@ def read_range(opts, fmt: str, schema, part: LedgerRange):
                     "entryFormat=arrow (no Arrow schema in its metadata); read it with "
                     "entryFormat=record")
             for e in entries:
-                batch = codec.decode_arrow(e.data, stored)
+                batch = codec.decode_arrow(e.view, stored)     # no copy of the payload
                 if batch.num_rows:
                     yield codec.conform(batch, target)
         else:
