@@ -324,6 +324,7 @@ class BookieClient:
         self._stream: _AddStream | None = None
         self._data_port: int | None = None      # learnt from GetBookieInfo; 0 = none
         self._idle_reads: list[socket.socket] = []
+        self._frames = wire.FramePool()     # range chunks, received into reused buffers
         self.closed = False
         # perf counters (add stream): request messages and the AddBatch elements they
         # carried, ack messages received
@@ -606,7 +607,7 @@ class BookieClient:
                 if remaining <= 0:
                     raise OperationTimeoutError(f"bookie {self.bookie_id}: range read timed out")
                 sock.settimeout(remaining)
-                item = wire.read_frame(rfile, MAX_RESPONSE_BYTES)
+                item = wire.read_frame_into(rfile, MAX_RESPONSE_BYTES, self._frames)
                 if item is None:
                     raise BookieUnavailableError(f"bookie {self.bookie_id}: data port closed")
                 kind, payload = item

@@ -13,6 +13,8 @@ from __future__ import annotations
 import socket
 import ssl
 import struct
+import sys
+import threading
 
 from bkspark.proto import bookie_pb2 as pb
 
@@ -142,6 +144,56 @@ def read_frame(rfile, max_bytes: int) -> tuple[int, bytes] | None:
     if len(payload) != size:
         raise FrameError("connection closed inside a frame")
     return kind, payload
+
+
+class FramePool:
+    """Buffers for received frame payloads, each reused once nothing references it.
+
+    A payload read with :func:`read_frame_into` lives in one of the pool's bytearrays and is
+    handed out as a read-only view; what is decoded from it (entry bodies) are views of the
+    same buffer. When the last of them is dropped (CPython reference counting), a later
+    frame reuses the buffer: a stream of large frames runs on memory the process already
+    holds instead of a fresh allocation per frame -- on a VM that returns freed memory to
+    its host, every fresh 4 KiB page costs a fault. Thread-safe; keeps at most ``keep``
+    buffers (a frame that finds none free gets a buffer of its own)."""
+
+    def __init__(self, keep: int = 3):
+        self._bufs: list[bytearray] = []
+        self._keep = keep
+        self._lock = threading.Lock()
+
+    def take(self, size: int) -> bytearray:
+        """A buffer of at least ``size`` bytes that nothing else references."""
+        with self._lock:
+            bufs = self._bufs
+            for i in range(len(bufs)):
+                # references: the list's and getrefcount's argument -- no view is alive
+                if len(bufs[i]) >= size and sys.getrefcount(bufs[i]) == 2:
+                    return bufs[i]
+            buf = bytearray(max(size, 1 << 20))
+            if len(bufs) < self._keep:
+                bufs.append(buf)
+            return buf
+
+
+def read_frame_into(rfile, max_bytes: int, pool: FramePool) -> tuple[int, memoryview] | None:
+    """:func:`read_frame` with the payload read into a buffer of ``pool`` (a read-only view)."""
+    head = rfile.read(FRAME.size)
+    if not head:
+        return None
+    if len(head) != FRAME.size:
+        raise FrameError("connection closed inside a frame header")
+    size, kind = FRAME.unpack(head)
+    if size > max_bytes:
+        raise FrameError(f"frame of {size} bytes exceeds the limit of {max_bytes}")
+    view = memoryview(pool.take(size))[:size]
+    got = 0
+    while got < size:
+        n = rfile.readinto(view[got:])
+        if not n:
+            raise FrameError("connection closed inside a frame")
+        got += n
+    return kind, view.toreadonly()
 
 
 def _read_varint(buf, pos: int) -> tuple[int, int]:

@@ -71,3 +71,35 @@ def test_add_runs_stay_under_the_message_limit():
     runs = _runs(elems, limit=800)
     assert runs == [[b"a" * 300, b"b" * 500], [b"c" * 300], [b"d" * 2000], [b"e" * 10]]
     assert [e for r in runs for e in r] == elems                  # order kept, nothing lost
+
+
+def test_frame_pool_reuses_a_buffer_only_once_nothing_references_it():
+    """A range chunk's buffer comes back for a later frame only when every view decoded from
+    it is gone; a frame while views live gets another buffer, so no body is overwritten."""
+    import io
+
+    import pytest
+
+    def frames(*payloads):
+        return io.BufferedReader(io.BytesIO(b"".join(
+            wire.frame(wire.KIND_READ_CHUNK, (p,)) for p in payloads)))
+
+    pool = wire.FramePool(keep=2)
+    rfile = frames(b"a" * 300, b"b" * 200, b"c" * 100, b"d" * 50)
+    kind, first = wire.read_frame_into(rfile, 1 << 20, pool)
+    assert kind == wire.KIND_READ_CHUNK and bytes(first) == b"a" * 300 and first.readonly
+    body = first[10:20]                       # a decoded body: a view of the same buffer
+    del first
+    _, second = wire.read_frame_into(rfile, 1 << 20, pool)
+    assert bytes(second) == b"b" * 200 and bytes(body) == b"a" * 10   # not overwritten
+    assert second.obj is not body.obj
+    pooled = {id(body.obj), id(second.obj)}
+    del body, second
+    _, third = wire.read_frame_into(rfile, 1 << 20, pool)         # a free buffer again
+    assert bytes(third) == b"c" * 100 and id(third.obj) in pooled
+    with pytest.raises(wire.FrameError, match="exceeds"):
+        wire.read_frame_into(frames(b"x" * 100), 99, pool)
+    with pytest.raises(wire.FrameError, match="inside a frame"):
+        wire.read_frame_into(io.BufferedReader(io.BytesIO(
+            wire.frame(wire.KIND_READ_CHUNK, (b"x" * 100,))[:50])), 1 << 20, pool)
+    assert wire.read_frame_into(frames(), 1 << 20, pool) is None
