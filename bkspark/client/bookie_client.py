@@ -616,7 +616,16 @@ class BookieClient:
                     return
                 if kind != wire.KIND_READ_CHUNK:
                     raise wire.FrameError(f"unexpected frame kind {kind} on a range read")
-                status, _next, message, entries = decode(payload)
+                status, next_id, message, entries = decode(payload)
+                if status == errors.EOK and next_id > req.last_entry_id:
+                    # the range's last chunk: take the end frame now, so the connection goes
+                    # back to the idle list even if the caller stops at the last entry
+                    end = wire.read_frame(rfile, MAX_RESPONSE_BYTES)
+                    if end is None or end[0] != wire.KIND_READ_END:
+                        raise wire.FrameError("no end frame after a range's last chunk")
+                    reusable = True
+                    yield status, message, entries
+                    return
                 yield status, message, entries
         except socket.timeout:
             raise OperationTimeoutError(f"bookie {self.bookie_id}: range read timed out") from None

@@ -33,6 +33,25 @@ def test_bookie_streams_every_kth_entry(cluster):
     assert all(r.status == EOK for r in replies[:-1])
 
 
+def test_striped_reads_return_their_connections_for_reuse(cluster):
+    """A striped read stops pulling each bookie's stream at its last entry; the stream still
+    takes the end frame, so its connection is reused by the next read (no connection -- and
+    no bookie thread and buffer -- per range)."""
+    with BookKeeper(cluster.metadata_uri) as bk:
+        lh = bk.create_ledger(3, 2, 2, password=b"pw")
+        values = [b"v%d" % i for i in range(90)]
+        lh.append_many(values)
+        lh.close()
+        clients = [bk._pool.get(b) for b in cluster.bookie_ids]
+        with bk.open_ledger(lh.ledger_id, password=b"pw", recovery=False) as rh:
+            assert [e.data for e in rh.read(0, 89)] == values
+            idle = [list(c._idle_reads) for c in clients]
+            assert [len(i) for i in idle] == [1, 1, 1]
+            for first, last in ((0, 89), (5, 70), (30, 31)):
+                assert [e.data for e in rh.read(first, last)] == values[first:last + 1]
+            assert [c._idle_reads for c in clients] == idle      # the same sockets
+
+
 def test_striped_read_is_complete_and_ordered_and_survives_a_dead_bookie(cluster):
     with BookKeeper(cluster.metadata_uri, read_timeout=3) as bk:
         lh = bk.create_ledger(3, 2, 2, password=b"pw")

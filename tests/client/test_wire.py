@@ -1,3 +1,4 @@
+import pytest
 from hypothesis import given, strategies as st
 
 from bkspark.client import wire
@@ -77,8 +78,6 @@ def test_frame_pool_reuses_a_buffer_only_once_nothing_references_it():
     """A range chunk's buffer comes back for a later frame only when every view decoded from
     it is gone; a frame while views live gets another buffer, so no body is overwritten."""
     import io
-
-    import pytest
 
     def frames(*payloads):
         return io.BufferedReader(io.BytesIO(b"".join(
