@@ -64,8 +64,8 @@ class LedgerEntry:
     def __eq__(self, other):
         if not isinstance(other, LedgerEntry):
             return NotImplemented
-        return ((self.ledger_id, self.entry_id, self.length) == (other.ledger_id, other.entry_id, other.length)
-                and self.view == other.view)
+        return ((self.ledger_id, self.entry_id, self.length, self.view)
+                == (other.ledger_id, other.entry_id, other.length, other.view))
 
     __hash__ = None
 

@@ -130,8 +130,8 @@ def send_frame(sock, kind: int, payload_parts) -> None:
             views[0] = views[0][sent:]
 
 
-def read_frame(rfile, max_bytes: int) -> tuple[int, bytes] | None:
-    """Next ``(kind, payload)`` from a buffered socket file; None at a clean end of stream."""
+def _frame_header(rfile, max_bytes: int) -> tuple[int, int] | None:
+    """``(payload size, kind)`` of the next frame; None at a clean end of stream."""
     head = rfile.read(FRAME.size)
     if not head:
         return None
@@ -140,6 +140,15 @@ def read_frame(rfile, max_bytes: int) -> tuple[int, bytes] | None:
     size, kind = FRAME.unpack(head)
     if size > max_bytes:
         raise FrameError(f"frame of {size} bytes exceeds the limit of {max_bytes}")
+    return size, kind
+
+
+def read_frame(rfile, max_bytes: int) -> tuple[int, bytes] | None:
+    """Next ``(kind, payload)`` from a buffered socket file; None at a clean end of stream."""
+    header = _frame_header(rfile, max_bytes)
+    if header is None:
+        return None
+    size, kind = header
     payload = rfile.read(size) if size else b""
     if len(payload) != size:
         raise FrameError("connection closed inside a frame")
@@ -178,14 +187,10 @@ class FramePool:
 
 def read_frame_into(rfile, max_bytes: int, pool: FramePool) -> tuple[int, memoryview] | None:
     """:func:`read_frame` with the payload read into a buffer of ``pool`` (a read-only view)."""
-    head = rfile.read(FRAME.size)
-    if not head:
+    header = _frame_header(rfile, max_bytes)
+    if header is None:
         return None
-    if len(head) != FRAME.size:
-        raise FrameError("connection closed inside a frame header")
-    size, kind = FRAME.unpack(head)
-    if size > max_bytes:
-        raise FrameError(f"frame of {size} bytes exceeds the limit of {max_bytes}")
+    size, kind = header
     view = memoryview(pool.take(size))[:size]
     got = 0
     while got < size:
