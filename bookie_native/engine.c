@@ -2299,6 +2299,20 @@ bad:
     return E_IO;
 }
 
+/* A log the ledger state does not list and whose header or index header is torn was being
+ * created when the bookie died: log_create writes both headers before anything else goes in,
+ * so it holds no entry, and the journal (not yet checkpointed past it) covers whatever was
+ * meant for it.  Remove its files: adopting it would list an index that was never written,
+ * and the next start would refuse it. */
+static int discard_torn_log(Engine *e, const char *log_path, const char *idx_path)
+{
+    if ((unlink(log_path) < 0 && errno != ENOENT) || (unlink(idx_path) < 0 && errno != ENOENT)) {
+        seterr(e, "cannot remove entry log %s, torn at creation: %s", log_path, strerror(errno));
+        return E_IO;
+    }
+    return E_OK;
+}
+
 static int load_log(Engine *e, int dir, uint32_t id, const Listed *li)
 {
     char p[4200], q[4200];
@@ -2319,8 +2333,8 @@ static int load_log(Engine *e, int dir, uint32_t id, const Listed *li)
             log_release(lf);
             return E_IO;
         }
-        log_release(lf); /* unlisted, torn at creation: ignore */
-        return E_OK;
+        log_release(lf); /* unlisted, torn at creation */
+        return discard_torn_log(e, p, q);
     }
     fstat(lf->fd, &st);
     log_open_direct(e, lf, p);
@@ -2343,7 +2357,9 @@ static int load_log(Engine *e, int dir, uint32_t id, const Listed *li)
             log_release(lf);
             return E_IO;
         }
-        isz = 0;
+        free(ib);
+        log_release(lf); /* unlisted, killed between the log's and the index's header */
+        return discard_torn_log(e, p, q);
     }
     logs_insert(e, lf);
     size_t off = I_HDR;
