@@ -70,7 +70,10 @@ def test_kill9_loses_nothing_acknowledged(tmp_path):
             elif parts[0] in ("d", "D"):
                 deleting.add(int(parts[1]))
         # verify (in this process); alternate clean close and close without checkpoint
-        s = Storage(config(d))
+        try:
+            s = Storage(config(d))
+        except errors.BKError as ex:
+            pytest.fail(f"seed {seed0} run {run}: storage does not reopen after the kill: {ex!r}")
         try:
             for lid, ents in acked.items():
                 if lid in deleting:
