@@ -175,13 +175,18 @@ class FramePool:
         """A buffer of at least ``size`` bytes that nothing else references."""
         with self._lock:
             bufs = self._bufs
+            spare = -1      # a free buffer too small for this frame
             for i in range(len(bufs)):
                 # references: the list's and getrefcount's argument -- no view is alive
-                if len(bufs[i]) >= size and sys.getrefcount(bufs[i]) == 2:
-                    return bufs[i]
+                if sys.getrefcount(bufs[i]) == 2:
+                    if len(bufs[i]) >= size:
+                        return bufs[i]
+                    spare = i
             buf = bytearray(max(size, 1 << 20))
             if len(bufs) < self._keep:
                 bufs.append(buf)
+            elif spare >= 0:    # frames grew past it: keep the larger one in its place
+                bufs[spare] = buf
             return buf
 
 

@@ -102,3 +102,22 @@ def test_frame_pool_reuses_a_buffer_only_once_nothing_references_it():
         wire.read_frame_into(io.BufferedReader(io.BytesIO(
             wire.frame(wire.KIND_READ_CHUNK, (b"x" * 100,))[:50])), 1 << 20, pool)
     assert wire.read_frame_into(frames(), 1 << 20, pool) is None
+    del third
+
+
+def test_frame_pool_keeps_the_larger_buffer_once_frames_outgrow_its_free_ones():
+    """A full pool whose free buffers are all too small replaces one with the new, larger
+    buffer, so later frames of that size reuse it instead of allocating one each."""
+    import io
+    mib = 1 << 20
+    pool = wire.FramePool(keep=1)
+    rfile = io.BufferedReader(io.BytesIO(b"".join(
+        wire.frame(wire.KIND_READ_CHUNK, (bytes([i]) * n,))
+        for i, n in enumerate((100, 3 * mib, 3 * mib, 2 * mib)))))
+    _, v = wire.read_frame_into(rfile, 8 * mib, pool)    # fills the pool with a 1 MiB buffer
+    del v
+    for want in (b"\x01", b"\x02", b"\x03"):           # larger frames: the pool keeps theirs
+        _, v = wire.read_frame_into(rfile, 8 * mib, pool)
+        assert bytes(v[:1]) == want and len(v) >= 2 * mib
+        assert [b for b in pool._bufs if b is v.obj], "a larger frame's buffer was not kept"
+        del v
