@@ -639,6 +639,19 @@ class _WriteBackState:
                                         lambda: self._resend(bookie))
 
     def _resend(self, bookie: str) -> None:
+        """Send the entry to ``bookie`` again, unless the write-back is done."""
+        payload = self.payload
+        if payload is not None:
+            self._send(bookie, payload)
+
+    def _send_to_all(self, payload) -> None:
+        """The first sends, to the whole write set: with the payload in hand, because Qa
+        fast acks can finish the write-back (and drop ``self.payload``) before the last
+        bookie's send, and every bookie of the write set must get the entry."""
+        for b in self.bookies:
+            self._send(b, payload)
+
+    def _send(self, bookie: str, payload) -> None:
         raise NotImplementedError
 
     def answer(self, bookie: str, ok: bool, note: str = "", fatal: bool = False) -> None:
@@ -726,8 +739,7 @@ class _StreamWriteBacks:
             # an entry written back again after an ensemble change: acks of the earlier
             # sends count too (an ack means the bookie stores this very entry)
             self.entries[entry_id] = wb
-        for b in bookies:
-            wb._resend(b)
+        wb._send_to_all(elem)
         return wb
 
     def on_add_responses(self, bookie_id: str, items) -> None:
@@ -757,10 +769,7 @@ class _StreamWriteBack(_WriteBackState):
         self._init_state(rec, entry_id, bookies, qa)
         self._keep_until_done(elem)
 
-    def _resend(self, bookie: str) -> None:
-        elem = self.payload
-        if elem is None:
-            return
+    def _send(self, bookie: str, elem: bytes) -> None:
         try:
             self.rec.bk._pool.get(bookie).send_adds([elem])
         except BKError as exc:
@@ -773,13 +782,9 @@ class _WriteBack(_WriteBackState):
     def __init__(self, rec: LedgerRecovery, entry_id: int, body: bytes, bookies, qa: int):
         self._init_state(rec, entry_id, bookies, qa)
         self._keep_until_done(body)
-        for b in self.bookies:
-            self._resend(b)
+        self._send_to_all(body)
 
-    def _resend(self, bookie: str) -> None:
-        body = self.payload
-        if body is None:
-            return
+    def _send(self, bookie: str, body: bytes) -> None:
         rec = self.rec
         timeout = max(0.1, self.t0 + rec.conf.add_timeout - time.monotonic())
         f = rec.bk._pool.get(bookie).add(rec.ledger_id, self.entry_id, body, rec.master_key,
