@@ -113,6 +113,7 @@ typedef struct Engine {
     int active;
     int flush_pending;       /* cache[!active] holds data awaiting flush */
     uint64_t flush_mark_seq; /* journal seq covering everything in the flushing cache */
+    uint64_t swap_ns, fill_ns; /* last swap; how long the half now flushing took to fill */
 
     /* journal */
     Buf pending, writing;
@@ -143,7 +144,7 @@ typedef struct Engine {
     uint64_t mark_id, mark_pos;
     uint64_t flushed_seq;    /* journal seq up to which everything is in entry logs + index */
     uint64_t last_full_ns;   /* time of the last state+lastMark write */
-    uint64_t st_flushes;
+    uint64_t st_flushes, st_paced_flushes, st_hurried_flushes; /* paced: see engine.c "paced flushes" */
     int flush_failed; /* last flush failed: adds waiting for cache space get EIO */
     int log_sync_failed; /* an entry-log fdatasync failed: never move the mark again (errno) */
     void *fw, *fw_tmp; /* flush scratch (WItem arrays), reused across flushes (ckpt_mu) */

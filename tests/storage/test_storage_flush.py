@@ -1,6 +1,7 @@
 """Flush path: records written straight from the write cache, run-merge ordering, flushes that do
 not fdatasync (the mark does not move), the 3-stream CRC32C."""
 import random
+import time
 
 import crc32c as ref_crc32c
 
@@ -95,3 +96,43 @@ def test_crc32c_combine_matches_concatenation():
         a = rnd.randbytes(rnd.randrange(0, 3000))
         b = rnd.randbytes(rnd.choice([0, 1, 12, 1040, rnd.randrange(0, 200000)]))
         assert native.crc32c_combine(ref_crc32c.crc32c(a), ref_crc32c.crc32c(b), len(b)) == ref_crc32c.crc32c(a + b)
+
+
+def test_threshold_flushes_are_paced_and_hurry_when_the_cache_fills(tmp_path):
+    """A flush started by the fill threshold spreads its writes (paced_flushes counts them); when
+    adds fill the active half to the threshold meanwhile, the flush stops pacing (hurried_flushes)
+    instead of making adds wait. Every entry reads back, before and after a reopen."""
+    s = make(tmp_path, write_cache_bytes=8 << 20, checkpoint_interval_s=3600)
+    want = {}
+    body = lambda e: (b"%08d" % e) * (8 << 10)  # noqa: E731  (64 KiB)
+
+    def add(first, n):
+        batch = [(7, e, b"k", True, body(e)) for e in range(first, first + n)]
+        assert s.add_entries(batch) == [0] * n
+        want.update((e, body(e)) for e in range(first, first + n))
+        return first + n
+
+    try:
+        nxt = 0
+        # slow fills: the first threshold flush has no fill time to pace by, the later ones do
+        while s.stats()["paced_flushes"] < 2:
+            nxt = add(nxt, 1)
+            time.sleep(0.005)
+            assert nxt < 2000, s.stats()
+        # idle long enough that the next flush's budget is the full second, then flood
+        time.sleep(2.5)
+        while s.stats()["hurried_flushes"] < 1:
+            nxt = add(nxt, 16)
+            assert nxt < 4000, s.stats()
+        st = s.stats()
+        assert st["cache_full_waits"] == 0 and st["background_errors"] == 0, st
+        for e, b in want.items():
+            assert s.read_entry(7, e) == b, e
+    finally:
+        s.close()
+    s = make(tmp_path)
+    try:
+        for e, b in want.items():
+            assert s.read_entry(7, e) == b, e
+    finally:
+        s.close()
