@@ -26,8 +26,10 @@ queryId                  streaming sink: idempotency key of its commits (Spark's
 writerId, writerSequence batch write: optional idempotency key (re-running the same
                          (writerId, writerSequence) appends nothing)
 maxEntryBytes            arrow writes: target size of one entry (1 MiB, at most 4 MiB)
-entriesPerPartition      reads: split a ledger into ranges of this many entries (auto: ~64 MiB
+entriesPerPartition      reads: split a ledger into ranges of this many entries (auto: ~128 MiB
                          per partition for arrow, 100000 entries for record)
+minPartitions            reads: at least this many partitions (as Kafka's): the largest ranges
+                         are halved until there are (default: one per ledger or range)
 =======================  ====================================================================
 
 Spark also passes ``checkpointLocation`` to streaming sinks; it is accepted and ignored.
@@ -49,7 +51,7 @@ KNOWN_OPTIONS = (
     "metadataServiceUri", "log", "logs", "logPattern", "path", "startingOffsets", "endingOffsets",
     "maxEntriesPerTrigger", "failOnDataLoss", "ensembleSize", "writeQuorumSize", "ackQuorumSize",
     "digestType", "password", "entryFormat", "queryId", "writerId", "writerSequence",
-    "maxEntryBytes", "entriesPerPartition", "checkpointLocation",
+    "maxEntryBytes", "entriesPerPartition", "minPartitions", "checkpointLocation",
     "_testFault",        # test-only fault injection (see bkspark.spark.writer)
 )
 _CANON = {name.lower(): name for name in KNOWN_OPTIONS}
@@ -78,6 +80,7 @@ class ConnectorOptions:
     writer_sequence: int | None = None
     max_entry_bytes: int = 1 << 20
     entries_per_partition: int | None = None
+    min_partitions: int | None = None
     test_fault: str | None = None
 
     # ---- derived ------------------------------------------------------------------------
@@ -226,6 +229,8 @@ def parse_options(options, *, default_uri=None) -> ConnectorOptions:
         o.fail_on_data_loss = _bool("failOnDataLoss", raw["failOnDataLoss"])
     if "entriesPerPartition" in raw:
         o.entries_per_partition = _int("entriesPerPartition", raw["entriesPerPartition"], 1)
+    if "minPartitions" in raw:
+        o.min_partitions = _int("minPartitions", raw["minPartitions"], 1)
 
     # -- writes ---------------------------------------------------------------------------
     if "ensembleSize" in raw:

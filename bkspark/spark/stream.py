@@ -26,7 +26,7 @@ from bkspark.errors import BKError, NoSuchLogError
 from bkspark.log.position import EARLIEST, LATEST, Position
 from bkspark.spark import conn
 from bkspark.spark.reader import (EMPTY, LedgerRange, offset_for, read_range, resolve_start,
-                                  spans, split_span)
+                                  spans, split_span, spread)
 
 log = logging.getLogger("bkspark.spark")
 
@@ -153,7 +153,7 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             for lid, first, last, entry in self._available(logs, name, s, e):
                 for lid2, lo, hi in split_span(self.opts, lid, first, last, entry, self.fmt):
                     parts.append(LedgerRange(name, lid2, lo, hi))
-        return parts
+        return spread(parts, self.opts.min_partitions)
 
     def read(self, partition):
         yield from read_range(self.opts, self.fmt, self.schema, partition)

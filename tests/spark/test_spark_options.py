@@ -37,6 +37,8 @@ def test_unknown_option_is_named():
     ("endingOffsets", '{"b": {"ledger": 1, "entry": 0}}', "endingOffsets"),
     ("ensembleSize", "1", "ensembleSize"),
     ("maxEntryBytes", str(64 << 20), "maxEntryBytes"),
+    ("minPartitions", "0", "minPartitions"),
+    ("minPartitions", "many", "minPartitions"),
     ("log", "bad name!", "log"),
     ("logPattern", "(", "logPattern"),
     ("writerId", "w1", "writerSequence"),

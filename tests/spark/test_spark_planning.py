@@ -119,3 +119,20 @@ def test_split_span_makes_equal_pieces():
     assert all(b[1] == a[2] + 1 for a, b in zip(pieces, pieces[1:]))
     assert list(split_span(opts, 7, 10, 9, {}, "record")) == []   # filters left nothing
 
+
+def test_min_partitions_halves_the_largest_ranges_in_order():
+    from bkspark.spark.reader import LedgerRange, spread
+    parts = [LedgerRange("a", 1, 0, 99), LedgerRange("a", 2, 0, 9), LedgerRange("b", 3, 5, 5)]
+    assert spread(parts, None) == parts and spread(parts, 3) == parts
+    out = spread(parts, 5)
+    assert [(p.log, p.ledger_id, p.first, p.last) for p in out] == [
+        ("a", 1, 0, 24), ("a", 1, 25, 49), ("a", 1, 50, 99), ("a", 2, 0, 9), ("b", 3, 5, 5)]
+    # every entry exactly once, ranges contiguous per ledger, at least 5 partitions
+    assert len(out) == 5
+    for lid, first, last in ((1, 0, 99), (2, 0, 9), (3, 5, 5)):
+        mine = [p for p in out if p.ledger_id == lid]
+        assert mine[0].first == first and mine[-1].last == last
+        assert all(b.first == a.last + 1 for a, b in zip(mine, mine[1:]))
+    # single-entry ranges cannot be split: as many partitions as entries, then stop
+    tiny = [LedgerRange("a", 1, 0, 1), LedgerRange("a", 2, 7, 7)]
+    assert [(p.ledger_id, p.first, p.last) for p in spread(tiny, 10)] == [(1, 0, 0), (1, 1, 1), (2, 7, 7)]
