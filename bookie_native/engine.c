@@ -1489,7 +1489,8 @@ static void writeback(Engine *e, int fd, uint64_t *from, uint64_t to)
  * therefore spreads its writes over half the time the half took to fill (at most a second):
  * the next threshold is one more half-fill away, so the flush still ends well before it.  Pacing
  * stops as soon as the active half reaches the threshold itself (adds would soon wait for the
- * flush) or the engine is stopping; explicit checkpoints, close and compaction never pace. */
+ * flush), an explicit checkpoint is waiting for it, or the engine is stopping; explicit
+ * checkpoints, close and compaction never pace. */
 typedef struct {
     uint64_t t0, budget_ns, total, done;
 } Pace;
@@ -1505,7 +1506,7 @@ static void pace_wait(Engine *e, Pace *p, uint64_t bytes)
         if (due <= t)
             return;
         pthread_mutex_lock(&e->mu);
-        int hurry = e->closed || e->c_stop || e->cache[e->active].used >= e->cache_half / 2;
+        int hurry = e->closed || e->c_stop || e->ckpt_waiting || e->cache[e->active].used >= e->cache_half / 2;
         if (hurry)
             e->st_hurried_flushes++;
         else
@@ -2024,7 +2025,14 @@ static int checkpoint_locked(Engine *e, int full, int paced)
 
 int eng_checkpoint(Engine *e)
 {
+    pthread_mutex_lock(&e->mu);
+    e->ckpt_waiting++; /* a paced flush running now stops pacing */
+    pthread_cond_broadcast(&e->ckpt_cv);
+    pthread_mutex_unlock(&e->mu);
     pthread_mutex_lock(&e->ckpt_mu);
+    pthread_mutex_lock(&e->mu);
+    e->ckpt_waiting--;
+    pthread_mutex_unlock(&e->mu);
     int rc = e->closed ? E_CLOSED : checkpoint_locked(e, 1, 0);
     pthread_mutex_unlock(&e->ckpt_mu);
     return rc;

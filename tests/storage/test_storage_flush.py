@@ -136,3 +136,38 @@ def test_threshold_flushes_are_paced_and_hurry_when_the_cache_fills(tmp_path):
             assert s.read_entry(7, e) == b, e
     finally:
         s.close()
+
+
+def test_checkpoint_during_a_paced_flush_makes_it_hurry(tmp_path):
+    """An explicit checkpoint() does not wait out a paced flush's budget: the flush stops pacing
+    (hurried_flushes) and the checkpoint then makes everything durable (no replay on reopen)."""
+    s = make(tmp_path, write_cache_bytes=8 << 20, checkpoint_interval_s=3600)
+    body = lambda e: (b"%08d" % e) * (8 << 10)  # noqa: E731  (64 KiB)
+    nxt = 0
+    try:
+        while s.stats()["paced_flushes"] < 1:       # a first (unpaced) flush sets the fill clock
+            assert s.add_entries([(9, nxt, b"k", True, body(nxt))]) == [0]
+            nxt += 1
+            time.sleep(0.002)
+            assert nxt < 2000, s.stats()
+        time.sleep(2.5)                 # the next threshold flush gets the full second's budget
+        before = s.stats()
+        batch = [(9, e, b"k", True, body(e)) for e in range(nxt, nxt + 40)]     # 2.5 MiB
+        assert s.add_entries(batch) == [0] * 40
+        nxt += 40
+        deadline = time.monotonic() + 10
+        while s.stats()["paced_flushes"] == before["paced_flushes"]:
+            assert time.monotonic() < deadline, "no paced flush started"
+            time.sleep(0.001)
+        s.checkpoint()
+        st = s.stats()
+        assert st["hurried_flushes"] == before["hurried_flushes"] + 1, st
+    finally:
+        s.close()
+    s = make(tmp_path)
+    try:
+        assert s.stats()["replayed_records"] == 0
+        for e in range(nxt):
+            assert s.read_entry(9, e) == body(e), e
+    finally:
+        s.close()
