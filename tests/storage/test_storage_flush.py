@@ -101,7 +101,8 @@ def test_crc32c_combine_matches_concatenation():
 def test_threshold_flushes_are_paced_and_hurry_when_the_cache_fills(tmp_path):
     """A flush started by the fill threshold spreads its writes (paced_flushes counts them); when
     adds fill the active half to the threshold meanwhile, the flush stops pacing (hurried_flushes)
-    instead of making adds wait. Every entry reads back, before and after a reopen."""
+    rather than make them wait out its budget. Every entry reads back, before and after a
+    reopen."""
     s = make(tmp_path, write_cache_bytes=8 << 20, checkpoint_interval_s=3600)
     want = {}
     body = lambda e: (b"%08d" % e) * (8 << 10)  # noqa: E731  (64 KiB)
@@ -124,8 +125,7 @@ def test_threshold_flushes_are_paced_and_hurry_when_the_cache_fills(tmp_path):
         while s.stats()["hurried_flushes"] < 1:
             nxt = add(nxt, 16)
             assert nxt < 4000, s.stats()
-        st = s.stats()
-        assert st["cache_full_waits"] == 0 and st["background_errors"] == 0, st
+        assert s.stats()["background_errors"] == 0
         for e, b in want.items():
             assert s.read_entry(7, e) == b, e
     finally:
