@@ -1489,8 +1489,8 @@ static void writeback(Engine *e, int fd, uint64_t *from, uint64_t to)
  * therefore spreads its writes over half the time the half took to fill (at most a second):
  * the next threshold is one more half-fill away, so the flush still ends well before it.  Pacing
  * stops as soon as the active half reaches the threshold itself (adds would soon wait for the
- * flush), an explicit checkpoint is waiting for it, or the engine is stopping; explicit
- * checkpoints, close and compaction never pace. */
+ * flush) or an explicit checkpoint or close is waiting for it (ckpt_lock_now); the interval
+ * checkpoint, explicit checkpoints, close and compaction never pace. */
 typedef struct {
     uint64_t t0, budget_ns, total, done;
 } Pace;
@@ -1506,7 +1506,7 @@ static void pace_wait(Engine *e, Pace *p, uint64_t bytes)
         if (due <= t)
             return;
         pthread_mutex_lock(&e->mu);
-        int hurry = e->closed || e->c_stop || e->ckpt_waiting || e->cache[e->active].used >= e->cache_half / 2;
+        int hurry = e->ckpt_waiting || e->cache[e->active].used >= e->cache_half / 2;
         if (hurry)
             e->st_hurried_flushes++;
         else
@@ -2023,16 +2023,22 @@ static int checkpoint_locked(Engine *e, int full, int paced)
     return E_OK;
 }
 
-int eng_checkpoint(Engine *e)
+/* Take ckpt_mu without waiting out a paced flush's budget: the flush stops pacing. */
+static void ckpt_lock_now(Engine *e)
 {
     pthread_mutex_lock(&e->mu);
-    e->ckpt_waiting++; /* a paced flush running now stops pacing */
+    e->ckpt_waiting++;
     pthread_cond_broadcast(&e->ckpt_cv);
     pthread_mutex_unlock(&e->mu);
     pthread_mutex_lock(&e->ckpt_mu);
     pthread_mutex_lock(&e->mu);
     e->ckpt_waiting--;
     pthread_mutex_unlock(&e->mu);
+}
+
+int eng_checkpoint(Engine *e)
+{
+    ckpt_lock_now(e);
     int rc = e->closed ? E_CLOSED : checkpoint_locked(e, 1, 0);
     pthread_mutex_unlock(&e->ckpt_mu);
     return rc;
@@ -2825,7 +2831,7 @@ int eng_open(const EngineConfig *cfg, Engine **out, char *err, size_t errlen)
 
 void eng_close(Engine *e, int do_checkpoint)
 {
-    pthread_mutex_lock(&e->ckpt_mu);
+    ckpt_lock_now(e);
     if (e->closed) {
         pthread_mutex_unlock(&e->ckpt_mu);
         return;

@@ -141,7 +141,7 @@ typedef struct Engine {
     /* checkpoint thread */
     pthread_t cthread;
     int cthread_started, c_stop;
-    int ckpt_waiting; /* eng_checkpoint calls waiting for ckpt_mu (a paced flush hurries) */
+    int ckpt_waiting; /* checkpoint/close calls waiting for ckpt_mu (a paced flush hurries) */
     uint64_t mark_id, mark_pos;
     uint64_t flushed_seq;    /* journal seq up to which everything is in entry logs + index */
     uint64_t last_full_ns;   /* time of the last state+lastMark write */
