@@ -205,7 +205,7 @@ def main():
     ap.add_argument("--no-single", action="store_true", help="skip the E=Qw=Qa=1 figure")
     ap.add_argument("--no-paced", action="store_true", help="skip the half-peak paced run")
     ap.add_argument("--paced-seconds", type=float, default=10.0,
-                    help="length of each paced run: a p99 needs enough entries that one "
+                    help="length of each paced run (half peak, --sweep): a p99 needs enough entries that one "
                          "host-level disk stall (see the disk reference line) is not 1%% of them")
     ap.add_argument("--call-size", action="store_true",
                     help="also run unpaced with the paced run's entries per call")
@@ -244,7 +244,7 @@ def main():
                     for frac in [float(f) for f in args.sweep.split(",") if f]:
                         settle(c)
                         n, el, lat, cpu = measured(
-                            bk, c, lambda: run(bk, e, qw, qa, size, min(args.seconds, 3.0), 1,
+                            bk, c, lambda: run(bk, e, qw, qa, size, args.paced_seconds, 1,
                                                rate=peak * frac))
                         report(f"  paced at {frac:.2f} x peak", size, n, el, lat, cpu)
                     if args.call_size:

@@ -1918,11 +1918,8 @@ static int flush_cache_slot(Engine *e, int slot, uint64_t pace_budget_ns)
     TM_ADD(e, TM_F_SORT, now_ns() - t1);
     LogFile **created = NULL;
     size_t ncreated = 0;
-    Pace pace = {now_ns(), pace_budget_ns, 0, 0};
-    for (size_t i = 0; pace.budget_ns && i < n; i++)
-        pace.total += LR_HDR + w[i].len;
-    if (!pace.total)
-        pace.budget_ns = 0;
+    /* the half's record bytes: the live ones are written, dead ones only shorten the pacing */
+    Pace pace = {now_ns(), c->used ? pace_budget_ns : 0, c->used, 0};
     int rc = n ? write_items(e, w, n, &e->wlog, &created, &ncreated, 1, 0, &pace) : E_OK;
     free(created);
     pthread_mutex_lock(&e->mu);
