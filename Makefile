@@ -4,8 +4,11 @@ PYTEST_ARGS ?=
 
 .PHONY: install build proto test demo bench chaos clean
 
+# compat mode: the editable install puts the repository on sys.path (a .pth file) instead of
+# an import hook, so PySpark's scan for top-level `pyspark_*` modules (pkgutil.iter_modules)
+# finds pyspark_bookkeeper and format("bookkeeper") works without register() from any directory.
 install:
-	$(PYTHON) -m pip install -e '.[test]'
+	$(PYTHON) -m pip install --config-settings editable_mode=compat -e '.[test]'
 	$(PYTHON) setup.py -q build_ext --inplace
 
 build:

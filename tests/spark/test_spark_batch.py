@@ -2,6 +2,8 @@
 import datetime
 import decimal
 import json
+import os
+import sys
 
 import pytest
 
@@ -189,6 +191,23 @@ def test_zero_config_registration_and_default_uri(spark, log_name, logs):
     other = spark.newSession()
     register(other)
     assert other.read.format("bookkeeper").load(log_name).count() == 1
+
+
+def test_zero_config_module_is_visible_to_pysparks_scan_from_anywhere(tmp_path):
+    # PySpark's lookup (pyspark/sql/worker/lookup_data_sources.py) imports every top-level
+    # module that pkgutil.iter_modules() lists with a "pyspark_" prefix. The test session puts
+    # the repository on PYTHONPATH for its workers; a user's process does not: check the
+    # install itself, from another directory with a clean environment.
+    import subprocess
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    code = ("import pkgutil, importlib; "
+            "names = [m.name for m in pkgutil.iter_modules() if m.name.startswith('pyspark_')]; "
+            "assert 'pyspark_bookkeeper' in names, names; "
+            "print(importlib.import_module('pyspark_bookkeeper').DefaultSource.name())")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "bookkeeper"
 
 
 @pytest.mark.parametrize("opts,match", [
