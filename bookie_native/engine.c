@@ -716,6 +716,13 @@ static void seq_to_mark(Engine *e, uint64_t seq, uint64_t *id, uint64_t *pos)
 /* ---------------------------------------------------------------- add / fence / lac / delete */
 static int key_eq(Ledger *l, const unsigned char *k, uint32_t kl) { return l->keylen == kl && memcmp(l->key, k, kl) == 0; }
 
+/* The active half is filled to the flush threshold (half of it): the checkpoint thread flushes
+ * the other half now, and a paced flush stops pacing (mu held). */
+static inline int at_flush_threshold(const Engine *e)
+{
+    return e->cache[e->active].used >= e->cache_half / 2;
+}
+
 static void swap_for_flush(Engine *e)
 {
     uint64_t t = now_ns();
@@ -823,7 +830,7 @@ int eng_add_entries(Engine *e, AddReq *reqs, size_t n, int *status)
         e->st_add_bytes += r->len;
         status[i++] = BKS_EOK;
     }
-    if (e->cache[e->active].used >= e->cache_half / 2 && !e->flush_pending) /* background flush at half */
+    if (at_flush_threshold(e) && !e->flush_pending) /* background flush at half */
         pthread_cond_signal(&e->ckpt_cv);
     uint64_t ts = now_ns();
     TM_ADD(e, TM_ADD_LOCKED, ts - tl - tlw);
@@ -1506,7 +1513,7 @@ static void pace_wait(Engine *e, Pace *p, uint64_t bytes)
         if (due <= t)
             return;
         pthread_mutex_lock(&e->mu);
-        int hurry = e->ckpt_waiting || e->cache[e->active].used >= e->cache_half / 2;
+        int hurry = e->ckpt_waiting || at_flush_threshold(e);
         if (hurry)
             e->st_hurried_flushes++;
         else
@@ -2050,7 +2057,7 @@ static void *ckpt_thread(void *arg)
     while (!e->c_stop) {
         uint64_t t = now_ns();
         int due = t - last >= e->ckpt_interval_ns;
-        int full = e->flush_pending || e->cache[e->active].used >= e->cache_half / 2;
+        int full = e->flush_pending || at_flush_threshold(e);
         if (!due && !full) {
             uint64_t d = e->ckpt_interval_ns - (t - last);
             if (d > 200000000ull)
@@ -2062,7 +2069,7 @@ static void *ckpt_thread(void *arg)
         pthread_mutex_lock(&e->ckpt_mu);
         pthread_mutex_lock(&e->mu);
         /* someone else may have checkpointed while we waited for ckpt_mu */
-        int still = due || e->flush_pending || e->cache[e->active].used >= e->cache_half / 2;
+        int still = due || e->flush_pending || at_flush_threshold(e);
         pthread_mutex_unlock(&e->mu);
         int rc = (e->closed || !still) ? E_OK : checkpoint_locked(e, due, !due);
         pthread_mutex_unlock(&e->ckpt_mu);
