@@ -26,6 +26,7 @@ from bkspark.bookie.http_admin import AdminHttpServer
 from bkspark.bookie.metrics import BookieMetrics
 from bkspark.bookie.service import BookieService
 from bkspark.bookie.storage import Storage, StorageConfig
+from bkspark.heap import freeze_startup_heap
 from bkspark.proto import bookie_pb2_grpc as pb_grpc
 from metadata import ledgers as ledger_store
 from metadata import open_store, registry
@@ -192,6 +193,7 @@ class BookieServer:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self._stop_requested.set())
         self.start()
+        freeze_startup_heap()       # no 10-ms full collections of the start-up heap under load
         try:
             while not self._stop_requested.wait(0.5):
                 pass

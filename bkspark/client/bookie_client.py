@@ -3,19 +3,19 @@
 * :class:`BookieClient` owns the channel to one bookie. Adds from every ledger handle of the
   process go down one add stream per bookie: on the bookie's data port (plain TCP frames,
   :mod:`bkspark.bookie.data_port`; the port is asked from the bookie over gRPC each time a
-  stream opens) or, for a bookie without one, gRPC's ``AddStream``. Appenders put
-  hand-encoded ``AddBatch`` elements (see :mod:`bkspark.client.wire`) on a queue; the
-  stream's request generator drains whatever is queued into one message (up to
-  ``MAX_BATCH_BYTES``). Messages are self-clocked: the next one waits, up to ``max_linger``
-  (5 ms), for the previous ones to be answered, and carries everything queued meanwhile;
-  over gRPC, whose per-message cost is ~0.3 ms of CPU on each end, they are also spaced by
-  at least ``linger`` (2 ms). An idle data-port stream skips the queue: the appender's
-  thread sends what the socket takes without blocking (:meth:`_AddStream.send`). A reader
-  thread hands acks to the ledger handle registered for their ledger id
-  (``sink.on_add_responses(bookie_id, [(entry_id, status), ...])``). When the stream breaks,
-  every registered sink hears ``sink.on_bookie_failed(bookie_id, error)``; the next send
-  opens a new stream. One ``send_adds`` call larger than ``MAX_BATCH_BYTES`` is cut into
-  several messages (a bookie refuses a frame over its ``max_message_bytes``).
+  stream opens) or, for a bookie without one, gRPC's ``AddStream``. Appenders hand the stream
+  hand-encoded ``AddBatch`` elements (see :mod:`bkspark.client.wire`); one message carries
+  whatever waited (up to ``MAX_BATCH_BYTES``). Messages are self-clocked: the next one waits,
+  up to ``max_linger`` (5 ms), for the previous ones to be answered. On a data port the
+  thread that sees the stream answered sends it -- the appender on an idle stream, the ack
+  reader the moment it reads the answer -- so no thread hand-off sits between an ack and the
+  next message (:class:`_AddStream`); over gRPC, whose per-message cost is ~0.3 ms of CPU on
+  each end, a request generator drains a queue and also spaces messages by at least
+  ``linger`` (2 ms). A reader thread hands acks to the ledger handle registered for their
+  ledger id (``sink.on_add_responses(bookie_id, [(entry_id, status), ...])``). When the
+  stream breaks, every registered sink hears ``sink.on_bookie_failed(bookie_id, error)``;
+  the next send opens a new stream. One ``send_adds`` call larger than ``MAX_BATCH_BYTES`` is
+  cut into several messages (a bookie refuses a frame over its ``max_message_bytes``).
 * Unary calls (reads, recovery adds, LAC reads) return :class:`concurrent.futures.Future`
   objects; transport failures become :class:`BookieUnavailableError` /
   :class:`OperationTimeoutError` here and nowhere else (:func:`rpc_error`). Wire statuses
@@ -57,7 +57,6 @@ _CHANNEL_OPTIONS = [
 ]
 _ADD_STREAM_METHOD = "/bkspark.bookie.v1.Bookie/AddStream"
 _CLOSE = object()
-_WAKE = object()        # queued when send() left part of a frame for the sender thread
 
 
 class TlsRoots:
@@ -96,19 +95,35 @@ def check(status: int, message: str = "", bookie_id: str = "") -> None:
 
 
 class _AddStream:
-    """One add stream to a bookie (data port, or gRPC ``AddStream``) and its reader thread."""
+    """One add stream to a bookie (data port, or gRPC ``AddStream``) and its reader thread.
+
+    On a data port (no ``linger``), elements wait in ``held`` while a message is unanswered,
+    and whichever thread sees the stream answered sends them: the appender on an idle stream,
+    else the reader thread the moment it reads the ack (before it hands the acks on). A
+    message costs no thread hand-off on the client; the sender thread only finishes frames the
+    socket did not take at once (an appender never blocks on a stalled bookie) and, when a
+    message stays unanswered ``max_linger`` (a dropped add must not stall the stream), sends
+    what is held anyway. A generator transport (gRPC, or a data port with a ``linger``) drains
+    a queue instead (:meth:`_requests`).
+    """
 
     def __init__(self, client: "BookieClient"):
         self.client = client
-        self.q: queue.SimpleQueue = queue.SimpleQueue()
+        self.lock = threading.Lock()    # held, partial, sent_elements, one message at a time
+        self.wake = threading.Condition(self.lock)  # data-port sender: partial frame, timer, close
+        self.held: list[bytes] = []     # elements not sent yet (data port, or not open yet)
+        self.held_bytes = 0
+        self.q: queue.SimpleQueue | None = None     # generator transports: their requests
         self.dead = False
         self.cancelled = False
+        self.closing = False
         self._cancel = None         # ends the transport once it is open
         self.backlog = 0            # bytes queued but not yet handed to the transport
-        # self-clocking (written by one thread each): elements sent, responses received
+        # self-clocking: elements sent (under lock), responses received (by the reader)
         self.sent_elements = 0
         self.acked_elements = 0
-        self.send_lock = threading.Lock()   # one message at a time on the transport
+        self.last_send = 0.0
+        self.sender_idle = False    # the data-port sender waits without a timeout
         self._direct = None     # data port: sends what it can of a message without blocking
         self.partial = None     # ... and the rest, for the sender thread to send first
         self.answered = threading.Event()
@@ -118,8 +133,8 @@ class _AddStream:
         self.thread.start()
 
     def _requests(self):
-        """The request messages, each a list of encoded ``AddBatch`` elements: whatever is
-        queued, coalesced (see the module docstring).
+        """Generator transports: the request messages, each a list of encoded ``AddBatch``
+        elements: whatever is queued, coalesced (see the module docstring).
 
         Message spacing is self-clocked: a message goes out at least ``linger`` after the
         previous one, and not before the previous messages were answered unless
@@ -142,9 +157,6 @@ class _AddStream:
             item = q.get()
             if item is _CLOSE:
                 return
-            if item is _WAKE:                   # send()'s unsent rest of a frame: go now
-                yield []
-                continue
             if self.sent_elements != self.acked_elements:
                 deadline = last + client.max_linger
                 while True:
@@ -166,22 +178,67 @@ class _AddStream:
                     if parts:
                         yield parts
                     return
-                if item is _WAKE:
-                    continue
                 parts.extend(item)
                 size += sum(map(len, item))
             last = monotonic()
             self.backlog -= size
-            with self.send_lock:
+            with self.lock:
                 self._count_sent(len(parts))
             yield parts
 
+    def use_queue(self) -> None:
+        """The transport is a generator one: what was held before it opened goes first."""
+        with self.lock:
+            self.q = queue.SimpleQueue()
+            if self.held:
+                self.q.put(self.held)
+                self.held, self.held_bytes = [], 0
+            if self.closing:
+                self.q.put(_CLOSE)
+
     def _count_sent(self, elements: int) -> None:
-        """One message of ``elements`` adds goes out (``send_lock`` held): self-clocking and
-        the perf counters."""
+        """One message of ``elements`` adds goes out (``lock`` held): self-clocking and the
+        perf counters."""
         self.sent_elements += elements
         self.client.add_messages += 1
         self.client.add_elements += elements
+
+    def _pump_locked(self, force: bool = False) -> None:
+        """Data port (``lock`` held): send what is held if the stream is answered -- or if
+        ``force`` (one message: ``max_linger`` passed), closing (everything), or a whole
+        message is held (no reason to wait) -- at most ``MAX_BATCH_BYTES`` a message, from
+        the calling thread, without blocking: the rest of a frame the socket did not take
+        goes to the sender thread."""
+        direct = self._direct
+        if direct is None or self.partial is not None:
+            return
+        held = self.held
+        while held and (force or self.closing or self.held_bytes >= MAX_BATCH_BYTES
+                        or self.sent_elements == self.acked_elements):
+            if self.held_bytes <= MAX_BATCH_BYTES:
+                parts, size = held, self.held_bytes
+                self.held = held = []
+            else:
+                k, size = 1, len(held[0])
+                while k < len(held) and size + len(held[k]) <= MAX_BATCH_BYTES:
+                    size += len(held[k])
+                    k += 1
+                parts = held[:k]
+                del held[:k]
+            self.held_bytes -= size
+            self.backlog -= size
+            self._count_sent(len(parts))
+            self.last_send = time.monotonic()
+            force = False
+            rest = direct(parts)
+            if rest is not None:        # socket buffer full: never block an appender
+                self.partial = rest
+                self.backlog += len(rest)
+                self.wake.notify()
+                return
+        if held and self.sender_idle:   # unanswered: arm the sender's max_linger timer
+            self.sender_idle = False
+            self.wake.notify()
 
     def _read(self):
         error = None
@@ -194,7 +251,11 @@ class _AddStream:
                     continue
                 client.ack_messages += 1
                 self.acked_elements += len(responses)
-                self.answered.set()
+                if self.q is None:
+                    with self.lock:         # the next message goes before the acks are handled
+                        self._pump_locked()
+                else:
+                    self.answered.set()
                 by_ledger: dict[int, list] = {}
                 for r in responses:
                     lst = by_ledger.get(r.ledger_id)
@@ -220,35 +281,29 @@ class _AddStream:
             cancel()
 
     def send(self, elems: list[bytes]) -> bool:
-        """Queue ``elems`` for the stream's sender thread -- or, on an idle data-port stream
-        (nothing queued or unanswered, no linger), send them from this thread at once, as
-        much as the socket takes without blocking (the sender thread sends the rest before
-        anything else): at light load that saves a thread hand-off per message, in CPU and
-        in latency, and a stalled bookie still never blocks an appender."""
-        if self.dead:
-            return False
-        direct = self._direct
-        if (direct is not None and not self.linger and self.partial is None and self.q.empty()
-                and self.send_lock.acquire(blocking=False)):   # the sender may be stuck in a send
-            try:
-                if (self.partial is None and self.sent_elements == self.acked_elements
-                        and self.q.empty() and not self.dead):
-                    self._count_sent(len(elems))
-                    rest = direct(elems)
-                    if rest is not None:    # socket buffer full: never block an appender
-                        self.partial = rest
-                        self.backlog += len(rest)
-                        self.q.put(_WAKE)
-                    return True
-            finally:
-                self.send_lock.release()
-        self.backlog += sum(map(len, elems))
-        self.q.put(elems)
+        """Hand ``elems`` to the stream; False if it is dead. Never blocks on the bookie."""
+        size = sum(map(len, elems))
+        with self.lock:
+            if self.dead:
+                return False
+            self.backlog += size
+            if self.q is not None:
+                self.q.put(elems)
+                return True
+            self.held.extend(elems)
+            self.held_bytes += size
+            self._pump_locked()
         return True
 
     def close(self):
-        """End the stream after sending what is queued (acks still arrive)."""
-        self.q.put(_CLOSE)
+        """End the stream after sending what is held or queued (acks still arrive)."""
+        with self.lock:
+            self.closing = True
+            if self.q is not None:
+                self.q.put(_CLOSE)
+            else:
+                self._pump_locked()
+                self.wake.notify()
 
     def cancel(self):
         """Abort the stream now: unanswered adds get no ack (the reader sees it end)."""
@@ -353,6 +408,7 @@ class BookieClient:
         if not data_port:
             if stream.linger is None:
                 stream.linger = GRPC_ADD_LINGER
+            stream.use_queue()
             call = self._add_stream_callable(_joined(stream._requests()))
             stream.opened(call.cancel)
             return call
@@ -387,8 +443,8 @@ class BookieClient:
         return sock
 
     def _data_port_responses(self, sock: socket.socket, stream: _AddStream):
-        """Send the stream's messages from a thread; yield the responses read here."""
-        frame, add_kind, lock = wire.frame, wire.KIND_ADD_BATCH, stream.send_lock
+        """Start the stream's sender thread; yield the responses read here."""
+        frame, add_kind = wire.frame, wire.KIND_ADD_BATCH
 
         def direct(parts):
             """Send without blocking (caller holds the lock); return the unsent rest."""
@@ -402,26 +458,58 @@ class BookieClient:
                 return None
             return memoryview(data)[n:] if n < len(data) else None
 
-        def send():
+        def send_held():
+            """Finish partial frames; send held elements ``max_linger`` after an unanswered
+            message; on close, send what is left and end the request side."""
+            lock, wake, max_linger = stream.lock, stream.wake, self.max_linger
             try:
-                for parts in stream._requests():
-                    with lock:
-                        rest = stream.partial
-                        if rest is not None:        # finish the frame send() began
-                            sock.sendall(rest)
-                            stream.partial = None
-                            stream.backlog -= len(rest)
-                        if parts:
-                            sock.sendall(frame(add_kind, parts))
                 with lock:
-                    stream._direct = None
-                    sock.shutdown(socket.SHUT_WR)   # closed: the bookie answers, then ends
+                    try:
+                        stream._direct = direct
+                        stream._pump_locked()
+                        while not stream.dead:
+                            rest = stream.partial
+                            if rest is not None:
+                                lock.release()
+                                try:
+                                    sock.sendall(rest)
+                                finally:
+                                    lock.acquire()
+                                stream.partial = None
+                                stream.backlog -= len(rest)
+                                stream._pump_locked()
+                            elif stream.closing and not stream.held:
+                                break
+                            elif stream.held and stream.sent_elements != stream.acked_elements:
+                                wait = stream.last_send + max_linger - time.monotonic()
+                                if wait > 0:
+                                    wake.wait(wait)
+                                else:
+                                    stream._pump_locked(force=True)
+                            else:
+                                stream.sender_idle = True
+                                wake.wait()
+                                stream.sender_idle = False
+                    finally:
+                        stream._direct = None
+                sock.shutdown(socket.SHUT_WR)   # closed: the bookie answers, then ends
             except OSError:
                 wire.shutdown(sock)
 
-        if not isinstance(sock, ssl.SSLSocket):     # no MSG_DONTWAIT under TLS
-            stream._direct = direct
-        threading.Thread(target=send, daemon=True, name=f"bk-adds-{self.bookie_id}").start()
+        def send_queued():
+            try:
+                for parts in stream._requests():
+                    sock.sendall(frame(add_kind, parts))
+                sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                wire.shutdown(sock)
+
+        if stream.linger or isinstance(sock, ssl.SSLSocket):   # no MSG_DONTWAIT under TLS
+            stream.use_queue()
+            sender = send_queued
+        else:
+            sender = send_held
+        threading.Thread(target=sender, daemon=True, name=f"bk-adds-{self.bookie_id}").start()
         try:
             rfile = sock.makefile("rb", buffering=256 << 10)
             from_string = pb.AddBatchResponse.FromString

@@ -1,4 +1,5 @@
-"""The add stream's request generator: coalescing and self-clocking (no transport, no bookie).
+"""The add stream's request generator (gRPC, or a data port with a linger): coalescing and
+self-clocking (no transport, no bookie).
 
 A fake call consumes the generator like gRPC does; the test plays the bookie by counting
 elements as answered. Nothing here asserts how long anything took.
@@ -35,6 +36,7 @@ class _FakeClient:
         self.calls = []
 
     def _open_add_transport(self, stream):
+        stream.use_queue()                  # a generator transport, like gRPC's
         call = _FakeCall(bc._joined(stream._requests()))
         self.calls.append(call)
         stream.opened(call.cancel)

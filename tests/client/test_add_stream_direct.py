@@ -61,9 +61,48 @@ def test_an_idle_stream_sends_from_the_caller_and_a_busy_one_queues():
     while stream._direct is None:
         threading.Event().wait(0.01)
     stream.send([b"one"])                   # idle: sent at once by this thread
-    assert stream.q.empty() and stream.sent_elements == 1
-    stream.send([b"two"])                   # "one" unanswered: queued for the sender thread
-    frames = _read_frames(client.far, 2 * wire.FRAME.size + 6)
-    assert [p for _, p in frames] == [b"one", b"two"]
-    assert stream.sent_elements == 2
+    assert stream.held == [] and stream.sent_elements == 1
+    stream.send([b"two"])                   # "one" unanswered: held
+    stream.send([b"three"])
+    assert stream.held == [b"two", b"three"] and stream.sent_elements == 1
+    stream.acked_elements += 1              # what the reader does with an ack ...
+    with stream.lock:
+        stream._pump_locked()               # ... and then it sends what is held, at once
+    assert stream.held == [] and stream.sent_elements == 3
+    frames = _read_frames(client.far, 2 * wire.FRAME.size + 11)
+    assert [p for _, p in frames] == [b"one", b"twothree"]
+    assert (client.add_messages, client.add_elements) == (2, 3)
+    client.close()
+
+
+def test_an_unanswered_message_holds_the_next_one_only_max_linger():
+    """A dropped add is never answered: the sender thread sends what is held anyway."""
+    client = _PairClient()
+    client.max_linger = 0.05
+    stream = client._stream = bc._AddStream(client)
+    while stream._direct is None:
+        threading.Event().wait(0.01)
+    stream.send([b"a"])
+    stream.send([b"b"])
+    frames = _read_frames(client.far, 2 * wire.FRAME.size + 2)
+    assert [p for _, p in frames] == [b"a", b"b"]
+    stream.send([b"c"])
+    frames = _read_frames(client.far, wire.FRAME.size + 1)
+    assert [p for _, p in frames] == [b"c"]
+    assert stream.acked_elements == 0 and stream.sent_elements == 3
+    client.close()
+
+
+def test_close_sends_what_is_held_then_ends_the_request_side():
+    client = _PairClient()
+    stream = client._stream = bc._AddStream(client)
+    while stream._direct is None:
+        threading.Event().wait(0.01)
+    stream.send([b"1"])
+    stream.send([b"2"])                     # held: "1" is unanswered
+    stream.close()
+    frames = _read_frames(client.far, 2 * wire.FRAME.size + 2)
+    assert [p for _, p in frames] == [b"1", b"2"]
+    client.far.settimeout(10)
+    assert client.far.recv(1) == b""        # SHUT_WR: the bookie sees the end
     client.close()
