@@ -43,6 +43,9 @@ enum { JR_ADD = 1, JR_MKEY = 2, JR_FENCE = 3, JR_LAC = 4, JR_DELETE = 5 };
 #define M_MAGIC "BKSM"
 
 #define JPREALLOC (16u << 20)
+#define JZ_CHUNK (1u << 20)  /* journal zeroing: one O_DIRECT write + fdatasync (at most) */
+#define JZ_AHEAD (32u << 20) /* ... keeps this much written ahead of the journal's end */
+#define JZ_GAP (4u << 20)    /* ... starting no nearer the end than this (a group never waits) */
 
 /* ---------------------------------------------------------------- helpers */
 static uint64_t now_ns(void)
@@ -527,6 +530,10 @@ static int j_open_file(Engine *e, uint64_t id)
     e->jprealloc = pre;
     e->jdropped = 0;
     e->jcur_id = id;
+    e->jz_lo = e->jz_done = 0;
+    e->jw_end = DIO_ALIGN; /* the header's page */
+    if (e->zthread_started)
+        pthread_cond_signal(&e->z_cv);
     return 0;
 }
 
@@ -612,6 +619,21 @@ static void j_commit(Engine *e)
     }
     int fd = e->jfd;
     uint64_t pos = e->jpos, jid = e->jcur_id;
+    /* the group is written up to its page's end (zeros after it, which the next group
+     * overwrites): a write ending inside a page of a written block would read that page first */
+    size_t wlen = e->writing.len, pad = (size_t)((DIO_ALIGN - ((pos + wlen) & (DIO_ALIGN - 1))) & (DIO_ALIGN - 1));
+    if (e->writing.cap < wlen + pad && buf_reserve(&e->writing, pad) < 0)
+        pad = 0;
+    memset(e->writing.buf + wlen, 0, pad);
+    wlen += pad;
+    while (e->jz_to && e->jz_file == jid && pos + wlen > e->jz_from) /* never write where the zeroer does */
+        pthread_cond_wait(&e->z_cv, &e->mu);
+    int zeroed = pos >= e->jz_lo && pos + wlen <= e->jz_done;
+    if (!zeroed)
+        e->st_jz_behind++;
+    e->jw_end = (pos + wlen + DIO_ALIGN - 1) & ~(uint64_t)(DIO_ALIGN - 1);
+    if (e->zthread_started && e->jz_done < e->jw_end + e->jz_ahead / 2)
+        pthread_cond_signal(&e->z_cv);
     pthread_mutex_unlock(&e->mu);
     uint64_t t0 = now_ns();
     {
@@ -626,12 +648,12 @@ static void j_commit(Engine *e)
     }
     uint64_t tc = now_ns();
     TM_ADD(e, TM_J_CRC, tc - t0);
-    if (!err && pos + e->writing.len > e->jprealloc) {
-        uint64_t grow = JPREALLOC > e->writing.len ? JPREALLOC : e->writing.len;
+    if (!err && !zeroed && pos + wlen > e->jprealloc) { /* the zeroer is behind: reserve space */
+        uint64_t grow = JPREALLOC > wlen ? JPREALLOC : wlen;
         if (posix_fallocate(fd, (off_t)e->jprealloc, (off_t)(pos + grow - e->jprealloc)) == 0)
             e->jprealloc = pos + grow;
     }
-    if (!err && write_full(fd, e->writing.buf, e->writing.len, pos) < 0)
+    if (!err && write_full(fd, e->writing.buf, wlen, pos) < 0)
         err = errno;
     uint64_t tw = now_ns();
     TM_ADD(e, TM_J_WRITE, tw - tc);
@@ -675,6 +697,79 @@ static void *journal_thread(void *arg)
         j_commit(e);
     }
     pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
+
+/* Journal zeroing.  A journal group lands in space posix_fallocate reserved, or past the end of
+ * the file: either way its fdatasync must also make the file's block map durable (unwritten
+ * extents converted, blocks allocated) -- on this machine's ext4 (no jbd2 journal) that is
+ * extra synchronous metadata writes on every sync.  A 42 KiB group + fdatasync took 0.23-0.27 ms
+ * and 90-104 us of CPU into fallocate'd space, against 0.11-0.13 ms and 50-60 us into blocks
+ * already written (ad hoc, 3000 syncs each).  So this thread keeps the next JZ_AHEAD bytes of
+ * the current journal file written with zeros: O_DIRECT chunks (no page cache), each made
+ * durable by its own fdatasync so the journal's syncs find none of it to write, never nearer
+ * than JZ_GAP to the journal's end (all three scaled down for small journal files, so tests
+ * with 1 MiB journals zero too).  It costs a second stream of writes; measured with 3 bookies at
+ * 45k paced 1 KiB adds/s (E3 Qw2 Qa2, three alternating pairs): the bookies' CPU per entry 13.6-
+ * 13.9 us against 15.0-15.5 without, add p50 1.6-2.5 ms against 2.1-2.4, p99 about the same.
+ * A group is written up to its page's end, so it never reads a page back from the disk.  Zeros
+ * are what replay already stops at (as after fallocate).  A group that would overlap the chunk
+ * being zeroed waits for it (only when the journal outruns the zeroer); where the zeroer is
+ * behind, the journal falls back to fallocate.  The zeroer stops for good when the directory
+ * takes no O_DIRECT and pauses after other failures (disk full). */
+static void *jzero_thread(void *arg)
+{
+    Engine *e = arg;
+    pthread_setname_np(pthread_self(), "bks-jzero");
+    void *zb = NULL;
+    if (posix_memalign(&zb, DIO_ALIGN, e->jz_chunk) != 0)
+        return NULL;
+    memset(zb, 0, e->jz_chunk);
+    int fd = -1;
+    uint64_t fid = 0;
+    pthread_mutex_lock(&e->mu);
+    while (!e->z_stop) {
+        uint64_t near = e->jw_end + e->jz_gap, from = e->jz_done > near ? e->jz_done : near;
+        if (e->j_failed || from >= e->jw_end + e->jz_ahead || from >= e->jmax_size + e->jz_chunk) {
+            cond_wait_ns(&e->z_cv, &e->mu, 200000000ull);
+            continue;
+        }
+        uint64_t id = e->jcur_id;
+        e->jz_file = id;
+        e->jz_from = from;
+        e->jz_to = from + e->jz_chunk;
+        pthread_mutex_unlock(&e->mu);
+        int unsupported = 0;
+        if (fd >= 0 && fid != id) {
+            close(fd);
+            fd = -1;
+        }
+        if (fd < 0) {
+            char p[4200];
+            jpath(e, id, p, sizeof p);
+            fd = open(p, O_WRONLY | O_DIRECT | O_CLOEXEC);
+            fid = id;
+            unsupported = fd < 0 && errno == EINVAL;
+        }
+        int ok = fd >= 0 && pwrite(fd, zb, e->jz_chunk, (off_t)from) == (ssize_t)e->jz_chunk && fdatasync(fd) == 0;
+        pthread_mutex_lock(&e->mu);
+        e->jz_to = 0;
+        pthread_cond_broadcast(&e->z_cv); /* a group waiting for this chunk */
+        if (ok && e->jcur_id == id) {
+            if (e->jz_done != from) /* the zeroed run starts over (a new file, or it fell behind) */
+                e->jz_lo = from;
+            e->jz_done = from + e->jz_chunk;
+            e->st_jz_bytes += e->jz_chunk;
+        }
+        if (unsupported)
+            break;
+        if (!ok)
+            cond_wait_ns(&e->z_cv, &e->mu, 1000000000ull);
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (fd >= 0)
+        close(fd);
+    free(zb);
     return NULL;
 }
 
@@ -2745,6 +2840,11 @@ int eng_open(const EngineConfig *cfg, Engine **out, char *err, size_t errlen)
     e->jmax_size = cfg->jmax_size < (1 << 20) ? (1 << 20) : cfg->jmax_size;
     e->max_backups = cfg->max_backups;
     e->jsync = cfg->jsync;
+    e->jz_chunk = (e->jmax_size / 4) & ~(uint64_t)(DIO_ALIGN - 1);
+    e->jz_chunk = e->jz_chunk > JZ_CHUNK ? JZ_CHUNK : e->jz_chunk < DIO_ALIGN ? DIO_ALIGN : e->jz_chunk;
+    e->jz_gap = (e->jmax_size / 8) & ~(uint64_t)(DIO_ALIGN - 1);
+    e->jz_gap = e->jz_gap > JZ_GAP ? JZ_GAP : e->jz_gap;
+    e->jz_ahead = e->jmax_size < JZ_AHEAD ? e->jmax_size : JZ_AHEAD;
     e->entry_log_max = cfg->entry_log_max < 4096 ? 4096 : cfg->entry_log_max;
     e->compaction_threshold = cfg->compaction_threshold;
     e->compaction_max_bytes = cfg->compaction_max_bytes;
@@ -2757,6 +2857,7 @@ int eng_open(const EngineConfig *cfg, Engine **out, char *err, size_t errlen)
     pthread_cond_init(&e->gcv, NULL);
     pthread_cond_init(&e->cache_cv, NULL);
     pthread_cond_init(&e->ckpt_cv, NULL);
+    pthread_cond_init(&e->z_cv, NULL);
     e->nbuckets = 1024;
     e->buckets = calloc(e->nbuckets, sizeof *e->buckets);
     e->next_inc = 1;
@@ -2816,6 +2917,8 @@ int eng_open(const EngineConfig *cfg, Engine **out, char *err, size_t errlen)
             e->jthread_started = 1;
         if (pthread_create(&e->cthread, NULL, ckpt_thread, e) == 0)
             e->cthread_started = 1;
+        if (e->jsync && pthread_create(&e->zthread, NULL, jzero_thread, e) == 0)
+            e->zthread_started = 1; /* optional: without it the journal uses fallocate'd space */
         if (!e->jthread_started || !e->cthread_started) {
             seterr(e, "cannot start storage threads");
             rc = E_IO;
@@ -2857,7 +2960,14 @@ void eng_close(Engine *e, int do_checkpoint)
         pthread_join(e->cthread, NULL);
     if (e->jthread_started)
         pthread_join(e->jthread, NULL);
-    e->cthread_started = e->jthread_started = 0;
+    if (e->zthread_started) {
+        pthread_mutex_lock(&e->mu);
+        e->z_stop = 1;
+        pthread_cond_broadcast(&e->z_cv);
+        pthread_mutex_unlock(&e->mu);
+        pthread_join(e->zthread, NULL);
+    }
+    e->cthread_started = e->jthread_started = e->zthread_started = 0;
     if (e->wlog && e->wlog->prealloc > e->wlog->size && e->wlog->fd >= 0) /* unused reservation */
         if (ftruncate(e->wlog->fd, (off_t)e->wlog->size) == 0)
             e->wlog->prealloc = e->wlog->size;

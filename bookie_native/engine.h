@@ -130,6 +130,14 @@ typedef struct Engine {
     size_t njfiles, jfcap;
     pthread_t jthread;
     int jthread_started;
+    /* journal zeroing (engine.c "journal zeroing"); offsets in the current journal file */
+    pthread_t zthread;
+    int zthread_started, z_stop;
+    pthread_cond_t z_cv;
+    uint64_t jz_lo, jz_done;   /* the zeroer's written run [jz_lo, jz_done) */
+    uint64_t jw_end;           /* end of the last group write begun (page-rounded) */
+    uint64_t jz_file, jz_from, jz_to; /* chunk being zeroed (jz_to == 0: none) */
+    uint64_t jz_chunk, jz_gap, jz_ahead; /* JZ_* scaled to the journal file size */
 
     /* entry logs */
     LogFile **logs; /* sorted by id */
@@ -158,7 +166,7 @@ typedef struct Engine {
     /* stats */
     uint64_t st_adds, st_add_bytes, st_syncs, st_sync_ns, st_jbytes, st_checkpoints, st_compactions,
         st_compacted_logs, st_compacted_bytes, st_deleted_logs, st_replay_records, st_replay_truncated,
-        st_bg_errors, st_fences, st_cache_waits;
+        st_bg_errors, st_fences, st_cache_waits, st_jz_bytes, st_jz_behind;
     /* timers (ns, cumulative; see TM_* and tm_names) -- where the time goes, for the benchmark */
     uint64_t tm[24];
 
