@@ -1,6 +1,8 @@
 """Data-port add streams: an idle stream sends from the appender's thread without ever
 blocking it; what the socket did not take goes out first from the sender thread, so frames
-stay whole. The "bookie" is the far end of a socket pair that reads only when told to."""
+stay whole; while a message is unanswered the next one is held until the ack (or
+``max_linger``) and then carries everything held. The "bookie" is the far end of a socket
+pair that reads only when told to."""
 import socket
 import threading
 
@@ -19,6 +21,17 @@ class _PairClient(bc.BookieClient):
         return self._data_port_responses(self.near, stream)
 
 
+def _open_stream(max_linger=None):
+    """A client whose add stream is open on the socket pair (it opens in the stream's thread)."""
+    client = _PairClient()
+    if max_linger is not None:
+        client.max_linger = max_linger
+    stream = client._stream = bc._AddStream(client)
+    while stream._direct is None:
+        threading.Event().wait(0.01)
+    return client, stream
+
+
 def _read_frames(sock, nbytes):
     data = b""
     while len(data) < nbytes:
@@ -34,10 +47,7 @@ def _read_frames(sock, nbytes):
 
 
 def test_a_stalled_peer_never_blocks_the_appender_and_frames_stay_whole():
-    client = _PairClient()
-    stream = client._stream = bc._AddStream(client)
-    while stream._direct is None:           # the transport opens in the stream's thread
-        threading.Event().wait(0.01)
+    client, stream = _open_stream()
     elems = [bytes([i]) * (3 << 20) for i in range(4)]    # each larger than socket buffers
     done = threading.Event()
 
@@ -55,11 +65,8 @@ def test_a_stalled_peer_never_blocks_the_appender_and_frames_stay_whole():
     client.close()
 
 
-def test_an_idle_stream_sends_from_the_caller_and_a_busy_one_queues():
-    client = _PairClient()
-    stream = client._stream = bc._AddStream(client)
-    while stream._direct is None:
-        threading.Event().wait(0.01)
+def test_an_idle_stream_sends_from_the_caller_and_a_busy_one_holds_until_the_ack():
+    client, stream = _open_stream()
     stream.send([b"one"])                   # idle: sent at once by this thread
     assert stream.held == [] and stream.sent_elements == 1
     stream.send([b"two"])                   # "one" unanswered: held
@@ -77,11 +84,7 @@ def test_an_idle_stream_sends_from_the_caller_and_a_busy_one_queues():
 
 def test_an_unanswered_message_holds_the_next_one_only_max_linger():
     """A dropped add is never answered: the sender thread sends what is held anyway."""
-    client = _PairClient()
-    client.max_linger = 0.05
-    stream = client._stream = bc._AddStream(client)
-    while stream._direct is None:
-        threading.Event().wait(0.01)
+    client, stream = _open_stream(max_linger=0.05)
     stream.send([b"a"])
     stream.send([b"b"])
     frames = _read_frames(client.far, 2 * wire.FRAME.size + 2)
@@ -94,10 +97,7 @@ def test_an_unanswered_message_holds_the_next_one_only_max_linger():
 
 
 def test_close_sends_what_is_held_then_ends_the_request_side():
-    client = _PairClient()
-    stream = client._stream = bc._AddStream(client)
-    while stream._direct is None:
-        threading.Event().wait(0.01)
+    client, stream = _open_stream()
     stream.send([b"1"])
     stream.send([b"2"])                     # held: "1" is unanswered
     stream.close()
