@@ -11,7 +11,9 @@ fell into it) gives the latency the issue's target refers to: once a millisecond
 like Kafka's ``linger.ms=1``; latency counts from that call);
 it starts once the bookies are idle again (the peak run's flushes done: :func:`settle`).
 Configurations: E=3 Qw=2 Qa=2 on 3 bookies with 1 KiB and 64 KiB entries, and the
-single-bookie E=Qw=Qa=1 figure.
+single-bookie E=Qw=Qa=1 figure. Once started, the process freezes its start-up heap
+(:func:`bkspark.heap.freeze_startup_heap`, as README advises latency-sensitive applications):
+a full GC pass over it stopped every thread for 10-20 ms once or twice a run.
 
 The disk reference, measured at the start and the end of the run with the bookies idle: three
 threads each appending 56 KiB + fdatasync 800 times a second in the bench's directory (about
