@@ -632,8 +632,8 @@ static void j_commit(Engine *e)
     if (!zeroed)
         e->st_jz_behind++;
     e->jw_end = (pos + wlen + DIO_ALIGN - 1) & ~(uint64_t)(DIO_ALIGN - 1);
-    if (e->zthread_started && e->jz_done < e->jw_end + e->jz_ahead / 2)
-        pthread_cond_signal(&e->z_cv);
+    if (e->zthread_started && e->jz_done < e->jw_end + e->jz_ahead / 2 && e->jz_done < e->jmax_size)
+        pthread_cond_signal(&e->z_cv); /* (past the roll point it has nothing to do) */
     pthread_mutex_unlock(&e->mu);
     uint64_t t0 = now_ns();
     {
