@@ -498,43 +498,92 @@ static int j_enq_keyrec(Engine *e, uint32_t type, Ledger *l)
     return j_enqueue(e, type, h, 18 + (size_t)kl, NULL, 0, 0, 0, 0);
 }
 
-static int j_open_file(Engine *e, uint64_t id)
+/* Create journal file `id`: its header durable, and its directory entry.  `prealloc` (not NULL):
+ * reserve space with posix_fallocate (best effort; *prealloc = bytes reserved).  `whole_page`:
+ * the header's page is written whole (zeros after the header), so a prepared file is written
+ * from offset 0 on.  Needs no lock (the caller owns `id`).  Returns the descriptor, -1 (errno). */
+static int j_create_file(Engine *e, uint64_t id, uint64_t *prealloc, int whole_page)
 {
     char p[4200];
     jpath(e, id, p, sizeof p);
     int fd = open(p, O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
     if (fd < 0)
         return -1;
-    unsigned char hdr[J_HDR];
-    memset(hdr, 0, sizeof hdr);
+    unsigned char hdr[DIO_ALIGN];
+    size_t hlen = whole_page ? DIO_ALIGN : J_HDR;
+    memset(hdr, 0, hlen);
     memcpy(hdr, J_MAGIC, 4);
     put32(hdr + 4, J_VERSION);
     put64(hdr + 8, id);
     put32(hdr + 16, e->jsync ? JF_SYNC : 0);
     put32(hdr + 20, bks_crc32c(0, hdr, 20));
-    uint64_t pre = JPREALLOC;
-    if (pre > e->jmax_size + (1 << 20))
-        pre = e->jmax_size + (1 << 20);
-    if (posix_fallocate(fd, 0, (off_t)pre) != 0)
-        pre = 0; /* best effort */
-    if (write_full(fd, hdr, sizeof hdr, 0) < 0 || fdatasync(fd) < 0 || fsync_dir(e->journal_dir) < 0) {
+    if (prealloc) {
+        uint64_t pre = JPREALLOC;
+        if (pre > e->jmax_size + (1 << 20))
+            pre = e->jmax_size + (1 << 20);
+        if (posix_fallocate(fd, 0, (off_t)pre) != 0)
+            pre = 0; /* best effort */
+        *prealloc = pre;
+    }
+    if (write_full(fd, hdr, hlen, 0) < 0 || fdatasync(fd) < 0 || fsync_dir(e->journal_dir) < 0) {
         int s = errno;
         close(fd);
         errno = s;
         return -1;
     }
+    return fd;
+}
+
+/* Make `fd` (journal file `id`, header written) the current journal (mu held, or before the
+ * threads start): [0, zeroed) of it is already written, [0, reserved) allocated. */
+static void j_use_file(Engine *e, int fd, uint64_t id, uint64_t reserved, uint64_t zeroed)
+{
     if (e->jfd >= 0)
         close(e->jfd);
     e->jfd = fd;
     e->jpos = J_HDR;
-    e->jprealloc = pre;
+    e->jprealloc = reserved;
     e->jdropped = 0;
     e->jcur_id = id;
-    e->jz_lo = e->jz_done = 0;
+    e->jz_lo = 0;
+    e->jz_done = zeroed;
     e->jw_end = DIO_ALIGN; /* the header's page */
     if (e->zthread_started)
         pthread_cond_signal(&e->z_cv);
+}
+
+static int j_open_file(Engine *e, uint64_t id)
+{
+    uint64_t pre = 0;
+    int fd = j_create_file(e, id, &pre, 0);
+    if (fd < 0)
+        return -1;
+    j_use_file(e, fd, id, pre, 0);
     return 0;
+}
+
+/* Roll to the next journal file (mu held): the one the zeroer prepared if it is ready (a swap
+ * of descriptors, no I/O under the lock), else created here (create, fallocate, two syncs). */
+static int j_roll(Engine *e)
+{
+    while (e->jn_creating) /* the zeroer is creating it: never race it for the same name */
+        pthread_cond_wait(&e->z_cv, &e->mu);
+    if (e->jn_fd >= 0 && e->jn_id == e->jcur_id + 1) {
+        j_use_file(e, e->jn_fd, e->jn_id, e->jn_done, e->jn_done);
+        e->jn_fd = -1;
+        e->st_jn_rolls++;
+        return 0;
+    }
+    return j_open_file(e, e->jcur_id + 1);
+}
+
+/* Bytes of the next journal file the zeroer should have written by now: as much as the current
+ * file has advanced into its last jz_ahead before the roll point (the same pace as the current
+ * file's own zeroing, which has stopped by then), so the next file starts jz_ahead written. */
+static uint64_t jn_target(const Engine *e)
+{
+    uint64_t left = e->jmax_size > e->jw_end ? e->jmax_size - e->jw_end : 0;
+    return left >= e->jz_ahead ? DIO_ALIGN : e->jz_ahead - left;
 }
 
 /* The journal is read only by replay: once synced, its pages leave the page cache, so the
@@ -603,7 +652,7 @@ static void j_commit(Engine *e)
     int err = 0;
     if (e->jpos >= e->jmax_size) { /* roll */
         uint64_t tr = now_ns();
-        int ro = j_open_file(e, e->jcur_id + 1);
+        int ro = j_roll(e);
         TM_ADD(e, TM_J_ROLL, now_ns() - tr);
         if (ro < 0) {
             err = errno;
@@ -632,8 +681,9 @@ static void j_commit(Engine *e)
     if (!zeroed)
         e->st_jz_behind++;
     e->jw_end = (pos + wlen + DIO_ALIGN - 1) & ~(uint64_t)(DIO_ALIGN - 1);
-    if (e->zthread_started && e->jz_done < e->jw_end + e->jz_ahead / 2 && e->jz_done < e->jmax_size)
-        pthread_cond_signal(&e->z_cv); /* (past the roll point it has nothing to do) */
+    if (e->zthread_started && (e->jz_done < e->jmax_size ? e->jz_done < e->jw_end + e->jz_ahead / 2
+                                                         : e->jn_fd >= 0 && e->jn_done + e->jz_ahead / 4 <= jn_target(e)))
+        pthread_cond_signal(&e->z_cv); /* (a wake-up per quarter of jz_ahead, not per group) */
     pthread_mutex_unlock(&e->mu);
     uint64_t t0 = now_ns();
     {
@@ -716,7 +766,14 @@ static void *journal_thread(void *arg)
  * are what replay already stops at (as after fallocate).  A group that would overlap the chunk
  * being zeroed waits for it (only when the journal outruns the zeroer); where the zeroer is
  * behind, the journal falls back to fallocate.  The zeroer stops for good when the directory
- * takes no O_DIRECT and pauses after other failures (disk full). */
+ * takes no O_DIRECT and pauses after other failures (disk full).
+ *
+ * Once the current file is zeroed to its roll point, the zeroer creates the next file (header
+ * and directory entry durable) and zeroes its first jz_ahead bytes at the pace the current file
+ * fills (jn_target), so the roll (j_roll) swaps descriptors instead of creating, fallocating and
+ * syncing a file under mu -- with 512 MiB journals at 45k paced adds/s, the roll's 200-ms
+ * window had entries over 10 ms in each of four 20-s runs (up to 5.6k entries, max 22.7 ms).  A prepared file
+ * never used is an empty journal: replay accepts it and the next start takes the id after it. */
 static void *jzero_thread(void *arg)
 {
     Engine *e = arg;
@@ -730,11 +787,36 @@ static void *jzero_thread(void *arg)
     pthread_mutex_lock(&e->mu);
     while (!e->z_stop) {
         uint64_t near = e->jw_end + e->jz_gap, from = e->jz_done > near ? e->jz_done : near;
-        if (e->j_failed || from >= e->jw_end + e->jz_ahead || from >= e->jmax_size + e->jz_chunk) {
+        uint64_t id = e->jcur_id;
+        if (e->j_failed || from >= e->jw_end + e->jz_ahead) {
             cond_wait_ns(&e->z_cv, &e->mu, 200000000ull);
             continue;
         }
-        uint64_t id = e->jcur_id;
+        if (from >= e->jmax_size + e->jz_chunk) { /* this file is written to its roll point */
+            if (e->jn_fd < 0) { /* create the next one: header and directory entry durable */
+                uint64_t nid = e->jcur_id + 1;
+                e->jn_creating = 1;
+                pthread_mutex_unlock(&e->mu);
+                int nfd = j_create_file(e, nid, NULL, 1);
+                pthread_mutex_lock(&e->mu);
+                e->jn_creating = 0;
+                pthread_cond_broadcast(&e->z_cv); /* a roll waiting for it */
+                if (nfd >= 0) {
+                    e->jn_fd = nfd;
+                    e->jn_id = nid;
+                    e->jn_done = DIO_ALIGN;
+                } else { /* (disk full...): the roll creates it itself; try again later */
+                    cond_wait_ns(&e->z_cv, &e->mu, 1000000000ull);
+                }
+                continue;
+            }
+            if (e->jn_done >= jn_target(e) || e->jn_done >= e->jz_ahead) {
+                cond_wait_ns(&e->z_cv, &e->mu, 200000000ull);
+                continue;
+            }
+            id = e->jn_id;
+            from = e->jn_done;
+        }
         e->jz_file = id;
         e->jz_from = from;
         e->jz_to = from + e->jz_chunk;
@@ -755,12 +837,15 @@ static void *jzero_thread(void *arg)
         pthread_mutex_lock(&e->mu);
         e->jz_to = 0;
         pthread_cond_broadcast(&e->z_cv); /* a group waiting for this chunk */
-        if (ok && e->jcur_id == id) {
+        if (ok && e->jcur_id == id) { /* the current file (perhaps the next one, rolled to meanwhile) */
             if (e->jz_done != from) /* the zeroed run starts over (a new file, or it fell behind) */
                 e->jz_lo = from;
             e->jz_done = from + e->jz_chunk;
-            e->st_jz_bytes += e->jz_chunk;
+        } else if (ok && e->jn_fd >= 0 && e->jn_id == id) {
+            e->jn_done = from + e->jz_chunk;
         }
+        if (ok)
+            e->st_jz_bytes += e->jz_chunk;
         if (unsupported)
             break;
         if (!ok)
@@ -2862,6 +2947,7 @@ int eng_open(const EngineConfig *cfg, Engine **out, char *err, size_t errlen)
     e->buckets = calloc(e->nbuckets, sizeof *e->buckets);
     e->next_inc = 1;
     e->jfd = -1;
+    e->jn_fd = -1;
     int rc = E_OK;
     if (mkdirs(e->journal_dir) < 0) {
         seterr(e, "cannot create journal dir %s: %s", e->journal_dir, strerror(errno));
@@ -2966,6 +3052,10 @@ void eng_close(Engine *e, int do_checkpoint)
         pthread_cond_broadcast(&e->z_cv);
         pthread_mutex_unlock(&e->mu);
         pthread_join(e->zthread, NULL);
+    }
+    if (e->jn_fd >= 0) { /* prepared, never used: an empty journal, which replay accepts */
+        close(e->jn_fd);
+        e->jn_fd = -1;
     }
     e->cthread_started = e->jthread_started = e->zthread_started = 0;
     if (e->wlog && e->wlog->prealloc > e->wlog->size && e->wlog->fd >= 0) /* unused reservation */

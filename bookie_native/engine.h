@@ -138,6 +138,11 @@ typedef struct Engine {
     uint64_t jw_end;           /* end of the last group write begun (page-rounded) */
     uint64_t jz_file, jz_from, jz_to; /* chunk being zeroed (jz_to == 0: none) */
     uint64_t jz_chunk, jz_gap, jz_ahead; /* JZ_* scaled to the journal file size */
+    /* the next journal file, made ready by the zeroer before the roll: header durable, its
+     * directory entry synced, [0, jn_done) written; the roll only swaps descriptors */
+    int jn_fd;                 /* -1: none prepared */
+    int jn_creating;           /* the zeroer is creating it (the roll waits, never races it) */
+    uint64_t jn_id, jn_done;
 
     /* entry logs */
     LogFile **logs; /* sorted by id */
@@ -166,7 +171,7 @@ typedef struct Engine {
     /* stats */
     uint64_t st_adds, st_add_bytes, st_syncs, st_sync_ns, st_jbytes, st_checkpoints, st_compactions,
         st_compacted_logs, st_compacted_bytes, st_deleted_logs, st_replay_records, st_replay_truncated,
-        st_bg_errors, st_fences, st_cache_waits, st_jz_bytes, st_jz_behind;
+        st_bg_errors, st_fences, st_cache_waits, st_jz_bytes, st_jz_behind, st_jn_rolls;
     /* timers (ns, cumulative; see TM_* and tm_names) -- where the time goes, for the benchmark */
     uint64_t tm[24];
 

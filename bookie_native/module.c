@@ -823,7 +823,7 @@ static PyObject *Store_stats(StoreObject *self, PyObject *unused)
     cache = e->cache[0].used + e->cache[1].used;
     eng_unlock(e);
     BKS_END PyObject *d = Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsi}", "adds", c.st_adds, "add_bytes", c.st_add_bytes,
+        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsi}", "adds", c.st_adds, "add_bytes", c.st_add_bytes,
         "journal_syncs", c.st_syncs, "journal_sync_ns_sum", c.st_sync_ns, "journal_sync_count", c.st_syncs,
         "journal_bytes", c.st_jbytes, "cache_bytes", cache, "queue_depth_bytes", (unsigned long long)c.pending.len,
         "sync_waiters", (unsigned long long)c.j_waiters, "checkpoints", c.st_checkpoints, "flushes", c.st_flushes,
@@ -831,7 +831,7 @@ static PyObject *Store_stats(StoreObject *self, PyObject *unused)
         c.st_compactions, "compacted_logs", c.st_compacted_logs, "compacted_bytes", c.st_compacted_bytes,
         "replayed_records", c.st_replay_records, "replay_truncated_bytes", c.st_replay_truncated,
         "background_errors", c.st_bg_errors, "fences", c.st_fences, "cache_full_waits", c.st_cache_waits,
-        "journal_zeroed_bytes", c.st_jz_bytes, "journal_groups_unzeroed", c.st_jz_behind, "ledgers", (unsigned long long)c.nledgers, "entry_logs", (unsigned long long)nlogs, "entry_log_live_bytes",
+        "journal_zeroed_bytes", c.st_jz_bytes, "journal_groups_unzeroed", c.st_jz_behind, "journal_rolls_prepared", c.st_jn_rolls, "ledgers", (unsigned long long)c.nledgers, "entry_logs", (unsigned long long)nlogs, "entry_log_live_bytes",
         live, "entry_log_bytes", total, "journal_id", c.jcur_id, "journal_pos", c.jpos, "journal_failed",
         c.j_failed);
     if (!d)

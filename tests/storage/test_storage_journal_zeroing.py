@@ -1,5 +1,6 @@
 """Journal zeroing (engine.c "journal zeroing"): groups land in space written ahead with zeros,
-and a journal killed with that zeroed tail replays exactly what was acknowledged."""
+the journal rolls into a next file the zeroer prepared, and a journal killed with a zeroed
+tail (and a prepared, unused next file) replays exactly what was acknowledged."""
 import os
 import signal
 import subprocess
@@ -9,34 +10,40 @@ import time
 from bkspark.bookie.storage import Storage, StorageConfig
 
 CHILD = r"""
-import sys
+import os, sys, time
 from bkspark.bookie.storage import Storage, StorageConfig
-d = sys.argv[1]
+d, journal_mb, groups = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 s = Storage(StorageConfig(journal_dir=d + "/journal", ledger_dirs=[d + "/ledgers"],
-                          journal_max_size_mb=16, checkpoint_interval_s=3600))
-import time
+                          journal_max_size_mb=journal_mb, checkpoint_interval_s=3600))
 deadline = time.monotonic() + 30
-while s.stats()["journal_zeroed_bytes"] < (4 << 20) and time.monotonic() < deadline:
+while s.stats()["journal_zeroed_bytes"] < (1 << 20) and time.monotonic() < deadline:
     time.sleep(0.01)
 body = bytes(1000)
-for b in range(160):                       # 160 groups of 64 x 1000 B: ~10 MB, past the gap
+for b in range(groups):                    # groups of 64 x 1000 B
+    st = s.stats()
+    if st["journal_pos"] + (128 << 10) >= journal_mb << 20:
+        # about to roll: wait for the zeroer's next file, so the roll adopts it
+        nxt = "%s/journal/%016x.txn" % (d, st["journal_id"] + 1)
+        deadline = time.monotonic() + 30
+        while not os.path.exists(nxt) and time.monotonic() < deadline:
+            time.sleep(0.01)
     st = s.add_entries([(7, b * 64 + i, b"k", False, body + b"%d" % (b * 64 + i)) for i in range(64)])
     assert all(x == 0 for x in st), st
     print("A", b * 64 + 63, flush=True)
 st = s.stats()
 print("S", st["journal_syncs"], st["journal_groups_unzeroed"], st["journal_zeroed_bytes"],
-      st["journal_pos"], flush=True)
+      st["journal_pos"], st["journal_id"], st["journal_rolls_prepared"], flush=True)
 time.sleep(60)
 """
 
 
-def test_groups_land_in_zeroed_space_and_a_killed_journal_replays_every_ack(tmp_path):
-    d = str(tmp_path)
+def _run_killed(d: str, journal_mb: int, groups: int):
+    """Run CHILD, SIGKILL it once it reported; (last acknowledged entry, its stats line)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))]
         + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    p = subprocess.Popen([sys.executable, "-c", CHILD, d], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, env=env)
+    p = subprocess.Popen([sys.executable, "-c", CHILD, d, str(journal_mb), str(groups)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     last, stats = -1, None
     try:
         for line in p.stdout:
@@ -50,20 +57,47 @@ def test_groups_land_in_zeroed_space_and_a_killed_journal_replays_every_ack(tmp_
         p.send_signal(signal.SIGKILL)           # no close, no checkpoint: replay has it all
         err = p.communicate()[1]
     assert stats is not None, err.decode()[-3000:]
-    syncs, unzeroed, zeroed, pos = stats
-    assert last == 160 * 64 - 1
-    assert zeroed >= 4 << 20
-    assert unzeroed < syncs, "no group was written into zeroed space"
-    jfiles = [f for f in os.listdir(os.path.join(d, "journal")) if f.endswith(".txn")]
-    assert os.path.getsize(os.path.join(d, "journal", max(jfiles))) > pos   # zeros ahead of the end
+    return last, stats
+
+
+def _check_replay(d: str, journal_mb: int, last: int) -> None:
     s = Storage(StorageConfig(journal_dir=os.path.join(d, "journal"),
-                              ledger_dirs=[os.path.join(d, "ledgers")], journal_max_size_mb=16))
+                              ledger_dirs=[os.path.join(d, "ledgers")], journal_max_size_mb=journal_mb))
     try:
         st = s.stats()
         assert st["replayed_records"] >= last + 1
         assert st["replay_truncated_bytes"] == 0      # what follows the last group is zeros
         assert s.last_entry_id(7) == last
-        for e in (0, 4095, 4096, last):
+        for e in (0, 4095, 4096, last // 2, last):
             assert s.read_entry(7, e) == bytes(1000) + b"%d" % e
     finally:
         s.close()
+
+
+def test_groups_land_in_zeroed_space_and_a_killed_journal_replays_every_ack(tmp_path):
+    d = str(tmp_path)
+    last, (syncs, unzeroed, zeroed, pos, jid, _rolls) = _run_killed(d, 16, 160)   # ~10 MB
+    assert last == 160 * 64 - 1
+    assert zeroed >= 4 << 20
+    assert unzeroed < syncs, "no group was written into zeroed space"
+    current = os.path.join(d, "journal", "%016x.txn" % jid)
+    assert os.path.getsize(current) > pos   # zeros ahead of the end
+    _check_replay(d, 16, last)
+
+
+def test_the_journal_rolls_into_the_file_the_zeroer_prepared(tmp_path):
+    """2 MiB journals, ~10 MB written: every roll adopts the prepared next file (a swap of
+    descriptors, no file creation under the journal's lock); the groups in those files, and
+    the prepared file left unused at the kill, replay cleanly."""
+    d = str(tmp_path)
+    last, (syncs, unzeroed, _zeroed, _pos, jid, rolls) = _run_killed(d, 2, 160)
+    assert last == 160 * 64 - 1
+    assert jid >= 5, jid                     # rolled at least 4 times
+    assert rolls == jid - 1, (rolls, jid)    # ... each into the prepared file
+    assert unzeroed < syncs / 2
+    names = sorted(f for f in os.listdir(os.path.join(d, "journal")) if f.endswith(".txn"))
+    assert "%016x.txn" % (jid + 1) in names, names   # the next one, prepared and unused
+    _check_replay(d, 2, last)
+    # the unused prepared file is an empty journal: the reopened storage wrote past it
+    names = sorted(f for f in os.listdir(os.path.join(d, "journal")) if f.endswith(".txn"))
+    assert max(names) >= "%016x.txn" % (jid + 2), names
