@@ -772,8 +772,9 @@ static void *journal_thread(void *arg)
  * and directory entry durable) and zeroes its first jz_ahead bytes at the pace the current file
  * fills (jn_target), so the roll (j_roll) swaps descriptors instead of creating, fallocating and
  * syncing a file under mu -- with 512 MiB journals at 45k paced adds/s, the roll's 200-ms
- * window had entries over 10 ms in each of four 20-s runs (up to 5.6k entries, max 22.7 ms).  A prepared file
- * never used is an empty journal: replay accepts it and the next start takes the id after it. */
+ * window had entries over 10 ms in each of four 20-s runs (up to 5.6k entries, max 22.7 ms).
+ * A prepared file never used is an empty journal: replay accepts it and the next start takes
+ * the id after it. */
 static void *jzero_thread(void *arg)
 {
     Engine *e = arg;
