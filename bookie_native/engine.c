@@ -46,6 +46,8 @@ enum { JR_ADD = 1, JR_MKEY = 2, JR_FENCE = 3, JR_LAC = 4, JR_DELETE = 5 };
 #define JZ_CHUNK (1u << 20)  /* journal zeroing: one O_DIRECT write + fdatasync (at most) */
 #define JZ_AHEAD (32u << 20) /* ... keeps this much written ahead of the journal's end */
 #define JZ_GAP (4u << 20)    /* ... starting no nearer the end than this (a group never waits) */
+#define JZ_BULK (256u << 10) /* ... not while groups average this much: one block-map update per
+                              * such group costs less than writing its bytes twice */
 
 /* ---------------------------------------------------------------- helpers */
 static uint64_t now_ns(void)
@@ -586,6 +588,22 @@ static uint64_t jn_target(const Engine *e)
     return left >= e->jz_ahead ? DIO_ALIGN : e->jz_ahead - left;
 }
 
+/* Whether the zeroer has work the journal just made due (mu held): zeroing ahead in the current
+ * file (once a half of jz_ahead was used up), the next file's creation (the journal is within
+ * jz_ahead of its roll point), or zeroing the next file (a quarter of jz_ahead behind its pace)
+ * -- a wake-up per such step, not per group. */
+static int z_due(const Engine *e)
+{
+    int bulk = e->jg_avg >= JZ_BULK;
+    if (!bulk && e->jz_done < e->jmax_size && e->jz_done < e->jw_end + e->jz_ahead / 2)
+        return 1;
+    if (e->jw_end + e->jz_ahead < e->jmax_size) /* far from the roll point */
+        return 0;
+    if (e->jn_fd < 0)
+        return !e->jn_creating && now_ns() >= e->jn_retry_ns;
+    return !bulk && e->jz_done >= e->jmax_size && e->jn_done + e->jz_ahead / 4 <= jn_target(e);
+}
+
 /* The journal is read only by replay: once synced, its pages leave the page cache, so the
  * next groups are copied into pages the kernel already has instead of growing the cache (on
  * the VMs we measure on, first-touch pages made journal writes cost 2 ms of CPU per MB, reused
@@ -681,9 +699,9 @@ static void j_commit(Engine *e)
     if (!zeroed)
         e->st_jz_behind++;
     e->jw_end = (pos + wlen + DIO_ALIGN - 1) & ~(uint64_t)(DIO_ALIGN - 1);
-    if (e->zthread_started && (e->jz_done < e->jmax_size ? e->jz_done < e->jw_end + e->jz_ahead / 2
-                                                         : e->jn_fd >= 0 && e->jn_done + e->jz_ahead / 4 <= jn_target(e)))
-        pthread_cond_signal(&e->z_cv); /* (a wake-up per quarter of jz_ahead, not per group) */
+    e->jg_avg = e->jg_avg - (e->jg_avg >> 3) + (wlen >> 3);
+    if (e->zthread_started && z_due(e))
+        pthread_cond_signal(&e->z_cv);
     pthread_mutex_unlock(&e->mu);
     uint64_t t0 = now_ns();
     {
@@ -774,7 +792,9 @@ static void *journal_thread(void *arg)
  * syncing a file under mu -- with 512 MiB journals at 45k paced adds/s, the roll's 200-ms
  * window had entries over 10 ms in each of four 20-s runs (up to 5.6k entries, max 22.7 ms).
  * A prepared file never used is an empty journal: replay accepts it and the next start takes
- * the id after it. */
+ * the id after it.  While groups average JZ_BULK or more (jg_avg), nothing is zeroed (the next
+ * file is still prepared): zeroing would double a bulk load's journal writes to save one
+ * block-map update per megabyte-sized group. */
 static void *jzero_thread(void *arg)
 {
     Engine *e = arg;
@@ -789,12 +809,23 @@ static void *jzero_thread(void *arg)
     while (!e->z_stop) {
         uint64_t near = e->jw_end + e->jz_gap, from = e->jz_done > near ? e->jz_done : near;
         uint64_t id = e->jcur_id;
-        if (e->j_failed || from >= e->jw_end + e->jz_ahead) {
+        int bulk = e->jg_avg >= JZ_BULK; /* big groups: fallocate'd space costs them less */
+        if (e->j_failed) {
             cond_wait_ns(&e->z_cv, &e->mu, 200000000ull);
             continue;
         }
-        if (from >= e->jmax_size + e->jz_chunk) { /* this file is written to its roll point */
+        if (bulk || from >= e->jw_end + e->jz_ahead || from >= e->jmax_size + e->jz_chunk) {
+            /* nothing to zero in this file now: the next file, once the roll is near */
+            if (e->jw_end + e->jz_ahead < e->jmax_size) {
+                cond_wait_ns(&e->z_cv, &e->mu, 200000000ull);
+                continue;
+            }
             if (e->jn_fd < 0) { /* create the next one: header and directory entry durable */
+                uint64_t t = now_ns();
+                if (t < e->jn_retry_ns) {
+                    cond_wait_ns(&e->z_cv, &e->mu, e->jn_retry_ns - t);
+                    continue;
+                }
                 uint64_t nid = e->jcur_id + 1;
                 e->jn_creating = 1;
                 pthread_mutex_unlock(&e->mu);
@@ -807,11 +838,12 @@ static void *jzero_thread(void *arg)
                     e->jn_id = nid;
                     e->jn_done = DIO_ALIGN;
                 } else { /* (disk full...): the roll creates it itself; try again later */
-                    cond_wait_ns(&e->z_cv, &e->mu, 1000000000ull);
+                    e->jn_retry_ns = now_ns() + 1000000000ull;
                 }
                 continue;
             }
-            if (e->jn_done >= jn_target(e) || e->jn_done >= e->jz_ahead) {
+            if (bulk || e->jz_done < e->jmax_size || e->jn_done >= jn_target(e) ||
+                e->jn_done >= e->jz_ahead) {
                 cond_wait_ns(&e->z_cv, &e->mu, 200000000ull);
                 continue;
             }

@@ -138,11 +138,13 @@ typedef struct Engine {
     uint64_t jw_end;           /* end of the last group write begun (page-rounded) */
     uint64_t jz_file, jz_from, jz_to; /* chunk being zeroed (jz_to == 0: none) */
     uint64_t jz_chunk, jz_gap, jz_ahead; /* JZ_* scaled to the journal file size */
+    uint64_t jg_avg;           /* moving average of the group writes' bytes (1/8 weight) */
     /* the next journal file, made ready by the zeroer before the roll: header durable, its
      * directory entry synced, [0, jn_done) written; the roll only swaps descriptors */
     int jn_fd;                 /* -1: none prepared */
     int jn_creating;           /* the zeroer is creating it (the roll waits, never races it) */
     uint64_t jn_id, jn_done;
+    uint64_t jn_retry_ns;      /* creating it failed (disk full...): not again before this */
 
     /* entry logs */
     LogFile **logs; /* sorted by id */
