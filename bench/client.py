@@ -35,7 +35,7 @@ before each line: the machine is shared, compare figures of one run only.
 Under each paced line, the bookie side of its latency: the bookies' own histogram of the time
 to store an add message durably (``bookie_add_batch_seconds``, scraped from their /metrics
 before and after the run). At half peak on 2 vCPUs it stayed at p99 <= 2-5 ms while the
-end-to-end p99 was 6-14 ms (2026-11-23): most of the tail is the client process (its ack
+end-to-end p99 was 6-25 ms (2026-11-23): most of the tail is the client process (its ack
 threads waiting for a CPU and the GIL) and waiting for the entries' stream to be answered.
 
     python bench/client.py [--seconds 5] [--sizes 1024,65536] [--no-single] [--no-paced]
