@@ -72,22 +72,36 @@ def bookie_cpu_seconds(cluster) -> float:
     return process_cpu_seconds(b.proc.pid for b in cluster.bookies if b.proc is not None)
 
 
+def bookie_metrics(cluster):
+    """Every bookie's /metrics, parsed (prometheus_client metric families), one list each."""
+    from prometheus_client.parser import text_string_to_metric_families
+    out = []
+    for b in cluster.bookies:
+        with urllib.request.urlopen(f"http://127.0.0.1:{b.http_port}/metrics", timeout=5) as r:
+            out.append(list(text_string_to_metric_families(r.read().decode())))
+    return out
+
+
 def storage_histogram(cluster) -> dict[float, float]:
     """The bookies' ``bookie_add_batch_seconds`` histogram (bucket upper bound in seconds ->
     add messages so far, cumulative), summed over the bookies' /metrics: how long the bookie
     side took to store an add message durably (validation, journal group commit)."""
-    from prometheus_client.parser import text_string_to_metric_families
     buckets: dict[float, float] = {}
-    for b in cluster.bookies:
-        with urllib.request.urlopen(f"http://127.0.0.1:{b.http_port}/metrics", timeout=5) as r:
-            text = r.read().decode()
-        for family in text_string_to_metric_families(text):
+    for families in bookie_metrics(cluster):
+        for family in families:
             if family.name == "bookie_add_batch_seconds":
                 for sample in family.samples:
                     if sample.name.endswith("_bucket"):
                         le = float(sample.labels["le"])
                         buckets[le] = buckets.get(le, 0.0) + sample.value
     return buckets
+
+
+def stored_ledgers(cluster) -> int:
+    """Ledgers the bookies still store (``bookie_storage_ledgers``): 0 once their garbage
+    collection removed every deleted one."""
+    return int(sum(sample.value for families in bookie_metrics(cluster) for family in families
+                   if family.name == "bookie_storage_ledgers" for sample in family.samples))
 
 
 def storage_summary(before: dict, after: dict) -> str:
@@ -106,15 +120,17 @@ def storage_summary(before: dict, after: dict) -> str:
             f"over 10 ms {over(0.01):.3f}%")
 
 
-def settle(cluster, limit: float = 15.0) -> float:
-    """Wait until the bookies are idle again (the previous run's write-cache flushes and
-    checkpoint done: under 0.05 cores for 0.5 s), so a paced run measures its own steady state
-    rather than the backlog of the peak run before it; return the seconds waited."""
+def settle(cluster, limit: float = 30.0) -> float:
+    """Wait until the bookies are idle again (the previous run's ledger garbage-collected, its
+    write-cache flushes and checkpoint done: under 0.05 cores for 0.5 s), so a run measures its
+    own steady state rather than the backlog of the run before it -- deleting gigabytes of
+    entry logs under a run stalled journal syncs for over a second; return the seconds
+    waited."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < limit:
         c0 = bookie_cpu_seconds(cluster)
         time.sleep(0.5)
-        if bookie_cpu_seconds(cluster) - c0 < 0.025:
+        if bookie_cpu_seconds(cluster) - c0 < 0.025 and stored_ledgers(cluster) == 0:
             break
     return time.monotonic() - t0
 
@@ -161,7 +177,12 @@ def run(bk, ensemble, qw, qa, size, seconds, batch, rate=None, outstanding=None)
         last_fut.result(120)
     elapsed = perf() - t0
     lh.close()
-    return n, elapsed, sorted(lat)
+    # a full bench writes ~40 GB (journals and entry logs of both replicas): delete each run's
+    # ledger, or the bookies' disk crosses disk_usage_threshold and they turn read-only
+    bk.delete_ledger(lh.ledger_id)
+    # an array again: a list of the peak run's ~400k floats, alive during the paced run, made
+    # every full collection there walk it (2-6 ms with every thread stopped, in the measurement)
+    return n, elapsed, array.array("d", sorted(lat))
 
 
 def disk_reference(directory: str, writers: int = 3, rate: float = 800.0, size: int = 56 << 10,
@@ -265,10 +286,11 @@ def main():
               f"{os.cpu_count()} CPUs; {args.seconds:.0f} s per run; digest crc32c; "
               f"max outstanding {args.max_outstanding_mb} MiB; "
               f"append_many batches of ~{args.batch_bytes >> 10} KiB; start-up heap frozen "
-              f"(bkspark.heap.freeze_startup_heap)", flush=True)
+              f"(bkspark.heap.freeze_startup_heap); each run's ledger deleted after it "
+              f"(bookie gc every 3 s)", flush=True)
         print(disk_reference(d), flush=True)
         with BookieCluster(f"sqlite://{d}/meta.db", num_bookies=3, data_dir=d,
-                           fault_injection=False) as c, \
+                           fault_injection=False, extra_args=["--gc-interval-s", "3"]) as c, \
                 BookKeeper(c.metadata_uri, max_outstanding_bytes=args.max_outstanding_mb << 20,
                            add_timeout=30,
                            **({} if args.linger is None else {"add_linger": args.linger})) as bk:
@@ -279,6 +301,7 @@ def main():
             for label, e, qw, qa in configs:
                 for size in sizes:
                     batch = max(1, args.batch_bytes // size)
+                    settle(c)
                     n, el, lat, cpu = measured(
                         bk, c, lambda: run(bk, e, qw, qa, size, args.seconds, batch))
                     peak = report(label, size, n, el, lat, cpu)
@@ -295,6 +318,7 @@ def main():
                         print(storage_summary(h0, storage_histogram(c)), flush=True)
                     if args.call_size:
                         k = max(1, round(peak / 2 / 1000))
+                        settle(c)
                         n, el, lat, cpu = measured(
                             bk, c, lambda: run(bk, e, qw, qa, size, min(args.seconds, 3.0), k))
                         report(f"  unpaced, {k} per call", size, n, el, lat, cpu)

@@ -1,5 +1,6 @@
 /* AddBatch parsing and AddBatchResponse encoding on protobuf wire bytes (see addframe.h). */
 #include "addframe.h"
+#include "crc32c.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -137,6 +138,63 @@ static unsigned char *put_varint(unsigned char *d, uint64_t v)
     }
     *d++ = (unsigned char)v;
     return d;
+}
+
+static size_t varint_size(uint64_t v)
+{
+    size_t k = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        k++;
+    }
+    return k;
+}
+
+static unsigned char *put_be64(unsigned char *d, uint64_t v)
+{
+    for (int i = 7; i >= 0; i--)
+        *d++ = (unsigned char)(v >> (8 * i));
+    return d;
+}
+
+/* the AddRequest's length: prefix, entry id (field 2), body (field 5) */
+static size_t add_request_size(size_t prefix_len, int64_t entry, size_t body_len)
+{
+    return prefix_len + 1 + varint_size((uint64_t)entry) + 1 + varint_size(body_len) + body_len;
+}
+
+size_t af_add_size(size_t prefix_len, int64_t entry, int digest, size_t payload_len)
+{
+    size_t req = add_request_size(prefix_len, entry, 32 + (size_t)digest + payload_len);
+    return 1 + varint_size(req) + req;
+}
+
+size_t af_put_add(unsigned char *dst, const unsigned char *prefix, size_t prefix_len, int64_t ledger,
+                  int64_t entry, int64_t lac, int64_t length, int digest, const unsigned char *payload,
+                  size_t payload_len)
+{
+    size_t body_len = 32 + (size_t)digest + payload_len;
+    unsigned char *d = dst;
+    *d++ = 0x0a;
+    d = put_varint(d, add_request_size(prefix_len, entry, body_len));
+    memcpy(d, prefix, prefix_len);
+    d += prefix_len;
+    *d++ = 0x10;
+    d = put_varint(d, (uint64_t)entry);
+    *d++ = 0x2a;
+    d = put_varint(d, body_len);
+    unsigned char *header = d;
+    d = put_be64(d, (uint64_t)ledger);
+    d = put_be64(d, (uint64_t)entry);
+    d = put_be64(d, (uint64_t)lac);
+    d = put_be64(d, (uint64_t)length);
+    if (digest == AF_DIGEST_CRC32C) {
+        uint32_t crc = bks_crc32c(bks_crc32c(0, header, 32), payload, payload_len);
+        for (int i = 3; i >= 0; i--)
+            *d++ = (unsigned char)(crc >> (8 * i));
+    }
+    memcpy(d, payload, payload_len);
+    return (size_t)(d + payload_len - dst);
 }
 
 size_t af_put_response(unsigned char *dst, int status, int64_t ledger, int64_t entry, uint64_t request_id,

@@ -1,6 +1,7 @@
 /* The data port's add messages in C: parse an AddBatch and encode an AddBatchResponse
  * (bkspark/proto/bookie.proto) straight from and to protobuf wire bytes, so a batch of adds
- * costs no Python object per entry.  Pure C, no Python and no engine state.
+ * costs no Python object per entry; and, for the client, frame and encode the AddBatch
+ * elements of a batch of entries.  Pure C, no Python and no engine state.
  *
  * Parsing follows protobuf's rules for the fields it knows (the last value of a singular
  * field wins; a field with an unexpected wire type or number is skipped) and refuses what
@@ -34,5 +35,20 @@ long af_parse_batch(const unsigned char *p, size_t n, WireAdd **out, const char 
  * written.  Zero status and request id are omitted (proto3 defaults); ids are always sent. */
 size_t af_put_response(unsigned char *dst, int status, int64_t ledger, int64_t entry, uint64_t request_id,
                        const char *msg, size_t msglen);
+
+/* The client's side: one AddBatch.adds element (tag, length, AddRequest) for an entry.
+ * prefix holds the AddRequest's per-ledger fields already encoded (ledger id, master key);
+ * the request's body is the entry as bookies store it: the 32-byte big-endian header (ledger,
+ * entry, lac, cumulative length), the digest (AF_DIGEST_CRC32C: 4 bytes of CRC-32C over
+ * header and payload, big-endian; AF_DIGEST_NONE: none) and the payload. */
+enum { AF_DIGEST_NONE = 0, AF_DIGEST_CRC32C = 4 };
+
+/* bytes af_put_add writes (entry >= 0) */
+size_t af_add_size(size_t prefix_len, int64_t entry, int digest, size_t payload_len);
+
+/* write the element at dst (af_add_size bytes); returns the bytes written */
+size_t af_put_add(unsigned char *dst, const unsigned char *prefix, size_t prefix_len, int64_t ledger,
+                  int64_t entry, int64_t lac, int64_t length, int digest, const unsigned char *payload,
+                  size_t payload_len);
 
 #endif

@@ -900,6 +900,74 @@ static PyObject *mod_crc32c(PyObject *m, PyObject *args)
     return PyLong_FromUnsignedLong(r);
 }
 
+/* encode_adds(prefix, ledger, first_entry, lac, length, payloads, digest_size) -> list of
+ * AddBatch.adds elements (bytes), one per payload, entry ids first_entry, first_entry + 1, ...
+ * and cumulative lengths running on from length (af_put_add).  digest_size 4 is CRC-32C, 0 no
+ * digest.  Batches over ENCODE_UNLOCKED bytes are digested and copied without the GIL. */
+#define ENCODE_UNLOCKED (256u << 10)
+
+static PyObject *mod_encode_adds(PyObject *m, PyObject *args)
+{
+    Py_buffer prefix;
+    long long ledger, first, lac, length;
+    PyObject *payloads;
+    int digest;
+    if (!PyArg_ParseTuple(args, "y*LLLLOi", &prefix, &ledger, &first, &lac, &length, &payloads, &digest))
+        return NULL;
+    PyObject *seq = NULL, *out = NULL;
+    Py_buffer *views = NULL;
+    Py_ssize_t n = 0, got = 0;
+    if (digest != AF_DIGEST_NONE && digest != AF_DIGEST_CRC32C) {
+        PyErr_Format(PyExc_ValueError, "encode_adds: digest size %d (4: crc32c, 0: none)", digest);
+        goto done;
+    }
+    if (first < 0 || ledger < 0) {
+        PyErr_SetString(PyExc_ValueError, "encode_adds: negative ledger or entry id");
+        goto done;
+    }
+    seq = PySequence_Fast(payloads, "encode_adds: payloads must be a sequence");
+    if (!seq)
+        goto done;
+    n = PySequence_Fast_GET_SIZE(seq);
+    views = PyMem_Calloc((size_t)n + 1, sizeof(Py_buffer));
+    out = PyList_New(n);
+    if (!views || !out) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    size_t total = 0;
+    for (got = 0; got < n;) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, got), &views[got], PyBUF_SIMPLE) < 0)
+            goto fail;
+        size_t size = af_add_size((size_t)prefix.len, first + got, digest, (size_t)views[got].len);
+        got++;
+        PyObject *elem = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
+        if (!elem)
+            goto fail;
+        PyList_SET_ITEM(out, got - 1, elem);
+        total += size;
+    }
+    PyThreadState *unlocked = total > ENCODE_UNLOCKED ? PyEval_SaveThread() : NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        length += views[i].len;
+        af_put_add((unsigned char *)PyBytes_AS_STRING(PyList_GET_ITEM(out, i)), prefix.buf, (size_t)prefix.len,
+                   ledger, first + i, lac, length, digest, views[i].buf, (size_t)views[i].len);
+    }
+    if (unlocked)
+        PyEval_RestoreThread(unlocked);
+    goto release;
+fail:
+    Py_CLEAR(out);
+release:
+    for (Py_ssize_t i = 0; i < got; i++)
+        PyBuffer_Release(&views[i]);
+done:
+    PyMem_Free(views);
+    Py_XDECREF(seq);
+    PyBuffer_Release(&prefix);
+    return out;
+}
+
 static PyObject *mod_crc32c_sw(PyObject *m, PyObject *args)
 {
     Py_buffer b;
@@ -944,6 +1012,8 @@ static PyObject *mod_set_exceptions(PyObject *m, PyObject *args)
 
 static PyMethodDef mod_methods[] = {
     {"crc32c", mod_crc32c, METH_VARARGS, "crc32c(data, value=0) -> int (Castagnoli)"},
+    {"encode_adds", mod_encode_adds, METH_VARARGS,
+     "encode_adds(prefix, ledger, first_entry, lac, length, payloads, digest_size) -> [AddBatch element]"},
     {"crc32c_sw", mod_crc32c_sw, METH_VARARGS, "software (slice-by-8) crc32c"},
     {"crc32c_hw", mod_crc32c_hw, METH_NOARGS, "True if the SSE4.2 path is used"},
     {"crc32c_combine", mod_crc32c_combine, METH_VARARGS, "crc32c_combine(crc_a, crc_b, len_b): crc of a+b"},

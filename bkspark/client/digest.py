@@ -31,7 +31,10 @@ import zlib
 
 import crc32c as _crc32c
 
+from bkspark import _native
 from bkspark.errors import BadRequestError, DigestMismatchError
+
+from . import wire
 
 HEADER = struct.Struct(">qqqq")
 HEADER_SIZE = HEADER.size  # 32
@@ -39,6 +42,7 @@ _LAC_HEADER = struct.Struct(">qq")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 
+_NATIVE_DIGESTS = {"crc32c": 4, "dummy": 0}     # digest_size argument of encode_adds
 DIGEST_SIZES = {"crc32c": 4, "crc32": 8, "hmac": 20, "dummy": 0}
 _ALIASES = {"crc32c": "crc32c", "crc32": "crc32", "hmac": "hmac", "mac": "hmac",
             "dummy": "dummy", "none": "dummy"}
@@ -107,6 +111,24 @@ class DigestManager:
     def frame(self, entry_id: int, lac: int, length: int, payload) -> bytes:
         header, digest = self.frame_parts(entry_id, lac, length, payload)
         return b"".join((header, digest, payload))
+
+    def add_elements(self, prefix: bytes, first: int, lac: int, length: int,
+                     payloads) -> list[bytes]:
+        """The ``AddBatch.adds`` elements of ``payloads`` as entries ``first``, ``first + 1``,
+        ... with cumulative lengths running on from ``length`` (:func:`wire.encode_add` of
+        each framed body; ``prefix`` from :func:`wire.request_prefix`). CRC-32C and no digest
+        are encoded in C (``bkspark._native.encode_adds``: ~0.15 us a 1 KiB entry, a large
+        batch without the GIL), the others here."""
+        native = _NATIVE_DIGESTS.get(self.digest_type)
+        if native is not None:
+            return _native.encode_adds(prefix, self.ledger_id, first, lac, length, payloads,
+                                       native)
+        out = []
+        for entry_id, payload in enumerate(payloads, first):
+            length += len(payload)
+            header, digest = self.frame_parts(entry_id, lac, length, payload)
+            out.append(wire.encode_add(prefix, entry_id, 0, (header, digest, payload)))
+        return out
 
     def body_size(self, payload_len: int) -> int:
         return HEADER_SIZE + self.digest_size + payload_len

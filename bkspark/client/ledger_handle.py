@@ -36,7 +36,7 @@ from bkspark.errors import (BadRequestError, BKError, FencedError, LedgerClosedE
 from metadata.ledger_metadata import LedgerState
 
 from . import placement, wire
-from .digest import HEADER, DigestManager, master_key
+from .digest import DigestManager, master_key
 
 log = logging.getLogger("bkspark.client.ledger")
 
@@ -169,11 +169,7 @@ class LedgerHandle:
         for d in datas:
             if not isinstance(d, (bytes, bytearray, memoryview)):
                 raise BadRequestError(f"entry data must be bytes, got {type(d).__name__}")
-        prefix, now = self._prefix, time.monotonic()
-        header_pack = HEADER.pack
-        dig = self._digest._digest
-        lid = self.ledger_id
-        varint = wire.varint
+        now = time.monotonic()
         sends: dict[str, list] = {}
         with self._lock:
             self._check_writable()
@@ -189,17 +185,11 @@ class LedgerHandle:
                 classes = [[sends.setdefault(b, []) for b in self._write_set(k)]
                            for k in range(e)]
             pending, pmap = self._pending, self._pmap
-            eid, lac, length = self._next_id, self._lac, self._length
-            dsize = self._digest.digest_size
+            eid, length = self._next_id, self._length
+            elems = self._digest.add_elements(self._prefix, eid, self._lac, length, datas)
             outstanding = 0
-            for i, d in enumerate(datas):
-                n = len(d)
-                length += n
-                header = header_pack(lid, eid, lac, length)
-                blen = 32 + dsize + n
-                head = b"".join((prefix, b"\x10", varint(eid), b"\x2a", varint(blen)))
-                elem = b"".join((b"\x0a", varint(len(head) + blen), head, header,
-                                 dig(header, d), d))
+            for i, (d, elem) in enumerate(zip(datas, elems)):
+                length += len(d)
                 p = _PendingAdd(eid, elem, len(elem), length,
                                 fut if i == last_i else None, now)
                 pending.append(p)
