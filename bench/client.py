@@ -9,7 +9,8 @@ rate (``--paced-seconds``, 10 s by default: a 3-s window's p99 hung on whether o
 fell into it) gives the latency the issue's target refers to: once a millisecond it makes one
 ``append_many_async`` call with the entries due by then (a producer batching per millisecond,
 like Kafka's ``linger.ms=1``; latency counts from that call);
-it starts once the bookies are idle again (the peak run's flushes done: :func:`settle`).
+every run starts once the bookies are idle again (the run before deleted its ledger, and
+the bookies' flushes and garbage collection are done: :func:`settle`).
 Configurations: E=3 Qw=2 Qa=2 on 3 bookies with 1 KiB and 64 KiB entries, and the
 single-bookie E=Qw=Qa=1 figure. Once started, the process freezes its start-up heap
 (:func:`bkspark.heap.freeze_startup_heap`, as README advises latency-sensitive applications):
