@@ -4,7 +4,9 @@
  * Threading: one mutex `mu` guards all in-memory state (ledger map, index, write caches,
  * pending journal buffer, log table).  Group commits write+sync outside `mu`, one at a time, on
  * the first waiting adder's thread (or the journal thread at close).
- * `ckpt_mu` serialises checkpoints, compaction and close (lock order ckpt_mu -> mu).
+ * `ckpt_mu` serialises checkpoints (flushes), close and the short end of a compaction pass;
+ * `compact_mu` serialises compaction passes and close, whose copying runs beside flushes (lock
+ * order compact_mu -> ckpt_mu -> mu).
  * No function here touches Python objects; the binding layer (module.c) releases the GIL
  * around every call that may block.
  */
@@ -96,11 +98,13 @@ typedef struct Engine {
     int max_backups, jsync;
     double compaction_threshold;
     uint64_t compaction_max_bytes, ckpt_interval_ns;
+    uint64_t compaction_rate; /* bytes/s a compaction pass copies at most (0: unlimited) */
     int page_cache; /* keep entry-log pages in the OS page cache (else: dropped after writeback,
                      * reads are direct; see engine.c "entry logs and the page cache") */
 
-    pthread_mutex_t mu, ckpt_mu;
+    pthread_mutex_t mu, ckpt_mu, compact_mu;
     pthread_cond_t jcv, synced_cv, cache_cv, ckpt_cv;
+    pthread_cond_t compact_cv; /* a compaction pass waiting out its rate (close wakes it) */
     pthread_cond_t gcv; /* a committer's group wait: an entrant finished enqueueing */
 
     /* ledgers */
@@ -165,6 +169,14 @@ typedef struct Engine {
     int log_sync_failed; /* an entry-log fdatasync failed: never move the mark again (errno) */
     void *fw, *fw_tmp; /* flush scratch (WItem arrays), reused across flushes (ckpt_mu) */
     size_t fw_cap;
+    /* a flush is writing entry logs and has not re-pointed the index yet: logs with id >=
+     * flush_from_log (the write log it started in, and any it rolls to) hold records the index
+     * does not count yet, so compaction must not take them (mu) */
+    int flushing;
+    uint32_t flush_from_log;
+    int closing; /* close has begun: a compaction pass stops at its next chunk, gentle deletions
+                  * finish at once (mu) */
+    uint64_t jgc_mark; /* the LastLogMark journal id gc_journals last deleted up to (mu) */
 
     int closed;
     int lock_fds[2]; /* flock on journal_dir/LOCK and ledger_dirs[0]/LOCK */
@@ -173,7 +185,8 @@ typedef struct Engine {
     /* stats */
     uint64_t st_adds, st_add_bytes, st_syncs, st_sync_ns, st_jbytes, st_checkpoints, st_compactions,
         st_compacted_logs, st_compacted_bytes, st_deleted_logs, st_replay_records, st_replay_truncated,
-        st_bg_errors, st_fences, st_cache_waits, st_jz_bytes, st_jz_behind, st_jn_rolls;
+        st_bg_errors, st_fences, st_cache_waits, st_jz_bytes, st_jz_behind, st_jn_rolls,
+        st_compact_copying; /* bytes the running compaction pass has copied so far (0: none running) */
     /* timers (ns, cumulative; see TM_* and tm_names) -- where the time goes, for the benchmark */
     uint64_t tm[24];
 
@@ -224,6 +237,7 @@ typedef struct {
     double compaction_threshold;
     uint64_t compaction_max_bytes, ckpt_interval_ms;
     int page_cache; /* see Engine.page_cache */
+    uint64_t compaction_rate; /* see Engine.compaction_rate */
 } EngineConfig;
 
 typedef struct {

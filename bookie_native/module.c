@@ -87,15 +87,15 @@ static int Store_init(StoreObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"journal_dir", "ledger_dirs", "write_cache_bytes", "group_wait_us", "threshold",
                              "journal_max_size", "max_backups", "sync", "entry_log_max_size", "compaction_threshold",
-                             "compaction_max_bytes", "checkpoint_interval_ms", "page_cache", NULL};
+                             "compaction_max_bytes", "checkpoint_interval_ms", "page_cache", "compaction_rate", NULL};
     const char *jdir;
     PyObject *ldirs;
     unsigned long long wcb = 64ull << 20, gw = 2000, thr = 512 << 10, jmax = 512ull << 20, elmax = 1ull << 30,
-                       cmax = 64ull << 20, cint = 10000;
+                       cmax = 64ull << 20, cint = 10000, crate = 0;
     int backups = 5, sync = 1, page_cache = 0;
     double cthr = 0.5;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|KKKKipKdKKp", kwlist, &jdir, &ldirs, &wcb, &gw, &thr, &jmax,
-                                     &backups, &sync, &elmax, &cthr, &cmax, &cint, &page_cache))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|KKKKipKdKKpK", kwlist, &jdir, &ldirs, &wcb, &gw, &thr, &jmax,
+                                     &backups, &sync, &elmax, &cthr, &cmax, &cint, &page_cache, &crate))
         return -1;
     if (self->e) {
         PyErr_SetString(PyExc_RuntimeError, "Store already initialised");
@@ -118,7 +118,7 @@ static int Store_init(StoreObject *self, PyObject *args, PyObject *kw)
             return -1;
         }
     }
-    EngineConfig cfg = {jdir, dirs, (int)nd, wcb, gw, thr, jmax, backups, sync, elmax, cthr, cmax, cint, page_cache};
+    EngineConfig cfg = {jdir, dirs, (int)nd, wcb, gw, thr, jmax, backups, sync, elmax, cthr, cmax, cint, page_cache, crate};
     char err[600] = "";
     Engine *e = NULL;
     int rc;
@@ -823,12 +823,13 @@ static PyObject *Store_stats(StoreObject *self, PyObject *unused)
     cache = e->cache[0].used + e->cache[1].used;
     eng_unlock(e);
     BKS_END PyObject *d = Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsi}", "adds", c.st_adds, "add_bytes", c.st_add_bytes,
+        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsi}", "adds", c.st_adds, "add_bytes", c.st_add_bytes,
         "journal_syncs", c.st_syncs, "journal_sync_ns_sum", c.st_sync_ns, "journal_sync_count", c.st_syncs,
         "journal_bytes", c.st_jbytes, "cache_bytes", cache, "queue_depth_bytes", (unsigned long long)c.pending.len,
         "sync_waiters", (unsigned long long)c.j_waiters, "checkpoints", c.st_checkpoints, "flushes", c.st_flushes,
         "paced_flushes", c.st_paced_flushes, "hurried_flushes", c.st_hurried_flushes, "compactions",
         c.st_compactions, "compacted_logs", c.st_compacted_logs, "compacted_bytes", c.st_compacted_bytes,
+        "compaction_copying_bytes", c.st_compact_copying,
         "replayed_records", c.st_replay_records, "replay_truncated_bytes", c.st_replay_truncated,
         "background_errors", c.st_bg_errors, "fences", c.st_fences, "cache_full_waits", c.st_cache_waits,
         "journal_zeroed_bytes", c.st_jz_bytes, "journal_groups_unzeroed", c.st_jz_behind, "journal_rolls_prepared", c.st_jn_rolls, "ledgers", (unsigned long long)c.nledgers, "entry_logs", (unsigned long long)nlogs, "entry_log_live_bytes",

@@ -37,6 +37,7 @@ class BookieConfig:
     journal_sync: bool = True           # False only for benchmarks: acks before data is durable
     entry_log_max_size_mb: int = 1024
     compaction_threshold: float = 0.5
+    compaction_rate_mb_per_s: float = 16.0  # copying pace of compaction; 0 = unlimited
     entry_log_page_cache: bool = False  # keep written entry logs in the OS page cache (else
                                         # dropped once written back; reads are O_DIRECT)
     # server limits
@@ -79,6 +80,9 @@ class BookieConfig:
                                        else self.listen_address)
         if not self.bookie_id:
             self.bookie_id = f"{self.advertised_address}:{self.port}"
+        if self.compaction_rate_mb_per_s < 0:
+            raise BadRequestError(f"compaction_rate_mb_per_s must be >= 0 (0 = unlimited), got "
+                                  f"{self.compaction_rate_mb_per_s}")
         if not (0.0 < self.disk_usage_lwm <= self.disk_usage_threshold <= 1.0):
             raise BadRequestError("need 0 < disk_usage_lwm <= disk_usage_threshold <= 1")
         if bool(self.tls_cert_file) != bool(self.tls_key_file):

@@ -75,6 +75,7 @@ def storage_config(config: BookieConfig) -> StorageConfig:
         journal_max_size_mb=config.journal_max_size_mb, journal_max_backups=config.journal_max_backups,
         journal_sync=config.journal_sync, entry_log_max_size=config.entry_log_max_size_mb << 20,
         compaction_threshold=config.compaction_threshold,
+        compaction_rate_bytes_per_s=int(config.compaction_rate_mb_per_s * (1 << 20)),
         checkpoint_interval_s=config.checkpoint_interval_s,
         entry_log_page_cache=config.entry_log_page_cache)
 
@@ -310,7 +311,8 @@ class BookieServer:
             try:
                 self.garbage_collect()
             except Exception as exc:  # noqa: BLE001 - keep collecting
-                log.error("gc failed: %s", exc)
+                if not self._stop.is_set():     # stopping aborts a compaction pass: not an error
+                    log.error("gc failed: %s", exc)
 
 
 def _thread_pool(workers: int):

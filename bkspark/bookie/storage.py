@@ -49,6 +49,7 @@ class StorageConfig:
     entry_log_max_size: int = 1 << 30
     compaction_threshold: float = 0.5
     compaction_max_bytes_per_pass: int = 64 << 20
+    compaction_rate_bytes_per_s: int = 16 << 20    # copying pace; 0 = unlimited
     checkpoint_interval_s: float = 10.0
     # False: entry-log pages leave the page cache once written back and flushed entries are read
     # with O_DIRECT (through the cache on a filesystem without it); see bookie_native/README.md
@@ -78,6 +79,7 @@ class Storage:
             entry_log_max_size=int(config.entry_log_max_size),
             compaction_threshold=float(config.compaction_threshold),
             compaction_max_bytes=int(config.compaction_max_bytes_per_pass),
+            compaction_rate=int(config.compaction_rate_bytes_per_s),
             checkpoint_interval_ms=max(1, int(config.checkpoint_interval_s * 1000)),
             page_cache=bool(config.entry_log_page_cache),
         )

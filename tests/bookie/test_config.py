@@ -42,6 +42,13 @@ def test_missing_required_settings(tmp_path):
         BookieConfig(metadata_uri="sqlite:///x.db", ledger_dirs=["l"]).finalize()
 
 
+def test_negative_compaction_rate_is_named():
+    base = dict(metadata_uri="sqlite:///x.db", journal_dir="j", ledger_dirs=["l"])
+    with pytest.raises(BadRequestError, match="compaction_rate_mb_per_s"):
+        BookieConfig(compaction_rate_mb_per_s=-1, **base).finalize()
+    assert BookieConfig(compaction_rate_mb_per_s=0, **base).finalize().compaction_rate_mb_per_s == 0
+
+
 def test_flags_override_file(tmp_path):
     args = build_parser().parse_args(["bookie", "--config", str(SAMPLE), "--port", "4000",
                                       "--ledger-dirs", "/a,/b", "--no-journal-sync"])

@@ -241,3 +241,60 @@ def test_kill_between_compaction_state_write_and_unlink_leaves_no_stale_data(tmp
                 assert set(logs(d)) <= set(compacted), "the victims left by the kill were not reclaimed"
         finally:
             s.close()
+
+
+def test_compaction_copies_beside_flushes_and_close_aborts_it(tmp_path):
+    # A pass copying a large live log must not stop the write cache's flushes: holding the
+    # checkpoint lock for its whole copy, it once let the cache fill and adds wait for seconds.
+    # Paced to 1 MB/s, this pass copies for 16 s; adds that need many flushes, and an explicit
+    # checkpoint, complete while it is still copying.  Close then aborts it, losing nothing.
+    d = str(tmp_path)
+    conf = dict(entry_log_max_size=8 << 20, compaction_threshold=0.9, write_cache_bytes=1 << 20,
+                compaction_max_bytes_per_pass=1 << 30)
+    s = Storage(cfg(d, **conf))
+    body = b"c" * 4000
+    for rnd in range(100):      # ledgers 1 and 2 interleaved: ~32 MB, 4 sealed logs ~half live
+        for lid in (1, 2):
+            s.add_entries([(lid, rnd * 40 + i, b"k", False, body + bytes([lid, i])) for i in range(40)])
+    s.checkpoint()
+    s.delete_ledger(2)
+    s.close()
+    s = Storage(cfg(d, compaction_rate_bytes_per_s=1 << 20, **conf))
+    outcome = []
+
+    def compact():
+        try:
+            outcome.append(s.compact())
+        except errors.BKError as exc:
+            outcome.append(exc)
+    t = threading.Thread(target=compact)
+    t.start()
+    for _ in range(3000):
+        if s.stats()["compaction_copying_bytes"] > 0 or not t.is_alive():
+            break
+        threading.Event().wait(0.01)
+    assert s.stats()["compaction_copying_bytes"] > 0 and t.is_alive(), outcome
+    flushes = s.stats()["flushes"]
+    for k in range(100):        # ~4 MB through a 1 MiB write cache: flush after flush
+        assert s.add_entries([(3, k * 10 + i, b"k", False, body) for i in range(10)]) == [0] * 10
+    s.checkpoint()
+    st = s.stats()
+    assert st["flushes"] >= flushes + 4, (flushes, st["flushes"])
+    assert t.is_alive() and st["compaction_copying_bytes"] > 0, "the pass was not still copying"
+    s.close()                   # aborts the pass at its next chunk
+    t.join(60)
+    assert not t.is_alive()
+    assert len(outcome) == 1 and isinstance(outcome[0], errors.BKError), outcome
+    s = Storage(cfg(d, **conf))
+    try:
+        assert s.ledgers() == [1, 3]
+        for e in range(0, 4000, 13):
+            assert s.read_entry(1, e) == body + bytes([1, e % 40])
+        for e in range(1000):
+            assert s.read_entry(3, e) == body
+        st = s.compact()        # the interrupted pass is finished off
+        assert st["logs_compacted"] > 0 and st["bytes_reclaimed"] > 0, st
+        for e in range(0, 4000, 7):
+            assert s.read_entry(1, e) == body + bytes([1, e % 40])
+    finally:
+        s.close()
