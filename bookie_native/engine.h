@@ -174,8 +174,7 @@ typedef struct Engine {
      * does not count yet, so compaction must not take them (mu) */
     int flushing;
     uint32_t flush_from_log;
-    int closing; /* close has begun: a compaction pass stops at its next chunk, gentle deletions
-                  * finish at once (mu) */
+    int closing; /* close has begun: a compaction pass stops at its next chunk (mu) */
     uint64_t jgc_mark; /* the LastLogMark journal id gc_journals last deleted up to (mu) */
 
     int closed;
