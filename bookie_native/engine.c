@@ -2353,7 +2353,7 @@ int eng_compact(Engine *e, CompactStats *cs)
     memset(cs, 0, sizeof *cs);
     pthread_mutex_lock(&e->compact_mu);
     pthread_mutex_lock(&e->mu);
-    if (e->closed || e->closing) {
+    if (e->closing) { /* (set before closed) */
         pthread_mutex_unlock(&e->mu);
         pthread_mutex_unlock(&e->compact_mu);
         return E_CLOSED;
