@@ -4,13 +4,15 @@
     python bench/spark.py --full          # 2M rows (~200 MB), the issue's target size
     python bench/spark.py --metadata URI  # against a running cluster instead of a fresh one
     python bench/spark.py --bookie-args=--entry-log-page-cache   # flags of the fresh cluster's bookies
+    python bench/spark.py --compression none   # arrow entries uncompressed (also lz4, zstd)
 
 The same cached DataFrame (id long, key string, score double, flag boolean, payload binary:
 ~100 bytes a row) is written and read back through ``format("bookkeeper")``
-(``entryFormat=arrow``, E=3 Qw=2 Qa=2, bookies journaling with fdatasync) and through
-Parquet on local disk. Reads are materialised with the ``noop`` sink (every column is
-produced, nothing collected). MB/s uses the same logical size for both formats: the Arrow
-bytes of the data (what the log stores per replica). Prints rows/s, MB/s and the ratio to
+(``entryFormat=arrow``, E=3 Qw=2 Qa=2, bookies journaling with fdatasync; the connector's
+default compression, ZSTD, unless ``--compression`` says otherwise) and through Parquet on
+local disk (its default compression, snappy). Reads are materialised with the ``noop`` sink
+(every column is produced, nothing collected). MB/s uses the same logical size for both
+formats: the Arrow bytes of the data, uncompressed. Prints rows/s, MB/s and the ratio to
 Parquet for each direction; the best of ``--repeat`` runs counts. A third read, of a Python
 data source that yields the log's first Arrow batch from memory over the same partitions
 (:func:`floor_source`), gives the ceiling of the read ratio on this machine: what Spark's
@@ -123,6 +125,8 @@ def main() -> int:
     p.add_argument("--partitions", type=int, default=2)
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--payload", type=int, default=64, help="bytes of the binary column")
+    p.add_argument("--compression", default=None, choices=("none", "lz4", "zstd"),
+                   help="the bookkeeper write's compression option (default: the connector's)")
     p.add_argument("--metadata", default=None, help="metadata URI of a running cluster")
     p.add_argument("--master", default="local[2]")
     p.add_argument("--bookie-args", default="",
@@ -162,6 +166,8 @@ def main() -> int:
         df.count()
         bk_opts = dict(metadataServiceUri=uri, entryFormat="arrow", ensembleSize="3",
                        writeQuorumSize="2", ackQuorumSize="2")
+        if args.compression:
+            bk_opts["compression"] = args.compression
         parquet_dir = os.path.join(work, "parquet")
         log = "bench-spark"
 
@@ -207,7 +213,7 @@ def main() -> int:
             best["pq_write"] = min(best["pq_write"], timed(pq_write, "pq_write"))
             best["floor_write"] = min(best["floor_write"], timed(floor_write, "floor_write"))
             if floor_opts is None:
-                floor_opts = prepare_floor(spark, uri, log, bk_opts, rows, work)
+                floor_opts, row_bytes = prepare_floor(spark, uri, log, bk_opts, rows, work)
                 floor_read()        # warm-up: the new source's planning and workers
             best["bk_read"] = min(best["bk_read"], timed(bk_read, "bk_read"))
             best["pq_read"] = min(best["pq_read"], timed(pq_read, "pq_read"))
@@ -217,17 +223,19 @@ def main() -> int:
         from bkspark.log import LogStore
         with BookKeeper(uri) as bk:
             md, _ = LogStore(bk).get(log)
-            arrow_bytes = sum(e.get("length", 0) for e in md.ledgers)
+            stored_bytes = sum(e.get("length", 0) for e in md.ledgers)
             n_ledgers, n_entries = len(md.ledgers), sum(e["last_entry_id"] + 1 for e in md.ledgers)
         parquet_bytes = sum(os.path.getsize(os.path.join(d, f))
                             for d, _, fs in os.walk(parquet_dir) for f in fs if f.endswith(".parquet"))
-        mb = arrow_bytes / 1e6
+        mb = row_bytes * rows / 1e6
         print(f"config: rows={rows:,} partitions={args.partitions} master={args.master} "
               f"payload={args.payload}B; bookkeeper entryFormat=arrow E=3 Qw=2 Qa=2 "
+              f"compression={args.compression or 'default'} "
               f"({'fresh 3-bookie local cluster' if cluster else uri}"
               f"{' with bookie flags ' + args.bookie_args if cluster and args.bookie_args else ''}), "
               f"{n_ledgers} ledgers, "
-              f"{n_entries} entries, {mb:.1f} MB Arrow (per replica); parquet {parquet_bytes / 1e6:.1f} MB "
+              f"{n_entries} entries, {mb:.1f} MB Arrow, {stored_bytes / 1e6:.1f} MB stored (per "
+              f"replica); parquet {parquet_bytes / 1e6:.1f} MB "
               f"on local disk; best of {args.repeat}")
         for direction in ("write", "read"):
             bk_t, pq_t = best[f"bk_{direction}"], best[f"pq_{direction}"]
@@ -256,9 +264,9 @@ def main() -> int:
     return 0
 
 
-def prepare_floor(spark, uri, log, bk_opts, rows, work) -> dict:
-    """The floor source's read options: the bookkeeper read's schema, partition count and first
-    entry (as an Arrow IPC stream file the tasks read once)."""
+def prepare_floor(spark, uri, log, bk_opts, rows, work) -> tuple[dict, float]:
+    """The floor source's read options (the bookkeeper read's schema, partition count and first
+    entry, as an Arrow IPC stream file the tasks read once) and the Arrow bytes of a row."""
     import pyarrow as pa
 
     from bkspark.client import BookKeeper
@@ -277,8 +285,9 @@ def prepare_floor(spark, uri, log, bk_opts, rows, work) -> dict:
     template = os.path.join(work, "floor-template.arrows")
     with open(template, "wb") as f, pa.ipc.new_stream(f, batch.schema) as w:
         w.write_batch(batch)
-    return {"schema": df.schema.json(),
-            "rows": str(rows), "partitions": str(df.rdd.getNumPartitions()), "template": template}
+    return ({"schema": df.schema.json(), "rows": str(rows),
+             "partitions": str(df.rdd.getNumPartitions()), "template": template},
+            batch.nbytes / batch.num_rows)
 
 
 if __name__ == "__main__":

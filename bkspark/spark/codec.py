@@ -15,7 +15,9 @@ payloads, JSON, ...) do not look like records: they read as ``value`` = the whol
 
 ``entryFormat=arrow`` — an entry is one Arrow IPC *record batch message* (no schema: the
 schema is kept once, in the ledger's custom metadata, see :func:`arrow_ledger_metadata`).
-Decoding is zero-copy over the entry's bytes.
+Its body buffers may be compressed (LZ4 frame or ZSTD, Arrow's own IPC body compression: the
+message says which, so readers need no option). Decoding is zero-copy over the entry's bytes
+when the body is not compressed.
 """
 from __future__ import annotations
 
@@ -284,9 +286,25 @@ def split_batch(batch: pa.RecordBatch, max_bytes: int):
         yield batch.slice(start, rows)
 
 
-def encode_arrow(batch: pa.RecordBatch):
-    """The entry of one record batch: its IPC message (a pyarrow Buffer)."""
-    return batch.serialize()
+#: IPC write options per body codec; one thread: each Spark task already has its core
+_IPC_OPTIONS = {codec: pa.ipc.IpcWriteOptions(compression=codec, use_threads=False)
+                for codec in ("lz4", "zstd")}
+
+
+def encode_arrow(batch: pa.RecordBatch, compression: str | None = None):
+    """The entry of one record batch: its IPC message (a pyarrow Buffer), its body buffers
+    compressed with ``compression`` (``"lz4"`` | ``"zstd"`` | None)."""
+    if compression is None:
+        return batch.serialize()
+    # pyarrow serializes a compressed message only through a stream writer: write the
+    # schema message and this one, and keep the second (zero-copy slice). An encapsulated
+    # schema message is 0xFFFFFFFF, int32 metadata length, metadata, no body.
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema, options=_IPC_OPTIONS[compression]) as writer:
+        writer.write_batch(batch)
+    stream = sink.getvalue()
+    start = 8 + _I32.unpack_from(stream, 4)[0]
+    return stream.slice(start, stream.size - start - 8)       # the last 8 bytes: end of stream
 
 
 def decode_arrow(data, schema: pa.Schema) -> pa.RecordBatch:

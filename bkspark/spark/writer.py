@@ -166,7 +166,7 @@ def write_task(opts, fmt: str, spark_schema_json: str, pending_key: str, iterato
             if batch.num_rows == 0:
                 continue
             if fmt == ARROW:
-                entries = [memoryview(codec.encode_arrow(b))
+                entries = [memoryview(codec.encode_arrow(b, opts.compression))
                            for b in codec.split_batch(batch, opts.max_entry_bytes)]
             else:
                 entries = codec.batch_to_records(batch, now_us)

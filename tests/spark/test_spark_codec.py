@@ -1,5 +1,6 @@
 """Entry encodings (record and arrow) and the streaming read-limit split (pure)."""
 import pyarrow as pa
+import pytest
 
 from bkspark.spark import codec
 from bkspark.spark.stream import allocate
@@ -52,6 +53,24 @@ def test_arrow_entries_round_trip_zero_copy_and_split():
     assert len(pieces) > 1 and sum(p.num_rows for p in pieces) == 1000
     decoded = [codec.decode_arrow(memoryview(codec.encode_arrow(p)).tobytes(), schema) for p in pieces]
     assert pa.Table.from_batches(decoded).equals(pa.Table.from_batches([batch]))
+
+
+@pytest.mark.parametrize("compression", ["lz4", "zstd"])
+def test_compressed_arrow_entries_decode_without_being_told(compression):
+    batch = pa.record_batch({
+        "id": pa.array(range(5000), pa.int64()),
+        "s": pa.array([None if i % 7 == 0 else f"row-{i % 50}" for i in range(5000)]),
+        "nested": pa.array([{"a": i % 3, "b": [1.5, None]} for i in range(5000)]),
+        "blob": pa.array([b"abcd" * 64 if i % 2 else None for i in range(5000)], pa.binary()),
+        "empty": pa.array([b""] * 5000, pa.binary()),
+    })
+    plain = codec.encode_arrow(batch)
+    packed = codec.encode_arrow(batch, compression)
+    assert packed.size * 4 < plain.size                 # repetitive data: much smaller
+    back = codec.decode_arrow(memoryview(packed).tobytes(), batch.schema)
+    assert back.equals(batch)
+    tiny = batch.slice(0, 0)
+    assert codec.decode_arrow(codec.encode_arrow(tiny, compression), batch.schema).equals(tiny)
 
 
 def test_conform_relabels_timestamp_zone_and_nullability():

@@ -42,6 +42,7 @@ def test_unknown_option_is_named():
     ("log", "bad name!", "log"),
     ("logPattern", "(", "logPattern"),
     ("writerId", "w1", "writerSequence"),
+    ("compression", "snappy", "compression"),
 ])
 def test_invalid_values_name_the_option(opt, value, match):
     kw = {"log": "a"}
@@ -79,3 +80,14 @@ def test_quorum_invariant():
     o = parse(log="a", ensembleSize="5", writeQuorumSize="3", ackQuorumSize="2", password="pw")
     assert o.ledger_options() == dict(ensemble_size=5, write_quorum=3, ack_quorum=2, digest="crc32c")
     assert o.password == b"pw"
+
+
+def test_compression_is_for_arrow_entries():
+    assert parse(log="a", entryFormat="arrow", compression="ZSTD").compression == "zstd"
+    assert parse(log="a", entryFormat="arrow", compression="lz4").compression == "lz4"
+    assert parse(log="a", entryFormat="arrow", compression="none").compression is None
+    assert parse(log="a", entryFormat="arrow").compression == "zstd"        # the default
+    assert parse(log="a", compression="none").compression is None
+    assert parse(log="a").compression is None                             # record entries
+    with pytest.raises(BadRequestError, match="'compression' applies to entryFormat=arrow"):
+        parse(log="a", compression="zstd")
