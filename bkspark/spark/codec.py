@@ -287,8 +287,8 @@ def split_batch(batch: pa.RecordBatch, max_bytes: int):
 
 
 #: IPC write options per body codec; one thread: each Spark task already has its core
-_IPC_OPTIONS = {codec: pa.ipc.IpcWriteOptions(compression=codec, use_threads=False)
-                for codec in ("lz4", "zstd")}
+_IPC_OPTIONS = {name: pa.ipc.IpcWriteOptions(compression=name, use_threads=False)
+                for name in ("lz4", "zstd")}
 
 
 def encode_arrow(batch: pa.RecordBatch, compression: str | None = None):

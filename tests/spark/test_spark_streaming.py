@@ -141,7 +141,7 @@ def test_streaming_bad_options(spark, uri, log_name):
         r.load().writeStream.format("console").start().awaitTermination(60)
 
 
-def test_arrow_pipeline_keeps_schema_and_rows_through_compressed_entries(spark, uri, logs, log_name,
+def test_arrow_pipeline_keeps_schema_and_rows_through_compressed_entries(spark, uri, log_name,
                                                                          tmp_path):
     """An arrow log (ZSTD entries, the default) streamed through a transform into an arrow log
     written with LZ4: the output has the transformed schema and every row once."""
