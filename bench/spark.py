@@ -9,7 +9,7 @@
 The same cached DataFrame (id long, key string, score double, flag boolean, payload binary:
 ~100 bytes a row) is written and read back through ``format("bookkeeper")``
 (``entryFormat=arrow``, E=3 Qw=2 Qa=2, bookies journaling with fdatasync; the connector's
-default compression, ZSTD, unless ``--compression`` says otherwise) and through Parquet on
+default compression, LZ4, unless ``--compression`` says otherwise) and through Parquet on
 local disk (its default compression, snappy). Reads are materialised with the ``noop`` sink
 (every column is produced, nothing collected). MB/s uses the same logical size for both
 formats: the Arrow bytes of the data, uncompressed. Prints rows/s, MB/s and the ratio to

@@ -5,7 +5,7 @@
 Each entry holds an Arrow IPC record batch of many rows; the table's schema lives in the
 ledgers' custom metadata, so a read returns exactly the written schema (nested types, nulls,
 decimals) without the caller naming it. Reads and writes move Arrow batches end to end; each
-entry's buffers are ZSTD-compressed (option ``compression``: ``zstd``, ``lz4`` or ``none``),
+entry's buffers are LZ4-compressed (option ``compression``: ``lz4``, ``zstd`` or ``none``),
 and readers need no option to decode them.
 """
 import spark_common  # noqa: F401

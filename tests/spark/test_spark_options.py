@@ -86,7 +86,7 @@ def test_compression_is_for_arrow_entries():
     assert parse(log="a", entryFormat="arrow", compression="ZSTD").compression == "zstd"
     assert parse(log="a", entryFormat="arrow", compression="lz4").compression == "lz4"
     assert parse(log="a", entryFormat="arrow", compression="none").compression is None
-    assert parse(log="a", entryFormat="arrow").compression == "zstd"        # the default
+    assert parse(log="a", entryFormat="arrow").compression == "lz4"         # the default
     assert parse(log="a", compression="none").compression is None
     assert parse(log="a").compression is None                             # record entries
     with pytest.raises(BadRequestError, match="'compression' applies to entryFormat=arrow"):

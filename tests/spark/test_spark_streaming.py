@@ -143,8 +143,8 @@ def test_streaming_bad_options(spark, uri, log_name):
 
 def test_arrow_pipeline_keeps_schema_and_rows_through_compressed_entries(spark, uri, log_name,
                                                                          tmp_path):
-    """An arrow log (ZSTD entries, the default) streamed through a transform into an arrow log
-    written with LZ4: the output has the transformed schema and every row once."""
+    """An arrow log (LZ4 entries, the default) streamed through a transform into an arrow log
+    written with ZSTD: the output has the transformed schema and every row once."""
     from pyspark.sql import functions as F
     src, dst = log_name, log_name + "-out"
     df = spark.range(0, 3000, numPartitions=2).selectExpr(
@@ -157,7 +157,7 @@ def test_arrow_pipeline_keeps_schema_and_rows_through_compressed_entries(spark, 
               .option("startingOffsets", "earliest").load())
     q = (stream.withColumn("double", F.col("id") * 2).writeStream.format("bookkeeper")
          .option("metadataServiceUri", uri).option("log", dst).option("entryFormat", "arrow")
-         .option("compression", "lz4").option("checkpointLocation", str(tmp_path / "ckpt"))
+         .option("compression", "zstd").option("checkpointLocation", str(tmp_path / "ckpt"))
          .trigger(availableNow=True).start())
     run_to_end(q)
     back = (spark.read.format("bookkeeper").option("metadataServiceUri", uri)
