@@ -2420,7 +2420,6 @@ int eng_compact(Engine *e, CompactStats *cs)
         cand[c].lf->selected = 0;
         cand[c].lf->refs++;
     }
-    e->st_compact_copying = 0;
     pthread_mutex_unlock(&e->mu);
 
     /* copy in chunks of <= 8 MiB: read + verify, write to the output log (synced per chunk).
