@@ -38,6 +38,9 @@ to store an add message durably (``bookie_add_batch_seconds``, scraped from thei
 before and after the run). At half peak on 2 vCPUs it stayed at p99 <= 2-5 ms while the
 end-to-end p99 was 6-25 ms (2026-11-23): most of the tail is the client process (its ack
 threads waiting for a CPU and the GIL) and waiting for the entries' stream to be answered.
+Then where the entries over 10 ms lie in time: a few 100-ms windows with most of their entries
+late are stalls (one bookie's slow sync holds every later entry: acknowledgements go in entry
+order), many windows with a few late entries each is queueing for a CPU.
 
     python bench/client.py [--seconds 5] [--sizes 1024,65536] [--no-single] [--no-paced]
                            [--call-size] [--sweep 0.1,0.2,0.3,0.4]
@@ -46,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import array
+import collections
 import os
 import sys
 import tempfile
@@ -136,11 +140,17 @@ def settle(cluster, limit: float = 30.0) -> float:
     return time.monotonic() - t0
 
 
+SLOW_MS = 10.0          # the issue's p99 target
+WINDOW_S = 0.1
+
+
 def run(bk, ensemble, qw, qa, size, seconds, batch, rate=None, outstanding=None):
-    """Append for `seconds`; return (entries, elapsed, latencies_ms)."""
+    """Append for `seconds`; return (entries, elapsed, latencies_ms, slow): ``slow`` counts the
+    entries over ``SLOW_MS`` by the ``WINDOW_S`` window they were submitted in."""
     lh = bk.create_ledger(ensemble, qw, qa, digest="crc32c", password=b"bench")
     payload = os.urandom(size)
     lat = array.array("d")      # untracked by the cyclic GC (a list of floats is traversed)
+    slow: collections.Counter = collections.Counter()
     lock = threading.Lock()
     perf = time.perf_counter
     # warm up the streams
@@ -168,9 +178,11 @@ def run(bk, ensemble, qw, qa, size, seconds, batch, rate=None, outstanding=None)
         fut = lh.append_many_async([payload] * k)
 
         def done(f, submit=submit, k=k):
-            t = perf()
+            ms = (perf() - submit) * 1000.0
             with lock:
-                lat.extend([(t - submit) * 1000.0] * k)
+                lat.extend([ms] * k)
+                if ms > SLOW_MS:
+                    slow[int((submit - t0) / WINDOW_S)] += k
         fut.add_done_callback(done)
         last_fut = fut
         n += k
@@ -183,7 +195,7 @@ def run(bk, ensemble, qw, qa, size, seconds, batch, rate=None, outstanding=None)
     bk.delete_ledger(lh.ledger_id)
     # an array again: a list of the peak run's ~400k floats, alive during the paced run, made
     # every full collection there walk it (2-6 ms with every thread stopped, in the measurement)
-    return n, elapsed, array.array("d", sorted(lat))
+    return n, elapsed, array.array("d", sorted(lat)), slow
 
 
 def disk_reference(directory: str, writers: int = 3, rate: float = 800.0, size: int = 56 << 10,
@@ -232,13 +244,31 @@ def stream_counters(bk):
 
 
 def measured(bk, cluster, fn):
-    """Run ``fn()`` -> (n, elapsed, lat); return it with (client cpu, bookie cpu, counters)."""
+    """Run ``fn()`` -> (n, elapsed, lat, slow); return it with (client cpu, bookie cpu,
+    counters)."""
     c0, b0, m0 = time.process_time(), bookie_cpu_seconds(cluster), stream_counters(bk)
-    n, el, lat = fn()
+    n, el, lat, slow = fn()
     m1 = stream_counters(bk)
     cpu = (time.process_time() - c0, bookie_cpu_seconds(cluster) - b0,
            tuple(b - a for a, b in zip(m0, m1)))
-    return n, el, lat, cpu
+    return n, el, lat, slow, cpu
+
+
+def slow_summary(n: int, elapsed: float, slow) -> str:
+    """Where the entries over SLOW_MS lie in time: a few windows with most of their entries
+    late are stalls (a disk flush, the host); many windows with a few each is a broad tail
+    (queueing for a CPU)."""
+    total = sum(slow.values())
+    if not total:
+        return f"    entries over {SLOW_MS:g} ms: none"
+    windows = int(elapsed / WINDOW_S) + 1
+    per_window = n / elapsed * WINDOW_S
+    worst = sorted(slow.values(), reverse=True)
+    top = sum(worst[:3])
+    return (f"    entries over {SLOW_MS:g} ms: {total:,} ({total / n * 100:.2f}%), submitted in "
+            f"{len(slow)} of {windows} {WINDOW_S * 1000:.0f}-ms windows; the worst three hold "
+            f"{top / total * 100:.0f}% of them ({', '.join(f'{k / per_window * 100:.0f}%' for k in worst[:3])} "
+            f"of their windows' entries late)")
 
 
 def report(label, size, n, elapsed, lat, cpu=None):
@@ -303,7 +333,7 @@ def main():
                 for size in sizes:
                     batch = max(1, args.batch_bytes // size)
                     settle(c)
-                    n, el, lat, cpu = measured(
+                    n, el, lat, _, cpu = measured(
                         bk, c, lambda: run(bk, e, qw, qa, size, args.seconds, batch))
                     peak = report(label, size, n, el, lat, cpu)
                     paced = ([] if args.no_paced else [("  paced at half peak", 0.5)]) + [
@@ -312,15 +342,16 @@ def main():
                     for paced_label, frac in paced:
                         settle(c)
                         h0 = storage_histogram(c)
-                        n, el, lat, cpu = measured(
+                        n, el, lat, slow, cpu = measured(
                             bk, c, lambda: run(bk, e, qw, qa, size, args.paced_seconds, 1,
                                                rate=peak * frac))
                         report(paced_label, size, n, el, lat, cpu)
                         print(storage_summary(h0, storage_histogram(c)), flush=True)
+                        print(slow_summary(n, el, slow), flush=True)
                     if args.call_size:
                         k = max(1, round(peak / 2 / 1000))
                         settle(c)
-                        n, el, lat, cpu = measured(
+                        n, el, lat, _, cpu = measured(
                             bk, c, lambda: run(bk, e, qw, qa, size, min(args.seconds, 3.0), k))
                         report(f"  unpaced, {k} per call", size, n, el, lat, cpu)
             settle(c)
