@@ -27,6 +27,7 @@ import time
 import uuid
 
 from bkspark.errors import BadVersionError, NodeExistsError
+from bkspark.localcluster import free_port
 
 JAVA_DIR = os.environ.get("BKSPARK_ZK_JAVA_DIR", "/usr/share/java")
 ZK_JARS = (
@@ -39,12 +40,6 @@ ZK_JARS = (
 
 class ZooKeeperUnavailable(RuntimeError):
     """ZooKeeper cannot be started here (no java, missing jars, or it failed to start)."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def zookeeper_classpath(java_dir: str = JAVA_DIR) -> str:

@@ -188,6 +188,21 @@ def test_cluster_takes_other_ports_when_its_free_port_was_taken(tmp_path):
         taken.close()
 
 
+def test_cluster_ports_lie_outside_the_ephemeral_range():
+    """A bookie keeps its port across restarts; while it is down, any outgoing connection on
+    the machine could take a port of the ephemeral range as its local port and the restart
+    would fail with "address already in use" (seen in the crash campaign). Ports are chosen
+    where only an explicit bind can take them, and never twice."""
+    import socket
+    from bkspark.localcluster import _ephemeral_range, free_port
+    low, high = _ephemeral_range()
+    ports = [free_port() for _ in range(200)]
+    assert len(set(ports)) == len(ports)
+    assert all(1024 <= p < low or high < p <= 65535 for p in ports), (low, high, ports)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports[-1]))
+
+
 def test_cluster_that_cannot_start_leaves_no_bookie_running(tmp_path):
     cluster = BookieCluster(f"sqlite:///{tmp_path}/m.db", num_bookies=2, data_dir=tmp_path)
     cluster.bookies[1].extra_args = ["--no-such-flag"]
