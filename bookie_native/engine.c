@@ -2726,6 +2726,18 @@ static int cmp_u32(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* An index whose log is gone (a kill between a removal's two unlinks) serves nothing: remove it,
+ * or it would stay forever (only .log files are looked for) and a new log of its id could
+ * meet it. */
+static void drop_orphan_index(DIR *dd, const char *idx_name)
+{
+    char log_name[13];
+    memcpy(log_name, idx_name, 8);
+    strcpy(log_name + 8, ".log");
+    if (faccessat(dirfd(dd), log_name, F_OK, 0) < 0 && errno == ENOENT)
+        unlinkat(dirfd(dd), idx_name, 0);
+}
+
 static int load_logs(Engine *e, Listed *listed, size_t nlisted)
 {
     /* (id, dir) of every *.log file */
@@ -2737,11 +2749,15 @@ static int load_logs(Engine *e, Listed *listed, size_t nlisted)
             continue;
         struct dirent *de;
         while ((de = readdir(dd))) {
-            if (strlen(de->d_name) != 12 || strcmp(de->d_name + 8, ".log") != 0)
+            if (strlen(de->d_name) != 12)
                 continue;
             char *end;
             unsigned long id = strtoul(de->d_name, &end, 16);
             if (end != de->d_name + 8 || id == 0)
+                continue;
+            if (strcmp(de->d_name + 8, ".idx") == 0)
+                drop_orphan_index(dd, de->d_name);
+            if (strcmp(de->d_name + 8, ".log") != 0)
                 continue;
             if (n == cap) {
                 cap *= 2;
