@@ -9,7 +9,8 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterator
 
-from bkspark.errors import BadRequestError, NodeExistsError, NoNodeError, NoSuchLedgerError
+from bkspark.errors import (BadRequestError, MetadataConnectionError, NodeExistsError, NoNodeError,
+                            NoSuchLedgerError)
 
 from .layout import (
     LEDGERS_ROOT,
@@ -21,6 +22,7 @@ from .layout import (
 )
 from .ledger_metadata import LedgerMetadata
 from .store import MetadataStore
+from .update import MAX_UNKNOWN, OutcomeUnknownError, Updated, settled_read, update_record
 
 #: version of a freshly created ledger record (both stores start versions at 0)
 CREATED_VERSION = 0
@@ -39,37 +41,88 @@ def create_ledger(store: MetadataStore, md: LedgerMetadata) -> LedgerMetadata:
         md = md.copy(ctime_ms=int(time.time() * 1000))
     if md.ledger_id != -1:
         check_ledger_id(md.ledger_id)
-        store.create(ledger_path(md.ledger_id), md.serialize(), makepath=True)
+        _create_record(store, md)
         return md
     md.validate()
     for _ in range(16):
         candidate = md.with_ledger_id(store.generate_id())
         try:
-            store.create(ledger_path(candidate.ledger_id), candidate.serialize(), makepath=True)
+            _create_record(store, candidate)
             return candidate
         except NodeExistsError:  # an explicit-id ledger took it; draw again
             continue
     raise NodeExistsError("could not allocate a free ledger id in 16 attempts")
 
 
-def read_ledger(store: MetadataStore, ledger_id: int) -> tuple[LedgerMetadata, int]:
-    """Return ``(metadata, version)``.
+def _create_record(store: MetadataStore, md: LedgerMetadata) -> None:
+    """Create the ledger's record. A create whose answer was lost is settled by a synced
+    read: the record holds exactly these bytes (it was applied), it is absent (create it),
+    or it holds another ledger (NodeExistsError)."""
+    path, data = ledger_path(md.ledger_id), md.serialize()
+    for _ in range(MAX_UNKNOWN):
+        try:
+            store.create(path, data, makepath=True)
+            return
+        except MetadataConnectionError:
+            try:
+                stored, _ = settled_read(store, path)
+            except NoNodeError:
+                continue
+            except MetadataConnectionError as exc:
+                raise OutcomeUnknownError(f"creating ledger {md.ledger_id}: the answer was "
+                                          f"lost and the record cannot be re-read: {exc}") from exc
+            if stored == data:
+                return
+            raise NodeExistsError(f"ledger {md.ledger_id} exists (created by another client)")
+    raise OutcomeUnknownError(f"creating ledger {md.ledger_id}: {MAX_UNKNOWN} answers lost")
+
+
+def read_ledger(store: MetadataStore, ledger_id: int, settle: bool = False
+                ) -> tuple[LedgerMetadata, int]:
+    """Return ``(metadata, version)``; with ``settle``, read after a sync (see
+    :meth:`MetadataStore.sync`).
 
     :raises NoSuchLedgerError: no such ledger.
     :raises MetadataFormatError: the stored record is corrupt (the message names the ledger).
     """
-    from bkspark.errors import MetadataFormatError
     try:
+        if settle:
+            store.sync(ledger_path(ledger_id))
         data, version = store.get(ledger_path(ledger_id))
     except NoNodeError:
         raise NoSuchLedgerError(f"no such ledger: {ledger_id}") from None
+    return _decode(ledger_id, data), version
+
+
+def _decode(ledger_id: int, data: bytes) -> LedgerMetadata:
+    from bkspark.errors import MetadataFormatError
     try:
         md = LedgerMetadata.deserialize(data)
     except MetadataFormatError as e:
         raise MetadataFormatError(f"ledger {ledger_id}: {e}") from None
     if md.ledger_id != ledger_id:
         raise MetadataFormatError(f"ledger {ledger_id}: record holds ledger id {md.ledger_id}")
-    return md, version
+    return md
+
+
+def update_ledger(store: MetadataStore, ledger_id: int,
+                  transform: Callable[[LedgerMetadata], LedgerMetadata], *,
+                  start: tuple[LedgerMetadata, int] | None = None, what: str = ""
+                  ) -> Updated[LedgerMetadata]:
+    """Change a ledger's metadata through the metadata update loop (:func:`update_record`):
+    ``transform`` decides from the latest record (re-run after a conflict, or after a lost
+    answer that turned out not applied), may raise :class:`NoChange` or abort.
+
+    :raises NoSuchLedgerError: the ledger was deleted.
+    :raises OutcomeUnknownError: an answer was lost and the record could not be re-read.
+    """
+    try:
+        return update_record(store, ledger_path(ledger_id),
+                             decode=lambda data: _decode(ledger_id, data),
+                             encode=lambda md: md.serialize(), transform=transform,
+                             start=start, what=what or f"ledger {ledger_id}")
+    except NoNodeError:
+        raise NoSuchLedgerError(f"no such ledger: {ledger_id}") from None
 
 
 def write_ledger(store: MetadataStore, md: LedgerMetadata, version: int) -> int:

@@ -478,6 +478,13 @@ class SqliteStore(MetadataStore):
         if version != -1 and row[0] != version:
             raise BadVersionError(f"version conflict on {path}: expected {version}, is {row[0]}")
 
+    def sync(self, path: str = "/") -> None:
+        """Nothing to wait for: every read of the one database file sees every committed
+        write. The path is still checked, as ZooKeeper's ``sync`` would."""
+        validate_path(path)
+        if self._closed:
+            raise MetadataError(f"metadata store {self.uri} is closed")
+
     def children(self, path: str) -> list[str]:
         path = validate_path(path)
         with self._read() as c:

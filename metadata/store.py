@@ -173,6 +173,17 @@ class MetadataStore(abc.ABC):
         """Delete the node. :raises NoNodeError, BadVersionError, NotEmptyError:"""
 
     @abc.abstractmethod
+    def sync(self, path: str = "/") -> None:
+        """Make the next reads of this store see every write committed before this call.
+
+        ZooKeeper serves reads from the server a client is connected to, which may lag the
+        leader (notably right after a reconnect); decisions that must not rest on an old
+        view -- what a lost answer did, what may be deleted -- read after ``sync``.
+
+        :raises MetadataConnectionError: the store did not answer.
+        """
+
+    @abc.abstractmethod
     def children(self, path: str) -> list[str]:
         """Names of the node's children, sorted. :raises NoNodeError: absent."""
 

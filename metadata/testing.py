@@ -16,6 +16,7 @@ Typical use (pytest fixtures in ``tests/conftest.py`` wrap this)::
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -259,6 +260,93 @@ def drop_connection(store, timeout: float = 30.0) -> None:
         raise TimeoutError(f"store {store.uri} did not drop and regain its connection")
 
 
+class LostAnswers:
+    """What :func:`lost_answers` did: ``lost`` lists ``(op, path)`` of every write whose answer
+    it took away (tests assert on it, so an injection that never matched cannot pass)."""
+
+    def __init__(self, count: int):
+        self.remaining = count
+        self.lost: list[tuple[str, str]] = []
+
+
+@contextlib.contextmanager
+def lost_answers(store, match="", count: int = 1, applied: bool = True,
+                 unreachable_after: bool = False):
+    """Take away the answers of the next ``count`` writes of ``store`` whose path matches.
+
+    ``match``: a path prefix, or a predicate ``(op, path) -> bool`` (``op`` is ``create``,
+    ``set``, ``delete`` or ``transaction``; a transaction's path is its first operation's).
+    With ``applied`` (default) the write really is applied and then the call raises
+    :class:`MetadataConnectionError`, as when the connection breaks between a request and its
+    answer; on ZooKeeper the store's connection is really dropped as well (the client
+    reconnects on the same session). ``applied=False``: the write never reaches the store
+    (a partition between the client and the store), with the same error.
+    ``unreachable_after``: once an answer was lost, ``sync`` fails with the same error until
+    the context ends (the store stays out of reach, so the outcome cannot be settled).
+    """
+    from bkspark.errors import MetadataConnectionError
+    from kazoo.protocol.connection import _CONNECTION_DROP
+
+    state = LostAnswers(count)
+    lock = threading.Lock()
+    matches = match if callable(match) else (lambda op, path: path.startswith(match))
+    originals = {name: getattr(store, name)
+                 for name in ("create", "set", "delete", "_commit", "sync")}
+
+    def take(op: str, path: str) -> bool:
+        with lock:
+            if state.remaining <= 0 or not matches(op, path):
+                return False
+            state.remaining -= 1
+            return True
+
+    def give_back():
+        with lock:
+            state.remaining += 1
+
+    def lose(op, path):
+        client = getattr(store, "client", None)
+        if applied and client is not None:
+            client._call(_CONNECTION_DROP, None)
+        return MetadataConnectionError(
+            f"{op} {path}: connection lost before the answer arrived (injected; the write "
+            f"was {'applied' if applied else 'not applied'})")
+
+    def wrap(op: str, name: str, path_of):
+        original = originals[name]
+
+        def call(*args, **kwargs):
+            path = path_of(*args, **kwargs)
+            if not take(op, path):
+                return original(*args, **kwargs)
+            if applied:
+                try:
+                    original(*args, **kwargs)
+                except BaseException:       # refused by the store itself: nothing to lose
+                    give_back()
+                    raise
+            with lock:
+                state.lost.append((op, path))
+            raise lose(op, path)
+        return call
+
+    store.create = wrap("create", "create", lambda path, *a, **k: path)
+    store.set = wrap("set", "set", lambda path, *a, **k: path)
+    store.delete = wrap("delete", "delete", lambda path, *a, **k: path)
+    store._commit = wrap("transaction", "_commit", lambda ops: ops[0][1] if ops else "/")
+
+    def sync(path="/"):
+        if unreachable_after and state.lost:
+            raise MetadataConnectionError(f"sync {path}: store unreachable (injected)")
+        return originals["sync"](path)
+    store.sync = sync
+    try:
+        yield state
+    finally:
+        for name in originals:
+            store.__dict__.pop(name, None)
+
+
 def unique_root(prefix: str = "test") -> str:
     return f"/{prefix}-{uuid.uuid4().hex[:12]}"
 
@@ -314,6 +402,7 @@ def ephemeral_then_die_worker(uri: str, path: str, session_timeout: float) -> No
 
 
 __all__ = ["ZooKeeperServer", "ZooKeeperUnavailable", "expire_session", "drop_connection",
+           "lost_answers",
            "zookeeper_classpath", "free_port", "unique_root", "require_all", "skip_or_fail"]
 
 

@@ -275,6 +275,10 @@ class ZkStore(MetadataStore):
         self._write(lambda: self._sync(self.client.delete_async(path, version)),
                     what=f"delete {path} (expected version {version})")
 
+    def sync(self, path: str = "/") -> None:
+        path = validate_path(path)
+        self._read(lambda: self._sync(self.client.sync_async(path)), what=f"sync {path}")
+
     def children(self, path: str) -> list[str]:
         path = validate_path(path)
         names = self._read(lambda: self._sync(self.client.get_children_async(path)),

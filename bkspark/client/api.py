@@ -171,8 +171,12 @@ class BookKeeper:
         return addr or bookie_id
 
     # ---- metadata helpers ----------------------------------------------------------------------
-    def _read_md(self, ledger_id: int):
-        return _ledgers.read_ledger(self.store, ledger_id)
+    def _read_md(self, ledger_id: int, settle: bool = False):
+        return _ledgers.read_ledger(self.store, ledger_id, settle=settle)
+
+    def _update_md(self, ledger_id: int, transform, *, start=None, what: str = ""):
+        """The metadata update loop on a ledger (see :func:`metadata.ledgers.update_ledger`)."""
+        return _ledgers.update_ledger(self.store, ledger_id, transform, start=start, what=what)
 
     def _write_md(self, md, version: int) -> int:
         return _ledgers.write_ledger(self.store, md, version)

@@ -34,6 +34,7 @@ from bkspark import errors
 from bkspark.errors import (BadRequestError, BKError, FencedError, LedgerClosedError,
                             NotEnoughBookiesError, OperationTimeoutError)
 from metadata.ledger_metadata import LedgerState
+from metadata.update import NoChange
 
 from . import placement, wire
 from .digest import DigestManager, master_key
@@ -41,6 +42,10 @@ from .digest import DigestManager, master_key
 log = logging.getLogger("bkspark.client.ledger")
 
 _FATAL = (errors.EFENCED, errors.EUA)
+#: errors after which the handle's fate is settled: every later call repeats them. Any other
+#: failure (metadata or bookies unreachable, timeouts) is re-checked against the metadata on
+#: the next call, which then reports FencedError if another client took the ledger over.
+_SETTLED = (FencedError, LedgerClosedError, errors.UnauthorizedError, BadRequestError)
 
 
 class _PendingAdd:
@@ -120,6 +125,11 @@ class LedgerHandle:
     def is_closed(self) -> bool:
         return self._closed
 
+    @property
+    def failure(self) -> BKError | None:
+        """The error this handle failed with (it takes no more appends), or None."""
+        return self._error
+
     def _set_ensemble(self, ensemble):
         self._ensemble = list(ensemble)
         self._index = {b: i for i, b in enumerate(self._ensemble)}
@@ -169,6 +179,8 @@ class LedgerHandle:
         for d in datas:
             if not isinstance(d, (bytes, bytearray, memoryview)):
                 raise BadRequestError(f"entry data must be bytes, got {type(d).__name__}")
+        if self._error is not None:
+            self._settle_failure()
         now = time.monotonic()
         sends: dict[str, list] = {}
         with self._lock:
@@ -205,6 +217,25 @@ class LedgerHandle:
             self._last_append = now
         self._send(sends)
         return first
+
+    def _settle_failure(self) -> None:
+        """After a failure that does not settle the handle's fate (a transport or metadata
+        error), read the metadata again (synced): if another client marked the ledger
+        IN_RECOVERY or closed it, the handle was fenced and says so from now on. While the
+        metadata store does not answer, the error stays as it is."""
+        exc = self._error
+        if exc is None or isinstance(exc, _SETTLED):
+            return
+        try:
+            md, _ = self._bk._read_md(self.ledger_id, settle=True)
+        except BKError as read_exc:
+            log.debug("ledger %d: metadata not readable yet: %s", self.ledger_id, read_exc)
+            return
+        if md.state is LedgerState.OPEN:
+            return
+        with self._lock:
+            if self._error is exc:
+                self._error = self._not_open_error(md)
 
     def _check_writable(self):
         if self._error is not None:
@@ -433,13 +464,14 @@ class LedgerHandle:
     def _change_ensemble_metadata(self, failed: set, lac: int):
         """CAS a fragment at lac+1 replacing ``failed``; return (md, version, {old: new})."""
         bk = self._bk
-        md, version = self._md, self._version
         exclude = set(failed)
-        for _ in range(bk.conf.metadata_retries):
+        replaced: dict = {}
+
+        def transform(md):
             if md.state is not LedgerState.OPEN:
                 raise self._not_open_error(md)
             ensemble = md.last_ensemble()
-            replaced = {}
+            replaced.clear()
             writable = bk._writable_bookies()
             new_ens = list(ensemble)
             suspects = {b for b in writable if bk._health.is_suspect(b)}
@@ -453,18 +485,20 @@ class LedgerHandle:
                     new_ens[i] = nb
                     replaced[b] = nb
             if not replaced:
-                return md, version, {}
-            new_md = md.with_ensemble(lac + 1, new_ens)
-            try:
-                new_version = bk._write_md(new_md, version)
-                log.info("ledger %d: new ensemble %s from entry %d (replaced %s)",
-                         self.ledger_id, new_ens, lac + 1, replaced)
-                return new_md, new_version, replaced
-            except errors.BadVersionError:
-                md, version = bk._read_md(self.ledger_id)
-        raise errors.MetadataError(f"ledger {self.ledger_id}: ensemble change kept conflicting")
+                raise NoChange()
+            return md.with_ensemble(lac + 1, new_ens)
+
+        result = bk._update_md(self.ledger_id, transform, start=(self._md, self._version),
+                               what=f"ledger {self.ledger_id}: ensemble change")
+        if not result.changed:
+            return result.value, result.version, {}
+        log.info("ledger %d: new ensemble %s from entry %d (replaced %s)", self.ledger_id,
+                 result.value.last_ensemble(), lac + 1, replaced)
+        return result.value, result.version, dict(replaced)
 
     def _not_open_error(self, md) -> BKError:
+        if md.state is LedgerState.CLOSED and self._closed and md.last_entry_id == self._lac:
+            return LedgerClosedError(f"ledger {self.ledger_id} is closed")
         if md.state is LedgerState.IN_RECOVERY:
             return FencedError(f"ledger {self.ledger_id} is being recovered by another client "
                                "(metadata IN_RECOVERY); this writer is fenced")
@@ -486,14 +520,21 @@ class LedgerHandle:
     def close(self) -> None:
         """Wait for pending adds, then CAS the metadata to CLOSED at the LAC.
 
-        The handle is closed once, whatever the outcome: calling ``close`` again returns the
-        first close's outcome — it raises again if that close failed (e.g. FencedError: the
-        ledger was being recovered by another client, whose end is not known here)."""
+        A close whose outcome is settled is final: calling ``close`` again returns it -- it
+        raises again if that close failed (FencedError: the ledger was being recovered by
+        another client, whose end is not known here; LedgerClosedError: another client closed
+        it elsewhere). A close that failed because the metadata store did not answer
+        (MetadataConnectionError, OutcomeUnknownError) settled nothing: calling ``close``
+        again tries again. Appends are refused from the first call on."""
         self.close_async().result()
 
     def close_async(self) -> Future:
         with self._lock:
-            if self._close_future is None:
+            previous = self._close_future
+            if previous is None or (previous.done() and previous.exception() is not None
+                                    and not isinstance(previous.exception(), _SETTLED)):
+                # first close, or one that failed without settling anything (the metadata
+                # store did not answer): try again
                 self._closing = True
                 self._close_future = self._bk._executor.submit(self._close)
             return self._close_future
@@ -508,34 +549,42 @@ class LedgerHandle:
             self._run_callbacks()
         with self._lock:
             lac, length = self._lac, self._lac_length
-            md, version = self._md, self._version
+
+        def transform(md):
+            if md.state is LedgerState.CLOSED:
+                if md.last_entry_id == lac:
+                    raise NoChange()
+                raise LedgerClosedError(
+                    f"ledger {self.ledger_id} was closed by another client at entry "
+                    f"{md.last_entry_id}, but this writer acknowledged up to {lac}")
+            if md.state is LedgerState.IN_RECOVERY:
+                raise FencedError(f"ledger {self.ledger_id} is being recovered by another "
+                                  "client; cannot close it as its writer")
+            return md.with_closed(lac, length)
+
+        outcome: BKError | None = None
         try:
-            for _ in range(bk.conf.metadata_retries):
-                if md.state is LedgerState.CLOSED:
-                    if md.last_entry_id == lac:
-                        return
-                    raise LedgerClosedError(
-                        f"ledger {self.ledger_id} was closed by another client at entry "
-                        f"{md.last_entry_id}, but this writer acknowledged up to {lac}")
-                if md.state is LedgerState.IN_RECOVERY:
-                    raise FencedError(f"ledger {self.ledger_id} is being recovered by another "
-                                      "client; cannot close it as its writer")
-                try:
-                    version = bk._write_md(md.with_closed(lac, length), version)
-                    with self._lock:
-                        self._md, self._version = md.with_closed(lac, length), version
-                    return
-                except errors.BadVersionError:
-                    md, version = bk._read_md(self.ledger_id)
-            raise errors.MetadataError(f"ledger {self.ledger_id}: close kept conflicting")
-        finally:
+            result = bk._update_md(self.ledger_id, transform, start=(self._md, self._version),
+                                   what=f"ledger {self.ledger_id}: close")
             with self._lock:
-                self._closed = True
-                self._fail_all(self._error or LedgerClosedError(
-                    f"ledger {self.ledger_id} is closed"))
+                self._md, self._version = result.value, result.version
+        except BKError as exc:
+            outcome = exc
+            raise
+        finally:
+            # settled: closed, or found closed/recovered by another client. Otherwise (the
+            # metadata store did not answer) the handle stays registered and close may be
+            # called again; appends are refused either way.
+            settled = outcome is None or isinstance(outcome, _SETTLED)
+            with self._lock:
+                self._closed = self._closed or settled
+                self._fail_all(self._error or (
+                    outcome if not settled else LedgerClosedError(
+                        f"ledger {self.ledger_id} is closed")))
             self._run_callbacks()
-            bk._pool.unregister(self.ledger_id, self)
-            bk._unregister_writer(self)
+            if settled:
+                bk._pool.unregister(self.ledger_id, self)
+                bk._unregister_writer(self)
 
     def __enter__(self) -> "LedgerHandle":
         return self

@@ -23,6 +23,7 @@ from bkspark.errors import BadRequestError, BadVersionError, NoNodeError, NodeEx
 from bkspark.log.position import EARLIEST, LATEST, Position
 from metadata.layout import LOGS, log_path
 from metadata.log_metadata import LogMetadata
+from metadata.update import NoChange, Updated, prove_absent, settled_read, update_record
 
 log = logging.getLogger("bkspark.log")
 
@@ -41,15 +42,16 @@ def cursor_path(name: str, cursor: str) -> str:
     return f"{log_path(name)}/cursors/{check_log_name(cursor)}"
 
 
-class _NoChange(Exception):
-    """Raised by an update function to leave the record as it is."""
-
-
 class LogStore:
     """Catalog and batch primitives of logs, plus factories for writers and readers.
 
     ``bk`` is a :class:`bkspark.client.BookKeeper`; new ledgers use the given replication
     settings and ``password``.
+
+    Every change of a log's record goes through :meth:`update` (the metadata update loop of
+    :mod:`metadata.update`): a write whose answer was lost is settled by a synced re-read,
+    never guessed. A ledger is deleted only by :meth:`delete_unreferenced`, once a synced read
+    and a compare-and-set of the record prove the log does not name it.
     """
 
     def __init__(self, bk, *, password: bytes = b"", ensemble_size: int = 3, write_quorum: int = 2,
@@ -74,13 +76,20 @@ class LogStore:
         return self.store.exists(log_path(check_log_name(name))) is not None
 
     def create(self, name: str) -> LogMetadata:
-        """Create an empty log if it does not exist yet; return its metadata."""
+        """Create an empty log if it does not exist yet; return its metadata. A create whose
+        answer was lost is settled by a synced read (the log exists or it does not)."""
         md = LogMetadata(name=check_log_name(name))
         try:
             self.store.create(log_path(name), md.serialize())
             return md
         except NodeExistsError:
             return self.get(name)[0]
+        except errors.MetadataConnectionError:
+            try:
+                data, _ = settled_read(self.store, log_path(name))
+            except NoNodeError:
+                return self.create(name)
+            return LogMetadata.deserialize(data)
 
     def list_logs(self) -> list[str]:
         try:
@@ -89,7 +98,8 @@ class LogStore:
             return []
 
     def delete(self, name: str) -> None:
-        """Delete a log: its record, its cursors, then its ledgers."""
+        """Delete a log: its record, its cursors, then its ledgers (once the record is gone no
+        write can add to it, so the ledgers it named are unreferenced)."""
         md, version = self.get(name)
         for cursor in self._cursor_names(name):
             try:
@@ -100,32 +110,49 @@ class LogStore:
             self.store.delete(f"{log_path(name)}/cursors")
         except (NoNodeError, errors.NotEmptyError):
             pass
-        self.store.delete(log_path(name), version=version)
+        try:
+            self.store.delete(log_path(name), version=version)
+        except errors.MetadataConnectionError:
+            self.store.sync(log_path(name))
+            if self.store.exists(log_path(name)) is not None:
+                raise
         self._delete_ledgers(md.ledger_ids())
 
-    def update(self, name: str, change: Callable[[LogMetadata], LogMetadata], create: bool = False
-               ) -> LogMetadata:
-        """Read-modify-CAS loop: apply ``change`` to the latest record until the CAS wins.
+    def update(self, name: str, change: Callable[[LogMetadata], LogMetadata], *,
+               create: bool = False, done: Callable[[LogMetadata], bool] | None = None
+               ) -> Updated[LogMetadata]:
+        """Change the log's record through the metadata update loop (:func:`update_record`):
+        ``change`` is re-run on the latest record after a conflict or a lost answer, may raise
+        :class:`NoChange` to leave it as it is or any error to abort; ``done`` tells whether
+        the change is already there (a lost answer's write applied). ``create``: create a
+        missing log first, else NoSuchLogError.
 
-        ``change`` may raise to abort (the exception propagates) and is re-run on conflict.
+        :raises OutcomeUnknownError: an answer was lost and the record could not be re-read;
+            the change may or may not be stored.
         """
+        path = log_path(check_log_name(name))
         while True:
             try:
-                md, version = self.get(name)
-            except NoSuchLogError:
+                return update_record(self.store, path, decode=LogMetadata.deserialize,
+                                     encode=LogMetadata.serialize, transform=change, done=done,
+                                     what=f"log {name}")
+            except NoNodeError:
                 if not create:
-                    raise
+                    raise NoSuchLogError(f"no log named {name!r}") from None
                 self.create(name)
-                continue
-            try:
-                new = change(md)
-            except _NoChange:
-                return md
-            try:
-                self.store.set(log_path(name), new.serialize(), version=version)
-                return new
-            except BadVersionError:
-                log.debug("log %s changed concurrently; retrying", name)
+
+    def delete_unreferenced(self, name: str, ledger_ids) -> list[int]:
+        """Delete those of ``ledger_ids`` that the log does not name, proven by a synced read
+        and a compare-and-set of its record (:func:`prove_absent`); return their ids. Ledgers
+        the log names are kept, whatever the caller believed.
+
+        :raises MetadataConnectionError: the store did not answer: nothing was deleted.
+        """
+        absent = prove_absent(self.store, log_path(check_log_name(name)),
+                              lambda data: LogMetadata.deserialize(data).ledger_ids(),
+                              ledger_ids, what=f"log {name}: cleanup of unlisted ledgers")
+        self._delete_ledgers(sorted(absent))
+        return sorted(absent)
 
     # ---- batch primitives -----------------------------------------------------------------
 
@@ -155,22 +182,31 @@ class LogStore:
         the list and deleted. A log tail still open (a streaming writer) is fenced first: a
         batch commit takes the log over. With ``epoch``, a commit from an owner older than the
         last committed epoch of ``writer_id`` is refused with LogFencedError (split brain).
+
+        A lost answer is settled from the stored list: the commit took effect exactly when its
+        ledgers are listed. When an earlier commit of ``(writer_id, sequence)`` holds the place,
+        this call's ledgers are deleted once proven unlisted.
+
+        :raises OutcomeUnknownError: the answer was lost and the list could not be re-read;
+            the ledgers are kept (the commit may have been applied).
         """
         check_log_name(name)
         if (writer_id is None) != (sequence is None):
             raise BadRequestError("writer_id and sequence go together")
         entries = [self.closed_ledger_entry(lid) for lid in ledger_ids]
         keep = [e for e in entries if e["last_entry_id"] >= 0]
-        outcome = {"applied": False}
+        keep_ids = {e["ledger_id"] for e in keep}
+
+        def listed(md: LogMetadata) -> bool:
+            return bool(keep_ids) and keep_ids <= set(md.ledger_ids())
 
         def change(md: LogMetadata) -> LogMetadata:
-            outcome["applied"] = False
             if writer_id is not None:
                 if epoch is not None and md.properties.get(f"epoch:{writer_id}", -1) > epoch:
                     raise errors.LogFencedError(
                         f"log {name}: writer {writer_id} epoch {epoch} was superseded")
                 if md.writers.get(writer_id, -1) >= sequence:
-                    raise _NoChange()
+                    raise NoChange()
             present = set(md.ledger_ids())
             md = self._seal_open_tail(md)
             for entry in keep:
@@ -180,50 +216,52 @@ class LogStore:
                 md = md.with_writer_sequence(writer_id, sequence)
                 if epoch is not None:
                     md.properties[f"epoch:{writer_id}"] = epoch
-            outcome["applied"] = True
             return md
 
-        self.update(name, change, create=True)
-        if not outcome["applied"]:
+        result = self.update(name, change, create=True, done=listed)
+        if not result.changed:
             log.info("log %s: commit %s/%s already applied; deleting duplicate ledgers", name, writer_id, sequence)
-            # never delete a ledger the log holds (a retried commit may pass the applied ids)
-            present = set(self.get(name)[0].ledger_ids())
-            self._delete_ledgers([lid for lid in ledger_ids if lid not in present])
+            self.delete_unreferenced(name, ledger_ids)
             return False
         self._delete_ledgers([e["ledger_id"] for e in entries if e["last_entry_id"] < 0])
         return True
 
     def overwrite(self, name: str, ledger_ids: list[int], writer_id: str | None = None,
                   sequence: int | None = None) -> bool:
-        """Replace the whole ledger list in one CAS; the old ledgers are deleted afterwards."""
+        """Replace the whole ledger list in one CAS; the old ledgers are deleted afterwards
+        (once proven unlisted). A lost answer is settled as in :meth:`append_ledgers`."""
         entries = [self.closed_ledger_entry(lid) for lid in ledger_ids]
-        outcome = {"applied": False, "replaced": []}
+        keep_ids = {e["ledger_id"] for e in entries if e["last_entry_id"] >= 0}
+        replaced: set[int] = set()
+
+        def listed(md: LogMetadata) -> bool:
+            return bool(keep_ids) and keep_ids <= set(md.ledger_ids())
 
         def change(md: LogMetadata) -> LogMetadata:
             if writer_id is not None and md.writers.get(writer_id, -1) >= sequence:
-                raise _NoChange()
-            new_ids = {e["ledger_id"] for e in entries}
-            outcome["replaced"] = [lid for lid in md.ledger_ids() if lid not in new_ids]
-            outcome["applied"] = True
+                raise NoChange()
+            replaced.update(lid for lid in md.ledger_ids() if lid not in keep_ids)
             md = md.copy(ledgers=[e for e in entries if e["last_entry_id"] >= 0])
             if writer_id is not None:
                 md = md.with_writer_sequence(writer_id, sequence)
             return md.validate()
 
-        self.update(name, change, create=True)
-        if not outcome["applied"]:
-            present = set(self.get(name)[0].ledger_ids())
-            self._delete_ledgers([lid for lid in ledger_ids if lid not in present])
+        result = self.update(name, change, create=True, done=listed)
+        if not result.changed:
+            self.delete_unreferenced(name, ledger_ids)
             return False
-        self._delete_ledgers(outcome["replaced"] + [e["ledger_id"] for e in entries if e["last_entry_id"] < 0])
+        self.delete_unreferenced(name, replaced)
+        self._delete_ledgers([e["ledger_id"] for e in entries if e["last_entry_id"] < 0])
         return True
 
     def truncate(self, name: str, before: Position, force: bool = False) -> list[int]:
-        """Remove ledgers wholly before ``before`` (then delete them); returns their ids.
+        """Remove ledgers wholly before ``before`` (then delete them, once proven unlisted);
+        returns their ids.
 
         Refuses (BadRequestError) to pass the slowest durable cursor unless ``force``.
         """
         removed: list[int] = []
+        candidates: dict[int, None] = {}        # in list order
 
         def change(md: LogMetadata) -> LogMetadata:
             ids = md.ledger_ids()
@@ -237,13 +275,16 @@ class LogStore:
                             f"truncating log {name} before {before} would pass cursor {cursor!r} at "
                             f"{position}; move the cursor or use force=True")
             removed[:] = ids[:cut]
+            candidates.update(dict.fromkeys(removed))
             if not removed:
-                raise _NoChange()
+                raise NoChange()
             return md.without_ledgers(removed)
 
         self.update(name, change)
-        self._delete_ledgers(removed)
-        return list(removed)
+        # what an attempt removed, also one whose answer was lost before a later attempt
+        # found nothing left to remove
+        deleted = set(self.delete_unreferenced(name, candidates))
+        return [lid for lid in candidates if lid in deleted]
 
     def _delete_ledgers(self, ledger_ids) -> None:
         for lid in ledger_ids:

@@ -2,8 +2,8 @@
 
 Opening (the "Opening a log" steps of the protocol seed): read the ledger list, recover
 (fence) the last two ledgers, create a new ledger, CAS-append it; on a CAS conflict start
-over. No append is served before that CAS succeeded. Each successful open also bumps the
-log's ``writer_epoch`` so owners can be ordered.
+over (with the same new ledger). No append is served before that CAS succeeded. Each
+successful open also bumps the log's ``writer_epoch`` so owners can be ordered.
 
 Appends go to the current ledger and are acknowledged with their :class:`Position` once
 the ledger acknowledged them (Qa bookies, LAC order). If another writer took the log over,
@@ -12,7 +12,22 @@ this writer was told succeeded is lost (the new owner recovered it).
 
 Rolling (by size or age): stop, close the current ledger, then in one CAS record its end
 and append a fresh ledger. A CAS that finds the list no longer ending with our ledger means
-we lost ownership.
+we lost ownership. Every list change goes through :meth:`LogStore.update`: a change whose
+answer was lost is settled from the stored list (the new ledger is listed or it is not),
+and a new ledger is deleted only once proven unlisted (:meth:`LogStore.delete_unreferenced`).
+
+Errors an append can see, and what they mean for the appends that were not acknowledged:
+
+* :class:`LogFencedError` -- another writer took the log over (now, or while this one was
+  cut off). Appends not acknowledged are *in doubt*: the new owner's recovery decided whether
+  they are in the log. Every later call raises it again.
+* any other error (:class:`MetadataConnectionError`, :class:`OutcomeUnknownError`,
+  :class:`NotEnoughBookiesError`, :class:`OperationTimeoutError`, ...) -- the writer is cut off
+  from the bookies or the metadata store. Its ledger stops taking appends; the next call
+  checks the metadata again: if another writer took over it raises :class:`LogFencedError`,
+  else it closes its ledger at the last acknowledged entry and continues in a new one (the
+  appends that failed are then *not written*), or raises the error it still meets. A writer
+  never keeps reporting a stale error once the metadata store answers.
 """
 from __future__ import annotations
 
@@ -24,8 +39,9 @@ from concurrent.futures import Future
 from bkspark import errors
 from bkspark.errors import LogFencedError
 from bkspark.log.position import Position
-from bkspark.log.store import CLOSED, OPEN, LogStore, _NoChange
+from bkspark.log.store import CLOSED, OPEN, LogStore
 from metadata.ledger_metadata import LedgerState
+from metadata.update import NoChange
 
 log = logging.getLogger("bkspark.log.writer")
 
@@ -45,6 +61,7 @@ class LogWriter:
         self._opened_at = 0.0
         self._bytes = 0
         self._closed = False
+        self._fenced: LogFencedError | None = None
         self.epoch = -1
         self._acquire()
 
@@ -53,34 +70,62 @@ class LogWriter:
     def _acquire(self) -> None:
         logs = self.logs
         logs.create(self.name)
-        while True:
-            md, version = logs.get(self.name)
-            sealed = md
+        handle = logs.bk.create_ledger(**logs.ledger_options)
+        sealed: dict[int, dict] = {}            # ledgers recovered by this open (stay closed)
+
+        def change(md):
+            new = md
             for entry in md.ledgers[-self.fence_last:] if self.fence_last else []:
+                lid = entry["ledger_id"]
                 if entry.get("state") != CLOSED:
-                    sealed = sealed.with_ledger_updated(entry["ledger_id"], **{
-                        k: v for k, v in logs.closed_ledger_entry(entry["ledger_id"]).items()
-                        if k != "ledger_id"})
-            handle = logs.bk.create_ledger(**logs.ledger_options)
-            epoch = int(sealed.properties.get("writer_epoch", 0)) + 1
-            new = sealed.with_ledger(handle.ledger_id, state=OPEN)
+                    if lid not in sealed:
+                        sealed[lid] = {k: v for k, v in logs.closed_ledger_entry(lid).items()
+                                       if k != "ledger_id"}
+                    new = new.with_ledger_updated(lid, **sealed[lid])
+            epoch = int(new.properties.get("writer_epoch", 0)) + 1
+            new = new.with_ledger(handle.ledger_id, state=OPEN)
             new.properties["writer_epoch"] = epoch
-            try:
-                logs.store.set(_path(self.name), new.serialize(), version=version)
-            except errors.BadVersionError:
-                log.info("log %s changed while opening a writer; starting over", self.name)
-                self._discard(handle)
-                continue
-            self._handle, self.epoch = handle, epoch
-            self._opened_at, self._bytes = time.monotonic(), 0
-            log.info("log %s: writer epoch %d writes ledger %d", self.name, epoch, handle.ledger_id)
-            return
+            return new
+
+        def listed(md):
+            return handle.ledger_id in md.ledger_ids()
+
+        try:
+            result = logs.update(self.name, change, done=listed)
+        except BaseException:
+            self._discard(handle)
+            raise
+        self._handle = handle
+        self.epoch = int(result.value.properties["writer_epoch"])
+        self._check_owner(result.value)
+        self._opened_at, self._bytes = time.monotonic(), 0
+        log.info("log %s: writer epoch %d writes ledger %d", self.name, self.epoch,
+                 handle.ledger_id)
+
+    def _check_owner(self, md) -> None:
+        """LogFencedError unless the list ends with this writer's ledger, still open: it was
+        listed (through a lost answer) and another writer has taken over since."""
+        last = md.ledgers[-1] if md.ledgers else None
+        if last is None or last["ledger_id"] != self._handle.ledger_id \
+                or last.get("state") == CLOSED:
+            self._fenced = LogFencedError(
+                f"log {self.name}: another writer took over after ledger "
+                f"{self._handle.ledger_id} was listed")
+            raise self._fenced
 
     def _discard(self, handle) -> None:
+        """Close a new ledger this writer could not (or may not) list, and delete it once the
+        log is proven not to name it; if that cannot be proven now, it stays (an unlisted
+        ledger costs space, a deleted listed one makes the log unreadable)."""
         try:
             handle.close()
-        finally:
-            self.logs._delete_ledgers([handle.ledger_id])
+        except errors.BKError as exc:
+            log.info("log %s: closing unlisted ledger %d: %s", self.name, handle.ledger_id, exc)
+        try:
+            self.logs.delete_unreferenced(self.name, [handle.ledger_id])
+        except errors.BKError as exc:
+            log.warning("log %s: ledger %d may be listed or not (%s); keeping it", self.name,
+                        handle.ledger_id, exc)
 
     @property
     def ledger_id(self) -> int:
@@ -96,6 +141,10 @@ class LogWriter:
         with self._lock:
             if self._closed:
                 raise errors.BadRequestError(f"log writer of {self.name} is closed")
+            if self._fenced is not None:
+                raise self._fenced
+            if self._handle.failure is not None:
+                self._repair()
             self._maybe_roll()
             handle = self._handle
             self._bytes += len(data)
@@ -117,8 +166,18 @@ class LogWriter:
         return outer
 
     def _lost(self, exc) -> LogFencedError:
-        return LogFencedError(f"log {self.name}: this writer lost ownership (ledger "
-                              f"{self._handle.ledger_id} was fenced by a new writer): {exc}")
+        self._fenced = LogFencedError(
+            f"log {self.name}: this writer lost ownership (ledger {self._handle.ledger_id} "
+            f"was fenced by a new writer): {exc}")
+        return self._fenced
+
+    def _repair(self) -> None:
+        """The current ledger failed (cut off from bookies or metadata): settle what happened
+        from the metadata and continue in a new ledger, or raise (see the module docstring)."""
+        failure = self._handle.failure
+        log.info("log %s: ledger %d failed (%s); checking ownership", self.name,
+                 self._handle.ledger_id, failure)
+        self.roll()
 
     def _maybe_roll(self) -> None:
         too_big = self._bytes >= self.roll_bytes
@@ -129,6 +188,8 @@ class LogWriter:
     def roll(self) -> None:
         """Close the current ledger and continue in a new one (one CAS)."""
         with self._lock:
+            if self._fenced is not None:
+                raise self._fenced
             old = self._handle
             try:
                 old.close()
@@ -140,17 +201,21 @@ class LogWriter:
             def change(md):
                 ids = md.ledger_ids()
                 if not ids or ids[-1] != old.ledger_id:
-                    raise LogFencedError(f"log {self.name}: another writer took over")
+                    raise self._lost("another writer took over")
                 md = _with_end(md, old.ledger_id, end)
                 return md.with_ledger(handle.ledger_id, state=OPEN)
 
+            def listed(md):
+                return handle.ledger_id in md.ledger_ids()
+
             try:
-                self.logs.update(self.name, change)
+                result = self.logs.update(self.name, change, done=listed)
             except BaseException:
                 self._discard(handle)
                 raise
             self._handle = handle
             self._opened_at, self._bytes = time.monotonic(), 0
+            self._check_owner(result.value)
 
     def _closed_end(self, ledger_id: int) -> dict:
         """The list entry of a ledger this writer just closed, from its CLOSED metadata:
@@ -160,8 +225,8 @@ class LogWriter:
         recorded: this writer lost the ledger, and the recovering owner records its end."""
         md = self.logs.bk.ledger_metadata(ledger_id)
         if md.state is not LedgerState.CLOSED:
-            raise LogFencedError(f"log {self.name}: ledger {ledger_id} is {md.state.name}, "
-                                 "not closed by this writer; a new writer is recovering it")
+            raise self._lost(f"ledger {ledger_id} is {md.state.name}, not closed by this "
+                             "writer; a new writer is recovering it")
         return {"state": CLOSED, "last_entry_id": md.last_entry_id, "length": md.length}
 
     def flush(self) -> None:
@@ -186,7 +251,7 @@ class LogWriter:
 
             def change(md):
                 if handle.ledger_id not in md.ledger_ids():
-                    raise _NoChange()
+                    raise NoChange()
                 return _with_end(md, handle.ledger_id, end)
 
             self.logs.update(self.name, change)

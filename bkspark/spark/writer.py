@@ -63,7 +63,9 @@ class BKCommitMessage(WriterCommitMessage):
 def faults(opts) -> dict:
     """Test-only ``_testFault`` (comma list): ``failTask:P`` (partition P's first attempt fails
     after writing), ``failTaskAlways:P``, ``failCommitBeforeAppend:B`` /
-    ``failCommitAfterAppend:B`` (the sink's commit of batch B fails before / after appending)."""
+    ``failCommitAfterAppend:B`` (the sink's commit of batch B fails before / after appending;
+    a batch write's commit fails after appending with any B): a commit that raises after its
+    append is what a lost answer looks like to Spark."""
     out = {}
     for item in (opts.test_fault or "").split(","):
         if ":" in item:
@@ -92,23 +94,20 @@ def unregister_pending(store, key: str, ledger_id: int) -> None:
         pass
 
 
-def clean_pending(logs, key: str, log_name: str | None, keep=(), upto_batch: int | None = None,
+def clean_pending(logs, key: str, log_name: str, keep=(), upto_batch: int | None = None,
                   remove_dir: bool = False) -> list[int]:
-    """Delete registered ledgers of ``key`` that are not in ``log_name``'s list (nor in
-    ``keep``); with ``upto_batch`` only those registered for batches <= it. Returns the
-    deleted ledger ids."""
+    """Delete registered ledgers of ``key`` that ``log_name`` does not list (nor ``keep``);
+    with ``upto_batch`` only those registered for batches <= it. Returns the deleted ids.
+
+    "Does not list" is proven, not read (:meth:`LogStore.delete_unreferenced`): a commit whose
+    answer was lost may have listed them. When the metadata store does not answer, nothing is
+    deleted and the registrations stay for the next cleanup."""
     store = logs.store
     try:
         children = store.children(_pending_dir(key))
     except NoNodeError:
         return []
-    in_log = set()
-    if log_name is not None:
-        try:
-            in_log = set(logs.get(log_name)[0].ledger_ids())
-        except errors.NoSuchLogError:
-            pass
-    deleted = []
+    candidates = []
     keep = set(keep)
     for child in children:
         try:
@@ -122,15 +121,15 @@ def clean_pending(logs, key: str, log_name: str | None, keep=(), upto_batch: int
                 info = {}
             if info.get("batch", -1) > upto_batch:
                 continue
-        if lid not in in_log and lid not in keep:
-            try:
-                logs.bk.delete_ledger(lid)
-                deleted.append(lid)
-            except errors.NoSuchLedgerError:
-                pass
-            except errors.BKError as exc:
-                log.warning("could not delete orphan ledger %d: %s", lid, exc)
-                continue
+        if lid not in keep:
+            candidates.append(lid)
+    try:
+        deleted = logs.delete_unreferenced(log_name, candidates)
+    except errors.BKError as exc:
+        log.warning("log %s: pending ledgers of %s left for a later cleanup: %s", log_name,
+                    key, exc)
+        return []
+    for lid in candidates:          # deleted, or listed by the log: no longer pending
         unregister_pending(store, key, lid)
     if remove_dir:
         try:
@@ -250,12 +249,16 @@ class BookKeeperBatchWriter(DataSourceArrowWriter):
             if not applied:
                 log.info("log %s: write %s/%s was already applied; nothing appended",
                          self.log_name, self.opts.writer_id, self.opts.writer_sequence)
+            if "failCommitAfterAppend" in faults(self.opts):
+                raise InjectedFault("_testFault: the batch commit fails after its append")
         finally:
             clean_pending(logs, self.job, self.log_name, remove_dir=True)
 
     def abort(self, messages):
+        """Delete the job's ledgers that the log does not list. A commit that raised may
+        still have been applied (its answer lost): what the log lists stays."""
         logs = conn.log_store(self.opts)
-        logs._delete_ledgers(_ledger_ids(messages))
+        logs.delete_unreferenced(self.log_name, _ledger_ids(messages))
         clean_pending(logs, self.job, self.log_name, remove_dir=True)
 
 
@@ -385,9 +388,4 @@ class BookKeeperStreamWriter(DataSourceStreamArrowWriter):
 
     def abort(self, messages, batchId):
         logs = conn.log_store(self.opts)
-        ids = _ledger_ids(messages)
-        try:
-            in_log = set(logs.get(self.log_name)[0].ledger_ids())
-        except errors.NoSuchLogError:
-            in_log = set()
-        logs._delete_ledgers([lid for lid in ids if lid not in in_log])
+        logs.delete_unreferenced(self.log_name, _ledger_ids(messages))

@@ -153,6 +153,26 @@ def test_failed_job_leaves_log_unchanged(spark, uri, log_name, logs):
     assert no_pending(logs)
 
 
+def test_abort_after_an_applied_commit_deletes_nothing_the_log_lists(spark, uri, log_name, logs):
+    """The commit's append was applied but Spark saw it fail (what a lost answer looks like):
+    Spark calls abort, which must keep the ledgers the log lists. Every row, the earlier
+    batch's included, stays readable, and a retry of the job with its writer key adds
+    nothing twice."""
+    wr(spark.createDataFrame([("earlier",)], "value string"), uri).save(log_name)
+    df = spark.range(0, 50, numPartitions=2).selectExpr("cast(id as string) as value")
+    with pytest.raises(Exception, match="_testFault"):
+        wr(df, uri, writerId="job-1", writerSequence="0",
+           _testFault="failCommitAfterAppend:0").save(log_name)
+    md, _ = logs.get(log_name)
+    for lid in md.ledger_ids():
+        logs.bk.ledger_metadata(lid)                    # every listed ledger exists
+    values = sorted(r.value.decode() for r in rd(spark, uri).load(log_name).collect())
+    assert values == sorted(["earlier"] + [str(i) for i in range(50)])
+    wr(df, uri, writerId="job-1", writerSequence="0").save(log_name)     # the user's retry
+    assert rd(spark, uri).load(log_name).count() == 51
+    assert no_pending(logs)
+
+
 def test_overwrite_replaces_and_writer_key_is_idempotent(spark, uri, log_name, logs):
     wr(spark.createDataFrame([("a",), ("b",)], "value string"), uri).save(log_name)
     old = logs.get(log_name)[0].ledger_ids()

@@ -1,0 +1,179 @@
+"""The one way a metadata record changes: read, decide, transform, compare-and-set, re-read.
+
+Every change of ledger metadata and of log metadata goes through :func:`update_record`
+(in the spirit of Apache BookKeeper's ``MetadataUpdateLoop``):
+
+1. read the record (or start from a value the caller already holds);
+2. ``done(value)``: is the change the caller wants already there? Then stop: nothing to write;
+3. ``transform(value)`` computes the new value; it may raise :class:`NoChange` (leave the record
+   as it is) or any other exception (abort: nothing was written by this attempt);
+4. compare-and-set the new bytes at the version read;
+5. on :class:`BadVersionError` (someone else changed the record) go back to 1;
+6. on :class:`MetadataConnectionError` -- **the answer was lost: the write may have been
+   applied** -- go back to 1, but read only after :meth:`MetadataStore.sync` (so the read sees
+   every write the store committed before it). If the record now holds exactly the bytes
+   written, at the version after the one written against, the write was applied: done.
+   Otherwise ``done``/``transform`` decide again from what is stored, as after a conflict.
+
+If the record cannot be re-read after a lost answer, the loop raises
+:class:`OutcomeUnknownError`: the caller must not act on a guess (delete, close, report
+success or failure); the next call, once the store answers, settles it. Conflicts are bounded
+(``max_conflicts``), with a short randomised back-off; running out raises
+:class:`MetadataError` naming the record.
+
+Deleting resources that a record may name (ledgers a log lists) is decided only through
+:func:`prove_absent`: after a synced read, a compare-and-set of the record at the version read
+(a no-op write) makes sure no write issued earlier -- one whose answer was lost included -- can
+still be applied, so what the record does not name then is unreferenced for good.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, Iterable, TypeVar
+
+from bkspark.errors import BadVersionError, MetadataConnectionError, MetadataError, NoNodeError
+
+from .store import MetadataStore
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: conflicts (someone else's write won) tolerated before giving up
+MAX_CONFLICTS = 200
+#: lost answers tolerated in one loop before it reports the outcome as unknown
+MAX_UNKNOWN = 5
+
+
+class NoChange(Exception):
+    """Raised by a transform to leave the record as it is (the loop then returns unchanged)."""
+
+
+class OutcomeUnknownError(MetadataConnectionError):
+    """A write's answer was lost and the record could not be re-read to find out whether it
+    was applied. Nothing may be decided from it: retry once the metadata store answers."""
+
+
+@dataclass
+class Updated(Generic[T]):
+    """What :func:`update_record` left in the store."""
+
+    value: T            #: the record's value now (decoded)
+    version: int        #: its version
+    changed: bool       #: True: the caller's change is stored (written now, earlier through a
+                        #: lost answer, or found there by ``done``); False: ``NoChange``
+
+
+def update_record(store: MetadataStore, path: str, *, decode: Callable[[bytes], T],
+                  encode: Callable[[T], bytes], transform: Callable[[T], T],
+                  done: Callable[[T], bool] | None = None,
+                  start: tuple[T, int] | None = None, max_conflicts: int = MAX_CONFLICTS,
+                  what: str = "") -> Updated[T]:
+    """Change the record at ``path`` by compare-and-set until the change is stored (see the
+    module docstring for the loop and its failure semantics).
+
+    ``start``: ``(value, version)`` the caller already holds, used for the first attempt
+    instead of a read (a stale one only costs a conflict).
+
+    :raises NoNodeError: the record does not exist (callers map it to their own error).
+    :raises OutcomeUnknownError: an answer was lost and the record could not be re-read.
+    :raises MetadataError: ``max_conflicts`` conflicts in a row.
+    """
+    what = what or f"update of {path}"
+    conflicts = unknowns = 0
+    in_doubt: tuple[bytes, int] | None = None       # (bytes, version) of a lost answer
+    current = start
+    while True:
+        if current is None:
+            data, version = _read(store, path, settle=in_doubt is not None, what=what)
+            if in_doubt is not None and (data, version) == (in_doubt[0], in_doubt[1] + 1):
+                log.info("%s: the write whose answer was lost had been applied", what)
+                return Updated(decode(data), version, True)
+            value = decode(data)
+        else:
+            value, version = current
+            current = None
+        if done is not None and done(value):
+            return Updated(value, version, True)
+        try:
+            new_value = transform(value)
+        except NoChange:
+            return Updated(value, version, False)
+        data = encode(new_value)
+        try:
+            new_version = store.set(path, data, version=version)
+            return Updated(new_value, new_version, True)
+        except BadVersionError:
+            conflicts += 1
+            if conflicts > max_conflicts:
+                raise MetadataError(f"{what}: {conflicts} conflicting concurrent changes in a "
+                                    "row; gave up (retry later)") from None
+            if conflicts > 3:
+                time.sleep(random.uniform(0, min(0.2, 0.005 * conflicts)))
+        except MetadataConnectionError as exc:
+            unknowns += 1
+            in_doubt = (data, version)
+            log.info("%s: answer lost (%s); re-reading to find out whether it was applied",
+                     what, exc)
+            if unknowns > MAX_UNKNOWN:
+                raise OutcomeUnknownError(
+                    f"{what}: {unknowns} answers lost in a row; whether the last write was "
+                    f"applied is unknown: {exc}") from exc
+
+
+def _read(store, path, *, settle: bool, what: str) -> tuple[bytes, int]:
+    try:
+        if settle:
+            store.sync(path)
+        return store.get(path)
+    except MetadataConnectionError as exc:
+        if settle:
+            raise OutcomeUnknownError(
+                f"{what}: the answer to a write was lost and {path} cannot be re-read, so "
+                f"whether the write was applied is unknown (retry once the metadata store "
+                f"answers): {exc}") from exc
+        raise
+
+
+def settled_read(store: MetadataStore, path: str) -> tuple[bytes, int]:
+    """``(data, version)`` of ``path`` read after :meth:`MetadataStore.sync`: it reflects every
+    write the store committed before this call (on ZooKeeper, also those committed through
+    another server than the one this client is connected to)."""
+    store.sync(path)
+    return store.get(path)
+
+
+def prove_absent(store: MetadataStore, path: str, names: Callable[[bytes], Iterable[Any]],
+                 candidates: Iterable[Any], *, what: str = "") -> set:
+    """Which of ``candidates`` the record at ``path`` does not name, for good.
+
+    Reads the record after a sync; when some candidates are absent, compare-and-sets the same
+    bytes at the version read: once that succeeds, no write issued before (a lost answer's
+    included, whose version check can no longer pass) can put them there, and nothing adds
+    an existing resource to a record later. Conflicts re-read. A missing record names nothing.
+
+    :raises MetadataConnectionError: the store did not answer; decide nothing.
+    """
+    candidates = set(candidates)
+    if not candidates:
+        return set()
+    what = what or f"proof of absence in {path}"
+    for _ in range(MAX_CONFLICTS):
+        try:
+            data, version = settled_read(store, path)
+        except NoNodeError:
+            return candidates
+        absent = candidates - set(names(data))
+        if not absent:
+            return absent
+        try:
+            store.set(path, data, version=version)
+            return absent
+        except BadVersionError:
+            continue
+        except NoNodeError:
+            return candidates
+    raise MetadataError(f"{what}: the record kept changing; decided nothing")
