@@ -38,11 +38,16 @@ CHAOS_STORE ?= both
 CHAOS_RUN_SECONDS ?= 60
 CHAOS_KILLS ?= 300
 CHAOS_REPORT ?= chaos-report.json
+# the multi-host campaign (network namespaces: needs root, iproute2 and nftables)
+CHAOS_MULTIHOST_SECONDS ?= 600
+CHAOS_MULTIHOST_REPORT ?= chaos-multihost.json
 
 chaos: build
 	$(PYTHON) -m bkspark.testing.faults --seed $(CHAOS_SEED) --duration $(CHAOS_DURATION) \
 		--store $(CHAOS_STORE) --run-seconds $(CHAOS_RUN_SECONDS) \
 		--crash-kills $(CHAOS_KILLS) --quiet --report $(CHAOS_REPORT)
+	$(PYTHON) -m bkspark.testing.faults multihost --seed $(CHAOS_SEED) \
+		--duration $(CHAOS_MULTIHOST_SECONDS) --report $(CHAOS_MULTIHOST_REPORT)
 
 clean:
 	rm -rf build *.egg-info bkspark/_native*.so

@@ -3,7 +3,10 @@
 Used by ``bkspark localcluster``, by the examples and by tests. Each bookie is a real
 ``python -m bkspark.bookie`` subprocess on a free loopback port with its own journal and
 ledger directory under ``data_dir``; restarting bookie ``i`` reuses its directories and
-port, so it comes back with the same identity (and cookie).
+port, so it comes back with the same identity (and cookie). ``placement`` puts bookies on
+other addresses: each on a host of its own (a launcher such as ``ip netns exec <host>``,
+see :mod:`bkspark.testing.netns`, with BookKeeper's usual ports there) or on another local
+address.
 
 While a local cluster runs, ``~/.bkspark/localcluster.json`` (or ``$BKSPARK_HOME``) names
 its metadata URI so that clients and the Spark connector can find it without options.
@@ -102,23 +105,41 @@ def _sqlite_write_locked(metadata_uri: str) -> bool:
         conn.close()
 
 
-class BookieProcess:
-    """One bookie subprocess with fixed directories and port."""
+#: a bookie's ports on a host of its own (BookKeeper's defaults: bookie port, HTTP admin)
+HOST_PORTS = (3181, 8000)
 
-    def __init__(self, index: int, metadata_uri: str, data_dir: str, extra_args: list[str]):
+
+class BookieProcess:
+    """One bookie subprocess with fixed directories, address and port.
+
+    ``address``: where it listens and what it advertises (its id is ``address:port``);
+    ``launcher``: argv prefix that starts it on a host of its own (then the ports are
+    :data:`HOST_PORTS`, free on a fresh host), else free ports of ``address`` are chosen."""
+
+    def __init__(self, index: int, metadata_uri: str, data_dir: str, extra_args: list[str],
+                 address: str = "127.0.0.1", launcher: list[str] | None = None,
+                 listen_all: bool = False):
         self.index = index
         self.ever_ready = False
-        self.port = free_port()
-        self.http_port = free_port()
-        self.bookie_id = f"127.0.0.1:{self.port}"
+        self.address = address
+        self.listen_address = "0.0.0.0" if listen_all else address
+        self.launcher = list(launcher or [])
+        self.port, self.http_port = self._ports()
+        self.bookie_id = f"{address}:{self.port}"
         self.dir = os.path.join(data_dir, f"bookie-{index}")
         self.metadata_uri = metadata_uri
         self.extra_args = list(extra_args)
         self.proc: subprocess.Popen | None = None
         self.log_path = os.path.join(self.dir, "bookie.log")
 
+    def _ports(self) -> tuple[int, int]:
+        if self.launcher:
+            return HOST_PORTS
+        return free_port(self.address), free_port(self.address)
+
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "bkspark.bookie", "--metadata", self.metadata_uri,
+        return [*self.launcher, sys.executable, "-m", "bkspark.bookie",
+                "--metadata", self.metadata_uri, "--listen-address", self.listen_address,
                 "--port", str(self.port), "--http-port", str(self.http_port),
                 "--journal-dir", os.path.join(self.dir, "journal"),
                 "--ledger-dirs", os.path.join(self.dir, "ledgers"), *self.extra_args]
@@ -128,8 +149,8 @@ class BookieProcess:
         ports were taken by another process between choosing and binding them)."""
         assert not self.ever_ready and not self.alive
         shutil.rmtree(self.dir, ignore_errors=True)
-        self.port, self.http_port = free_port(), free_port()
-        self.bookie_id = f"127.0.0.1:{self.port}"
+        self.port, self.http_port = self._ports()
+        self.bookie_id = f"{self.address}:{self.port}"
 
     def start(self) -> None:
         os.makedirs(self.dir, exist_ok=True)
@@ -163,22 +184,33 @@ class BookieProcess:
 
 
 class LocalCluster:
-    """N bookies on loopback against ``metadata_uri`` (default: an embedded SQLite store).
+    """N bookies against ``metadata_uri`` (default: an embedded SQLite store), on loopback
+    unless ``placement(i) -> (address, launcher)`` places bookie ``i`` elsewhere.
 
     ``extra_args`` are passed to every bookie (e.g. ``["--fault-injection"]``).
+    ``listen_all``: bookies listen on ``0.0.0.0`` and advertise the address the bookie finds
+    for its host (which must be the placement's address), as a deployment without
+    ``--advertised-address`` does.
     """
 
     def __init__(self, metadata_uri: str | None = None, num_bookies: int = 3,
                  data_dir: str = "./data", extra_args: list[str] | None = None,
-                 start_timeout: float = 60.0, publish: bool = False):
+                 start_timeout: float = 60.0, publish: bool = False, placement=None,
+                 listen_all: bool = False):
         self.data_dir = os.path.abspath(data_dir)
         os.makedirs(self.data_dir, exist_ok=True)
         self.metadata_uri = metadata_uri or f"sqlite:///{os.path.join(self.data_dir, 'metadata.db')}"
         self.extra_args = list(extra_args or [])
         self.start_timeout = start_timeout
         self.publish = publish
-        self.bookies = [BookieProcess(i, self.metadata_uri, self.data_dir, self.extra_args)
-                        for i in range(num_bookies)]
+        self.placement = placement or (lambda i: ("127.0.0.1", []))
+        self.listen_all = listen_all
+        self.bookies = [self._bookie(i) for i in range(num_bookies)]
+
+    def _bookie(self, i: int) -> BookieProcess:
+        address, launcher = self.placement(i)
+        return BookieProcess(i, self.metadata_uri, self.data_dir, self.extra_args,
+                             address=address, launcher=launcher, listen_all=self.listen_all)
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -227,7 +259,7 @@ class LocalCluster:
                 pass
 
     def add_bookie(self, wait: bool = True) -> int:
-        bookie = BookieProcess(len(self.bookies), self.metadata_uri, self.data_dir, self.extra_args)
+        bookie = self._bookie(len(self.bookies))
         self.bookies.append(bookie)
         bookie.start()
         if wait:
@@ -297,7 +329,7 @@ class LocalCluster:
                     continue
                 raise BKError(f"bookie {bookie.bookie_id} exited with {bookie.proc.returncode}:\n"
                               + tail)
-            if bookie_state(bookie.http_port).get("registeredAs"):
+            if bookie_state(bookie.http_port, bookie.address).get("registeredAs"):
                 bookie.ever_ready = True
                 return
             time.sleep(0.1)
@@ -305,11 +337,12 @@ class LocalCluster:
                       + bookie.log_tail())
 
 
-def bookie_state(http_port: int) -> dict:
+def bookie_state(http_port: int, address: str = "127.0.0.1") -> dict:
     """The bookie's /api/v1/bookie/state document, or {} if it does not answer."""
     import urllib.request
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/api/v1/bookie/state", timeout=1) as r:
+        with urllib.request.urlopen(f"http://{address}:{http_port}/api/v1/bookie/state",
+                                    timeout=1) as r:
             return json.loads(r.read())
     except (OSError, ValueError, http.client.HTTPException):
         return {}   # not up yet, or another server holds the port (the bookie then exits)

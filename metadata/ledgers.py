@@ -107,6 +107,7 @@ def _decode(ledger_id: int, data: bytes) -> LedgerMetadata:
 
 def update_ledger(store: MetadataStore, ledger_id: int,
                   transform: Callable[[LedgerMetadata], LedgerMetadata], *,
+                  done: Callable[[LedgerMetadata], bool] | None = None,
                   start: tuple[LedgerMetadata, int] | None = None, what: str = ""
                   ) -> Updated[LedgerMetadata]:
     """Change a ledger's metadata through the metadata update loop (:func:`update_record`):
@@ -120,7 +121,7 @@ def update_ledger(store: MetadataStore, ledger_id: int,
         return update_record(store, ledger_path(ledger_id),
                              decode=lambda data: _decode(ledger_id, data),
                              encode=lambda md: md.serialize(), transform=transform,
-                             start=start, what=what or f"ledger {ledger_id}")
+                             done=done, start=start, what=what or f"ledger {ledger_id}")
     except NoNodeError:
         raise NoSuchLedgerError(f"no such ledger: {ledger_id}") from None
 

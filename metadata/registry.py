@@ -171,5 +171,19 @@ def write_cookie(store: MetadataStore, bookie_id: str, cookie: dict,
     return store.set(path, data, version=version)
 
 
+def bookie_address(store: MetadataStore, bookie_id: str) -> str | None:
+    """Where ``bookie_id`` serves: its registration's address, else (while it is down) the
+    address its cookie recorded at its last start; None if neither says."""
+    for readonly in (False, True):
+        info = list_bookies(store, readonly=readonly).get(bookie_id)
+        if isinstance(info, dict) and info.get("address"):
+            return info["address"]
+    try:
+        cookie, _ = read_cookie(store, bookie_id)
+    except NoNodeError:
+        return None
+    return cookie.get("address") or None
+
+
 def delete_cookie(store: MetadataStore, bookie_id: str, version: int = -1) -> None:
     store.delete(cookie_path(check_bookie_id(bookie_id)), version=version)

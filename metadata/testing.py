@@ -1,7 +1,10 @@
 """Test harness for code that uses the metadata layer (modelled on ``kazoo.testing``).
 
 * :class:`ZooKeeperServer` runs a real standalone ZooKeeper from the jars of Debian's
-  ``zookeeper`` package on a free loopback port in a temporary directory.
+  ``zookeeper`` package on a free port of any local address (loopback by default) in a
+  temporary directory, optionally through a launcher (``ip netns exec <host>``: a server on
+  a test host of its own, see :mod:`bkspark.testing.netns`).
+* :class:`ZooKeeperEnsemble` runs a quorum of such servers (3 by default).
 * :func:`expire_session` and :func:`drop_connection` inject session faults into an open store
   (ZooKeeper or SQLite).
 * The ``*_worker`` functions are multiprocessing targets used by the contract suite (they
@@ -64,15 +67,23 @@ def _die_with_parent():  # pragma: no cover - runs in the child between fork and
 
 
 class ZooKeeperServer:
-    """A standalone ZooKeeper server process for tests.
+    """A ZooKeeper server process for tests: standalone, or one member of an ensemble.
 
+    :param host: the address it listens on for clients (and, in an ensemble, for its peers).
+    :param launcher: argv prefix the server is started through (e.g. ``ip netns exec ns``).
     :param tick_time: ms; sessions can be as short as 2 ticks (min session timeout).
+    :param quorum: ``(my_id, {id: (host, client_port, peer_port, election_port)})`` for a
+        member of an ensemble (see :class:`ZooKeeperEnsemble`).
     """
 
     def __init__(self, port: int | None = None, tick_time: int = 500,
                  max_session_timeout: int = 60000, java: str | None = None,
-                 start_timeout: float = 30.0):
+                 start_timeout: float = 30.0, host: str = "127.0.0.1",
+                 launcher: list[str] | None = None, quorum: tuple | None = None):
         self.port = port
+        self.host = host
+        self.launcher = list(launcher or [])
+        self.quorum = quorum
         self.tick_time = tick_time
         self.max_session_timeout = max_session_timeout
         self.java = java or shutil.which("java")
@@ -82,10 +93,10 @@ class ZooKeeperServer:
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def uri(self, root: str = "/") -> str:
-        """``zk://127.0.0.1:<port><root>``."""
+        """``zk://<host>:<port><root>``."""
         return f"zk://{self.address}{root}"
 
     @property
@@ -99,7 +110,7 @@ class ZooKeeperServer:
             raise ZooKeeperUnavailable("java not found on PATH (ZooKeeper needs Java 17)")
         classpath = zookeeper_classpath()
         if self.port is None:
-            self.port = free_port()
+            self.port = free_port(self.host)
         if self.dir is None:  # else: a restart after stop(cleanup=False) keeps the data
             self.dir = tempfile.mkdtemp(prefix="bkspark-zk-")
         data_dir = os.path.join(self.dir, "data")
@@ -109,40 +120,64 @@ class ZooKeeperServer:
             f.write(f"tickTime={self.tick_time}\n"
                     f"dataDir={data_dir}\n"
                     f"clientPort={self.port}\n"
-                    "clientPortAddress=127.0.0.1\n"
+                    f"clientPortAddress={self.host}\n"
                     "admin.enableServer=false\n"
                     f"maxSessionTimeout={self.max_session_timeout}\n"
                     "maxClientCnxns=0\n"
                     "4lw.commands.whitelist=ruok,stat,srvr,cons\n")
+            if self.quorum is not None:
+                my_id, members = self.quorum
+                f.write("initLimit=10\nsyncLimit=4\n")
+                for sid, (h, _cport, peer, election) in sorted(members.items()):
+                    f.write(f"server.{sid}={h}:{peer}:{election}\n")
+                with open(os.path.join(data_dir, "myid"), "w") as idf:
+                    idf.write(f"{my_id}\n")
         self.log_path = os.path.join(self.dir, "zookeeper.log")
         with open(self.log_path, "wb") as logf:
             self.proc = subprocess.Popen(
-                [self.java, "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+                [*self.launcher, self.java, "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
                  "-Dzookeeper.jmx.log4j.disable=true",
-                 "-cp", classpath, "org.apache.zookeeper.server.ZooKeeperServerMain", cfg],
+                 "-cp", classpath,
+                 "org.apache.zookeeper.server." + ("quorum.QuorumPeerMain" if self.quorum
+                                                   else "ZooKeeperServerMain"), cfg],
                 stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True, preexec_fn=_die_with_parent)
-        deadline = time.monotonic() + self.start_timeout
+        if self.quorum is not None:
+            return self     # an ensemble member serves once a quorum is up: see the ensemble
+        self.wait_serving()
+        return self
+
+    def wait_serving(self, timeout: float | None = None) -> None:
+        """Wait until the server answers clients (standalone, or leader/follower)."""
+        deadline = time.monotonic() + (timeout or self.start_timeout)
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 tail = self._log_tail()
                 self._cleanup()
                 raise ZooKeeperUnavailable(f"ZooKeeper exited with {self.proc.returncode}:\n{tail}")
-            if self._ruok():
-                return self
+            if self.mode() in ("standalone", "leader", "follower"):
+                return
             time.sleep(0.1)
         tail = self._log_tail()
         self.stop()
         raise ZooKeeperUnavailable(
             f"ZooKeeper did not serve on {self.address} within {self.start_timeout:g}s:\n{tail}")
 
-    def _ruok(self) -> bool:
+    def mode(self) -> str | None:
+        """``standalone``, ``leader`` or ``follower`` while serving clients, else None (the
+        ``srvr`` four-letter word)."""
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=1.0) as s:
-                s.sendall(b"ruok")
-                return s.recv(16) == b"imok"
+            with socket.create_connection((self.host, self.port), timeout=1.0) as s:
+                s.sendall(b"srvr")
+                reply = b""
+                while chunk := s.recv(4096):
+                    reply += chunk
         except OSError:
-            return False
+            return None
+        for line in reply.decode(errors="replace").splitlines():
+            if line.startswith("Mode:"):
+                return line.split(":", 1)[1].strip()
+        return None
 
     def _log_tail(self, n: int = 4000) -> str:
         try:
@@ -178,6 +213,60 @@ class ZooKeeperServer:
         return self.start()
 
     def __exit__(self, *exc):
+        self.stop()
+
+
+class ZooKeeperEnsemble:
+    """A quorum of :class:`ZooKeeperServer` processes (``size`` servers, 3 by default).
+
+    ``hosts``: one ``(address, launcher)`` per server (default: loopback, no launcher, free
+    ports); servers on hosts of their own use ZooKeeper's usual ports 2181/2888/3888.
+    ``uri(root)`` names every server, as clients of a real ensemble do.
+    """
+
+    def __init__(self, size: int = 3, hosts: list[tuple[str, list[str]]] | None = None,
+                 tick_time: int = 500, max_session_timeout: int = 60000):
+        hosts = hosts or [("127.0.0.1", [])] * size
+        members = {}
+        for sid, (host, launcher) in enumerate(hosts, start=1):
+            ports = (2181, 2888, 3888) if launcher else (free_port(host), free_port(host),
+                                                          free_port(host))
+            members[sid] = (host, *ports)
+        self.servers = [
+            ZooKeeperServer(port=members[sid][1], host=host, launcher=launcher,
+                            tick_time=tick_time, max_session_timeout=max_session_timeout,
+                            quorum=(sid, members))
+            for sid, (host, launcher) in enumerate(hosts, start=1)]
+
+    @property
+    def hosts_string(self) -> str:
+        return ",".join(s.address for s in self.servers)
+
+    def uri(self, root: str = "/") -> str:
+        return f"zk://{self.hosts_string}{root}"
+
+    def start(self) -> "ZooKeeperEnsemble":
+        try:
+            for server in self.servers:
+                server.start()
+            for server in self.servers:
+                server.wait_serving()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def leader(self) -> ZooKeeperServer | None:
+        return next((s for s in self.servers if s.running and s.mode() == "leader"), None)
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+    def __enter__(self) -> "ZooKeeperEnsemble":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
         self.stop()
 
 
@@ -401,7 +490,8 @@ def ephemeral_then_die_worker(uri: str, path: str, session_timeout: float) -> No
     os._exit(0)
 
 
-__all__ = ["ZooKeeperServer", "ZooKeeperUnavailable", "expire_session", "drop_connection",
+__all__ = ["ZooKeeperServer", "ZooKeeperEnsemble", "ZooKeeperUnavailable", "expire_session",
+           "drop_connection",
            "lost_answers",
            "zookeeper_classpath", "free_port", "unique_root", "require_all", "skip_or_fail"]
 

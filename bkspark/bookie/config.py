@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import configparser
 import dataclasses
+import logging
 import os
 from dataclasses import dataclass, field
 
+from bkspark.bookie.netaddr import WILDCARDS, routable_address
 from bkspark.errors import BadRequestError
 
 
@@ -19,7 +21,8 @@ class BookieConfig:
     metadata_uri: str = ""
     bookie_id: str = ""                 # default: "<advertised_address>:<port>"
     listen_address: str = "127.0.0.1"
-    advertised_address: str = ""        # default: listen_address (or 127.0.0.1 for 0.0.0.0)
+    advertised_address: str = ""        # default: listen_address; for 0.0.0.0 the address of
+                                        # the default route's interface (see netaddr)
     port: int = 3181
     data_port: int = 0                  # adds/range reads over TCP frames; 0 = any free port,
                                         # -1 = none (clients then stream adds over gRPC)
@@ -76,8 +79,13 @@ class BookieConfig:
         if not (-1 <= self.data_port < 65536):
             raise BadRequestError(f"data_port must be -1, 0 or a port number, got {self.data_port}")
         if not self.advertised_address:
-            self.advertised_address = ("127.0.0.1" if self.listen_address in ("0.0.0.0", "::", "")
-                                       else self.listen_address)
+            if self.listen_address in WILDCARDS:
+                self.advertised_address, why = routable_address()
+                logging.getLogger("bkspark.bookie").info(
+                    "listening on all interfaces; advertising %s (%s); set "
+                    "--advertised-address to choose another", self.advertised_address, why)
+            else:
+                self.advertised_address = self.listen_address
         if not self.bookie_id:
             self.bookie_id = f"{self.advertised_address}:{self.port}"
         if self.compaction_rate_mb_per_s < 0:

@@ -27,6 +27,10 @@ def expected_cookie(config, instance_id: str) -> dict:
             "ledger_dirs": [os.path.abspath(d) for d in config.ledger_dirs]}
 
 
+def _address(config) -> str:
+    return f"{config.advertised_address}:{config.port}"
+
+
 def _read_local(directory: str) -> dict | None:
     path = os.path.join(directory, COOKIE_FILE)
     try:
@@ -63,6 +67,10 @@ def _differences(found: dict, expected: dict) -> list[str]:
 def validate_or_create(store, config) -> dict:
     """Check the cookies of every directory and of the metadata store; create them on first start.
 
+    The metadata store's cookie also records the bookie's advertised address (``address``,
+    updated when it changes; not part of the identity check), so that clients can resolve a
+    bookie whose id is not its address while it is down.
+
     Raises CookieMismatchError with a message naming the directory and the field that differ.
     """
     instance_id = registry.instance_id(store)
@@ -92,6 +100,14 @@ def validate_or_create(store, config) -> dict:
                 f"bookie {config.bookie_id} is known to the cluster but directories {missing} have "
                 "no cookie: its disks were replaced or emptied. Entries it acknowledged are gone; "
                 "decommission the bookie (bkspark shell decommission) before reusing its id")
+        if remote.get("address") != _address(config):
+            try:
+                registry.write_cookie(store, config.bookie_id,
+                                      dict(remote, address=_address(config)), version=version)
+            except BadVersionError:
+                raise CookieMismatchError(
+                    f"cookie of {config.bookie_id} changed while this bookie started: is it "
+                    "already running elsewhere?") from None
         return expected
     if len(missing) != len(directories):
         raise CookieMismatchError(
@@ -99,7 +115,8 @@ def validate_or_create(store, config) -> dict:
             f"{config.bookie_id} but the metadata store has none: wrong cluster or wiped metadata; "
             "refusing to start")
     try:
-        registry.write_cookie(store, config.bookie_id, expected, version=None)
+        registry.write_cookie(store, config.bookie_id, dict(expected, address=_address(config)),
+                              version=None)
     except (NodeExistsError, BadVersionError):
         raise CookieMismatchError(f"another bookie registered cookie {config.bookie_id} concurrently") from None
     for directory in directories:

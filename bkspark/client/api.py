@@ -160,14 +160,12 @@ class BookKeeper:
 
     def _resolve_address(self, bookie_id: str) -> str:
         info = self._bookie_cache[1].get(bookie_id)
-        if info is None:
-            try:
-                info = _registry.list_bookies(self.store).get(bookie_id)
-                if info is None:
-                    info = _registry.list_bookies(self.store, readonly=True).get(bookie_id)
-            except errors.BKError:
-                info = None
         addr = info.get("address") if isinstance(info, dict) else None
+        if not addr:
+            try:
+                addr = _registry.bookie_address(self.store, bookie_id)
+            except errors.BKError:
+                addr = None
         return addr or bookie_id
 
     # ---- metadata helpers ----------------------------------------------------------------------

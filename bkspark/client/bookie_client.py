@@ -45,6 +45,7 @@ log = logging.getLogger("bkspark.client.bookie")
 MAX_BATCH_BYTES = 2 << 20            # one AddBatch message carries at most ~2 MiB
 MAX_RESPONSE_BYTES = 256 << 20       # largest frame accepted from a bookie
 DATA_CONNECT_TIMEOUT = 10.0          # GetBookieInfo + connect + hello of an add stream
+CONNECT_ATTEMPT = 1.0                # one TCP connect attempt (a new SYN after this long)
 MAX_IDLE_READS = 4                   # data-port connections kept for later range reads
 GRPC_ADD_LINGER = 0.002              # spacing of add messages over gRPC (~0.3 ms CPU each)
 _CHANNEL_OPTIONS = [
@@ -336,6 +337,23 @@ def _joined(messages):
         yield b"".join(parts)
 
 
+def _connect(host: str, port: int, timeout: float) -> socket.socket:
+    """Connect within ``timeout`` by attempts of at most :data:`CONNECT_ATTEMPT` seconds.
+
+    One ``connect`` whose SYNs are dropped (a partition) retransmits them at growing
+    intervals (1, 2, 4 s...), so once the path heals it may wait seconds for its next SYN;
+    a fresh attempt sends one at once."""
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        try:
+            return socket.create_connection((host, port),
+                                            timeout=max(0.05, min(CONNECT_ATTEMPT, remaining)))
+        except (socket.timeout, TimeoutError):     # refused and the like fail at once
+            if deadline - time.monotonic() <= 0:
+                raise
+
+
 def _idle_and_open(sock: socket.socket) -> bool:
     """False if the peer closed an idle connection (or sent something unasked)."""
     if isinstance(sock, ssl.SSLSocket):
@@ -420,7 +438,7 @@ class BookieClient:
 
     def _connect_data_port(self, data_port: int) -> socket.socket:
         host = self.address.rsplit(":", 1)[0].strip("[]")
-        sock = socket.create_connection((host, data_port), timeout=DATA_CONNECT_TIMEOUT)
+        sock = _connect(host, data_port, DATA_CONNECT_TIMEOUT)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.tls is not None:

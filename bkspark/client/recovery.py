@@ -73,6 +73,7 @@ from bkspark import errors
 from bkspark.errors import (BKError, DigestMismatchError, LedgerRecoveryError,
                             NotEnoughBookiesError, UnauthorizedError)
 from metadata.ledger_metadata import LedgerState
+from metadata.update import NoChange
 
 from . import placement, quorum, wire
 from .digest import DigestManager, master_key
@@ -131,6 +132,10 @@ class _Outcome:
             self._send(b)
 
 
+class _Changed(Exception):
+    """The ledger's metadata changed under a recovery (another recoverer or client)."""
+
+
 class LedgerRecovery:
     """One recovery attempt of one ledger (see the module docstring)."""
 
@@ -158,18 +163,16 @@ class LedgerRecovery:
                     with_segments = md
                     for first, bookies in segments:
                         with_segments = with_segments.with_ensemble(first, bookies)
-                    version = self.bk._write_md(with_segments, version)
-                    md = with_segments
+                    md, version = self._replace(md, version, with_segments)
                     log.info("ledger %d: recovery ensemble change published: %s (still "
                              "IN_RECOVERY)", self.ledger_id,
                              ", ".join(f"{bookies} from entry {first}"
                                        for first, bookies in segments))
-                closed = md.with_closed(last, length)
-                version = self.bk._write_md(closed, version)
+                md, version = self._replace(md, version, md.with_closed(last, length))
                 log.info("ledger %d recovered: closed at entry %d (length %d)",
                          self.ledger_id, last, length)
-                return closed, version
-            except errors.BadVersionError:
+                return md, version
+            except _Changed:
                 md, version = self.bk._read_md(self.ledger_id)
                 if md.state is LedgerState.CLOSED:
                     log.info("ledger %d: closed concurrently by another client at entry %d "
@@ -182,16 +185,30 @@ class LedgerRecovery:
         raise LedgerRecoveryError(f"ledger {self.ledger_id}: recovery kept conflicting "
                                   "with concurrent metadata changes; retry later")
 
+    def _replace(self, base, version: int, new):
+        """Store ``new`` in place of ``base`` through the metadata update loop (a lost answer
+        is settled from the stored record); :class:`_Changed` if the record is no longer
+        ``base``: what this recovery decided rests on it, so it starts over."""
+        base_bytes = base.serialize()
+
+        def transform(current):
+            if current.serialize() != base_bytes:
+                raise _Changed()
+            return new
+
+        result = self.bk._update_md(self.ledger_id, transform, start=(base, version),
+                                    what=f"ledger {self.ledger_id}: recovery")
+        return result.value, result.version
+
     def _mark_in_recovery(self, md, version):
-        for _ in range(self.conf.metadata_retries):
-            if md.state is not LedgerState.OPEN:
-                return md, version
-            try:
-                new_md = md.with_in_recovery()
-                return new_md, self.bk._write_md(new_md, version)
-            except errors.BadVersionError:
-                md, version = self.bk._read_md(self.ledger_id)
-        raise LedgerRecoveryError(f"ledger {self.ledger_id}: could not mark IN_RECOVERY")
+        def transform(current):
+            if current.state is not LedgerState.OPEN:
+                raise NoChange()
+            return current.with_in_recovery()
+
+        result = self.bk._update_md(self.ledger_id, transform, start=(md, version),
+                                    what=f"ledger {self.ledger_id}: mark IN_RECOVERY")
+        return result.value, result.version
 
     # ---- fencing -----------------------------------------------------------------------------
     def fence(self, md) -> int:

@@ -42,8 +42,8 @@ from bkspark.client import quorum, wire
 from bkspark.client.digest import DigestManager, master_key
 from bkspark.client.placement import choose_replacement
 from bkspark.client.recovery import LedgerRecovery, _WriteBack
-from bkspark.errors import (BadVersionError, BKError, DigestMismatchError, NotEnoughBookiesError,
-                            ReplicationError)
+from bkspark.errors import (BKError, DigestMismatchError, MetadataConnectionError, MetadataError,
+                            NotEnoughBookiesError, ReplicationError)
 from bkspark.proto import bookie_pb2 as pb
 from metadata import ledgers as ledger_store
 from metadata import registry
@@ -353,9 +353,15 @@ class LedgerReplicator:
         return n, nbytes, md
 
     def _swap(self, ledger_id: int, frag: Fragment, index: int, old: str, new: str):
-        """CAS ``new`` into the fragment's metadata; re-read and re-check on conflicts."""
-        for _ in range(64):
-            md, version = ledger_store.read_ledger(self.store, ledger_id)
+        """CAS ``new`` into the fragment's metadata (the metadata update loop: re-read and
+        re-check on conflicts; a lost answer is settled from the stored record)."""
+
+        def swapped(md) -> bool:
+            now = fragments(md)
+            return (frag.segment < len(now) and now[frag.segment].first == frag.first
+                    and now[frag.segment].ensemble[index] == new)
+
+        def transform(md):
             now = fragments(md)
             if frag.segment >= len(now) or now[frag.segment].first != frag.first:
                 raise _Conflict(f"fragment at entry {frag.first} changed")
@@ -368,13 +374,16 @@ class LedgerReplicator:
                                 f"not {frag.last}")
             if new in cur.ensemble:
                 raise _Conflict(f"{new} joined fragment {frag.first} meanwhile")
-            new_md = md.with_replaced_bookie(frag.first, index, new)
-            try:
-                ledger_store.write_ledger(self.store, new_md, version)
-                return new_md
-            except BadVersionError:
-                continue
-        raise ReplicationError(f"{frag}: metadata update kept conflicting")
+            return md.with_replaced_bookie(frag.first, index, new)
+
+        try:
+            return ledger_store.update_ledger(
+                self.store, ledger_id, transform, done=swapped,
+                what=f"ledger {ledger_id}: fragment {frag.first} member {index}").value
+        except MetadataError as exc:
+            if isinstance(exc, MetadataConnectionError):
+                raise
+            raise ReplicationError(f"{frag}: metadata update failed: {exc}") from exc
 
     # ---- copying entries ----------------------------------------------------------------
     def _copy(self, md, frag: Fragment, index: int, target: str, entries: list[int],

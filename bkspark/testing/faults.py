@@ -1095,6 +1095,9 @@ def main(argv=None) -> int:
     if argv and argv[0] == "crash":
         from bkspark.testing.crash import main as crash_main
         return crash_main(argv[1:])
+    if argv and argv[0] == "multihost":
+        from bkspark.testing.multihost import main as multihost_main
+        return multihost_main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m bkspark.testing.faults",
                                 description="randomized fault runs with an invariant checker "
                                             "(subcommand 'crash': bookie crash campaign)")

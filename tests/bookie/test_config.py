@@ -56,3 +56,26 @@ def test_flags_override_file(tmp_path):
     assert config.port == 4000 and config.bookie_id == "127.0.0.1:4000"
     assert config.ledger_dirs == ["/a", "/b"]
     assert config.journal_sync is False
+
+
+# ---- the address a bookie on 0.0.0.0 advertises ----------------------------------------------
+
+def test_wildcard_listen_advertises_the_default_route_interface():
+    from bkspark.bookie.netaddr import routable_address
+    address, why = routable_address({"lo": "127.0.0.1", "eth0": "10.77.0.3", "eth1": "10.9.0.1"},
+                                    "eth0")
+    assert address == "10.77.0.3" and "eth0" in why
+
+
+def test_wildcard_listen_takes_the_only_address_besides_loopback():
+    from bkspark.bookie.netaddr import routable_address
+    assert routable_address({"lo": "127.0.0.1", "eth0": "10.77.0.3"}, None)[0] == "10.77.0.3"
+
+
+@pytest.mark.parametrize("addresses", [{"lo": "127.0.0.1"},
+                                       {"lo": "127.0.0.1", "a": "10.1.0.1", "b": "10.2.0.1"}],
+                         ids=["loopback-only", "ambiguous"])
+def test_wildcard_listen_refuses_when_no_address_is_clear(addresses):
+    from bkspark.bookie.netaddr import routable_address
+    with pytest.raises(BadRequestError, match="--advertised-address"):
+        routable_address(addresses, None)

@@ -209,3 +209,22 @@ def test_cluster_that_cannot_start_leaves_no_bookie_running(tmp_path):
     with pytest.raises(errors.BKError, match="no-such-flag"):
         cluster.start_all()
     assert not any(b.alive for b in cluster.bookies)
+
+
+def test_custom_bookie_id_resolves_to_its_address_while_down(tmp_path):
+    """A bookie whose id is not its address: clients find its address in the metadata while
+    it runs (registration) and while it is down (the cookie records its last address), not
+    the bare id, which nothing can dial."""
+    from bkspark.client import BookKeeper
+    with BookieCluster(f"sqlite:///{tmp_path}/meta.db", num_bookies=1, data_dir=tmp_path,
+                       extra_args=["--bookie-id", "bookie-one"]) as c:
+        address = c.bookie_ids[0]
+        with BookKeeper(c.metadata_uri) as bk:
+            assert bk._resolve_address("bookie-one") == address
+            c.kill(0)
+            deadline = time.monotonic() + 30
+            while "bookie-one" in registry.list_bookies(bk.store):
+                assert time.monotonic() < deadline, "the dead bookie stayed registered"
+                time.sleep(0.2)
+            bk._bookie_cache = (0.0, {})
+            assert bk._resolve_address("bookie-one") == address

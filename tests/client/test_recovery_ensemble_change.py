@@ -212,13 +212,16 @@ def test_recoverer_dying_after_publishing_its_segment(c):
     without another ensemble change."""
     lid, ens = dead_writer_with_tail(c, 2, 2)
     with client(c) as rbk:
-        real_write = rbk._write_md
+        real_update = rbk._update_md
 
-        def write_md(md, version):
-            if md.state is LedgerState.CLOSED:
-                raise _Crash()
-            return real_write(md, version)
-        rbk._write_md = write_md
+        def update_md(ledger_id, transform, **kwargs):
+            def dies_before_closing(md):
+                new = transform(md)
+                if new.state is LedgerState.CLOSED:
+                    raise _Crash()
+                return new
+            return real_update(ledger_id, dies_before_closing, **kwargs)
+        rbk._update_md = update_md
         with pytest.raises(_Crash):
             rbk.open_ledger(lid, password=PW)
         md = rbk.ledger_metadata(lid)

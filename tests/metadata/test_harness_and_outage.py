@@ -37,6 +37,27 @@ def own_zookeeper(zookeeper):  # depends on the shared one only to skip/fail con
     server.stop()
 
 
+def test_zookeeper_ensemble_serves_through_the_loss_of_its_leader(zookeeper):
+    """The ensemble helper: three servers on loopback, clients name all three; the store
+    keeps working, CAS included, when the leader is killed."""
+    ensemble = mt.ZooKeeperEnsemble(3)
+    try:
+        ensemble.start()
+    except ZooKeeperUnavailable as e:
+        skip_or_fail(str(e))
+    try:
+        assert sorted(s.mode() for s in ensemble.servers) == ["follower", "follower", "leader"]
+        with open_store(ensemble.uri("/ens"), session_timeout=10) as store:
+            store.create("/n", b"0")
+            ensemble.leader().stop()
+            store.set("/n", b"1", version=0)
+            store.sync("/n")
+            assert store.get("/n") == (b"1", 1)
+            assert sum(s.running for s in ensemble.servers) == 2
+    finally:
+        ensemble.stop()
+
+
 def _port_open(port: int) -> bool:
     try:
         socket.create_connection(("127.0.0.1", port), timeout=0.5).close()

@@ -159,6 +159,19 @@ def test_closed_store_refuses_operations(store_factory):
     s.close()  # idempotent
     with pytest.raises(MetadataError):
         s.get("/")
+    with pytest.raises(MetadataError):
+        s.sync("/")
+
+
+def test_sync_then_read_sees_another_client_write(store_factory):
+    writer, reader = store_factory(), store_factory()
+    for i in range(20):
+        writer.create(f"/synced/n{i}", b"%d" % i)
+        reader.sync(f"/synced/n{i}")
+        assert reader.get(f"/synced/n{i}") == (b"%d" % i, 0)
+    reader.sync("/no/such/path")            # a path that does not exist is fine
+    with pytest.raises(BadRequestError):
+        reader.sync("relative")
 
 
 # ---- ephemerals and sessions -------------------------------------------------------------
