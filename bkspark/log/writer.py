@@ -62,6 +62,7 @@ class LogWriter:
         self._bytes = 0
         self._closed = False
         self._fenced: LogFencedError | None = None
+        self._roll_in_doubt = None              # a new ledger a roll may or may not have listed
         self.epoch = -1
         self._acquire()
 
@@ -143,7 +144,7 @@ class LogWriter:
                 raise errors.BadRequestError(f"log writer of {self.name} is closed")
             if self._fenced is not None:
                 raise self._fenced
-            if self._handle.failure is not None:
+            if self._handle.failure is not None or self._roll_in_doubt is not None:
                 self._repair()
             self._maybe_roll()
             handle = self._handle
@@ -172,11 +173,11 @@ class LogWriter:
         return self._fenced
 
     def _repair(self) -> None:
-        """The current ledger failed (cut off from bookies or metadata): settle what happened
-        from the metadata and continue in a new ledger, or raise (see the module docstring)."""
-        failure = self._handle.failure
-        log.info("log %s: ledger %d failed (%s); checking ownership", self.name,
-                 self._handle.ledger_id, failure)
+        """The current ledger failed (cut off from bookies or metadata), or a roll's outcome
+        is unknown: settle what happened from the metadata and continue in a new ledger, or
+        raise (see the module docstring)."""
+        log.info("log %s: ledger %d failed (%s) or a roll is in doubt; checking ownership",
+                 self.name, self._handle.ledger_id, self._handle.failure)
         self.roll()
 
     def _maybe_roll(self) -> None:
@@ -186,7 +187,9 @@ class LogWriter:
             self.roll()
 
     def roll(self) -> None:
-        """Close the current ledger and continue in a new one (one CAS)."""
+        """Close the current ledger and continue in a new one (one CAS). A roll whose outcome
+        stayed unknown (the metadata store did not answer) is retried by the next call with
+        the same new ledger, which is listed or not: the stored list decides."""
         with self._lock:
             if self._fenced is not None:
                 raise self._fenced
@@ -196,7 +199,8 @@ class LogWriter:
             except _LOST as exc:
                 raise self._lost(exc) from exc
             end = self._closed_end(old.ledger_id)
-            handle = self.logs.bk.create_ledger(**self.logs.ledger_options)
+            handle = self._roll_in_doubt or self.logs.bk.create_ledger(**self.logs.ledger_options)
+            self._roll_in_doubt = None
 
             def change(md):
                 ids = md.ledger_ids()
@@ -210,6 +214,9 @@ class LogWriter:
 
             try:
                 result = self.logs.update(self.name, change, done=listed)
+            except errors.MetadataConnectionError:
+                self._roll_in_doubt = handle        # listed or not: the next call settles it
+                raise
             except BaseException:
                 self._discard(handle)
                 raise
@@ -242,6 +249,9 @@ class LogWriter:
             if self._closed:
                 return
             self._closed = True
+            if self._roll_in_doubt is not None:     # deleted only if proven unlisted
+                self._discard(self._roll_in_doubt)
+                self._roll_in_doubt = None
             handle = self._handle
             try:
                 handle.close()

@@ -2,9 +2,10 @@
 
     python -m bkspark.testing.faults multihost --seed 7 --duration 120 --report mh.json
 
-A **deployment** (:class:`Deployment`) puts ZooKeeper, N bookies and two client hosts in
-network namespaces (:mod:`bkspark.testing.netns`), each with its own address: bookies listen
-on ``0.0.0.0`` and advertise their host's address; clients dial ``zk://<zk address>:2181/bk``.
+A **deployment** (:class:`Deployment`) puts a three-server ZooKeeper ensemble, N bookies and
+two client hosts in network namespaces (:mod:`bkspark.testing.netns`), each with its own
+address: bookies listen on ``0.0.0.0`` and advertise their host's address; clients dial
+``zk://<zk1>:2181,<zk2>:2181,<zk3>:2181/bk``.
 
 Client **workers** (processes on the client hosts, ``python -m bkspark.testing.multihost
 worker``) write to shared logs:
@@ -25,9 +26,11 @@ The **schedule** is a pure function of the seed. It starts with the seeds' split
 scenario across hosts (a writer's host is cut from ZooKeeper and every bookie for longer than
 the add timeout plus the session timeout, the other host takes the log over, the cut heals:
 the old writer must report ``LogFencedError``), then draws faults: symmetric cuts between a
-client and ZooKeeper or a bookie, ZooKeeper's answers to a client dropped (requests applied,
-answers lost), one-way drops and random loss between clients and bookies, a bookie cut from
-everything, and SIGKILL of bookies.
+client and ZooKeeper (every server, or one: the client reconnects to another) or a bookie,
+ZooKeeper's answers to a client dropped (requests applied, answers lost), a ZooKeeper server
+cut from its peers (it falls behind; its clients move to the others), one-way drops and
+random loss between clients and bookies, a bookie cut from everything, and SIGKILL of
+bookies.
 
 The **checker** reads both logs back from the observer (never cut off) and counts
 violations: ``acked-missing`` (an acknowledged payload is not in the log), ``duplicate`` (a
@@ -89,19 +92,19 @@ def worker_main(args) -> None:
     logs = LogStore(bk, password=PASSWORD, ensemble_size=3, write_quorum=2, ack_quorum=2)
     events.write("start", worker=args.worker)
     if args.mode == "stream":
-        _stream(logs, args.worker, events, stop, errors)
+        _stream(logs, args.log or STREAM_LOG, args.worker, events, stop, errors)
     else:
-        _commits(logs, bk, args.worker, events, stop, errors)
+        _commits(logs, bk, args.log or COMMIT_LOG, args.worker, events, stop, errors)
     events.write("done")
     os._exit(0)         # do not wait for a client stuck on a cut-off host
 
 
-def _stream(logs, worker, events, stop, errors) -> None:
+def _stream(logs, name, worker, events, stop, errors) -> None:
     writer, n = None, 0
     while not stop["now"]:
         if writer is None:
             try:
-                writer = logs.open_writer(STREAM_LOG, roll_bytes=400)
+                writer = logs.open_writer(name, roll_bytes=400)
                 events.write("owner", ledger=writer.ledger_id, epoch=writer.epoch)
             except errors.BKError as exc:
                 events.write("error", op="open", error=type(exc).__name__, msg=str(exc)[:200])
@@ -124,7 +127,7 @@ def _stream(logs, worker, events, stop, errors) -> None:
             time.sleep(0.2)
 
 
-def _commits(logs, bk, worker, events, stop, errors) -> None:
+def _commits(logs, bk, name, worker, events, stop, errors) -> None:
     sequence = 0
     while not stop["now"]:
         try:
@@ -132,7 +135,7 @@ def _commits(logs, bk, worker, events, stop, errors) -> None:
                                   password=PASSWORD)
             lh.append_many([f"{worker}:{sequence}:{i}".encode() for i in range(3)])
             lh.close()
-            applied = logs.append_ledgers(COMMIT_LOG, [lh.ledger_id], writer_id=worker,
+            applied = logs.append_ledgers(name, [lh.ledger_id], writer_id=worker,
                                           sequence=sequence)
             events.write("commit", sequence=sequence, ledger=lh.ledger_id, applied=applied)
             sequence += 1
@@ -146,22 +149,23 @@ def _commits(logs, bk, worker, events, stop, errors) -> None:
 # ---- the deployment ---------------------------------------------------------------------------
 
 class Deployment:
-    """ZooKeeper, ``num_bookies`` bookies and client hosts ``c0``, ``c1`` on a test network."""
+    """A ZooKeeper ensemble (``zk_servers`` hosts), ``num_bookies`` bookies and client hosts
+    ``c0``, ``c1`` on a test network."""
 
-    def __init__(self, workdir: str, num_bookies: int = 5):
+    def __init__(self, workdir: str, num_bookies: int = 5, zk_servers: int = 3):
         from bkspark.localcluster import LocalCluster
         from bkspark.testing.netns import Network
-        from metadata.testing import ZooKeeperServer
+        from metadata.testing import ZooKeeperEnsemble
         self.workdir = workdir
         self.net = Network()
         try:
-            self.zk_host = self.net.add_host("zk")
+            self.zk_hosts = [self.net.add_host(f"zk{i}") for i in range(zk_servers)]
             self.bookie_hosts = [self.net.add_host(f"b{i}") for i in range(num_bookies)]
             self.clients = [self.net.add_host("c0"), self.net.add_host("c1")]
-            self.zk = ZooKeeperServer(port=ZK_PORT, host=self.zk_host.address,
-                                      launcher=self.net.launcher(self.zk_host), tick_time=500)
+            self.zk = ZooKeeperEnsemble(hosts=[(h.address, self.net.launcher(h))
+                                               for h in self.zk_hosts])
             self.zk.start()
-            self.uri = f"zk://{self.zk_host.address}:{ZK_PORT}/bk"
+            self.uri = self.zk.uri("/bk")
             hosts = self.bookie_hosts
             self.cluster = LocalCluster(
                 self.uri, num_bookies, os.path.join(workdir, "bookies"),
@@ -193,8 +197,8 @@ class Deployment:
 
 # ---- faults -----------------------------------------------------------------------------------
 
-KINDS = ("zk_cut", "zk_answers_lost", "bookie_cut", "bookie_one_way", "bookie_lossy",
-         "bookie_isolated", "bookie_kill")
+KINDS = ("zk_cut", "zk_answers_lost", "zk_follower_behind", "bookie_cut", "bookie_one_way",
+         "bookie_lossy", "bookie_isolated", "bookie_kill")
 
 
 @dataclass
@@ -270,8 +274,9 @@ def _split_brain(dep, streams, result, say) -> None:
         time.sleep(0.05)            # cut s0 while it owns the log
     owner_before = _last_owner(streams)
     start = time.time()
-    say("split-brain: cutting c0 from zk and every bookie")
-    dep.net.cut(c0, dep.zk_host)
+    say("split-brain: cutting c0 from ZooKeeper and every bookie")
+    for z in dep.zk_hosts:
+        dep.net.cut(c0, z)
     for b in dep.bookie_hosts:
         dep.net.cut(c0, b)
     time.sleep(ADD_TIMEOUT + SESSION_TIMEOUT + 4.0)
@@ -304,13 +309,21 @@ def _random_fault(dep, rng, result, say) -> None:
     client = dep.clients[ci]
     bi = rng.randrange(len(dep.bookie_hosts))
     bookie = dep.bookie_hosts[bi]
+    zi = rng.randrange(len(dep.zk_hosts))
+    zk = dep.zk_hosts[zi]
     seconds = rng.uniform(1.0, 2 * (ADD_TIMEOUT + SESSION_TIMEOUT))
     start = time.time()
-    if kind == "zk_cut":
-        dep.net.cut(client, dep.zk_host)
+    if kind == "zk_cut":                # from every server, or from one (the client moves
+        for z in (dep.zk_hosts if rng.random() < 0.5 else [zk]):   # to another, maybe lagging)
+            dep.net.cut(client, z)
     elif kind == "zk_answers_lost":
         seconds = rng.uniform(1.0, 4.0)
-        dep.net.drop(dep.zk_host, client, sport=ZK_PORT)
+        for z in dep.zk_hosts:
+            dep.net.drop(z, client, sport=ZK_PORT)
+    elif kind == "zk_follower_behind":  # a server cut from its peers falls behind, and its
+        others = [z for z in dep.zk_hosts if z != zk]                   # clients move on
+        for z in others:
+            dep.net.cut(zk, z)
     elif kind == "bookie_cut":
         dep.net.cut(client, bookie)
     elif kind == "bookie_one_way":
@@ -322,11 +335,11 @@ def _random_fault(dep, rng, result, say) -> None:
         dep.net.lossy(client, bookie, rng.randrange(10, 40))
         dep.net.lossy(bookie, client, rng.randrange(10, 40))
     elif kind == "bookie_isolated":
-        for h in [dep.zk_host, *dep.clients, *[b for b in dep.bookie_hosts if b != bookie]]:
+        for h in [*dep.zk_hosts, *dep.clients, *[b for b in dep.bookie_hosts if b != bookie]]:
             dep.net.cut(bookie, h)
     elif kind == "bookie_kill":
         dep.cluster.kill(bi)
-    say(f"{kind} client=c{ci} bookie=b{bi} for {seconds:.1f}s")
+    say(f"{kind} client=c{ci} bookie=b{bi} zk=zk{zi} for {seconds:.1f}s")
     time.sleep(seconds)
     if kind == "bookie_kill":
         dep.cluster.start(bi)
@@ -468,6 +481,9 @@ def format_result(r: CampaignResult) -> str:
              f"  errors seen by workers: {r.stats.get('errors')}",
              f"  violations: {len(r.violations)}"]
     lines += [f"    {json.dumps(x)}" for x in r.violations[:20]]
+    if r.violations:
+        lines.append(f"  replay: python -m bkspark.testing.faults multihost --seed {r.seed} "
+                     f"--duration {r.duration:g}")
     return "\n".join(lines)
 
 
@@ -479,6 +495,7 @@ def main(argv=None) -> int:
         p.add_argument("--mode", choices=["stream", "commit"], required=True)
         p.add_argument("--worker", required=True)
         p.add_argument("--events", required=True)
+        p.add_argument("--log", default=None, help="default: stream / commits")
         worker_main(p.parse_args(argv[1:]))
         return 0
     p = argparse.ArgumentParser(prog="python -m bkspark.testing.faults multihost",

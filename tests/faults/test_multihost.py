@@ -105,7 +105,8 @@ def test_bookie_on_all_interfaces_of_a_loopback_only_host_refuses_to_guess(netwo
 
 
 def test_multihost_campaign(faults_seed, tmp_path):
-    """ZooKeeper, five bookies (on 0.0.0.0, advertising their hosts' addresses) and two
+    """A three-server ZooKeeper ensemble, five bookies (on 0.0.0.0, advertising their hosts'
+    addresses) and two
     client hosts; the seeds' split-brain scenario across hosts, then random cuts, lost
     ZooKeeper answers, one-way drops, loss and bookie kills. Zero violations."""
     why = netns.available()

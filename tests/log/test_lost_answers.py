@@ -16,7 +16,6 @@ import pytest
 from bkspark import errors
 from bkspark.client import BookKeeper
 from bkspark.log import EARLIEST, CheckpointStore, LogStore
-from metadata import registry
 from metadata.layout import ledger_path, log_path
 from metadata.log_metadata import LogMetadata
 from metadata.testing import lost_answers
@@ -63,6 +62,23 @@ def test_roll_whose_answer_was_lost_keeps_the_log_readable(bk, logs, log_name, a
     with logs.open_writer(log_name) as again:       # a new writer opens the log as usual
         again.append(b"c")
     assert read_all(logs, log_name) == first + second + [b"c"]
+
+
+def test_roll_in_doubt_is_settled_by_the_next_append(bk, logs, log_name):
+    """The roll's answer is lost and the store stays out of reach: the roll reports an
+    unknown outcome; once the store answers, the next append settles it (the new ledger was
+    listed) and goes on in that ledger."""
+    writer = logs.open_writer(log_name)
+    writer.append(b"a")
+    with lost_answers(bk.store, log_path(log_name), unreachable_after=True):
+        with pytest.raises(OutcomeUnknownError):
+            writer.roll()
+    writer.append(b"b")
+    listed = logs.get(log_name)[0].ledger_ids()
+    assert listed[-1] == writer.ledger_id and len(listed) == 2
+    writer.close()
+    assert_every_listed_ledger_exists(bk, logs, log_name)
+    assert read_all(logs, log_name) == [b"a", b"b"]
 
 
 def test_open_writer_whose_answer_was_lost_writes_its_listed_ledger(bk, logs, log_name):
@@ -158,14 +174,10 @@ def quick_bk(cluster):
         yield client
 
 
-def _resume_and_wait(cluster, bk, i, timeout=60.0):
-    cluster.resume(i)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cluster.bookies[i].bookie_id in registry.list_bookies(bk.store):
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"bookie {i} did not register again")
+def _silence(cluster, i, ledger_id):
+    """Bookie ``i`` takes ``ledger_id``'s adds and never answers them (a bookie this client
+    cannot reach, while everything else can)."""
+    cluster.set_faults(i, [dict(op="add", action="drop", ledger_id=ledger_id)])
 
 
 def _first_of_ensemble(cluster, bk, ledger_id, entry_id=3):
@@ -183,20 +195,20 @@ def _wait_failed(handle, timeout=60.0):
 
 
 def test_log_writer_cut_off_from_bookies_learns_it_was_fenced(cluster, bk, quick_bk, log_name):
-    """E=3 on three bookies, one paused: the ensemble change finds no replacement and the
+    """E=3 on three bookies, one silent: the ensemble change finds no replacement and the
     writer's ledger fails with NotEnoughBookiesError. After the heal a new writer takes the log
     over. The old writer's next appends must say LogFencedError, not repeat the first error."""
     old_logs = LogStore(quick_bk, password=b"pw", ensemble_size=3, write_quorum=2, ack_quorum=2)
     old = old_logs.open_writer(log_name)
     acked = [old.append(b"a%d" % i) for i in range(3)]
     victim = _first_of_ensemble(cluster, bk, old.ledger_id)    # in entry 3's write set
-    cluster.pause(victim)
+    _silence(cluster, victim, old.ledger_id)
     try:
         pending = old.append_async(b"in-doubt")
         with pytest.raises(errors.NotEnoughBookiesError):
             pending.result(60)
     finally:
-        _resume_and_wait(cluster, bk, victim)
+        cluster.clear_faults(victim)
     new = LogStore(bk, password=b"pw").open_writer(log_name)
     new.append(b"b0")
     for _ in range(3):
@@ -215,12 +227,12 @@ def test_log_writer_cut_off_resumes_in_a_new_ledger_when_nobody_took_over(cluste
     writer.append(b"a0")
     first_ledger = writer.ledger_id
     victim = _first_of_ensemble(cluster, bk, first_ledger, entry_id=1)
-    cluster.pause(victim)
+    _silence(cluster, victim, first_ledger)
     try:
         with pytest.raises(errors.NotEnoughBookiesError):
             writer.append_async(b"not-written").result(60)
     finally:
-        _resume_and_wait(cluster, bk, victim)
+        cluster.clear_faults(victim)
     writer.append(b"a1")                # closes the failed ledger at its LAC, goes on
     assert writer.ledger_id != first_ledger
     writer.close()
@@ -235,7 +247,7 @@ def test_ledger_handle_cut_off_from_metadata_learns_it_was_fenced(cluster, bk, q
     lh.append(b"e0")
     victim = _first_of_ensemble(cluster, bk, lh.ledger_id, entry_id=1)
     path = ledger_path(lh.ledger_id)
-    cluster.pause(victim)
+    _silence(cluster, victim, lh.ledger_id)
     try:
         with lost_answers(quick_bk.store, path, count=100, applied=False,
                           unreachable_after=True) as injected:
@@ -243,6 +255,7 @@ def test_ledger_handle_cut_off_from_metadata_learns_it_was_fenced(cluster, bk, q
                 lh.append_async(b"e1").result(60)
             assert isinstance(_wait_failed(lh), errors.MetadataConnectionError)
             assert injected.lost
+        cluster.clear_faults(victim)                                    # the heal
         recovered = bk.open_ledger(lh.ledger_id, password=b"pw", recovery=True)
         assert recovered.metadata.state.name == "CLOSED"
         with pytest.raises(errors.FencedError):
@@ -250,4 +263,4 @@ def test_ledger_handle_cut_off_from_metadata_learns_it_was_fenced(cluster, bk, q
         with pytest.raises(errors.FencedError):
             lh.append(b"e3")
     finally:
-        _resume_and_wait(cluster, bk, victim)
+        cluster.clear_faults(victim)
