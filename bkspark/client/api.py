@@ -48,6 +48,11 @@ class ClientConfig:
     explicit_lac_interval: float = 1.0      # idle writer publishes its LAC (0 = never)
     tls_ca_file: str = ""                   # PEM roots: talk TLS to bookies and verify them
     overload_retry_delay: float = 0.05      # resend after ETOOMANYREQUESTS
+    stall_probe_after: float = 2.0          # an add stream unanswered this long, its socket
+                                            # backing off, while a new connection's hello is
+                                            # answered, is stuck in TCP back-off (a healed
+                                            # partition): it is replaced at once, not after
+                                            # add_timeout (0 = off)
     suspect_seconds: float = 30.0           # a failed/slow bookie is read from last this long
     add_linger: float | None = None         # min spacing of two add messages to one bookie
                                             # (None: 0 on data ports, 2 ms over gRPC)
@@ -146,6 +151,7 @@ class BookKeeper:
         self._bookie_cache = (0.0, {})
         self._closed = False
         self._backlogged: dict[str, float] = {}
+        self._probing: set[str] = set()
         self._ticker_stop = threading.Event()
         self._ticker = threading.Thread(target=self._tick_loop, daemon=True, name="bk-ticker")
         self._ticker.start()
@@ -191,6 +197,7 @@ class BookKeeper:
         while not self._ticker_stop.wait(period):
             now = time.monotonic()
             for bc in self._pool.clients():     # a bookie that stopped taking adds
+                self._probe_if_stalled(bc)
                 if bc.backlog > self.conf.max_bookie_backlog_bytes:
                     since = self._backlogged.setdefault(bc.bookie_id, now)
                     if now - since > self.conf.add_timeout:
@@ -205,6 +212,33 @@ class BookKeeper:
                     lh._tick(now)
                 except Exception:  # noqa: BLE001
                     log.exception("add timeout check failed")
+
+    def _probe_if_stalled(self, bc) -> None:
+        """An add stream owing answers for ``stall_probe_after`` whose connection is stuck in
+        TCP back-off while its bookie answers a new connection (a partition that healed: lost
+        packets are retried seconds apart) is broken, so its adds go out again (to a
+        replacement, by the usual failure handling) instead of waiting for the back-off or
+        the add timeout. A bookie still cut off, or hung, is left to the add timeout. One
+        probe per bookie at a time, on the client's executor."""
+        after = self.conf.stall_probe_after
+        if not after or bc.stalled_for() < after or bc.bookie_id in self._probing:
+            return
+        self._probing.add(bc.bookie_id)
+
+        def probe():
+            try:
+                stalled = bc.stalled_for()
+                if stalled >= after and bc.stuck_in_backoff(min(1.0, after / 2)) \
+                        and bc.stalled_for() >= stalled:
+                    bc.break_stream(f"no answer for {stalled:.1f}s while a new connection "
+                                    "is answered (this one is stuck in TCP back-off)")
+            finally:
+                self._probing.discard(bc.bookie_id)
+
+        try:
+            self._executor.submit(probe)
+        except RuntimeError:        # shutting down
+            self._probing.discard(bc.bookie_id)
 
     # ---- ledgers -----------------------------------------------------------------------------
     def create_ledger(self, ensemble_size: int = 3, write_quorum: int = 2, ack_quorum: int = 2,

@@ -123,6 +123,9 @@ class _AddStream:
         # self-clocking: elements sent (under lock), responses received (by the reader)
         self.sent_elements = 0
         self.acked_elements = 0
+        self.owed_since = None      # monotonic time since when an answer has been owed with
+                                    # no answer arriving (None: nothing owed)
+        self.sock = None            # the data-port connection, once open
         self.last_send = 0.0
         self.sender_idle = False    # the data-port sender waits without a timeout
         self._direct = None     # data port: sends what it can of a message without blocking
@@ -200,6 +203,8 @@ class _AddStream:
     def _count_sent(self, elements: int) -> None:
         """One message of ``elements`` adds goes out (``lock`` held): self-clocking and the
         perf counters."""
+        if self.owed_since is None:
+            self.owed_since = time.monotonic()
         self.sent_elements += elements
         self.client.add_messages += 1
         self.client.add_elements += elements
@@ -252,6 +257,8 @@ class _AddStream:
                     continue
                 client.ack_messages += 1
                 self.acked_elements += len(responses)
+                self.owed_since = (None if self.acked_elements == self.sent_elements
+                                   else time.monotonic())
                 if self.q is None:
                     with self.lock:         # the next message goes before the acks are handled
                         self._pump_locked()
@@ -434,12 +441,17 @@ class BookieClient:
         if stream.linger is None:
             stream.linger = 0.0
         stream.opened(lambda: wire.shutdown(sock))
+        stream.sock = sock
         return self._data_port_responses(sock, stream)
 
-    def _connect_data_port(self, data_port: int) -> socket.socket:
+    def _connect_data_port(self, data_port: int,
+                           timeout: float = DATA_CONNECT_TIMEOUT) -> socket.socket:
+        """A data-port connection whose hello the bookie answered within ``timeout``."""
         host = self.address.rsplit(":", 1)[0].strip("[]")
-        sock = _connect(host, data_port, DATA_CONNECT_TIMEOUT)
+        deadline = time.monotonic() + timeout
+        sock = _connect(host, data_port, timeout)
         try:
+            sock.settimeout(max(0.05, deadline - time.monotonic()))   # for the hello
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.tls is not None:
                 sock = self.tls.ssl_context.wrap_socket(sock, server_hostname=host)
@@ -569,6 +581,35 @@ class BookieClient:
         """Bytes of adds queued for this bookie and not yet sent (a stuck bookie grows it)."""
         st = self._stream
         return st.backlog if st is not None else 0
+
+    def stalled_for(self) -> float:
+        """Seconds the add stream has owed an answer without any arriving (0: none owed)."""
+        st = self._stream
+        since = st.owed_since if st is not None and not st.dead else None
+        return 0.0 if since is None else time.monotonic() - since
+
+    def stuck_in_backoff(self, timeout: float) -> bool:
+        """Whether the add stream's connection is stuck in TCP back-off while the bookie
+        answers: its socket is backing off (``TCP_INFO`` backoff or retransmits > 0: data or
+        window probes go unanswered, retried at doubling intervals up to 2 minutes) and a new
+        connection's hello is answered within ``timeout``. That is a partition that healed
+        (a bookie still cut off does not answer the hello, nor does a hung one). Data-port
+        streams only."""
+        st = self._stream
+        sock = st.sock if st is not None and not st.dead else None
+        if sock is None:
+            return False
+        try:
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)
+        except OSError:
+            return False
+        if info[2] == 0 and info[4] == 0:     # tcpi_retransmits, tcpi_backoff
+            return False
+        try:
+            self._connect_data_port(self._data_port, timeout=timeout).close()
+            return True
+        except (OSError, errors.BKError):
+            return False
 
     def break_stream(self, reason: str) -> None:
         """Abort the add stream (its sinks hear on_bookie_failed and replace the bookie)."""

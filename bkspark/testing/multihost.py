@@ -75,11 +75,11 @@ class _Events:
         self.f.flush()
 
 
-def _client(uri: str):
+def _client(uri: str, add_timeout: float = ADD_TIMEOUT):
     from bkspark.client import BookKeeper
     from metadata import open_store
     store = open_store(uri, session_timeout=SESSION_TIMEOUT, connect_timeout=30)
-    return BookKeeper(store=store, add_timeout=ADD_TIMEOUT, read_timeout=5.0)
+    return BookKeeper(store=store, add_timeout=add_timeout, read_timeout=5.0)
 
 
 def worker_main(args) -> None:
@@ -88,7 +88,7 @@ def worker_main(args) -> None:
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
     events = _Events(args.events)
-    bk = _client(args.uri)
+    bk = _client(args.uri, args.add_timeout)
     logs = LogStore(bk, password=PASSWORD, ensemble_size=3, write_quorum=2, ack_quorum=2)
     events.write("start", worker=args.worker)
     if args.mode == "stream":
@@ -177,12 +177,15 @@ class Deployment:
             self.close()
             raise
 
-    def start_worker(self, host, mode: str, worker: str) -> tuple:
+    def start_worker(self, host, mode: str, worker: str, *extra: str) -> tuple:
+        """Start a worker process on ``host``; ``(process, events path)``. Its output goes to
+        ``worker-<worker>.log`` in the work directory."""
         path = os.path.join(self.workdir, f"events-{worker}.jsonl")
-        log = open(os.path.join(self.workdir, f"worker-{worker}.log"), "ab")
-        proc = self.net.popen(host, [sys.executable, "-m", "bkspark.testing.multihost", "worker",
-                                     "--uri", self.uri, "--mode", mode, "--worker", worker,
-                                     "--events", path], stdout=log, stderr=subprocess.STDOUT)
+        with open(os.path.join(self.workdir, f"worker-{worker}.log"), "ab") as log:
+            proc = self.net.popen(host, [sys.executable, "-m", "bkspark.testing.multihost",
+                                         "worker", "--uri", self.uri, "--mode", mode,
+                                         "--worker", worker, "--events", path, *extra],
+                                  stdout=log, stderr=subprocess.STDOUT)
         return proc, path
 
     def close(self) -> None:
@@ -496,6 +499,7 @@ def main(argv=None) -> int:
         p.add_argument("--worker", required=True)
         p.add_argument("--events", required=True)
         p.add_argument("--log", default=None, help="default: stream / commits")
+        p.add_argument("--add-timeout", type=float, default=ADD_TIMEOUT)
         worker_main(p.parse_args(argv[1:]))
         return 0
     p = argparse.ArgumentParser(prog="python -m bkspark.testing.faults multihost",

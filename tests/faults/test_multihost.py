@@ -104,6 +104,39 @@ def test_bookie_on_all_interfaces_of_a_loopback_only_host_refuses_to_guess(netwo
     assert "--advertised-address" in proc.stderr + proc.stdout
 
 
+def test_add_stream_stuck_in_tcp_back_off_is_replaced_once_the_partition_heals(tmp_path):
+    """A client cut from every bookie for 14 s: its add streams' unacknowledged data is
+    retransmitted at doubling intervals (the next try ~11 s after the heal). With a 60 s add
+    timeout only the stall probe can notice, after the heal, that a new connection gets
+    through while the old one is stuck in back-off; the writer then goes on."""
+    why = netns.available()
+    if why:
+        skip_or_fail(f"multi-host tests: {why}")
+    from bkspark.testing.multihost import Deployment, _read_events
+    dep = Deployment(str(tmp_path), num_bookies=3, zk_servers=1)
+    try:
+        client = dep.clients[0]
+        proc, events = dep.start_worker(client, "stream", "w", "--add-timeout", "60")
+        deadline = time.monotonic() + 60
+        while not any(e["kind"] == "ack" for e in _read_events(events)):
+            assert time.monotonic() < deadline, "the writer never wrote"
+            time.sleep(0.1)
+        for bookie in dep.bookie_hosts:
+            dep.net.cut(client, bookie)
+        time.sleep(14)
+        healed = time.time()
+        dep.net.heal()
+        deadline = time.monotonic() + 60
+        while not any(e["kind"] == "ack" and e["t"] > healed for e in _read_events(events)):
+            assert time.monotonic() < deadline, "the writer did not resume after the heal"
+            time.sleep(0.1)
+        proc.kill()
+        with open(tmp_path / "worker-w.log") as f:
+            assert "stuck in TCP back-off" in f.read()
+    finally:
+        dep.close()
+
+
 def test_multihost_campaign(faults_seed, tmp_path):
     """A three-server ZooKeeper ensemble, five bookies (on 0.0.0.0, advertising their hosts'
     addresses) and two
