@@ -173,9 +173,20 @@ class Deployment:
                 placement=lambda i: (hosts[i].address, self.net.launcher(hosts[i])),
                 listen_all=True, start_timeout=120)
             self.cluster.start_all()
+            self._check_registrations()
         except BaseException:
             self.close()
             raise
+
+    def _check_registrations(self) -> None:
+        """Bookies listening on 0.0.0.0 must register the address of their own host."""
+        from metadata import open_store, registry
+        with open_store(self.uri) as store:
+            registered = set(registry.list_bookies(store))
+        expected = {b.bookie_id for b in self.cluster.bookies}
+        if registered != expected:
+            raise RuntimeError(f"bookies on 0.0.0.0 registered as {sorted(registered)}, "
+                               f"expected their hosts' addresses {sorted(expected)}")
 
     def start_worker(self, host, mode: str, worker: str, *extra: str) -> tuple:
         """Start a worker process on ``host``; ``(process, events path)``. Its output goes to
