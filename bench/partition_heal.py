@@ -3,10 +3,11 @@
     python bench/partition_heal.py [--rounds 4] [--cuts 3,8,15]
 
 A client host with a log writer (appending every 20 ms, add timeout ``--add-timeout``,
-10 s by default as in ``ClientConfig``; ZooKeeper session 4 s) is cut from every bookie (ZooKeeper stays reachable) for each cut length in turn, then
-healed; the figure is the time from the heal to its first acknowledged append, p50 and max
-over the rounds. Hosts are network namespaces, the cut is packet filters
-(:mod:`bkspark.testing.netns`); needs root, iproute2 and nftables.
+10 s by default as in ``ClientConfig``; ZooKeeper session timeout of 4 s) is cut from every
+bookie (ZooKeeper stays reachable) for each cut length in turn, then healed; the figure is
+the time from the heal to its first acknowledged append, p50 and max over the rounds. Hosts
+are network namespaces, the cut is packet filters (:mod:`bkspark.testing.netns`); needs root,
+iproute2 and nftables.
 
 Reference ("before"), measured in the same run on the same host and cuts: the same writer
 without the stall probe (``stall_probe_after=0``) and with one TCP connect attempt per

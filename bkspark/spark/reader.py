@@ -315,6 +315,10 @@ class BookKeeperBatchReader(DataSourceReader):
         return spread(parts, opts.min_partitions)
 
     def read(self, partition):
+        if not isinstance(partition, LedgerRange):
+            # partitions() found nothing to read (an empty log, `latest`, filters that prune
+            # every ledger): PySpark then runs one task with a bare InputPartition(None)
+            return
         yield from conn.profiled("read", read_range(self.opts, self.fmt, self.schema, partition))
 
 

@@ -153,6 +153,23 @@ def test_failed_job_leaves_log_unchanged(spark, uri, log_name, logs):
     assert no_pending(logs)
 
 
+@pytest.mark.parametrize("fmt", ["record", "arrow"])
+def test_reads_with_nothing_to_read_return_no_rows(spark, uri, log_name, logs, fmt):
+    """An empty log, startingOffsets=latest, or a pushed filter that prunes every ledger:
+    partitions() plans nothing and PySpark runs one task with a bare InputPartition(None);
+    the read returns 0 rows (issue 27, item 1)."""
+    df = spark.createDataFrame([("a",), ("b",)], "value string")
+    if fmt == "record":
+        logs.create(log_name)
+        assert rd(spark, uri).load(log_name).count() == 0          # empty log
+    wr(df, uri, entryFormat=fmt).save(log_name)
+    assert rd(spark, uri, entryFormat=fmt, startingOffsets="latest").load(log_name).count() == 0
+    if fmt == "record":
+        pruned = rd(spark, uri).load(log_name).where("ledger_id = 999999")
+        assert pruned.count() == 0 and pruned.collect() == []
+    assert rd(spark, uri, entryFormat=fmt).load(log_name).count() == 2
+
+
 def test_abort_after_an_applied_commit_deletes_nothing_the_log_lists(spark, uri, log_name, logs):
     """The commit's append was applied but Spark saw it fail (what a lost answer looks like):
     Spark calls abort, which must keep the ledgers the log lists. Every row, the earlier
