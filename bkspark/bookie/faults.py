@@ -2,8 +2,12 @@
 
 Served through the ``SetFaults`` RPC only when the bookie runs with ``fault_injection``
 on; a production bookie answers SetFaults with EBADREQ. A rule matches an operation
-("add", "read", "read_range", "read_lac", "write_lac" or "any"), optionally one ledger
-and one entry; ``count`` limits how many requests it applies to.
+("add", "read", "read_range", "read_lac", "write_lac", "fence" or "any"), optionally one
+ledger and one entry; ``count`` limits how many requests it applies to.
+
+* "fence" is recovery's fencing read, a ``Read`` of entry -1 with the FENCE flag; a "read"
+  rule matches it too (as every ``Read``), a "read_lac" rule does not (that is ``ReadLac``,
+  the tailing readers' and long polls' call).
 """
 from __future__ import annotations
 
@@ -27,7 +31,8 @@ class FaultRule:
     remaining: int = 0          # 0 = unlimited
 
     def matches(self, op: str, ledger_id: int, entry_id: int) -> bool:
-        return ((self.op in ("any", op)) and (self.ledger_id in (0, ledger_id))
+        op_matches = self.op in ("any", op) or (op == "fence" and self.op == "read")
+        return (op_matches and (self.ledger_id in (0, ledger_id))
                 and (self.entry_id in (ANY_ENTRY, entry_id)))
 
 

@@ -437,7 +437,9 @@ class BookieService(pb_grpc.BookieServicer):
     def Read(self, request, context):
         if request.ledger_id < 0 or request.entry_id < -1:
             return self._read_error(request, errors.EBADREQ, "bad ledger or entry id")
-        status = self._injected("read", request.ledger_id, context.is_active, request.entry_id)
+        fencing = request.entry_id == -1 and request.flags & pb.ReadRequest.FENCE_LEDGER
+        status = self._injected("fence" if fencing else "read", request.ledger_id,
+                                context.is_active, request.entry_id)
         if status:
             return self._read_error(request, status, "injected fault")
         if request.flags & pb.ReadRequest.FENCE_LEDGER:

@@ -4,7 +4,8 @@
         c.set_faults(0, [dict(op="add", action="drop", ledger_id=lid, entry_id=12)])
         c.kill(1); c.start(1); c.pause(2); c.resume(2)
 
-Rules: op in add/read/read_range/read_lac/write_lac/any; action delay/drop/fail;
+Rules: op in add/read/read_range/read_lac/write_lac/fence/any (fence: recovery's fencing
+read, which a read rule matches too and a read_lac rule does not); action delay/drop/fail;
 error (a status code, for fail), delay_ms, ledger_id (0 = any), entry_id (omit = any),
 probability, count (0 = unlimited).
 """

@@ -60,6 +60,28 @@ def test_fenced_ledger_rejects_adds_but_accepts_recovery_adds(stub):
     assert stub.Add(add_request(lid, 1, recovery=True), timeout=10).status == errors.EOK
 
 
+def test_fault_op_fence_is_the_fencing_read_and_read_lac_is_not(one_bookie, stub):
+    """Fault rules name what they hit (issue 27, item 8): "fence" matches recovery's fencing
+    read (Read of entry -1 with FENCE) and nothing else; "read_lac" does not touch fencing."""
+    lid = new_ledger_id()
+    assert stub.Add(add_request(lid, 0), timeout=10).status == errors.EOK
+    fence_req = dict(flags=pb.ReadRequest.FENCE_LEDGER, master_key=MASTER_KEY)
+    try:
+        one_bookie.set_faults(0, [dict(op="fence", action="fail", error=errors.EIO,
+                                       ledger_id=lid)])
+        assert read(stub, lid, 0).status == errors.EOK            # a plain read passes
+        assert read(stub, lid, -1).status == errors.EOK           # so does reading the last
+        assert read(stub, lid, -1, **fence_req).status == errors.EIO
+        assert stub.Add(add_request(lid, 1), timeout=10).status == errors.EOK   # not fenced
+        one_bookie.set_faults(0, [dict(op="read_lac", action="fail", error=errors.EIO,
+                                       ledger_id=lid)])
+        fence = read(stub, lid, -1, **fence_req)
+        assert fence.status == errors.EOK and fence.entry_id == 1
+        assert stub.Add(add_request(lid, 2), timeout=10).status == errors.EFENCED
+    finally:
+        one_bookie.clear_faults(0)
+
+
 def test_fencing_an_unknown_ledger_blocks_later_adds(stub):
     lid = new_ledger_id()
     fence = read(stub, lid, -1, flags=pb.ReadRequest.FENCE_LEDGER, master_key=MASTER_KEY)
