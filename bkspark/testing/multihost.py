@@ -37,7 +37,8 @@ violations: ``acked-missing`` (an acknowledged payload is not in the log), ``dup
 payload appears twice), ``out-of-order`` (one worker's payloads not in its order),
 ``listed-ledger-deleted`` (the log names a ledger that does not exist: unreadable log),
 ``commit-missing`` / ``commit-twice`` (a commit reported applied is absent, or any key is
-applied twice), ``stale-error-after-heal`` (a writer cut off while another took over did not
+applied twice), ``commit-key-missing`` (the log's idempotency key of a committer is below a
+sequence it was told is committed), ``stale-error-after-heal`` (a writer cut off while another took over did not
 report LogFencedError within the settle time after the heal). It also reports the time from
 each heal to the cut-off client's first acknowledged append.
 """
@@ -430,12 +431,14 @@ def check(dep, events: dict, result: CampaignResult) -> None:
             per_key[(worker, int(sequence))] += 1
     commits_acked = 0
     for worker in ("k0", "k1"):
-        for e in events.get(worker, []):
-            if e["kind"] == "commit":
-                commits_acked += 1
-                if per_key[(worker, e["sequence"])] == 0:
-                    v.append({"kind": "commit-missing", "worker": worker,
-                              "sequence": e["sequence"]})
+        reported = [e["sequence"] for e in events.get(worker, []) if e["kind"] == "commit"]
+        commits_acked += len(reported)
+        for sequence in reported:
+            if per_key[(worker, sequence)] == 0:
+                v.append({"kind": "commit-missing", "worker": worker, "sequence": sequence})
+        if reported and committed.get(worker, -1) < max(reported):
+            v.append({"kind": "commit-key-missing", "worker": worker,
+                      "recorded": committed.get(worker), "reported": max(reported)})
     for key, count in per_key.items():
         if count > 1:
             v.append({"kind": "commit-twice", "worker": key[0], "sequence": key[1]})
@@ -448,13 +451,17 @@ def check(dep, events: dict, result: CampaignResult) -> None:
         if acks:
             firsts.append(min(acks) - heal.end)
         if heal.takeover:
-            outcomes = [e for e in later if e["kind"] in ("ack", "fenced", "error")]
-            fenced = next((e for e in outcomes if e["kind"] == "fenced"), None)
-            acked_first = next((e for e in outcomes if e["kind"] == "ack"), None)
-            if fenced is None or fenced["t"] - heal.end > SETTLE_AFTER_HEAL or (
-                    acked_first is not None and acked_first["t"] < fenced["t"]):
+            # from the cut on, the writer must learn it lost the log ("fenced", or a new
+            # writer of its own: it was fenced just before the cut) before it acknowledges
+            # anything after the heal, and within the settle time
+            since_cut = [e for e in events.get(heal.client, []) if e["t"] >= heal.start]
+            settled = next((e for e in since_cut if e["kind"] in ("fenced", "owner")), None)
+            first_ack = next((e for e in since_cut if e["kind"] == "ack" and e["t"] > heal.end),
+                             None)
+            if settled is None or settled["t"] - heal.end > SETTLE_AFTER_HEAL or (
+                    first_ack is not None and first_ack["t"] < settled["t"]):
                 v.append({"kind": "stale-error-after-heal", "worker": heal.client,
-                          "after": [(e["kind"], e.get("error")) for e in outcomes[:5]]})
+                          "after": [(e["kind"], e.get("error")) for e in since_cut[:5]]})
     errors_by_kind = collections.Counter(
         e.get("error") for evs in events.values() for e in evs if e["kind"] == "error")
     result.stats = {
