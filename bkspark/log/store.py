@@ -223,6 +223,7 @@ class LogStore:
             log.info("log %s: commit %s/%s already applied; deleting duplicate ledgers", name, writer_id, sequence)
             self.delete_unreferenced(name, ledger_ids)
             return False
+        # empty ledgers: left out of every list this commit wrote, so no list names them
         self._delete_ledgers([e["ledger_id"] for e in entries if e["last_entry_id"] < 0])
         return True
 
@@ -251,6 +252,7 @@ class LogStore:
             self.delete_unreferenced(name, ledger_ids)
             return False
         self.delete_unreferenced(name, replaced)
+        # empty ledgers: left out of every list this commit wrote, so no list names them
         self._delete_ledgers([e["ledger_id"] for e in entries if e["last_entry_id"] < 0])
         return True
 
