@@ -8,8 +8,14 @@ other addresses: each on a host of its own (a launcher such as ``ip netns exec <
 see :mod:`bkspark.testing.netns`, with BookKeeper's usual ports there) or on another local
 address.
 
-While a local cluster runs, ``~/.bkspark/localcluster.json`` (or ``$BKSPARK_HOME``) names
-its metadata URI so that clients and the Spark connector can find it without options.
+A bookie's identity is its address and port, so they belong to its data directory:
+``bookie-<i>/identity.json`` records them when the bookie is first started, and every later
+start -- of this ``LocalCluster`` or of a new one on the same ``data_dir`` (``bkspark
+localcluster`` run again the next day) -- reuses them; a recorded port that another process
+holds is an error that says so, never a silent new identity (the cookie would refuse it).
+
+The cluster's records (metadata URI, the lock that allows one cluster per data directory, the
+user's default cluster that clients find without options) are :mod:`bkspark.cluster_registry`'s.
 """
 from __future__ import annotations
 
@@ -24,10 +30,13 @@ import subprocess
 import sys
 import time
 
+from bkspark.cluster_registry import (
+    ClusterBusyError,
+    ClusterDir,
+    claim_default,
+    release_default,
+)
 from bkspark.errors import BKError
-
-REGISTRY_FILE = "localcluster.json"
-
 
 _handed_out: set[int] = set()
 _port_rng = random.Random()     # its own generator: tests that seed ``random`` get no fixed ports
@@ -73,22 +82,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     raise BKError(f"no free port found on {host} outside the ephemeral ports {low}-{high}")
 
 
-def bkspark_home() -> str:
-    return os.environ.get("BKSPARK_HOME") or os.path.join(os.path.expanduser("~"), ".bkspark")
-
-
-def running_cluster_uri() -> str | None:
-    """Metadata URI of the local cluster running on this machine, if any."""
-    path = os.path.join(bkspark_home(), REGISTRY_FILE)
-    try:
-        with open(path) as f:
-            doc = json.load(f)
-        os.kill(int(doc["pid"]), 0)
-        return doc["metadata_uri"]
-    except (OSError, ValueError, KeyError):
-        return None
-
-
 def _sqlite_write_locked(metadata_uri: str) -> bool:
     """Whether another process holds the write lock of an embedded store (False for others)."""
     if not metadata_uri.startswith("sqlite://"):
@@ -114,7 +107,11 @@ class BookieProcess:
 
     ``address``: where it listens and what it advertises (its id is ``address:port``);
     ``launcher``: argv prefix that starts it on a host of its own (then the ports are
-    :data:`HOST_PORTS`, free on a fresh host), else free ports of ``address`` are chosen."""
+    :data:`HOST_PORTS`, free on a fresh host), else free ports of ``address`` are chosen --
+    once: they are recorded in the bookie's directory (:data:`IDENTITY_FILE`) and reused by
+    every later start on that directory."""
+
+    IDENTITY_FILE = "identity.json"
 
     def __init__(self, index: int, metadata_uri: str, data_dir: str, extra_args: list[str],
                  address: str = "127.0.0.1", launcher: list[str] | None = None,
@@ -124,9 +121,11 @@ class BookieProcess:
         self.address = address
         self.listen_address = "0.0.0.0" if listen_all else address
         self.launcher = list(launcher or [])
-        self.port, self.http_port = self._ports()
-        self.bookie_id = f"{address}:{self.port}"
         self.dir = os.path.join(data_dir, f"bookie-{index}")
+        self.identity_path = os.path.join(self.dir, self.IDENTITY_FILE)
+        self.recorded = self._recorded_ports()
+        self.port, self.http_port = self.recorded or self._ports()
+        self.bookie_id = f"{address}:{self.port}"
         self.metadata_uri = metadata_uri
         self.extra_args = list(extra_args)
         self.proc: subprocess.Popen | None = None
@@ -136,6 +135,57 @@ class BookieProcess:
         if self.launcher:
             return HOST_PORTS
         return free_port(self.address), free_port(self.address)
+
+    def _recorded_ports(self) -> tuple[int, int] | None:
+        """The ports this directory's bookie had: its identity file, else (a directory from
+        before identity files) the port of the bookie id in its journal's cookie."""
+        try:
+            with open(self.identity_path) as f:
+                doc = json.load(f)
+            if doc.get("address") != self.address:
+                raise BKError(
+                    f"{self.dir} holds bookie {doc.get('address')}:{doc.get('port')}, not one on "
+                    f"{self.address}: start the cluster with the placement it was made with, or "
+                    "give it another data directory")
+            return int(doc["port"]), int(doc["http_port"])
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise BKError(f"bookie identity file {self.identity_path} is unreadable ({exc}): "
+                          "restore it, or move the data directory away for a new cluster") from None
+        try:
+            with open(os.path.join(self.dir, "journal", "COOKIE")) as f:
+                address, _, port = json.load(f)["bookie_id"].rpartition(":")
+            if address == self.address:
+                return int(port), (HOST_PORTS[1] if self.launcher else free_port(self.address))
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        return None
+
+    def _record_identity(self) -> None:
+        os.makedirs(self.dir, exist_ok=True)
+        tmp = self.identity_path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"address": self.address, "port": self.port, "http_port": self.http_port}, f)
+        os.replace(tmp, self.identity_path)
+
+    def _check_ports_free(self) -> None:
+        """A recorded port held by another process: say which and what to do (the bookie
+        would only exit with "address already in use")."""
+        if self.launcher:
+            return
+        for port, what in ((self.port, "bookie port"), (self.http_port, "admin HTTP port")):
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind((self.listen_address, port))
+                except OSError as exc:
+                    raise BKError(
+                        f"bookie {self.bookie_id} ({self.dir}) cannot start: its {what} {port} "
+                        f"is taken by another process ({exc.strerror}). The port is part of the "
+                        f"bookie's identity (recorded in {self.identity_path}); stop whatever "
+                        f"holds it (`ss -ltnp 'sport = :{port}'` names it) and start again, or "
+                        "move the data directory away to start a new, empty cluster") from None
 
     def command(self) -> list[str]:
         return [*self.launcher, sys.executable, "-m", "bkspark.bookie",
@@ -147,17 +197,25 @@ class BookieProcess:
     def new_ports(self) -> None:
         """Take fresh ports and an empty directory: for a bookie that never started (its
         ports were taken by another process between choosing and binding them)."""
-        assert not self.ever_ready and not self.alive
+        assert not self.ever_ready and not self.recorded and not self.alive
         shutil.rmtree(self.dir, ignore_errors=True)
         self.port, self.http_port = self._ports()
         self.bookie_id = f"{self.address}:{self.port}"
 
     def start(self) -> None:
-        os.makedirs(self.dir, exist_ok=True)
+        if self.recorded or self.ever_ready:
+            self._check_ports_free()
+        self._record_identity()
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
+
+    def failure(self) -> str | None:
+        """The error the bookie exited with (its last ``bkspark bookie: ...`` line), if any."""
+        lines = [line for line in self.log_tail(200).splitlines()
+                 if line.startswith("bkspark bookie: ")]
+        return lines[-1][len("bkspark bookie: "):] if lines else None
 
     @property
     def alive(self) -> bool:
@@ -184,13 +242,17 @@ class BookieProcess:
 
 
 class LocalCluster:
-    """N bookies against ``metadata_uri`` (default: an embedded SQLite store), on loopback
-    unless ``placement(i) -> (address, launcher)`` places bookie ``i`` elsewhere.
+    """N bookies against ``metadata_uri`` (default: the store this data directory's cluster
+    used last, else an embedded SQLite store in it), on loopback unless
+    ``placement(i) -> (address, launcher)`` places bookie ``i`` elsewhere.
 
     ``extra_args`` are passed to every bookie (e.g. ``["--fault-injection"]``).
     ``listen_all``: bookies listen on ``0.0.0.0`` and advertise the address the bookie finds
     for its host (which must be the placement's address), as a deployment without
-    ``--advertised-address`` does.
+    ``--advertised-address`` does. ``publish``: become the user's default cluster (the one
+    clients find without a URI) unless another running cluster is; :attr:`default_elsewhere`
+    then names that one. While it runs, the cluster holds its data directory's lock: a second
+    cluster on the same directory is refused.
     """
 
     def __init__(self, metadata_uri: str | None = None, num_bookies: int = 3,
@@ -199,10 +261,14 @@ class LocalCluster:
                  listen_all: bool = False):
         self.data_dir = os.path.abspath(data_dir)
         os.makedirs(self.data_dir, exist_ok=True)
-        self.metadata_uri = metadata_uri or f"sqlite:///{os.path.join(self.data_dir, 'metadata.db')}"
+        self.records = ClusterDir(self.data_dir)
+        self.metadata_uri = (metadata_uri or self.records.record().get("metadata_uri")
+                             or f"sqlite:///{os.path.join(self.data_dir, 'metadata.db')}")
         self.extra_args = list(extra_args or [])
         self.start_timeout = start_timeout
         self.publish = publish
+        self.default_elsewhere: ClusterDir | None = None
+        self._is_default = False
         self.placement = placement or (lambda i: ("127.0.0.1", []))
         self.listen_all = listen_all
         self.bookies = [self._bookie(i) for i in range(num_bookies)]
@@ -229,6 +295,10 @@ class LocalCluster:
         """Start every bookie and wait until each is ready; if one cannot start, the
         others are stopped again before the error propagates (no process is left behind)."""
         try:
+            self.records.acquire()
+        except ClusterBusyError as exc:
+            raise BKError(str(exc)) from None
+        try:
             for bookie in self.bookies:
                 bookie.start()
             for bookie in self.bookies:
@@ -239,12 +309,12 @@ class LocalCluster:
                 bookie.signal(signal.SIGKILL)
             for bookie in self.bookies:
                 bookie.wait(10)
+            self.records.release()
             raise
+        self.records.publish(self.metadata_uri, self.bookie_ids)
         if self.publish:
-            os.makedirs(bkspark_home(), exist_ok=True)
-            with open(os.path.join(bkspark_home(), REGISTRY_FILE), "w") as f:
-                json.dump({"metadata_uri": self.metadata_uri, "pid": os.getpid(),
-                           "bookies": self.bookie_ids}, f)
+            self.default_elsewhere = claim_default(self.records)
+            self._is_default = self.default_elsewhere is None
 
     def stop_all(self) -> None:
         for bookie in self.bookies:
@@ -252,11 +322,10 @@ class LocalCluster:
             bookie.signal(signal.SIGTERM)
         for bookie in self.bookies:
             bookie.wait(20)
-        if self.publish:
-            try:
-                os.unlink(os.path.join(bkspark_home(), REGISTRY_FILE))
-            except OSError:
-                pass
+        if self._is_default:
+            release_default(self.records)
+            self._is_default = False
+        self.records.release()
 
     def add_bookie(self, wait: bool = True) -> int:
         bookie = self._bookie(len(self.bookies))
@@ -322,13 +391,15 @@ class LocalCluster:
         while time.monotonic() < deadline:
             if not bookie.alive:
                 tail = bookie.log_tail()
-                if not bookie.ever_ready and port_retries and "already in use" in tail:
+                if (not bookie.ever_ready and not bookie.recorded and port_retries
+                        and "already in use" in tail):
                     port_retries -= 1       # a free port was taken before the bookie bound it
                     bookie.new_ports()
                     bookie.start()
                     continue
-                raise BKError(f"bookie {bookie.bookie_id} exited with {bookie.proc.returncode}:\n"
-                              + tail)
+                headline = bookie.failure() or f"exited with {bookie.proc.returncode}"
+                raise BKError(f"bookie {bookie.bookie_id} ({bookie.dir}) could not start: "
+                              f"{headline}\n-- last lines of {bookie.log_path}:\n{tail}")
             if bookie_state(bookie.http_port, bookie.address).get("registeredAs"):
                 bookie.ever_ready = True
                 return

@@ -33,11 +33,12 @@ def spark_session(app: str = "bkspark-example"):
 def metadata_uri(argv=None) -> str:
     """``--metadata URI``, else $BKSPARK_METADATA_URI, else the running local cluster."""
     import argparse
-    from bkspark.localcluster import running_cluster_uri
+
+    from bkspark.cluster_registry import default_metadata_uri
     p = argparse.ArgumentParser()
-    p.add_argument("--metadata", default=os.environ.get("BKSPARK_METADATA_URI"))
+    p.add_argument("--metadata")
     args, _ = p.parse_known_args(argv)
-    uri = args.metadata or running_cluster_uri()
+    uri = default_metadata_uri(args.metadata)
     if not uri:
         sys.exit("no metadata URI: start `bkspark localcluster` or pass --metadata URI")
     return uri

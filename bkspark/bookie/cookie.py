@@ -64,6 +64,21 @@ def _differences(found: dict, expected: dict) -> list[str]:
             if found.get(key) != expected.get(key)]
 
 
+def _fix(found: dict, expected: dict) -> str:
+    """What to do about a directory cookie that differs from this bookie's."""
+    if found.get("instance_id") != expected.get("instance_id"):
+        return ("the directory belongs to another cluster (another metadata store): start the "
+                "bookie with the --metadata URI it was made with, or give it empty directories")
+    if found.get("bookie_id") != expected.get("bookie_id"):
+        address, _, port = str(found.get("bookie_id")).rpartition(":")
+        return (f"the directory belongs to bookie {found.get('bookie_id')}: start it with that "
+                f"identity (--advertised-address {address} --port {port}), or give this bookie "
+                "empty directories")
+    return ("the directories were moved or swapped: start the bookie with the --journal-dir "
+            f"and --ledger-dirs it was made with (journal {found.get('journal_dir')}, ledgers "
+            f"{found.get('ledger_dirs')})")
+
+
 def validate_or_create(store, config) -> dict:
     """Check the cookies of every directory and of the metadata store; create them on first start.
 
@@ -87,14 +102,14 @@ def validate_or_create(store, config) -> dict:
             raise CookieMismatchError(
                 f"cookie in {directory} does not match this bookie ("
                 + "; ".join(_differences(cookie, expected))
-                + "): the directory belongs to another bookie or cluster; refusing to start")
+                + f"); refusing to start: {_fix(cookie, expected)}")
     missing = [d for d, c in local.items() if c is None]
     if remote is not None:
         diffs = _differences(remote, expected)
         if diffs:
             raise CookieMismatchError(
                 f"cookie of {config.bookie_id} in the metadata store does not match ("
-                + "; ".join(diffs) + "): refusing to start")
+                + "; ".join(diffs) + f"); refusing to start: {_fix(remote, expected)}")
         if missing:
             raise CookieMismatchError(
                 f"bookie {config.bookie_id} is known to the cluster but directories {missing} have "

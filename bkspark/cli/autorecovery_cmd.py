@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from bkspark.errors import BKError
@@ -10,7 +9,7 @@ from bkspark.errors import BKError
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metadata", default=None,
-                        help="metadata URI (default: $BKSPARK_METADATA_URI)")
+                        help="metadata URI (default: $BKSPARK_METADATA_URI, else the running local cluster)")
     parser.add_argument("--lost-bookie-recovery-delay", type=float, default=30.0,
                         help="seconds a bookie must stay unregistered before its ledgers are "
                              "marked under-replicated (default 30; the value stored with "
@@ -48,11 +47,11 @@ def config_from_args(args):
 
 def run(args: argparse.Namespace) -> int:
     from bkspark.cli.logging_setup import setup_logging
+    from bkspark.cluster_registry import NO_METADATA_SERVICE, default_metadata_uri
     from bkspark.recovery.service import AutoRecovery
-
-    uri = args.metadata or os.environ.get("BKSPARK_METADATA_URI", "")
+    uri = default_metadata_uri(args.metadata)
     if not uri:
-        print("bkspark autorecovery: --metadata URI or BKSPARK_METADATA_URI is required",
+        print("bkspark autorecovery: " + NO_METADATA_SERVICE.replace("pass a URI", "pass --metadata URI"),
               file=sys.stderr)
         return 2
     setup_logging(args.log_level, args.log_format)

@@ -12,8 +12,11 @@ from bkspark.errors import BKError
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bookies", type=int, default=3, help="number of bookies (default 3)")
     parser.add_argument("--metadata", default=None,
-                        help="metadata URI (default: embedded sqlite store in the data dir)")
-    parser.add_argument("--data-dir", default="./bkspark-data", help="where bookies keep their data")
+                        help="metadata URI (default: the one this data dir's cluster used last, "
+                             "else an embedded sqlite store in the data dir)")
+    parser.add_argument("--data-dir", default="./bkspark-data",
+                        help="where the cluster keeps its data; starting again on the same "
+                             "directory restarts the same bookies (same ids and ports)")
     parser.add_argument("--bookie-arg", action="append", default=[],
                         help="extra flag passed to every bookie, e.g. --bookie-arg=--write-cache-mb=32")
 
@@ -34,12 +37,17 @@ def run(args: argparse.Namespace) -> int:
         cluster.stop_all()
         print(f"bkspark localcluster: {exc}", file=sys.stderr)
         return 1
-    print(f"local cluster running: {len(cluster.bookies)} bookies")
+    print(f"local cluster running: {len(cluster.bookies)} bookies (data in {cluster.data_dir})")
     print(f"  metadata service URI: {cluster.metadata_uri}")
     for bookie in cluster.bookies:
         print(f"  bookie {bookie.bookie_id}  admin http://127.0.0.1:{bookie.http_port}/  log {bookie.log_path}")
-    print("connect with:  BookKeeper(%r)   or   export BKSPARK_METADATA_URI=%s" % (cluster.metadata_uri, cluster.metadata_uri))
-    print("Spark:         spark.read.format('bookkeeper').option('log', ...)  (finds this cluster by itself)")
+    print(f"connect with:  BookKeeper({cluster.metadata_uri!r})   or   "
+          f"export BKSPARK_METADATA_URI={cluster.metadata_uri}")
+    if cluster.default_elsewhere is None:
+        print("clients and Spark without a URI (and without BKSPARK_METADATA_URI) find this cluster")
+    else:
+        print(f"note: the local cluster in {cluster.default_elsewhere.data_dir} is running and stays "
+              "the default for clients without a URI; reach this one with the URI above")
     print("press Ctrl-C to stop", flush=True)
     try:
         while not stop.wait(1.0):

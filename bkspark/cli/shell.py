@@ -176,13 +176,10 @@ class Output:
 # ---- helpers ---------------------------------------------------------------------------------
 
 def _uri(args) -> str:
-    uri = getattr(args, "metadata", None) or os.environ.get("BKSPARK_METADATA_URI")
+    from bkspark.cluster_registry import NO_METADATA_SERVICE, default_metadata_uri
+    uri = default_metadata_uri(getattr(args, "metadata", None))
     if not uri:
-        from bkspark.localcluster import running_cluster_uri
-        uri = running_cluster_uri()
-    if not uri:
-        raise ShellError("no metadata service: pass --metadata URI or set BKSPARK_METADATA_URI",
-                         2)
+        raise ShellError(NO_METADATA_SERVICE.replace("pass a URI", "pass --metadata URI"), 2)
     return uri
 
 

@@ -126,13 +126,22 @@ class BookKeeper:
 
     ``BookKeeper("sqlite:///tmp/meta.db")`` or ``BookKeeper("zk://host:2181/ledgers")``, or
     ``BookKeeper(store=existing_store)`` (the store is then not closed by :meth:`close`).
-    Keyword arguments override :class:`ClientConfig` fields. Thread-safe; use as a context
+    ``BookKeeper()`` uses ``$BKSPARK_METADATA_URI``, else the running local cluster
+    (:func:`bkspark.cluster_registry.default_metadata_uri`). Keyword arguments override :class:`ClientConfig` fields. Thread-safe; use as a context
     manager.
     """
 
     def __init__(self, metadata_uri: str | None = None, *, store=None, **config):
-        if (metadata_uri is None) == (store is None):
-            raise BadRequestError("BookKeeper needs exactly one of metadata_uri or store")
+        if metadata_uri is not None and store is not None:
+            raise BadRequestError("BookKeeper takes a metadata_uri or a store, not both")
+        if store is None:
+            from bkspark.cluster_registry import (
+                NO_METADATA_SERVICE,
+                default_metadata_uri,
+            )
+            metadata_uri = default_metadata_uri(metadata_uri)
+            if metadata_uri is None:
+                raise BadRequestError(NO_METADATA_SERVICE)
         unknown = set(config) - set(ClientConfig.__dataclass_fields__)
         if unknown:
             raise BadRequestError(f"unknown BookKeeper options: {sorted(unknown)}")

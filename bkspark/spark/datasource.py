@@ -11,8 +11,8 @@ from bkspark.spark.options import ARROW, FORMAT_NAME, RECORD, parse_options
 
 
 def _default_uri():
-    from bkspark.localcluster import running_cluster_uri
-    return running_cluster_uri()
+    from bkspark.cluster_registry import default_metadata_uri
+    return default_metadata_uri()
 
 
 def _strip_nullability(obj):

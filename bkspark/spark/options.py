@@ -195,8 +195,9 @@ def parse_options(options, *, default_uri=None) -> ConnectorOptions:
     if uri is None and default_uri is not None:
         uri = default_uri()
     if uri is None:
-        raise BadRequestError("option 'metadataServiceUri' is not set and no local cluster is "
-                              "running (start one with `bkspark localcluster`, or pass e.g. "
+        raise BadRequestError("option 'metadataServiceUri' is not set, BKSPARK_METADATA_URI was "
+                              "not set when Spark started, and no local cluster is running "
+                              "(start one with `bkspark localcluster`, or pass e.g. "
                               ".option('metadataServiceUri', 'zk://host:2181/ledgers'))")
     o.metadata_uri = uri.strip()
 

@@ -1,8 +1,10 @@
 """Fixtures of the Spark connector tests: ONE bookie cluster and ONE SparkSession per session.
 
 Spark tests are slow to start (JVM, Python workers), so everything here is session-scoped:
-``bk_cluster`` (3 real bookies on an embedded SQLite store, published as the running local
-cluster so the connector's default ``metadataServiceUri`` finds it), ``spark`` (``local[2,3]``:
+``bk_cluster`` (3 real bookies on an embedded SQLite store, named by ``BKSPARK_METADATA_URI``
+before Spark starts, so the connector's default ``metadataServiceUri`` is found the way the
+local cluster's banner tells users to; finding the running local cluster without the
+variable is tested by ``tests/test_readme.py``), ``spark`` (``local[2,3]``:
 two cores, a failed task is retried up to 3 times; UI off; 2 shuffle partitions; Python filter
 pushdown on) and ``logs`` (a LogStore on the cluster). Tests use unique log names.
 
@@ -35,9 +37,10 @@ def bk_cluster(tmp_path_factory):
     if REPO not in paths:                           # bookies and Spark workers import bkspark
         os.environ["PYTHONPATH"] = os.pathsep.join([REPO] + [p for p in paths if p])
     from bkspark.localcluster import LocalCluster
-    with LocalCluster(num_bookies=3, data_dir=str(tmp_path_factory.mktemp("bookies")),
-                      publish=True) as cluster:
+    with LocalCluster(num_bookies=3, data_dir=str(tmp_path_factory.mktemp("bookies"))) as cluster:
+        os.environ["BKSPARK_METADATA_URI"] = cluster.metadata_uri   # inherited by Spark's JVM
         yield cluster
+        os.environ.pop("BKSPARK_METADATA_URI", None)
 
 
 @pytest.fixture(scope="session")
