@@ -130,6 +130,10 @@ class MetadataConnectionError(MetadataError):
     """The metadata store cannot be reached (bounded timeout elapsed)."""
 
 
+class NoMetadataStoreError(MetadataError):
+    """The URI names no existing metadata store (and creating one was not asked for)."""
+
+
 class MetadataFormatError(MetadataError):
     """A stored metadata record is corrupt or of an unknown version."""
 
@@ -182,9 +186,23 @@ class LogFencedError(FencedError):
     """This log writer (or checkpoint-store owner) lost ownership: another one took over."""
 
 
+class UnknownBookieError(BKError):
+    """A bookie id the cluster's metadata does not know (no cookie, not registered, in no
+    ledger's ensemble): a typo or another cluster, never "nothing to do"."""
+
+
 class ReplicationError(BKError):
     """Re-replication of a ledger fragment failed for now; the ledger stays under-replicated."""
 
 
 class RecoveryFailedError(BKError):
     """Manual bookie recovery or decommission left ledgers on the bookie."""
+
+
+def did_you_mean(name: str, known) -> str:
+    """``": did you mean 'x'?"`` for the known name closest to ``name`` (case-insensitive), or
+    "" -- for errors about an unknown option or setting."""
+    import difflib
+    lowered = {k.lower(): k for k in known}
+    close = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.6)
+    return f": did you mean {lowered[close[0]]!r}?" if close else ""

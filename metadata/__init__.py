@@ -36,17 +36,21 @@ __all__ = [
 
 
 def open_store(uri: str, *, session_timeout: float = 10.0,
-               connect_timeout: float = 10.0) -> MetadataStore:
+               connect_timeout: float = 10.0, create: bool = False) -> MetadataStore:
     """Open the metadata store named by ``uri``.
 
     * ``zk://host:port[,host:port]/root`` — ZooKeeper (kazoo); ``root`` is a chroot,
       created if missing.
     * ``sqlite:///abs/path.db`` — embedded SQLite file shared by the processes of one machine.
+      It must exist unless ``create`` (bookies and ``bkspark localcluster`` create it; clients
+      never do, so a mistyped path fails instead of opening a new, empty cluster); its
+      directory must exist in any case.
 
     ``session_timeout``: seconds after which a silent owner's ephemeral records vanish.
     ``connect_timeout``: bound on the time spent reaching the store.
 
     :raises InvalidUriError: malformed URI or unknown scheme (the message says which).
+    :raises NoMetadataStoreError: a ``sqlite://`` store that does not exist (see ``create``).
     :raises MetadataConnectionError: the store could not be reached within
         ``connect_timeout`` (the message names the address).
     """
@@ -58,7 +62,7 @@ def open_store(uri: str, *, session_timeout: float = 10.0,
     if isinstance(parsed, SqliteUri):
         from .sqlite_store import SqliteStore
         return SqliteStore(parsed.path, uri, session_timeout=session_timeout,
-                           connect_timeout=connect_timeout)
+                           connect_timeout=connect_timeout, create=create)
     from .zk_store import ZkStore
     return ZkStore(parsed, uri, session_timeout=session_timeout,
                    connect_timeout=connect_timeout)

@@ -35,6 +35,7 @@ from bkspark.errors import (
     MetadataConnectionError,
     MetadataError,
     MetadataFormatError,
+    NoMetadataStoreError,
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
@@ -105,7 +106,7 @@ class SqliteStore(MetadataStore):
     """See the module docstring. Open through :func:`metadata.open_store`."""
 
     def __init__(self, path: str, uri: str | None = None, *, session_timeout: float = 10.0,
-                 connect_timeout: float = 10.0):
+                 connect_timeout: float = 10.0, create: bool = False):
         if session_timeout <= 0:
             raise BadRequestError(f"session_timeout must be > 0, got {session_timeout!r}")
         self.path = path
@@ -121,13 +122,17 @@ class SqliteStore(MetadataStore):
         self._watches: list[_Watch] = []
         self._poll_thread: threading.Thread | None = None
         self._session: str = ""
-        parent = os.path.dirname(path)
-        try:
-            if parent:
-                os.makedirs(parent, exist_ok=True)
-        except OSError as e:
-            raise MetadataConnectionError(
-                f"cannot create the directory of sqlite metadata store {path}: {e}") from e
+        parent = os.path.dirname(path) or "."
+        if not os.path.isdir(parent):
+            raise NoMetadataStoreError(
+                f"no metadata store at {path}: directory {parent} does not exist. Check the URI "
+                "(sqlite:///abs/path.db); `bkspark localcluster --data-dir DIR` creates its "
+                "store as DIR/metadata.db")
+        if not create and not os.path.exists(path):
+            raise NoMetadataStoreError(
+                f"no metadata store at {path}: the file does not exist. Check the URI; a store "
+                "is created by `bkspark localcluster` (DIR/metadata.db) or by the first bookie "
+                "started with this URI")
         try:
             self._init_schema()
             self._session = self._insert_session()

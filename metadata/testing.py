@@ -501,5 +501,5 @@ def open_and_create_worker(uri: str, index: int, start_event=None) -> str:
     from . import open_store
     if start_event is not None:
         start_event.wait(60)
-    with open_store(uri) as store:
+    with open_store(uri, create=True) as store:
         return store.create(f"/opened/n{index}", b"")

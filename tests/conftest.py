@@ -71,7 +71,7 @@ def store_factory(store_uri):
     opened = []
 
     def make(uri: str | None = None, **kwargs):
-        s = open_store(uri or store_uri, **kwargs)
+        s = open_store(uri or store_uri, **{"create": True, **kwargs})
         opened.append(s)
         return s
 

@@ -105,7 +105,8 @@ class BookieServer:
         cfg = self.config
         for directory in [cfg.journal_dir, *cfg.ledger_dirs]:
             os.makedirs(directory, exist_ok=True)
-        self.store = open_store(cfg.metadata_uri, session_timeout=cfg.metadata_session_timeout_s)
+        self.store = open_store(cfg.metadata_uri, session_timeout=cfg.metadata_session_timeout_s,
+                                create=True)    # the first bookie of a cluster creates its store
         registry.ensure_layout(self.store)
         cookies.validate_or_create(self.store, cfg)
         self.storage = Storage(storage_config(cfg))

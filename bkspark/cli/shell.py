@@ -72,7 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="payload bytes shown per entry in tables (default 64)")
     p = add("deleteledger", "delete a ledger (metadata; bookies garbage-collect the data)")
     p.add_argument("ledger_id", type=int)
-    p.add_argument("--force", action="store_true", help="also delete an OPEN ledger")
+    p.add_argument("--force", action="store_true",
+                   help="also delete an OPEN ledger, or one that logs list (it is removed "
+                        "from their lists first)")
     p = add("listunderreplicated", "list under-replicated ledgers (autorecovery records)")
     p.add_argument("--missing", default=None, metavar="BOOKIE",
                    help="only ledgers whose record names this bookie")
@@ -287,15 +289,29 @@ def cmd_readledger(args, out):
 
 @command("deleteledger", "delete a ledger")
 def cmd_deleteledger(args, out):
+    from bkspark.log import LogStore
     from metadata import ledgers as ls
     from metadata.ledger_metadata import LedgerState
-    with _store(args) as store:
-        md, version = ls.read_ledger(store, args.ledger_id)
+    lid = args.ledger_id
+    with _client(args) as bk:
+        md, _ = ls.read_ledger(bk.store, lid)
         if md.state is not LedgerState.CLOSED and not args.force:
-            raise ShellError(f"ledger {args.ledger_id} is {md.state.value}: a writer may still "
-                             "use it; pass --force to delete it anyway")
-        ls.delete_ledger(store, args.ledger_id, version)
-    out.message(f"deleted ledger {args.ledger_id}", {"deleted": args.ledger_id})
+            raise ShellError(f"ledger {lid} is {md.state.value}: a writer may still use it; "
+                             "pass --force to delete it anyway")
+        logs = LogStore(bk)
+        listing = logs.logs_listing(lid)
+        if listing and not args.force:
+            raise ShellError(
+                f"ledger {lid} is part of log {', '.join(map(repr, listing))}: deleting it would "
+                "leave the log naming a missing ledger (to drop a log's oldest data, truncate it: "
+                "LogStore.truncate); pass --force to remove the ledger from the log and delete it")
+        for name in listing:
+            logs.unlist_ledger(name, lid)
+        md, version = ls.read_ledger(bk.store, lid)
+        ls.delete_ledger(bk.store, lid, version)
+    out.message(f"deleted ledger {lid}" + (f" (removed from log {', '.join(listing)})"
+                                           if listing else ""),
+                {"deleted": lid, "removed_from_logs": listing})
 
 
 # ---- autorecovery commands -------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from bkspark import errors
-from bkspark.errors import BadRequestError, UnauthorizedError
+from bkspark.errors import BadRequestError, UnauthorizedError, did_you_mean
 from metadata import ledgers as _ledgers
 from metadata import open_store
 from metadata import registry as _registry
@@ -144,7 +144,9 @@ class BookKeeper:
                 raise BadRequestError(NO_METADATA_SERVICE)
         unknown = set(config) - set(ClientConfig.__dataclass_fields__)
         if unknown:
-            raise BadRequestError(f"unknown BookKeeper options: {sorted(unknown)}")
+            raise BadRequestError("; ".join(
+                f"unknown BookKeeper option {name!r}{did_you_mean(name, ClientConfig.__dataclass_fields__)}"
+                for name in sorted(unknown)) + " (options are the fields of ClientConfig)")
         self.conf = ClientConfig(**config)
         self._own_store = store is None
         self.store = store if store is not None else open_store(metadata_uri)

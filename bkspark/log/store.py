@@ -97,6 +97,27 @@ class LogStore:
         except NoNodeError:
             return []
 
+    def logs_listing(self, ledger_id: int) -> list[str]:
+        """The logs whose list names ``ledger_id`` (a scan of every log's record)."""
+        names = []
+        for name in self.list_logs():
+            try:
+                md, _ = self.get(name)
+            except NoSuchLogError:
+                continue
+            if ledger_id in md.ledger_ids():
+                names.append(name)
+        return names
+
+    def unlist_ledger(self, name: str, ledger_id: int) -> None:
+        """Remove ``ledger_id`` from the log's list (its entries are no longer part of the
+        log); the ledger itself is left as it is."""
+        def change(md: LogMetadata) -> LogMetadata:
+            if ledger_id not in md.ledger_ids():
+                raise NoChange
+            return md.without_ledgers([ledger_id])
+        self.update(name, change, done=lambda md: ledger_id not in md.ledger_ids())
+
     def delete(self, name: str) -> None:
         """Delete a log: its record, its cursors, then its ledgers (once the record is gone no
         write can add to it, so the ledgers it named are unreferenced)."""

@@ -21,7 +21,13 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 
-from bkspark.errors import BKError, NoNodeError, NoSuchLedgerError, RecoveryFailedError
+from bkspark.errors import (
+    BKError,
+    NoNodeError,
+    NoSuchLedgerError,
+    RecoveryFailedError,
+    UnknownBookieError,
+)
 from metadata import ledgers as ledger_store
 from metadata import registry
 
@@ -71,6 +77,23 @@ def ledgers_on(bk, bookie: str) -> list[tuple[int, int, int]]:
     return out
 
 
+def require_known(store, bookie: str) -> None:
+    """UnknownBookieError unless the cluster has a cookie or a registration for ``bookie``
+    (the callers also accept a bookie that some ledger's ensemble names)."""
+    try:
+        registry.read_cookie(store, bookie)
+        return
+    except NoNodeError:
+        pass
+    if bookie in registry.list_bookies(store) or bookie in registry.list_bookies(store, readonly=True):
+        return
+    known = sorted(set(registry.list_bookies(store)) | set(registry.list_bookies(store, readonly=True)))
+    raise UnknownBookieError(
+        f"bookie {bookie} is not known to this cluster: no cookie, not registered, and no "
+        f"ledger uses it. Check the id and the metadata URI (registered now: {known}; "
+        "`bkspark shell listbookies --all`)")
+
+
 def recover_bookie(bk, bookie: str, *, target: str | None = None, fence_open: bool = True,
                    read_from_bookie: bool = False, progress=None,
                    parallel: int = 4) -> RecoverySummary:
@@ -89,6 +112,8 @@ def recover_bookie(bk, bookie: str, *, target: str | None = None, fence_open: bo
         if target == bookie:
             raise BKError("the target bookie is the bookie being recovered")
     plan = ledgers_on(bk, bookie)
+    if not plan:
+        require_known(bk.store, bookie)
     summary.ledgers = [lid for lid, _, _ in plan]
     if progress is not None:
         progress.start(len(plan), sum(n for _, n, _ in plan), sum(b for _, _, b in plan))

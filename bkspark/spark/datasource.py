@@ -91,6 +91,9 @@ class BookKeeperDataSource(DataSource):
             if getattr(self.opts, key) is not None:
                 opt = "startingOffsets" if key == "starting" else "endingOffsets"
                 raise BadRequestError(f"option {opt!r} is for reads, not writes")
+        self._check_cluster_fits()
+        if not overwrite:
+            self._check_password(name)
         if self.opts.entry_format == RECORD:
             codec.check_record_write_schema(schema)
             return
@@ -108,6 +111,34 @@ class BookKeeperDataSource(DataSource):
                     f"entryFormat=arrow: log {name!r} holds rows of schema "
                     f"{existing.simpleString()}; cannot append {schema.simpleString()} "
                     "(use mode('overwrite') or another log)")
+
+    def _check_cluster_fits(self) -> None:
+        """Refuse, before any task runs, ledgers that the cluster cannot place."""
+        from metadata import registry
+        bk = conn.bookkeeper(self.opts.metadata_uri)
+        writable = registry.list_bookies(bk.store)
+        if self.opts.ensemble_size > len(writable):
+            raise BadRequestError(
+                f"option 'ensembleSize' is {self.opts.ensemble_size} but the cluster at "
+                f"{self.opts.metadata_uri} has {len(writable)} writable bookies "
+                f"({', '.join(sorted(writable)) or 'none'}): start more bookies, or lower "
+                "'ensembleSize' (and 'writeQuorumSize'/'ackQuorumSize' with it)")
+
+    def _check_password(self, name: str) -> None:
+        """An append must use the password of the log's ledgers: one log, one password (a
+        reader opens every ledger of a log with the password it is given)."""
+        logs = conn.log_store(self.opts)
+        try:
+            md, _ = logs.get(name)
+        except NoSuchLogError:
+            return
+        if md.ledgers:
+            newest = logs.bk.ledger_metadata(md.ledgers[-1]["ledger_id"])
+            if newest.password != self.opts.password:
+                raise BadRequestError(
+                    f"log {name!r} holds ledgers written with another password than option "
+                    "'password' gives: pass the log's password (every ledger of a log must have "
+                    "the same one, or no read could read it all), or write to another log")
 
     # ---- streaming ----------------------------------------------------------------------
     def streamReader(self, schema):

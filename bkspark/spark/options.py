@@ -43,7 +43,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from bkspark.errors import BadRequestError
+from bkspark.errors import BadRequestError, did_you_mean
 from bkspark.log.position import EARLIEST, LATEST, Position
 
 FORMAT_NAME = "bookkeeper"
@@ -174,15 +174,31 @@ def _identifier(name: str, value: str) -> str:
     return v
 
 
+#: what users of Spark's Kafka connector reach for, and this connector's name for it
+_KAFKA_NAMES = {"subscribe": "log", "subscribepattern": "logPattern", "assign": "logs",
+                "maxoffsetspertrigger": "maxEntriesPerTrigger",
+                "kafka.bootstrap.servers": "metadataServiceUri"}
+
+
+def _unknown_option(key: str) -> str:
+    """The error for an option this source does not know, with the closest known name.
+
+    Spark hands a Python data source its option names lower-cased, so ``key`` is shown as
+    Spark passed it; the suggestion is spelled as documented."""
+    public = [n for n in KNOWN_OPTIONS if not n.startswith("_")]
+    kafka = _KAFKA_NAMES.get(key.lower())
+    return (f"unknown option {key!r} for format({FORMAT_NAME!r})"
+            + (f": did you mean {kafka!r}?" if kafka else did_you_mean(key, public))
+            + " Known options (case does not matter): " + ", ".join(public))
+
+
 def parse_options(options, *, default_uri=None) -> ConnectorOptions:
     """Validate Spark's options mapping; ``default_uri()`` supplies metadataServiceUri."""
     raw: dict[str, str] = {}
     for key, value in dict(options).items():
         canon = _CANON.get(str(key).lower())
         if canon is None:
-            raise BadRequestError(
-                f"unknown option {key!r} for format({FORMAT_NAME!r}); known options: "
-                + ", ".join(n for n in KNOWN_OPTIONS if not n.startswith("_")))
+            raise BadRequestError(_unknown_option(str(key)))
         if canon in raw:
             raise BadRequestError(f"option {canon!r} given twice")
         raw[canon] = "" if value is None else str(value)

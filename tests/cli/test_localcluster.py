@@ -169,7 +169,7 @@ def test_every_entry_point_honours_BKSPARK_METADATA_URI(home, monkeypatch):
     from bkspark.spark.options import parse_options
     assert parse_options({"log": "l"}, default_uri=_default_uri).metadata_uri == uri
     from metadata import open_store
-    open_store(uri).close()                              # an empty cluster's store
+    open_store(uri, create=True).close()                 # an empty cluster's store
     from bkspark.log import LogStore
     with BookKeeper() as bk:
         LogStore(bk).create("found-by-the-variable")

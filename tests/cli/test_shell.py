@@ -101,9 +101,42 @@ def test_readledger_force_recovery_and_delete(cluster, capsys):
     code, doc, _ = sh(capsys, cluster, "ledgermetadata", str(lid), as_json=True)
     assert doc["state"] == "CLOSED" and doc["last_entry_id"] == 2
     code, doc, _ = sh(capsys, cluster, "deleteledger", str(lid), as_json=True)
-    assert code == 0 and doc == {"deleted": lid}
+    assert code == 0 and doc == {"deleted": lid, "removed_from_logs": []}
     code, _, err = sh(capsys, cluster, "readledger", str(lid))
     assert code == 1 and "no such ledger" in err
+
+
+def test_deleteledger_of_a_ledger_a_log_lists_needs_force(cluster, capsys):
+    """Deleting a ledger that a log lists would leave the log naming a missing ledger."""
+    with BookKeeper(cluster.metadata_uri) as bk:
+        logs = LogStore(bk, password=PW)
+        with logs.open_writer("listed-log") as w:
+            w.append(b"kept")
+            first = w.ledger_id
+            w.roll()
+            w.append(b"dropped")
+        listed = logs.get("listed-log")[0].ledger_ids()
+    assert first in listed
+    code, _, err = sh(capsys, cluster, "deleteledger", str(first))
+    assert code == 1 and "part of log 'listed-log'" in err and "--force" in err, err
+    with BookKeeper(cluster.metadata_uri) as bk:
+        assert LogStore(bk).get("listed-log")[0].ledger_ids() == listed   # nothing changed
+        bk.ledger_metadata(first)
+    code, doc, err = sh(capsys, cluster, "deleteledger", str(first), "--force", as_json=True)
+    assert code == 0 and doc == {"deleted": first, "removed_from_logs": ["listed-log"]}, err
+    with BookKeeper(cluster.metadata_uri) as bk:
+        logs = LogStore(bk, password=PW)
+        assert logs.get("listed-log")[0].ledger_ids() == [i for i in listed if i != first]
+        assert [r.data for r in logs.open_reader("listed-log", "earliest", tail=False)] == \
+            [b"dropped"]
+
+
+@pytest.mark.parametrize("command", ["recover", "decommission"])
+def test_recover_or_decommission_of_an_unknown_bookie_is_an_error(cluster, capsys, command):
+    code, out, err = sh(capsys, cluster, command, "127.0.0.1:1")
+    assert code == 1, out
+    assert "bookie 127.0.0.1:1 is not known to this cluster" in err
+    assert all(b in err for b in cluster.bookie_ids)      # names the bookies it does know
 
 
 def test_autorecovery_commands(cluster, capsys):

@@ -120,7 +120,7 @@ class MemoryBookie:
 class MemCluster:
     def __init__(self, uri, n):
         self.metadata_uri = uri
-        self.store = open_store(uri)
+        self.store = open_store(uri, create=True)
         self.bookies = [MemoryBookie(self.store) for _ in range(n)]
 
     @property

@@ -22,7 +22,7 @@ def test_reads_never_wait_for_a_stuck_writer(tmp_path, monkeypatch):
     (including the process that was to resume it) for the busy timeout."""
     monkeypatch.setattr(sqlite_store, "BUSY_TIMEOUT", 3.0)
     uri = f"sqlite:///{tmp_path}/meta.db"
-    store = open_store(uri, session_timeout=5.0)
+    store = open_store(uri, session_timeout=5.0, create=True)
     try:
         store.create("/x", b"1")
         proc = SPAWN.Process(target=mt.ephemeral_then_die_worker, args=(uri, "/dead", 2.0))

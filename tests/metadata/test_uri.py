@@ -7,7 +7,12 @@ import time
 
 import pytest
 
-from bkspark.errors import BadRequestError, MetadataConnectionError, MetadataFormatError
+from bkspark.errors import (
+    BadRequestError,
+    MetadataConnectionError,
+    MetadataFormatError,
+    NoMetadataStoreError,
+)
 from metadata import InvalidUriError, MetadataError, open_store, parse_uri
 from metadata.uri import SqliteUri, ZkUri
 
@@ -121,11 +126,23 @@ def test_sqlite_foreign_database_is_rejected(tmp_path):
 def test_sqlite_unwritable_location(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    with pytest.raises(MetadataConnectionError):
-        open_store(f"sqlite://{blocker}/sub/meta.db")
+    with pytest.raises(NoMetadataStoreError, match="does not exist"):
+        open_store(f"sqlite://{blocker}/sub/meta.db", create=True)
 
 
-def test_sqlite_creates_parent_directories(tmp_path):
-    with open_store(f"sqlite://{tmp_path}/a/b/meta.db") as s:
+def test_a_missing_sqlite_store_is_an_error_unless_created(tmp_path):
+    """A mistyped path must not open a new, empty cluster: no file, no directory is made."""
+    with pytest.raises(NoMetadataStoreError, match=f"no metadata store at {tmp_path}/a/b/meta.db: "
+                       f"directory {tmp_path}/a/b does not exist"):
+        open_store(f"sqlite://{tmp_path}/a/b/meta.db", create=True)
+    assert not (tmp_path / "a").exists()                 # no mkdir -p
+    with pytest.raises(NoMetadataStoreError, match="the file does not exist"):
+        open_store(f"sqlite://{tmp_path}/meta.db")
+    assert not (tmp_path / "meta.db").exists()
+    from bkspark.client import BookKeeper
+    with pytest.raises(NoMetadataStoreError, match="no metadata store at"):
+        BookKeeper(f"sqlite://{tmp_path}/meta.db")
+    with open_store(f"sqlite://{tmp_path}/meta.db", create=True) as s:   # what a bookie does
         s.create("/x", b"")
-    assert (tmp_path / "a" / "b" / "meta.db").exists()
+    with open_store(f"sqlite://{tmp_path}/meta.db") as s:
+        assert s.get("/x")[0] == b""

@@ -266,6 +266,8 @@ def test_zero_config_module_is_visible_to_pysparks_scan_from_anywhere(tmp_path):
 
 @pytest.mark.parametrize("opts,match", [
     ({"log": "x", "noSuchOption": "1"}, "(?i)unknown option .nosuchoption"),
+    ({"log": "x", "startingOfsets": "earliest"},
+     "unknown option 'startingofsets' .*did you mean 'startingOffsets'"),
     ({"log": "x", "entryFormat": "csv"}, "entryFormat"),
     ({"log": "x", "startingOffsets": "soon"}, "startingOffsets"),
     ({"metadataServiceUri": ""}, "metadataServiceUri"),
@@ -279,6 +281,37 @@ def test_bad_read_options_fail_at_planning(spark, uri, opts, match):
         r = r.option(k, v)
     with pytest.raises(Exception, match=match):
         r.load().collect()
+
+
+def _jobs_run_by(spark, action) -> tuple[Exception, list[int]]:
+    """Run ``action`` in a job group of its own; the error it raised and the jobs it ran."""
+    import uuid
+    group = uuid.uuid4().hex
+    spark.sparkContext.setJobGroup(group, "planning check")
+    try:
+        action()
+    except Exception as exc:  # noqa: BLE001  (the caller checks which)
+        return exc, list(spark.sparkContext.statusTracker().getJobIdsForGroup(group))
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    raise AssertionError("expected the action to fail")
+
+
+def test_writes_the_cluster_cannot_take_fail_at_planning(spark, uri, log_name, logs, bk_cluster):
+    """A password other than the log's, or an ensemble larger than the writable bookies: an
+    error naming the problem before any task runs (not after every task attempt failed)."""
+    df = spark.range(3).selectExpr("CAST(id AS STRING) AS value")
+    wr(df, uri).option("password", "pw").save(log_name)
+    written = len(logs.get(log_name)[0].ledgers)
+    exc, jobs = _jobs_run_by(spark, lambda: wr(df, uri).save(log_name))     # password ""
+    assert "another password" in str(exc) and jobs == [], (jobs, exc)
+    exc, jobs = _jobs_run_by(spark, lambda: wr(df, uri).option("password", "pw").option(
+        "ensembleSize", "4").save(log_name))
+    assert "'ensembleSize' is 4 but the cluster" in str(exc) and jobs == [], (jobs, exc)
+    assert all(b in str(exc) for b in bk_cluster.bookie_ids)
+    assert len(logs.get(log_name)[0].ledgers) == written     # nothing was added
+    wr(df, uri).option("password", "pw").save(log_name)      # the right password appends
+    assert len(logs.get(log_name)[0].ledgers) == 2 * written
 
 
 def test_bad_write_input_and_missing_log(spark, uri, log_name):

@@ -22,8 +22,26 @@ def test_defaults_and_case_insensitive_names():
 
 
 def test_unknown_option_is_named():
-    with pytest.raises(BadRequestError, match="unknown option 'subscribe'"):
+    with pytest.raises(BadRequestError, match="unknown option 'subscribe'.*did you mean 'log'"):
         parse(log="a", subscribe="x")
+
+
+@pytest.mark.parametrize("given,meant", [
+    ("maxentriespertriger", "maxEntriesPerTrigger"),     # Spark passes names lower-cased
+    ("startingOffset", "startingOffsets"),
+    ("ensemblesize ", "ensembleSize"),
+    ("maxOffsetsPerTrigger", "maxEntriesPerTrigger"),   # Kafka's name for it
+])
+def test_unknown_option_suggests_the_closest_known_one(given, meant):
+    with pytest.raises(BadRequestError, match=f"unknown option {given!r}.*did you mean {meant!r}"):
+        parse(log="a", **{given: "1"})
+
+
+def test_unknown_client_option_suggests_the_closest_field():
+    from bkspark.client import BookKeeper
+    with pytest.raises(BadRequestError, match="unknown BookKeeper option 'add_timout': did you "
+                                              "mean 'add_timeout'"):
+        BookKeeper("sqlite:///nonexistent/x.db", add_timout=3)
 
 
 @pytest.mark.parametrize("opt,value,match", [
