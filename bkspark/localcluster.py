@@ -263,7 +263,7 @@ class LocalCluster:
         os.makedirs(self.data_dir, exist_ok=True)
         self.records = ClusterDir(self.data_dir)
         self.metadata_uri = (metadata_uri or self.records.record().get("metadata_uri")
-                             or f"sqlite:///{os.path.join(self.data_dir, 'metadata.db')}")
+                             or f"sqlite://{os.path.join(self.data_dir, 'metadata.db')}")
         self.extra_args = list(extra_args or [])
         self.start_timeout = start_timeout
         self.publish = publish

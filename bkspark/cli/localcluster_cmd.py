@@ -1,10 +1,18 @@
-"""`bkspark localcluster`: embedded metadata store + N bookies on loopback until Ctrl-C."""
+"""`bkspark localcluster`: embedded metadata store + N bookies on loopback until Ctrl-C.
+
+``--background`` starts the same cluster in a process of its own (output in
+``<data dir>/localcluster.log``) and returns once it is running; ``--stop`` stops the cluster
+running on a data directory (SIGTERM to the process holding the directory's lock, as Ctrl-C).
+"""
 from __future__ import annotations
 
 import argparse
+import os
 import signal
+import subprocess
 import sys
 import threading
+import time
 
 from bkspark.errors import BKError
 
@@ -19,6 +27,72 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "directory restarts the same bookies (same ids and ports)")
     parser.add_argument("--bookie-arg", action="append", default=[],
                         help="extra flag passed to every bookie, e.g. --bookie-arg=--write-cache-mb=32")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--background", action="store_true",
+                      help="run in the background; return once the cluster is up (output in "
+                           "DATA_DIR/localcluster.log; stop it with --stop)")
+    mode.add_argument("--stop", action="store_true",
+                      help="stop the local cluster running on --data-dir")
+
+
+def _background(args: argparse.Namespace) -> int:
+    """Start the cluster in a detached process; return once it runs (or failed to start)."""
+    from bkspark.cluster_registry import ClusterDir
+    records = ClusterDir(args.data_dir)
+    os.makedirs(records.data_dir, exist_ok=True)
+    if records.running():
+        print(f"bkspark localcluster: a local cluster already runs on {records.data_dir} "
+              f"(pid {records.record().get('pid', '?')}); stop it with --stop", file=sys.stderr)
+        return 1
+    log_path = os.path.join(records.data_dir, "localcluster.log")
+
+    def output() -> str:
+        with open(log_path, "rb") as f:
+            f.seek(start)
+            return f.read().decode(errors="replace")
+
+    with open(log_path, "ab") as log:
+        start = log.tell()
+        proc = subprocess.Popen([sys.executable, "-m", "bkspark.cli.main", *_argv(args)],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    while proc.poll() is None and "press Ctrl-C" not in output():
+        time.sleep(0.2)
+    if proc.poll() is not None:
+        print(output()[-4000:], file=sys.stderr, end="")
+        print(f"bkspark localcluster: the cluster did not start (exit {proc.returncode}); "
+              f"its output is in {log_path}", file=sys.stderr)
+        return 1
+    print(output().replace("press Ctrl-C to stop", "").rstrip())
+    print(f"running in the background (pid {proc.pid}, output in {log_path}); stop it with: "
+          f"bkspark localcluster --stop --data-dir {args.data_dir}")
+    return 0
+
+
+def _argv(args: argparse.Namespace) -> list[str]:
+    argv = ["localcluster", "--bookies", str(args.bookies), "--data-dir", args.data_dir]
+    if args.metadata:
+        argv += ["--metadata", args.metadata]
+    return argv + [f"--bookie-arg={a}" for a in args.bookie_arg]
+
+
+def _stop(args: argparse.Namespace, timeout: float = 120.0) -> int:
+    from bkspark.cluster_registry import ClusterDir
+    records = ClusterDir(args.data_dir)
+    pid = records.record().get("pid")
+    if not records.running() or not pid:
+        print(f"bkspark localcluster: no local cluster runs on {records.data_dir}", file=sys.stderr)
+        return 1
+    os.kill(int(pid), signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while records.running() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if records.running():
+        print(f"bkspark localcluster: the cluster on {records.data_dir} (pid {pid}) did not stop "
+              f"within {timeout:g}s", file=sys.stderr)
+        return 1
+    print(f"stopped the local cluster on {records.data_dir}")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -27,6 +101,10 @@ def run(args: argparse.Namespace) -> int:
     if args.bookies < 1:
         print("bkspark localcluster: --bookies must be at least 1", file=sys.stderr)
         return 2
+    if args.stop:
+        return _stop(args)
+    if args.background:
+        return _background(args)
     cluster = LocalCluster(args.metadata, args.bookies, args.data_dir, args.bookie_arg, publish=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
