@@ -433,15 +433,21 @@ class ReadHandle:
         """Like :meth:`read_last_add_confirmed` but content with any answer."""
         return self._read_lac_round(require_coverage=False)
 
-    def read_lac_long_poll(self, previous: int, timeout: float) -> int:
+    def read_lac_long_poll(self, previous: int, timeout: float,
+                           wake: threading.Event | None = None) -> int:
         """Wait up to ``timeout`` seconds for the LAC to pass ``previous``; return the LAC
-        known then (possibly still ``previous``). A ledger closed meanwhile returns its
-        last entry."""
-        if self.is_closed or self._lac > previous:
+        known then (possibly still ``previous``). A ledger found closed when the wait ends
+        (its metadata is re-read then) returns its last entry.
+
+        ``wake``: the event this call waits on, a fresh one per call; the caller may set it
+        from another thread to end the wait early (say, a watch saw the ledger's log record
+        change: a roll or a takeover closed the ledger, and bookies do not answer a long
+        poll for a close). The call sets it too when the wait is over."""
+        if self.is_closed or self._lac > previous or (wake is not None and wake.is_set()):
             return self._lac
         md = self._md
         conf = self._bk.conf
-        done = threading.Event()
+        done = wake if wake is not None else threading.Event()
         lock = threading.Lock()
         state = {"left": len(md.last_ensemble())}
 
@@ -468,12 +474,23 @@ class ReadHandle:
             self._refresh_if_open()
         return self._lac
 
-    def _refresh_if_open(self):
+    def refresh(self, settle: bool = False) -> bool:
+        """Re-read the ledger's metadata, unless this handle already knows it CLOSED; return
+        :attr:`is_closed`. A handle opened while the ledger was OPEN so learns a close made
+        since -- by its writer, or by another client's recovery, which may close it beyond
+        every LAC this handle saw -- and then reads up to the closed end (never beyond).
+        ``settle``: read after a sync, so every change the metadata store committed before
+        this call is seen."""
+        self._refresh_if_open(settle)
+        return self.is_closed
+
+    def _refresh_if_open(self, settle: bool = False):
         if self._md.state is not LedgerState.CLOSED:
-            md, version = self._bk._read_md(self.ledger_id)
-            self._md, self._version = md, version
-            if md.state is LedgerState.CLOSED:
-                self._lac = md.last_entry_id
+            md, version = self._bk._read_md(self.ledger_id, settle=settle)
+            with self._lac_lock:
+                if md.state is LedgerState.CLOSED:
+                    self._lac = md.last_entry_id    # before the state: is_closed implies it
+                self._md, self._version = md, version
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def close(self) -> None:

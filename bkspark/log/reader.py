@@ -1,19 +1,31 @@
 """Reading a log in order across its ledgers, and tailing its open ledger.
 
-Closed ledgers are read to their last entry. The open ledger (the last, being written) is
-read without fencing up to its LAC — only entries acknowledged to the writer are visible —
-and then long-polled for more. When the writer rolls or is replaced, the ledger's metadata
-turns CLOSED and the reader moves on to the next ledger of the list. All readers see the
-same sequence.
+How far a ledger is read is decided in one place, :meth:`LogStore.readable_end`: a ledger
+listed CLOSED to its recorded end; otherwise the ledger metadata decides -- CLOSED: its last
+entry; OPEN or IN_RECOVERY: the LAC (read without fencing; only entries acknowledged to the
+writer are visible), then long-polled for more. When the writer rolls, or a new writer takes
+the log over (fencing and recovering the ledger), the ledger is closed at an end that may be
+beyond the LAC this reader saw: its read handle, opened while the ledger was OPEN, is
+refreshed, the entries up to the closed end are returned, and the reader moves on to the next
+ledger of the list. All readers see the same sequence.
+
+A tailing reader watches the log's record while it waits: a roll or a takeover changes it,
+which ends a long poll at once (bookies do not answer a long poll for a close).
 """
 from __future__ import annotations
 
+import logging
+import threading
 import time
+import weakref
 from typing import Iterator, NamedTuple
 
 from bkspark import errors
 from bkspark.log.position import Position
 from bkspark.log.store import CLOSED, LogStore
+from metadata.layout import log_path
+
+log = logging.getLogger("bkspark.log.reader")
 
 
 class LogRecord(NamedTuple):
@@ -38,9 +50,14 @@ class LogReader:
         self.batch_size = batch_size
         self._handle = None
         self._handle_ledger = None
+        self._watch: _ListWatch | None = None
+        self._unwatch = None
 
     def close(self) -> None:
         self._drop_handle()
+        if self._unwatch is not None:
+            self._unwatch()
+        self._watch = self._unwatch = None
 
     def __enter__(self):
         return self
@@ -77,65 +94,85 @@ class LogReader:
         while True:
             if self._reached_end():
                 return []
-            md, _ = self.logs.get(self.name)
+            md, version = self.logs.get(self.name)
             ids = md.ledger_ids()
             if self.next.ledger_id == -1 and ids:            # the log was empty when we started
                 self.next = Position(ids[0], 0)
             if self.next.ledger_id not in ids:
                 if not ids:
-                    if not self._wait(deadline):
+                    if not self._wait(deadline, version):
                         return []
                     continue
                 raise errors.BKError(f"log {self.name}: position {self.next} is no longer in the log "
                                      "(truncated)")
             index = ids.index(self.next.ledger_id)
             entry = md.ledgers[index]
-            if entry.get("state") == CLOSED:
-                last = entry["last_entry_id"]
-            else:
-                handle = self._open(entry["ledger_id"])
-                last = handle.last_add_confirmed if handle.is_closed else handle.try_read_last_add_confirmed()
-            if self.end is not None and self.end.ledger_id == self.next.ledger_id:
+            lid = entry["ledger_id"]
+            # the cached handle of this ledger, if any (refreshed if the list says CLOSED);
+            # a ledger not listed CLOSED is read through one, to follow its LAC
+            handle = self._open(lid) if entry.get("state") != CLOSED else (
+                self._handle if self._handle_ledger == lid else None)
+            last, final = self.logs.readable_end(entry, handle)
+            if self.end is not None and self.end.ledger_id == lid:
                 last = min(last, self.end.entry_id - 1)
             if self.next.entry_id <= last:
                 upto = min(last, self.next.entry_id + max_entries - 1)
-                handle = self._open(entry["ledger_id"])
-                records = [LogRecord(Position(entry["ledger_id"], e.entry_id), e.data)
-                           for e in handle.read(self.next.entry_id, upto)]
-                self.next = Position(entry["ledger_id"], upto + 1)
+                records = [LogRecord(Position(lid, e.entry_id), e.data)
+                           for e in self._open(lid).read(self.next.entry_id, upto)]
+                self.next = Position(lid, upto + 1)
                 return records
-            closed = entry.get("state") == CLOSED or (self._handle_ledger == entry["ledger_id"]
-                                                     and self._handle.is_closed)
-            if closed or index + 1 < len(ids):
-                if not closed:          # a later ledger exists: this one is (being) closed
-                    self._drop_handle()
-                    handle = self._open(entry["ledger_id"])
-                    if not handle.is_closed:
-                        if not self._wait(deadline):
-                            return []
-                        self._drop_handle()
-                        continue
-                    if self.next.entry_id <= handle.last_add_confirmed:
-                        continue
+            if final:
                 if index + 1 < len(ids):
                     self.next = Position(ids[index + 1], 0)
                     continue
-            if not self.tail or not self._wait_for_lac(entry["ledger_id"], last, deadline):
+                # closed and last: its writer closed it and has not listed the next one yet
+                # (or the log is not written any more); the list changes when it does
+                if not self.tail or not self._wait(deadline, version, step=1.0):
+                    return []
+                continue
+            if index + 1 < len(ids):
+                # not closed but a later ledger is listed: a writer is closing it
+                # (recovering it); its metadata shows the end first
+                if self._open(lid).refresh():
+                    continue
+                if not self._wait(deadline, version):
+                    return []
+                continue
+            if not self.tail or not self._wait_for_lac(lid, last, deadline, version):
                 return []
 
-    def _wait(self, deadline: float) -> bool:
+    def _wake_event(self, version: int) -> threading.Event | None:
+        """A fresh event for one wait at the tail, set when the log's record changes after
+        ``version`` (already set if it has); None if the record cannot be watched."""
+        if self._watch is None:
+            try:
+                self._watch = _ListWatch(self.logs.store, log_path(self.name))
+            except errors.BKError as exc:
+                log.info("log %s: cannot watch the log's record (%s); polling", self.name, exc)
+                return None
+            self._unwatch = weakref.finalize(self, self._watch.cancel)   # also if never closed
+        return self._watch.event_after(version)
+
+    def _wait(self, deadline: float, version: int, step: float = 0.1) -> bool:
+        """Wait up to ``step`` (not past the deadline), less if the log's record changes."""
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return False
-        time.sleep(min(0.1, remaining))
+        wake = self._wake_event(version) if self.tail else None
+        if wake is None:
+            time.sleep(min(step, remaining))
+        else:
+            wake.wait(min(step, remaining))
         return True
 
-    def _wait_for_lac(self, ledger_id: int, lac: int, deadline: float) -> bool:
+    def _wait_for_lac(self, ledger_id: int, lac: int, deadline: float, version: int) -> bool:
+        """Long-poll the open ledger for a LAC past ``lac``; ended early when the log's record
+        changes (a roll or a takeover closed the ledger)."""
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return False
-        handle = self._open(ledger_id)
-        handle.read_lac_long_poll(lac, min(remaining, 1.0))
+        wake = self._wake_event(version)
+        self._open(ledger_id).read_lac_long_poll(lac, min(remaining, 1.0), wake=wake)
         return True
 
     def __iter__(self) -> Iterator[LogRecord]:
@@ -148,3 +185,31 @@ class LogReader:
             elif self._reached_end() or not self.tail or (
                     self.idle_timeout is not None and time.monotonic() - idle_since >= self.idle_timeout):
                 return
+
+
+class _ListWatch:
+    """A watch on a log's record for a tailing reader: the newest version seen, and the event
+    of the reader's current wait, set when a newer version shows up. Holds no reference to
+    the reader (a reader dropped without close() cancels it when collected)."""
+
+    def __init__(self, store, path: str) -> None:
+        self._lock = threading.Lock()
+        self._seen = -1
+        self._event: threading.Event | None = None
+        self.cancel = store.watch_data(path, self._changed)
+
+    def _changed(self, data, version) -> None:
+        with self._lock:
+            if version is not None:
+                self._seen = max(self._seen, version)
+            event = self._event
+        if event is not None:
+            event.set()
+
+    def event_after(self, version: int) -> threading.Event:
+        event = threading.Event()
+        with self._lock:
+            self._event = event
+            if self._seen > version:
+                event.set()
+        return event

@@ -320,15 +320,46 @@ class LogStore:
 
     # ---- positions ------------------------------------------------------------------------
 
-    def ledger_end(self, entry: dict) -> int:
-        """Last readable entry id of a list entry: its recorded end, or the LAC if still open."""
+    def readable_end(self, entry: dict, handle=None) -> tuple[int, bool]:
+        """How far a ledger of the list may be read: ``(last readable entry id, final)``. The
+        one rule for readers, positions and lags:
+
+        * listed CLOSED: the end the list records (that of the CLOSED ledger metadata), final;
+        * else the ledger metadata decides. CLOSED (the list records it next): its last entry,
+          final. OPEN or IN_RECOVERY: the LAC, not final -- only acknowledged entries are
+          visible, and the end that the writer's close or a new writer's recovery decides is
+          at or beyond that LAC (a fenced ledger still answers reads).
+
+        ``handle``: a read handle of the ledger to use (a tailing reader's, opened without
+        recovery), whose LAC is refreshed if the ledger is not listed CLOSED; if it is listed
+        CLOSED but the handle was opened while the ledger was OPEN, its metadata is re-read,
+        so that it reads up to the closed end, beyond the LAC it saw. Without a handle, one is
+        opened (without recovery) and closed here.
+
+        :raises BKError: the list says CLOSED and even a settled read of the ledger metadata
+            does not (the list is not the record of that ledger any more).
+        """
+        lid = entry["ledger_id"]
         if entry.get("state") == CLOSED:
-            return entry["last_entry_id"]
-        handle = self.bk.open_ledger(entry["ledger_id"], password=self.password, recovery=False)
-        try:
-            return handle.last_add_confirmed
-        finally:
-            handle.close()
+            end = entry["last_entry_id"]
+            if handle is not None and not handle.refresh() and not handle.refresh(settle=True):
+                raise errors.BKError(
+                    f"ledger {lid} is listed closed at entry {end}, but its metadata is "
+                    f"{handle.metadata.state.name}")
+            return end, True
+        if handle is None:
+            handle = self.bk.open_ledger(lid, password=self.password, recovery=False)
+            try:
+                return handle.last_add_confirmed, handle.is_closed
+            finally:
+                handle.close()
+        if not handle.is_closed:
+            handle.try_read_last_add_confirmed()
+        return handle.last_add_confirmed, handle.is_closed
+
+    def ledger_end(self, entry: dict) -> int:
+        """Last readable entry id of a list entry (:meth:`readable_end`)."""
+        return self.readable_end(entry)[0]
 
     def resolve(self, name: str, where) -> Position:
         """Turn EARLIEST / LATEST / a Position into the position of the next entry to read."""

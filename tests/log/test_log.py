@@ -257,3 +257,192 @@ def test_bad_names_and_missing_logs(logs):
         logs.open_writer("../etc")
     with pytest.raises(errors.NoSuchLogError):
         logs.get("never-created")
+
+
+# ---- a tailing reader follows rolls and takeovers (issue 27, item 4) ----------------------
+#
+# A tailing reader of the open ledger only sees entries up to the LAC it learned, which
+# trails the writer's last acknowledged entry (an entry carries the LAC of the entries before
+# it). When the ledger is closed -- by a roll, or by a new writer's recovery -- its end is
+# the closed metadata's last entry, beyond that LAC: the reader must return the rest, exactly
+# once, and then go on in the next ledger of the list.
+
+def step_until_caught_up(reader, got, want, timeout=60.0):
+    """Step a tailing reader until it has returned at least ``want`` records and then found
+    nothing more to read (it waits at the LAC it knows)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        batch = reader.read_batch(timeout=0.1)
+        got.extend(batch)
+        if not batch and len(got) >= want:
+            return
+    raise AssertionError(f"the reader did not catch up: {len(got)} of {want} records")
+
+
+def step_until(reader, got, want, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while len(got) < want and time.monotonic() < deadline:
+        got.extend(reader.read_batch(timeout=0.1))
+    assert len(got) >= want, f"the reader returned {len(got)} of {want} records"
+
+
+def visible_at_least(acked, in_current_ledger):
+    """Records a caught-up reader has surely returned: all but the current ledger's last
+    acknowledged one (the LAC it can learn may trail it by one)."""
+    return len(acked) - (1 if in_current_ledger else 0)
+
+
+def assert_exactly_once_in_order(got, acked):
+    assert [r.data for r in got] == [data for data, _ in acked]
+    assert [r.position for r in got] == [position for _, position in acked]
+
+
+@pytest.mark.parametrize("change", ["roll", "takeover"])
+def test_caught_up_tailing_reader_follows_rolls_and_takeovers(logs, log_name, change):
+    """The reader is stepped (read_batch with a short wait), caught up with the open ledger
+    before each change: 10 rolls, or 5 takeovers by a new writer, some of them of ledgers
+    closed empty."""
+    counts = [3, 1, 0, 5, 2, 0, 4, 1, 3, 2] if change == "roll" else [2, 0, 3, 1, 4]
+    writer = logs.open_writer(log_name)
+    reader = logs.open_reader(log_name, EARLIEST, tail=True)
+    acked, got = [], []
+    try:
+        for round_, count in enumerate(counts):
+            for i in range(count):
+                data = b"%s-%d-%d" % (change.encode(), round_, i)
+                acked.append((data, writer.append(data)))
+            step_until_caught_up(reader, got, visible_at_least(acked, count > 0))
+            if change == "roll":
+                writer.roll()
+            else:
+                writer = logs.open_writer(log_name)     # fences and recovers the old ledger
+            step_until(reader, got, len(acked))         # the rest of the closed ledger
+            assert_exactly_once_in_order(got, acked)
+        writer.append(b"last")
+        acked.append((b"last", Position(writer.ledger_id, 0)))
+        writer.close()
+        step_until(reader, got, len(acked))
+        assert reader.read_batch(timeout=0.1) == []
+        assert_exactly_once_in_order(got, acked)
+        assert len(logs.get(log_name)[0].ledger_ids()) == len(counts) + 1
+    finally:
+        reader.close()
+
+
+class TailingConsumer:
+    """A tailing reader iterated in a thread (blocked in its long-poll when caught up) until it
+    has returned ``expected`` records or failed."""
+
+    def __init__(self, reader, expected):
+        self.reader, self.expected = reader, expected
+        self.got, self.error = [], None
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        try:
+            for record in self.reader:
+                with self._cond:
+                    self.got.append(record)
+                    self._cond.notify_all()
+                    if len(self.got) >= self.expected:
+                        return
+        except BaseException as exc:  # noqa: BLE001 - reported by wait_for
+            with self._cond:
+                self.error = exc
+                self._cond.notify_all()
+
+    def wait_for(self, count, timeout=60.0):
+        with self._cond:
+            self._cond.wait_for(lambda: self.error is not None or len(self.got) >= count, timeout)
+            if self.error is not None:
+                raise AssertionError(f"the tailing reader failed: {self.error!r}") from self.error
+            assert len(self.got) >= count, f"the reader returned {len(self.got)} of {count} records"
+
+    def join(self, timeout=60.0):
+        self._thread.join(timeout)
+        assert not self._thread.is_alive()
+        if self.error is not None:
+            raise AssertionError(f"the tailing reader failed: {self.error!r}") from self.error
+
+
+def test_iterating_tailing_reader_follows_rolls_and_takeovers(logs, log_name):
+    """The reader iterates in a thread, waiting at the tail, while the log is rolled and taken
+    over in turns (the reader caught up before each change)."""
+    changes = ["roll", "takeover", "roll", "roll", "takeover", "takeover", "roll", "takeover"]
+    counts = [2, 3, 0, 1, 4, 0, 2, 1]
+    writer = logs.open_writer(log_name)
+    acked = []
+    expected = sum(counts) + 1
+    with logs.open_reader(log_name, EARLIEST, tail=True) as reader:
+        consumer = TailingConsumer(reader, expected)
+        for round_, (change, count) in enumerate(zip(changes, counts)):
+            for i in range(count):
+                data = b"r%d-%d" % (round_, i)
+                acked.append((data, writer.append(data)))
+            consumer.wait_for(visible_at_least(acked, count > 0))
+            if change == "roll":
+                writer.roll()
+            else:
+                writer = logs.open_writer(log_name)
+            consumer.wait_for(len(acked))
+        writer.append(b"last")
+        acked.append((b"last", Position(writer.ledger_id, 0)))
+        writer.close()
+        consumer.join()
+    assert_exactly_once_in_order(consumer.got, acked)
+
+
+def test_roll_right_after_the_reader_read_the_last_entry(cluster, logs, log_name):
+    """The reader has read the very last entry of the open ledger (the writer published its LAC)
+    and waits for more when the writer rolls; it goes on in the new ledger."""
+    with BookKeeper(cluster.metadata_uri, explicit_lac_interval=0.05) as writer_bk:
+        writer_logs = LogStore(writer_bk, password=b"pw", ensemble_size=3, write_quorum=2,
+                               ack_quorum=2)
+        writer = writer_logs.open_writer(log_name)
+        acked = []
+        rounds = 4
+        with logs.open_reader(log_name, EARLIEST, tail=True) as reader:
+            consumer = TailingConsumer(reader, 2 * rounds + 1)
+            for round_ in range(rounds):
+                for i in range(2):
+                    data = b"e%d-%d" % (round_, i)
+                    acked.append((data, writer.append(data)))
+                consumer.wait_for(len(acked))   # all of it: the idle writer wrote its LAC
+                writer.roll()
+            writer.append(b"last")
+            acked.append((b"last", Position(writer.ledger_id, 0)))
+            writer.close()
+            consumer.join()
+    assert_exactly_once_in_order(consumer.got, acked)
+
+
+def test_tailing_reader_through_a_recovery_and_an_unlisted_close(logs, bk, log_name):
+    """The reader keeps polling a ledger a new owner is recovering (IN_RECOVERY, fenced: reads
+    still work) and returns its rest once the takeover closed it; it also reads a ledger up to
+    the end its metadata says CLOSED before the list records it (its writer stopped between
+    the close and the list update), then goes on when a new writer lists the next ledger."""
+    writer = logs.open_writer(log_name)
+    acked = [(d, writer.append(d)) for d in (b"a0", b"a1", b"a2")]
+    got = []
+    with logs.open_reader(log_name, EARLIEST, tail=True) as reader:
+        step_until_caught_up(reader, got, visible_at_least(acked, True))
+        md, version = bk._read_md(writer.ledger_id)         # a recoverer got as far as this
+        bk._write_md(md.with_in_recovery(), version)
+        for _ in range(3):
+            got.extend(reader.read_batch(timeout=0.1))
+        assert [r.data for r in got] == [d for d, _ in acked][:len(got)]
+        second = logs.open_writer(log_name)                 # completes the recovery
+        acked += [(d, second.append(d)) for d in (b"b0", b"b1")]
+        step_until_caught_up(reader, got, visible_at_least(acked, True))
+        second._handle.close()                              # CLOSED, the list still says open
+        assert logs.get(log_name)[0].ledgers[-1]["state"] == "open"
+        step_until(reader, got, len(acked))                 # b1, beyond the LAC it saw
+        assert_exactly_once_in_order(got, acked)
+        third = logs.open_writer(log_name)
+        acked.append((b"c0", third.append(b"c0")))
+        third.close()
+        step_until(reader, got, len(acked))
+        assert reader.read_batch(timeout=0.1) == []
+    assert_exactly_once_in_order(got, acked)
