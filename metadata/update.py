@@ -21,6 +21,12 @@ success or failure); the next call, once the store answers, settles it. Conflict
 (``max_conflicts``), with a short randomised back-off; running out raises
 :class:`MetadataError` naming the record.
 
+A change may be *guarded* by another record's version (``guard=(path, version)``): the
+compare-and-set is then one transaction with a check of that version, so the change is
+stored only while the guard record is unchanged; once it has changed, the loop raises
+:class:`GuardChangedError` instead of writing (a Spark job's commit is guarded by its job
+record, which a reclaim of the job changes).
+
 Deleting resources that a record may name (ledgers a log lists) is decided only through
 :func:`prove_absent`: after a synced read, a compare-and-set of the record at the version read
 (a no-op write) makes sure no write issued earlier -- one whose answer was lost included -- can
@@ -34,7 +40,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Iterable, TypeVar
 
-from bkspark.errors import BadVersionError, MetadataConnectionError, MetadataError, NoNodeError
+from bkspark.errors import (
+    BadVersionError,
+    MetadataConnectionError,
+    MetadataError,
+    NoNodeError,
+)
 
 from .store import MetadataStore
 
@@ -57,6 +68,10 @@ class OutcomeUnknownError(MetadataConnectionError):
     was applied. Nothing may be decided from it: retry once the metadata store answers."""
 
 
+class GuardChangedError(MetadataError):
+    """The record guarding a change changed (or vanished): the change was not stored."""
+
+
 @dataclass
 class Updated(Generic[T]):
     """What :func:`update_record` left in the store."""
@@ -71,12 +86,15 @@ def update_record(store: MetadataStore, path: str, *, decode: Callable[[bytes], 
                   encode: Callable[[T], bytes], transform: Callable[[T], T],
                   done: Callable[[T], bool] | None = None,
                   start: tuple[T, int] | None = None, max_conflicts: int = MAX_CONFLICTS,
-                  what: str = "") -> Updated[T]:
+                  what: str = "", guard: tuple[str, int] | None = None) -> Updated[T]:
     """Change the record at ``path`` by compare-and-set until the change is stored (see the
     module docstring for the loop and its failure semantics).
 
     ``start``: ``(value, version)`` the caller already holds, used for the first attempt
     instead of a read (a stale one only costs a conflict).
+
+    ``guard``: ``(path, version)`` of a record that must still be at that version when the
+    change is stored (one transaction); :class:`GuardChangedError` once it is not.
 
     :raises NoNodeError: the record does not exist (callers map it to their own error).
     :raises OutcomeUnknownError: an answer was lost and the record could not be re-read.
@@ -104,9 +122,21 @@ def update_record(store: MetadataStore, path: str, *, decode: Callable[[bytes], 
             return Updated(value, version, False)
         data = encode(new_value)
         try:
-            new_version = store.set(path, data, version=version)
+            if guard is None:
+                new_version = store.set(path, data, version=version)
+            else:
+                txn = store.transaction()
+                txn.check(guard[0], guard[1])
+                txn.set(path, data, version=version)
+                new_version = txn.commit()[1]
             return Updated(new_value, new_version, True)
+        except NoNodeError:
+            if guard is not None:
+                _check_guard(store, guard, what)
+            raise
         except BadVersionError:
+            if guard is not None:
+                _check_guard(store, guard, what)
             conflicts += 1
             if conflicts > max_conflicts:
                 raise MetadataError(f"{what}: {conflicts} conflicting concurrent changes in a "
@@ -122,6 +152,18 @@ def update_record(store: MetadataStore, path: str, *, decode: Callable[[bytes], 
                 raise OutcomeUnknownError(
                     f"{what}: {unknowns} answers lost in a row; whether the last write was "
                     f"applied is unknown: {exc}") from exc
+
+
+def _check_guard(store: MetadataStore, guard: tuple[str, int], what: str) -> None:
+    """GuardChangedError unless the guard record is still at its version."""
+    path, version = guard
+    try:
+        _, now = store.get(path)
+    except NoNodeError:
+        now = None
+    if now != version:
+        raise GuardChangedError(f"{what}: {path} changed (version {version} -> {now}); the "
+                                "change was not stored") from None
 
 
 def _read(store, path, *, settle: bool, what: str) -> tuple[bytes, int]:

@@ -107,6 +107,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--entry", type=int, default=None)
     p.add_argument("--limit", type=int, default=1000)
     add("logs", "list logs with their ledgers and cursor lags")
+    p = add("gc-pending", "reclaim the ledgers of Spark write jobs whose driver is gone")
+    p.add_argument("--grace", type=float, default=None, metavar="SECONDS",
+                   help="silence (no live task) after which a job counts as abandoned "
+                        "(default: the connector's, 600)")
+    p.add_argument("--log", default=None, help="only jobs writing this log")
+    p.add_argument("--dry-run", action="store_true", help="report, delete nothing")
     p = add("recover", "re-replicate everything that was on a failed bookie")
     p.add_argument("bookie")
     p.add_argument("--to", default=None, help="bookie to copy to (default: random per fragment)")
@@ -224,25 +230,57 @@ def cmd_listbookies(args, out):
                for d in docs], docs)
 
 
+def _open_ledger_extent(bk, md) -> tuple[int, int, int]:
+    """(last add confirmed, last entry stored, bytes stored) of a ledger that is not closed,
+    from its bookies and without fencing it (its metadata records an end only once closed).
+    Entries past the LAC -- a writer that died before confirming them -- are read forward
+    until one is missing: what they hold on disk, which recovery may still cut."""
+    rh = bk.open_ledger(md.ledger_id, password=md.password, recovery=False)
+    try:
+        lac = last = rh.last_add_confirmed
+        length = next(iter(rh.read(lac, lac))).length if lac >= 0 else 0
+        chunk = 64
+        while True:
+            try:
+                for entry in rh.read_unconfirmed(last + 1, last + chunk):
+                    last, length = entry.entry_id, entry.length
+            except BKError:
+                break                       # the first entry no bookie has: the stored end
+            chunk = min(chunk * 4, 4096)
+        return lac, last, length
+    finally:
+        rh.close()
+
+
 @command("listledgers", "list ledgers")
 def cmd_listledgers(args, out):
     from metadata import ledgers as ls
+    from metadata.ledger_metadata import LedgerState
     docs = []
-    with _store(args) as store:
-        for lid in ls.list_ledgers(store):
+    with _client(args) as bk:
+        for lid in ls.list_ledgers(bk.store):
             try:
-                md, _ = ls.read_ledger(store, lid)
+                md, _ = ls.read_ledger(bk.store, lid)
             except BKError as exc:
                 docs.append({"ledger_id": lid, "error": str(exc)})
                 continue
-            docs.append({"ledger_id": lid, "state": md.state.value,
-                         "quorums": f"{md.ensemble_size}/{md.write_quorum}/{md.ack_quorum}",
-                         "last_entry_id": md.last_entry_id, "length": md.length,
-                         "fragments": len(md.ensembles), "bookies": sorted(md.all_bookies())})
+            doc = {"ledger_id": lid, "state": md.state.value,
+                   "quorums": f"{md.ensemble_size}/{md.write_quorum}/{md.ack_quorum}",
+                   "last_entry_id": md.last_entry_id, "length": md.length,
+                   "fragments": len(md.ensembles), "bookies": sorted(md.all_bookies())}
+            if md.state is not LedgerState.CLOSED:      # its size so far, from the bookies
+                try:
+                    lac, doc["last_entry_id"], doc["length"] = _open_ledger_extent(bk, md)
+                    doc["extent"] = f"stored on bookies; last add confirmed {lac}"
+                except BKError as exc:
+                    doc["last_entry_id"] = doc["length"] = None
+                    doc["extent"] = f"unknown: {exc}"
+            docs.append(doc)
     out.table(f"{len(docs)} ledgers", ["ledger_id", "state", "E/Qw/Qa", "last_entry_id",
                                        "length", "fragments"],
               [(d["ledger_id"], d.get("state", "?"), d.get("quorums", d.get("error")),
-                d.get("last_entry_id"), d.get("length"), d.get("fragments")) for d in docs], docs)
+                d.get("last_entry_id") if "extent" not in d else f"{d['last_entry_id']} (stored)",
+                d.get("length"), d.get("fragments")) for d in docs], docs)
 
 
 @command("ledgermetadata", "print ledger metadata")
@@ -511,6 +549,26 @@ def cmd_logs(args, out):
 
 def _log_ledgers(md) -> list:
     return [x["ledger_id"] if isinstance(x, dict) else x for x in md.ledgers]
+
+
+@command("gc-pending", "reclaim abandoned write jobs")
+def cmd_gc_pending(args, out):
+    from bkspark.log import LogStore
+    from bkspark.spark import pending
+    grace = pending.DEFAULT_GRACE_S if args.grace is None else args.grace
+    if grace < 0:
+        raise ShellError("--grace must be >= 0", 2)
+    with _client(args) as bk:
+        jobs = pending.reclaim(LogStore(bk), grace=grace, log_name=args.log, dry_run=args.dry_run)
+    docs = [j.to_dict() for j in jobs]
+    reclaimed = [j for j in jobs if j.verdict == "reclaimed"]
+    title = (f"{len(jobs)} write jobs with pending ledgers; "
+             + ("dry run: nothing deleted" if args.dry_run else
+                f"{len(reclaimed)} reclaimed, {sum(len(j.deleted) for j in reclaimed)} ledgers "
+                "deleted"))
+    out.table(title, ["job", "log", "state", "ledgers", "alive tasks", "idle s", "verdict"],
+              [(d["job"], d["log"], d["state"], len(d["ledgers"]), d["alive_tasks"],
+                d["idle_s"], d["verdict"]) for d in docs], docs)
 
 
 # ---- recover / decommission --------------------------------------------------------------------------------

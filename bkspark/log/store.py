@@ -140,13 +140,14 @@ class LogStore:
         self._delete_ledgers(md.ledger_ids())
 
     def update(self, name: str, change: Callable[[LogMetadata], LogMetadata], *,
-               create: bool = False, done: Callable[[LogMetadata], bool] | None = None
-               ) -> Updated[LogMetadata]:
+               create: bool = False, done: Callable[[LogMetadata], bool] | None = None,
+               guard: tuple[str, int] | None = None) -> Updated[LogMetadata]:
         """Change the log's record through the metadata update loop (:func:`update_record`):
         ``change`` is re-run on the latest record after a conflict or a lost answer, may raise
         :class:`NoChange` to leave it as it is or any error to abort; ``done`` tells whether
         the change is already there (a lost answer's write applied). ``create``: create a
-        missing log first, else NoSuchLogError.
+        missing log first, else NoSuchLogError. ``guard``: ``(path, version)`` of a record that
+        must be unchanged when the change is stored (:class:`GuardChangedError` otherwise).
 
         :raises OutcomeUnknownError: an answer was lost and the record could not be re-read;
             the change may or may not be stored.
@@ -156,7 +157,7 @@ class LogStore:
             try:
                 return update_record(self.store, path, decode=LogMetadata.deserialize,
                                      encode=LogMetadata.serialize, transform=change, done=done,
-                                     what=f"log {name}")
+                                     what=f"log {name}", guard=guard)
             except NoNodeError:
                 if not create:
                     raise NoSuchLogError(f"no log named {name!r}") from None
@@ -196,7 +197,8 @@ class LogStore:
         return md.copy(ledgers=ledgers)
 
     def append_ledgers(self, name: str, ledger_ids: list[int], writer_id: str | None = None,
-                       sequence: int | None = None, epoch: int | None = None) -> bool:
+                       sequence: int | None = None, epoch: int | None = None,
+                       guard: tuple[str, int] | None = None) -> bool:
         """Append closed ledgers to a log in one CAS; False if ``(writer_id, sequence)`` was applied.
 
         The ledgers must be closed (they are recovered if not). Empty ledgers are left out of
@@ -239,7 +241,7 @@ class LogStore:
                     md.properties[f"epoch:{writer_id}"] = epoch
             return md
 
-        result = self.update(name, change, create=True, done=listed)
+        result = self.update(name, change, create=True, done=listed, guard=guard)
         if not result.changed:
             log.info("log %s: commit %s/%s already applied; deleting duplicate ledgers", name, writer_id, sequence)
             self.delete_unreferenced(name, ledger_ids)
@@ -249,7 +251,7 @@ class LogStore:
         return True
 
     def overwrite(self, name: str, ledger_ids: list[int], writer_id: str | None = None,
-                  sequence: int | None = None) -> bool:
+                  sequence: int | None = None, guard: tuple[str, int] | None = None) -> bool:
         """Replace the whole ledger list in one CAS; the old ledgers are deleted afterwards
         (once proven unlisted). A lost answer is settled as in :meth:`append_ledgers`."""
         entries = [self.closed_ledger_entry(lid) for lid in ledger_ids]
@@ -268,7 +270,7 @@ class LogStore:
                 md = md.with_writer_sequence(writer_id, sequence)
             return md.validate()
 
-        result = self.update(name, change, create=True, done=listed)
+        result = self.update(name, change, create=True, done=listed, guard=guard)
         if not result.changed:
             self.delete_unreferenced(name, ledger_ids)
             return False

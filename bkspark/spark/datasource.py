@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import json
+import logging
 
 from pyspark.sql.datasource import DataSource
 
 from bkspark.errors import BadRequestError, NoSuchLogError
 from bkspark.spark import codec, conn
 from bkspark.spark.options import ARROW, FORMAT_NAME, RECORD, parse_options
+
+log = logging.getLogger("bkspark.spark")
 
 
 def _default_uri():
@@ -92,6 +95,7 @@ class BookKeeperDataSource(DataSource):
                 opt = "startingOffsets" if key == "starting" else "endingOffsets"
                 raise BadRequestError(f"option {opt!r} is for reads, not writes")
         self._check_cluster_fits()
+        self._reclaim_abandoned(name)
         if not overwrite:
             self._check_password(name)
         if self.opts.entry_format == RECORD:
@@ -123,6 +127,20 @@ class BookKeeperDataSource(DataSource):
                 f"{self.opts.metadata_uri} has {len(writable)} writable bookies "
                 f"({', '.join(sorted(writable)) or 'none'}): start more bookies, or lower "
                 "'ensembleSize' (and 'writeQuorumSize'/'ackQuorumSize' with it)")
+
+    def _reclaim_abandoned(self, name: str) -> None:
+        """Delete the leftover ledgers of this log's write jobs whose driver is gone
+        (:func:`bkspark.spark.pending.reclaim`); a failure here only postpones that."""
+        from bkspark.errors import BKError
+        from bkspark.spark import pending
+        try:
+            for job in pending.reclaim(conn.log_store(self.opts), grace=self.opts.reclaim_after,
+                                       log_name=name):
+                if job.verdict == "reclaimed":
+                    log.warning("log %s: deleted ledgers %s of abandoned write job %s", name,
+                                job.deleted, job.key)
+        except BKError as exc:
+            log.warning("log %s: abandoned write jobs not reclaimed now: %s", name, exc)
 
     def _check_password(self, name: str) -> None:
         """An append must use the password of the log's ledgers: one log, one password (a

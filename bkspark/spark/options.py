@@ -33,6 +33,8 @@ entriesPerPartition      reads: split a ledger into ranges of this many entries 
                          per partition for arrow, 100000 entries for record)
 minPartitions            reads: at least this many partitions (as Kafka's): the largest ranges
                          are halved until there are (default: one per ledger or range)
+reclaimAbandonedAfter    writes: seconds a write job of the log with no live task stays silent
+                         before its leftover ledgers are reclaimed at planning (600)
 =======================  ====================================================================
 
 Spark also passes ``checkpointLocation`` to streaming sinks; it is accepted and ignored.
@@ -44,6 +46,7 @@ import re
 from dataclasses import dataclass, field
 
 from bkspark.errors import BadRequestError, did_you_mean
+from bkspark.spark.pending import DEFAULT_GRACE_S
 from bkspark.log.position import EARLIEST, LATEST, Position
 
 FORMAT_NAME = "bookkeeper"
@@ -55,6 +58,7 @@ KNOWN_OPTIONS = (
     "maxEntriesPerTrigger", "failOnDataLoss", "ensembleSize", "writeQuorumSize", "ackQuorumSize",
     "digestType", "password", "entryFormat", "queryId", "writerId", "writerSequence",
     "maxEntryBytes", "compression", "entriesPerPartition", "minPartitions", "checkpointLocation",
+    "reclaimAbandonedAfter",
     "_testFault",        # test-only fault injection (see bkspark.spark.writer)
 )
 _CANON = {name.lower(): name for name in KNOWN_OPTIONS}
@@ -92,6 +96,7 @@ class ConnectorOptions:
                                      # uncompressed; parse_options sets the default for arrow)
     entries_per_partition: int | None = None
     min_partitions: int | None = None
+    reclaim_after: float = DEFAULT_GRACE_S   # seconds; see bkspark.spark.pending
     test_fault: str | None = None
 
     # ---- derived ------------------------------------------------------------------------
@@ -310,5 +315,7 @@ def parse_options(options, *, default_uri=None) -> ConnectorOptions:
         if not pa.Codec.is_available(o.compression):
             raise BadRequestError(f"option 'compression': this pyarrow has no {o.compression} "
                                   "codec; use compression=none or another codec")
+    if "reclaimAbandonedAfter" in raw:
+        o.reclaim_after = float(_int("reclaimAbandonedAfter", raw["reclaimAbandonedAfter"], 0))
     o.test_fault = raw.get("_testFault") or None
     return o

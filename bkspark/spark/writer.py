@@ -7,9 +7,11 @@ ledgers named in the messages with one compare-and-set of the log's ledger list
 a job leaves the log with all of its rows or none.
 
 Ledgers of failed or superseded task attempts are never named in a commit message, so they
-never reach the log. To delete them too, each task registers its ledger under
-``/spark/pending/<write key>/<ledger id>`` in the metadata store right after creating it;
-``commit`` and ``abort`` delete every registered ledger that is not part of the log.
+never reach the log. To delete them too, each task registers its ledger with the write job
+(:mod:`bkspark.spark.pending`) right after creating it; ``commit`` and ``abort`` delete every
+registered ledger that is not part of the log, and the ledgers of a job whose driver died
+are reclaimed by the next write to the log (or ``bkspark shell gc-pending``). A batch
+commit is guarded by its job record, so a job reclaimed as abandoned can never commit.
 
 Streaming sink (:class:`BookKeeperStreamWriter`): the same task ledgers; ``commit(messages,
 batchId)`` appends them with ``writer_id`` = the query id and ``sequence`` = the batch id,
@@ -21,7 +23,6 @@ again.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -30,17 +31,20 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 
-from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamArrowWriter,
-                                    WriterCommitMessage)
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
 
 from bkspark import errors
-from bkspark.errors import BadRequestError, LogFencedError, NoNodeError
-from bkspark.spark import codec, conn
+from bkspark.errors import BadRequestError, LogFencedError
+from bkspark.spark import codec, conn, pending
 from bkspark.spark.options import ARROW
+from metadata.update import GuardChangedError
 
 log = logging.getLogger("bkspark.spark")
 
-PENDING_ROOT = "/spark/pending"
 MAX_BATCHES_IN_FLIGHT = 32
 
 
@@ -65,78 +69,14 @@ def faults(opts) -> dict:
     after writing), ``failTaskAlways:P``, ``failCommitBeforeAppend:B`` /
     ``failCommitAfterAppend:B`` (the sink's commit of batch B fails before / after appending;
     a batch write's commit fails after appending with any B): a commit that raises after its
-    append is what a lost answer looks like to Spark."""
+    append is what a lost answer looks like to Spark. ``hangTask:P``: partition P's task
+    stops after its first rows are acknowledged (until killed: a driver killed mid-write)."""
     out = {}
     for item in (opts.test_fault or "").split(","):
         if ":" in item:
             k, v = item.split(":", 1)
             out[k.strip()] = int(v)
     return out
-
-
-# ---- pending-ledger registry -------------------------------------------------------------
-
-def _pending_dir(key: str) -> str:
-    return f"{PENDING_ROOT}/{key}"
-
-
-def register_pending(store, key: str, ledger_id: int, info: dict) -> None:
-    try:
-        store.create(f"{_pending_dir(key)}/{ledger_id}", json.dumps(info).encode(), makepath=True)
-    except errors.NodeExistsError:
-        pass
-
-
-def unregister_pending(store, key: str, ledger_id: int) -> None:
-    try:
-        store.delete(f"{_pending_dir(key)}/{ledger_id}")
-    except NoNodeError:
-        pass
-
-
-def clean_pending(logs, key: str, log_name: str, keep=(), upto_batch: int | None = None,
-                  remove_dir: bool = False) -> list[int]:
-    """Delete registered ledgers of ``key`` that ``log_name`` does not list (nor ``keep``);
-    with ``upto_batch`` only those registered for batches <= it. Returns the deleted ids.
-
-    "Does not list" is proven, not read (:meth:`LogStore.delete_unreferenced`): a commit whose
-    answer was lost may have listed them. When the metadata store does not answer, nothing is
-    deleted and the registrations stay for the next cleanup."""
-    store = logs.store
-    try:
-        children = store.children(_pending_dir(key))
-    except NoNodeError:
-        return []
-    candidates = []
-    keep = set(keep)
-    for child in children:
-        try:
-            lid = int(child)
-        except ValueError:
-            continue
-        if upto_batch is not None:
-            try:
-                info = json.loads(store.get(f"{_pending_dir(key)}/{child}")[0] or b"{}")
-            except (NoNodeError, ValueError):
-                info = {}
-            if info.get("batch", -1) > upto_batch:
-                continue
-        if lid not in keep:
-            candidates.append(lid)
-    try:
-        deleted = logs.delete_unreferenced(log_name, candidates)
-    except errors.BKError as exc:
-        log.warning("log %s: pending ledgers of %s left for a later cleanup: %s", log_name,
-                    key, exc)
-        return []
-    for lid in candidates:          # deleted, or listed by the log: no longer pending
-        unregister_pending(store, key, lid)
-    if remove_dir:
-        try:
-            store.delete(_pending_dir(key))
-        except (NoNodeError, errors.NotEmptyError):
-            pass
-    return deleted
 
 
 # ---- the task side ----------------------------------------------------------------------
@@ -156,7 +96,7 @@ def write_task(opts, fmt: str, spark_schema_json: str, pending_key: str, iterato
     else:
         attempt_to_fail = 0
     bk = conn.bookkeeper(opts.metadata_uri)
-    lh = None
+    lh = alive = None
     inflight: deque = deque()
     msg = BKCommitMessage(partition=partition, attempt=attempt)
     now_us = int(time.time() * 1_000_000)
@@ -172,9 +112,10 @@ def write_task(opts, fmt: str, spark_schema_json: str, pending_key: str, iterato
             if lh is None:
                 custom = (codec.arrow_ledger_metadata(batch.schema, spark_schema_json, writer_label)
                           if fmt == ARROW else codec.record_ledger_metadata(writer_label))
+                alive = pending.begin_task(bk.store, pending_key, opts.single_log())
                 lh = bk.create_ledger(password=opts.password, custom_metadata=custom,
                                       **opts.ledger_options())
-                register_pending(bk.store, pending_key, lh.ledger_id,
+                pending.register(bk.store, pending_key, lh.ledger_id,
                                  dict(info, partition=partition, attempt=attempt))
             inflight.append(lh.append_many_async(entries))
             msg.entries += len(entries)
@@ -182,6 +123,11 @@ def write_task(opts, fmt: str, spark_schema_json: str, pending_key: str, iterato
             msg.bytes += sum(len(e) for e in entries)
             while len(inflight) > MAX_BATCHES_IN_FLIGHT:
                 inflight.popleft().result()
+            if fault.get("hangTask") == partition:
+                for f in inflight:
+                    f.result()
+                while True:
+                    time.sleep(3600)
             if fail_task is not None and fail_task == partition and attempt == attempt_to_fail:
                 for f in inflight:
                     f.result()
@@ -201,10 +147,12 @@ def write_task(opts, fmt: str, spark_schema_json: str, pending_key: str, iterato
                 pass
             try:
                 bk.delete_ledger(lh.ledger_id)
-                unregister_pending(bk.store, pending_key, lh.ledger_id)
+                pending.unregister(bk.store, pending_key, lh.ledger_id)
             except Exception:  # noqa: BLE001
                 pass
         raise
+    finally:
+        pending.end_task(bk.store, pending_key, alive, lh.ledger_id if lh is not None else None)
 
 
 def _ledger_ids(messages) -> list[int]:
@@ -242,6 +190,7 @@ class BookKeeperBatchWriter(DataSourceArrowWriter):
         ids = _ledger_ids(messages)
         kw = dict(writer_id=self.opts.writer_id, sequence=self.opts.writer_sequence)
         try:
+            kw["guard"] = pending.begin_commit(logs.store, self.job, ids)
             if self.overwrite:
                 applied = logs.overwrite(self.log_name, ids, **kw)
             else:
@@ -251,15 +200,19 @@ class BookKeeperBatchWriter(DataSourceArrowWriter):
                          self.log_name, self.opts.writer_id, self.opts.writer_sequence)
             if "failCommitAfterAppend" in faults(self.opts):
                 raise InjectedFault("_testFault: the batch commit fails after its append")
+        except GuardChangedError:
+            raise pending.JobReclaimedError(
+                f"write job {self.job} was reclaimed as abandoned while it committed; nothing "
+                "was appended. Run the write again") from None
         finally:
-            clean_pending(logs, self.job, self.log_name, remove_dir=True)
+            pending.clean(logs, self.job, self.log_name, remove_job=True)
 
     def abort(self, messages):
         """Delete the job's ledgers that the log does not list. A commit that raised may
         still have been applied (its answer lost): what the log lists stays."""
         logs = conn.log_store(self.opts)
         logs.delete_unreferenced(self.log_name, _ledger_ids(messages))
-        clean_pending(logs, self.job, self.log_name, remove_dir=True)
+        pending.clean(logs, self.job, self.log_name, remove_job=True)
 
 
 # ---- streaming sink ---------------------------------------------------------------------
@@ -351,7 +304,7 @@ class BookKeeperStreamWriter(DataSourceStreamArrowWriter):
                 _forget_sink_store(self.opts, wid)
                 if attempt == 2:
                     raise
-        clean_pending(logs, f"sink-{wid}", self.log_name, keep=(), upto_batch=batchId)
+        pending.clean(logs, f"sink-{wid}", self.log_name, keep=(), upto_batch=batchId)
 
     def _commit_once(self, logs, store, wid, run, ids, batch_id, fault):
         latest = store.latest()

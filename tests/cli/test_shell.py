@@ -106,6 +106,20 @@ def test_readledger_force_recovery_and_delete(cluster, capsys):
     assert code == 1 and "no such ledger" in err
 
 
+def test_listledgers_shows_the_size_of_an_open_ledger_so_far(cluster, capsys):
+    """An OPEN ledger's metadata has no end yet (length 0): the bookies know its size."""
+    with BookKeeper(cluster.metadata_uri) as bk:
+        lh = bk.create_ledger(3, 2, 2, password=PW)
+        for i in range(5):
+            lh.append(b"x" * 100)
+        code, doc, err = sh(capsys, cluster, "listledgers", as_json=True)
+        (d,) = [d for d in doc if d["ledger_id"] == lh.ledger_id]
+        assert code == 0 and d["state"] == "OPEN", err
+        assert d["last_entry_id"] == 4 and d["extent"].startswith("stored on bookies")
+        assert d["length"] == 500                           # every byte the bookies hold
+        lh.close()
+
+
 def test_deleteledger_of_a_ledger_a_log_lists_needs_force(cluster, capsys):
     """Deleting a ledger that a log lists would leave the log naming a missing ledger."""
     with BookKeeper(cluster.metadata_uri) as bk:

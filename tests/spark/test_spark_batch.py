@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from bkspark.spark.writer import PENDING_ROOT
+from bkspark.spark.pending import PENDING_ROOT
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
