@@ -169,23 +169,32 @@ class BookieProcess:
             json.dump({"address": self.address, "port": self.port, "http_port": self.http_port}, f)
         os.replace(tmp, self.identity_path)
 
+    def _port_taken(self, port: int) -> str | None:
+        """Why ``port`` cannot be bound now (None if it can)."""
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((self.listen_address, port))
+                return None
+            except OSError as exc:
+                return exc.strerror or str(exc)
+
     def _check_ports_free(self) -> None:
-        """A recorded port held by another process: say which and what to do (the bookie
-        would only exit with "address already in use")."""
+        """The bookie port is its identity: held by another process, say which and what to do
+        (the bookie would only exit with "address already in use"). The admin HTTP port is
+        not: a taken one is replaced."""
         if self.launcher:
             return
-        for port, what in ((self.port, "bookie port"), (self.http_port, "admin HTTP port")):
-            with socket.socket() as s:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    s.bind((self.listen_address, port))
-                except OSError as exc:
-                    raise BKError(
-                        f"bookie {self.bookie_id} ({self.dir}) cannot start: its {what} {port} "
-                        f"is taken by another process ({exc.strerror}). The port is part of the "
-                        f"bookie's identity (recorded in {self.identity_path}); stop whatever "
-                        f"holds it (`ss -ltnp 'sport = :{port}'` names it) and start again, or "
-                        "move the data directory away to start a new, empty cluster") from None
+        why = self._port_taken(self.port)
+        if why is not None:
+            raise BKError(
+                f"bookie {self.bookie_id} ({self.dir}) cannot start: its port {self.port} is "
+                f"taken by another process ({why}). The port is part of the bookie's identity "
+                f"(recorded in {self.identity_path}); stop whatever holds it (`ss -ltnp 'sport "
+                f"= :{self.port}'` names it) and start again, or move the data directory away to "
+                "start a new, empty cluster")
+        if self._port_taken(self.http_port) is not None:
+            self.http_port = free_port(self.address)
 
     def command(self) -> list[str]:
         return [*self.launcher, sys.executable, "-m", "bkspark.bookie",
