@@ -2970,10 +2970,27 @@ static int replay_journals(Engine *e, int have_mark, uint64_t *maxid)
         }
         if (memcmp(m, J_MAGIC, 4) != 0 || get32(m + 4) != J_VERSION || get64(m + 8) != id ||
             get32(m + 20) != bks_crc32c(0, m, 20)) {
+            /* Header never made durable: nothing in it was acknowledged -- unless the file holds
+             * a valid group (its header checksum covers the file id, known from the name): groups
+             * are written only once the header is synced, so that header was damaged later. */
+            uint64_t mark = have_mark && id == e->mark_id ? e->mark_pos : J_HDR;
+            for (size_t k = next_group(m, J_HDR, sz, id); k < sz;) {
+                size_t gend = k + JG_HDR + get32(m + k + 4);
+                if (gend > mark) {
+                    munmap(m, sz);
+                    close(fd);
+                    free(ids);
+                    seterr(e, "journal %s has a corrupt header but holds a valid group at offset %zu: acknowledged "
+                              "records would be lost; refusing to start (restore the journal, or decommission "
+                              "this bookie so that its ledgers are re-replicated)", p, k);
+                    return E_IO;
+                }
+                k = next_group(m, gend, sz, id);
+            }
             munmap(m, sz);
             close(fd);
             e->st_replay_truncated += sz;
-            continue; /* header never made durable: nothing in it was acknowledged */
+            continue;
         }
         int synced_file = (get32(m + 16) & JF_SYNC) != 0;
         /* records before `mark` are already in the entry logs (`from`: the same within the file) */

@@ -278,6 +278,38 @@ def test_journal_torn_last_group_is_cut(tmp_path, torn):
         s.close()
 
 
+def test_journal_bitflip_in_file_header_refuses_start(tmp_path):
+    # a file header that fails its checks was never synced only if no group follows it (groups
+    # are written once it is); with valid groups after it, it was damaged: skipping the file
+    # would drop every record in it
+    d = str(tmp_path)
+    jp, groups = newest_in_last_group(d)
+    flip(jp, 2)
+    assert_refused_naming(d, jp, groups[0][0])
+    flip(jp, 2)
+    s = Storage(cfg(d))
+    try:
+        for e in range(20):
+            assert s.read_entry(1, e) == body(1, e)
+    finally:
+        s.close()
+
+
+def test_journal_file_with_torn_header_and_no_group_is_skipped(tmp_path):
+    # killed while creating a journal file: its header never reached the disk, nothing follows
+    d = str(tmp_path)
+    jp, groups = newest_in_last_group(d)
+    torn = os.path.join(d, "j", "%016x.txn" % (int(os.path.basename(jp)[:16], 16) + 1))
+    with open(torn, "wb") as f:
+        f.write(bytes(1 << 16))
+    s = Storage(cfg(d))
+    try:
+        for e in range(20):
+            assert s.read_entry(1, e) == body(1, e)
+    finally:
+        s.close()
+
+
 @pytest.mark.parametrize("damage", ["flip", "cut short"])
 def test_journal_damage_below_the_last_log_mark_is_cut(tmp_path, damage):
     # the last group's records are in the entry logs once the mark has passed them (a file cut
