@@ -26,6 +26,7 @@
 #define JR_HDR 12u /* u32 len, u32 type, u32 crc */
 #define JG_HDR 24u /* group: "BKSG", u32 len, u32 crc(records), u64 own file offset, u32 crc(file id, bytes 0..20) */
 #define JF_SYNC 1u /* journal header flag: written with fdatasync per group */
+#define J_SECTOR 512u /* the unit a torn write leaves unwritten (file-offset aligned) */
 enum { JR_ADD = 1, JR_MKEY = 2, JR_FENCE = 3, JR_LAC = 4, JR_DELETE = 5 };
 
 #define L_MAGIC "BKSL"
@@ -781,7 +782,8 @@ static void *journal_thread(void *arg)
  * 45k paced 1 KiB adds/s (E3 Qw2 Qa2, three alternating pairs): the bookies' CPU per entry 13.6-
  * 13.9 us against 15.0-15.5 without, add p50 1.6-2.5 ms against 2.1-2.4, p99 about the same.
  * A group is written up to its page's end, so it never reads a page back from the disk.  Zeros
- * are what replay already stops at (as after fallocate).  A group that would overlap the chunk
+ * are what replay already stops at (as after fallocate), and what the sectors of a torn group
+ * that its write never reached read as (j_torn_tail).  A group that would overlap the chunk
  * being zeroed waits for it (only when the journal outruns the zeroer); where the zeroer is
  * behind, the journal falls back to fallocate.  The zeroer stops for good when the directory
  * takes no O_DIRECT and pauses after other failures (disk full).
@@ -2877,6 +2879,64 @@ static size_t next_group(const unsigned char *m, size_t off, size_t sz, uint64_t
     return sz;
 }
 
+/* Does [a, b) touch space a torn write did not reach?  A group is written where the file reads as
+ * zeros (zeroed or fallocated ahead, or the padding after the previous group), so a sector the
+ * write never reached still reads as zeros from `lo` (the group's start: bytes before it belong to
+ * the previous, synced group) to its end; bytes past the end of the file were not reached either. */
+static int j_unwritten(const unsigned char *m, size_t sz, size_t lo, uint64_t a, uint64_t b)
+{
+    if (b > sz)
+        return 1;
+    for (size_t s = (size_t)a & ~(size_t)(J_SECTOR - 1); s < b; s += J_SECTOR) {
+        size_t i = s > lo ? s : lo, y = s + J_SECTOR < sz ? s + J_SECTOR : sz;
+        while (i < y && m[i] == 0)
+            i++;
+        if (i == y)
+            return 1;
+    }
+    return 0;
+}
+
+/* Could a crash have left the bytes at `off` (after the last valid group of a synced file, no
+ * valid group after them)?  Each group is written only after the previous one was synced, so a
+ * crash leaves at most the one group it interrupted, each of its sectors either written or still
+ * zero.  Yes (1) when the group header is unwritten (that covers a tail of zeros), or when the
+ * header is intact and every record failing its checksum touches an unwritten sector; no (0) when
+ * written bytes fail a checksum: a header that is not a valid one, a bad record in written
+ * sectors -- a fully written group that fails its checksum is corruption, not a tear.  *gend: the
+ * group's end if its header is intact, else 0. */
+static int j_torn_tail(const unsigned char *m, size_t off, size_t sz, uint64_t jid, uint64_t *gend)
+{
+    unsigned char idb[8];
+    put64(idb, jid);
+    *gend = 0;
+    if (j_unwritten(m, sz, off, off, off + JG_HDR))
+        return 1;
+    if (memcmp(m + off, "BKSG", 4) != 0 || get64(m + off + 12) != off ||
+        get32(m + off + 20) != bks_crc32c(bks_crc32c(0, idb, 8), m + off, 20))
+        return 0;
+    uint64_t end = (uint64_t)off + JG_HDR + get32(m + off + 4), r = off + JG_HDR;
+    int torn = 0;
+    *gend = end;
+    while (r < end) {
+        if (j_unwritten(m, sz, off, r, r + JR_HDR))
+            return 1; /* the records from here on are unknown: the write never reached them */
+        uint32_t len = get32(m + r), type = get32(m + r + 4);
+        if (end - r < JR_HDR || len == 0 || len > end - r - JR_HDR || type < JR_ADD || type > JR_DELETE)
+            return 0;
+        uint64_t rend = r + JR_HDR + len;
+        if (rend > sz)
+            return 1;
+        if (bks_crc32c(bks_crc32c(0, m + r, 8), m + r + JR_HDR, len) != get32(m + r + 8)) {
+            if (!j_unwritten(m, sz, off, r, rend))
+                return 0;
+            torn = 1;
+        }
+        r = rend;
+    }
+    return torn; /* every record intact, yet the group checksum fails: not a tear */
+}
+
 static int replay_journals(Engine *e, int have_mark, uint64_t *maxid)
 {
     size_t n;
@@ -2910,26 +2970,68 @@ static int replay_journals(Engine *e, int have_mark, uint64_t *maxid)
         }
         if (memcmp(m, J_MAGIC, 4) != 0 || get32(m + 4) != J_VERSION || get64(m + 8) != id ||
             get32(m + 20) != bks_crc32c(0, m, 20)) {
+            /* Header never made durable: nothing in it was acknowledged -- unless the file holds
+             * a valid group (its header checksum covers the file id, known from the name): groups
+             * are written only once the header is synced, so that header was damaged later. */
+            uint64_t mark = have_mark && id == e->mark_id ? e->mark_pos : J_HDR;
+            for (size_t k = next_group(m, J_HDR, sz, id); k < sz;) {
+                size_t gend = k + JG_HDR + get32(m + k + 4);
+                if (gend > mark) {
+                    munmap(m, sz);
+                    close(fd);
+                    free(ids);
+                    seterr(e, "journal %s has a corrupt header but holds a valid group at offset %zu: acknowledged "
+                              "records would be lost; refusing to start (restore the journal, or decommission "
+                              "this bookie so that its ledgers are re-replicated)", p, k);
+                    return E_IO;
+                }
+                k = next_group(m, gend, sz, id);
+            }
             munmap(m, sz);
             close(fd);
             e->st_replay_truncated += sz;
-            continue; /* header never made durable: nothing in it was acknowledged */
+            continue;
         }
         int synced_file = (get32(m + 16) & JF_SYNC) != 0;
-        size_t from = J_HDR; /* records before `from` are already in the entry logs */
-        if (have_mark && id == e->mark_id)
-            from = e->mark_pos < sz ? (size_t)e->mark_pos : sz;
+        /* records before `mark` are already in the entry logs (`from`: the same within the file) */
+        uint64_t mark = have_mark && id == e->mark_id ? e->mark_pos : J_HDR;
+        size_t from = mark < sz ? (size_t)mark : sz;
         /* Walk the groups from the start (the mark may fall inside a group). Groups are
          * self-delimiting (magic + checksums), so after a bad spot we look for the next valid
          * group. Each group is written only after the previous one was fdatasync'ed, so in a
          * synced journal a valid group *after* a bad spot means synced data was damaged: if the
          * damage reaches past the LastLogMark, acknowledged records would be lost -- refuse to
-         * start. A bad spot with no valid group after it is a torn (never acknowledged) tail,
-         * garbage, or the preallocated zeros: cut it. */
+         * start. A bad spot with no valid group after it is the preallocated zeros or the group a
+         * crash tore (never acknowledged): cut it. But a last group whose written bytes fail a
+         * checksum is damage, not a tear (j_torn_tail): its records were acknowledged and exist
+         * nowhere else, so unless the mark has passed it, refuse to start. */
         size_t off = J_HDR, end = J_HDR;
         while (off < sz) {
             if (!group_ok(m, off, sz, id)) {
                 size_t k = next_group(m, off + 1, sz, id);
+                if (k >= sz && synced_file) {
+                    uint64_t gend;
+                    int torn = j_torn_tail(m, off, sz, id, &gend);
+                    if (!torn || mark > off) { /* a group the mark has passed into was synced: not torn */
+                        if (!gend) { /* extent unknown: up to its last non-zero byte */
+                            gend = sz;
+                            while (gend > off && m[gend - 1] == 0)
+                                gend--;
+                        }
+                        if (gend > mark) { /* (a file cut short below the mark lost nothing) */
+                            munmap(m, sz);
+                            close(fd);
+                            free(ids);
+                            seterr(e, "journal %s is corrupt at offset %zu: the group there fails its checksum, and "
+                                      "not as a torn write leaves one (the sectors it did not reach zeroed); it holds "
+                                      "records past the LastLogMark: acknowledged records would be lost; refusing to "
+                                      "start (inspect it with `bkspark shell readjournal`; restore it, or decommission "
+                                      "this bookie so that its ledgers are re-replicated)",
+                                   p, off);
+                            return E_IO;
+                        }
+                    }
+                }
                 if (k >= sz)
                     break;
                 if (synced_file && k > from) {

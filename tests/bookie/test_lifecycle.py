@@ -95,6 +95,39 @@ def test_replaced_disk_refuses_to_start(cluster):
         cluster.start(0)
 
 
+def test_bitflip_in_last_journal_group_refuses_to_start(tmp_path):
+    """The newest acknowledged entries of a killed bookie exist only in its journal's last group;
+    a bit flip there is damage, not a torn write: the bookie exits naming the file and offset
+    instead of starting without those entries (and answering NoSuchEntry for them)."""
+    import glob
+    import struct
+    with BookieCluster(f"sqlite:///{tmp_path}/meta.db", num_bookies=1, data_dir=tmp_path,
+                       extra_args=["--checkpoint-interval-s", "3600"]) as c:
+        stub, channel = stub_for(c.bookie_ids[0])
+        for e in range(20):
+            assert stub.Add(add_request(9, e, b"%d" % e * 40), timeout=10).status == errors.EOK
+        channel.close()
+        c.kill(0)
+        groups = []  # (journal file, group offset, group end) of every group, in order
+        for path in sorted(glob.glob(os.path.join(c.bookies[0].dir, "journal", "*.txn"))):
+            data = open(path, "rb").read()
+            off = 512
+            while data[off:off + 4] == b"BKSG":
+                end = off + 24 + struct.unpack_from("<I", data, off + 4)[0]
+                groups.append((path, off, end))
+                off = end
+        path, g0, g1 = groups[-1]
+        with open(path, "r+b") as f:  # flip a bit inside the last entry's body
+            f.seek(g1 - 10)
+            b = f.read(1)[0]
+            f.seek(g1 - 10)
+            f.write(bytes([b ^ 4]))
+        with pytest.raises(errors.BKError, match="refusing to start") as ex:
+            c.start(0)
+        assert c.bookies[0].proc.returncode != 0
+        assert f"journal {path} is corrupt at offset {g0}" in str(ex.value), str(ex.value)
+
+
 def test_swapped_directories_refuse_to_start(tmp_path):
     with BookieCluster(f"sqlite:///{tmp_path}/meta.db", num_bookies=2, data_dir=tmp_path) as c:
         c.stop(0)

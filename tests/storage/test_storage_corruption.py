@@ -71,6 +71,28 @@ def newest_journal(d):
     raise AssertionError("no journal with records")
 
 
+SECTOR = 512  # what a torn write leaves unwritten: whole sectors, still reading as zeros
+
+
+def tear(path, group_start, sectors):
+    """Zero the given 512-byte sectors of a group at ``group_start``: what a crash leaves of a
+    group whose write reached the disk only in part (the journal's space is zeroed ahead, and the
+    bytes before the group belong to the previous, synced one)."""
+    with open(path, "r+b") as f:
+        for n in sectors:
+            lo = max(n * SECTOR, group_start)
+            f.seek(lo)
+            f.write(bytes((n + 1) * SECTOR - lo))
+
+
+def flip(path, at, bit=0x10):
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)[0]
+        f.seek(at)
+        f.write(bytes([b ^ bit]))
+
+
 def test_journal_reference_parser_sees_adds(tmp_path):
     d = str(tmp_path)
     populate(d, n=10)
@@ -117,10 +139,11 @@ def test_journal_fuzz(tmp_path, seed):
         open(p, "wb").write(bytes(data))
         try:
             s = Storage(cfg(d))
-        except errors.BookieIOError as e:  # allowed only when synced data after the damage is valid
+        except errors.BookieIOError as e:  # a synced group damaged, not torn (README, "Replay")
             assert "journal" in str(e) and "refusing to start" in str(e), str(e)
-            assert any(g[0] > at for g in groups), (kind, at, str(e))
+            assert kind != "truncate", (kind, at, str(e))  # a cut-off file is what a tear leaves
             continue
+        assert kind not in ("flip", "badlen"), (kind, at)  # a written group that fails its checksum
         try:
             intact = {struct.unpack_from("<Qq", pl) for g in groups if g[1] <= at for t, pl in g[2] if t == 1}
             fence_ok = any(t == 3 for g in groups if g[1] <= at for t, _ in g[2])
@@ -163,6 +186,154 @@ def test_journal_torn_last_group_is_cut_and_earlier_groups_kept(tmp_path):
         s.close()
 
 
+def newest_in_last_group(d):
+    """Ledger 1's entries 0-9 in one group, 10-19 in the last one; the LastLogMark below both
+    (closed without a checkpoint, as a kill leaves it): entries 10-19 exist only in that group."""
+    s = Storage(cfg(d))
+    s.add_entries([(1, e, b"k", False, body(1, e)) for e in range(10)])
+    s.add_entries([(1, e, b"k", False, body(1, e)) for e in range(10, 20)])
+    s._store.close(checkpoint=False)
+    jp = newest_journal(d)
+    groups = parse_journal(jp)
+    last = groups[-1]
+    assert sorted(struct.unpack_from("<Qq", pl)[1] for t, pl in last[2] if t == 1) == list(range(10, 20))
+    assert last[1] - last[0] > 4 * SECTOR
+    return jp, groups
+
+
+def assert_refused_naming(d, jp, offset):
+    with pytest.raises(errors.BookieIOError, match="refusing to start") as ex:
+        Storage(cfg(d))
+    msg = str(ex.value)
+    assert jp in msg and f"offset {offset}" in msg, msg
+    return msg
+
+
+@pytest.mark.parametrize("where", ["record body", "record header", "group checksum", "magic", "length"])
+def test_journal_bitflip_in_last_group_refuses_start_and_cuts_nothing(tmp_path, where):
+    # A bit flip in the last group is corruption, not a torn write: the bookie had acknowledged
+    # that group's entries, and they exist nowhere else.  Opening must refuse (an unknown answer)
+    # rather than cut the group and answer NoSuchEntry for them.
+    d = str(tmp_path)
+    jp, groups = newest_in_last_group(d)
+    g0, g1, _ = groups[-1]
+    at = {"record body": (g0 + g1) // 2, "record header": g0 + 24 + 1, "group checksum": g0 + 9,
+          "magic": g0 + 1, "length": g0 + 5}[where]
+    size = os.path.getsize(jp)
+    flip(jp, at)
+    msg = assert_refused_naming(d, jp, g0)
+    assert "torn" in msg
+    assert os.path.getsize(jp) == size  # nothing cut: restored, every entry is back
+    flip(jp, at)
+    s = Storage(cfg(d))
+    try:
+        for e in range(20):
+            assert s.read_entry(1, e) == body(1, e)
+    finally:
+        s.close()
+
+
+def test_journal_bitflip_in_a_torn_last_group_refuses_start(tmp_path):
+    # unwritten sectors explain only the records they overlap: a bad record elsewhere is damage
+    d = str(tmp_path)
+    jp, groups = newest_in_last_group(d)
+    g0, g1, _ = groups[-1]
+    tear(jp, g0, [(g1 - 1) // SECTOR])
+    flip(jp, g0 + 24 + 12 + 16 + 3)  # the first record's body, in the group's first sector
+    assert_refused_naming(d, jp, g0)
+
+
+@pytest.mark.parametrize("torn", ["suffix", "hole", "header sector", "cut short"])
+def test_journal_torn_last_group_is_cut(tmp_path, torn):
+    # A crash leaves the sectors of the last group's write that it did not reach as they were:
+    # zeros.  Such a group was never acknowledged (its fdatasync did not return): it is cut, and
+    # startup goes on with every earlier group.
+    d = str(tmp_path)
+    jp, groups = newest_in_last_group(d)
+    g0, g1, _ = groups[-1]
+    first, last = g0 // SECTOR, (g1 - 1) // SECTOR
+    if torn == "suffix":
+        tear(jp, g0, range(first + 2, last + 1))
+    elif torn == "hole":
+        tear(jp, g0, [first + 2])
+    elif torn == "header sector":
+        tear(jp, g0, [first])
+    else:
+        os.truncate(jp, (first + 3) * SECTOR)
+    s = Storage(cfg(d))
+    try:
+        for e in range(10):
+            assert s.read_entry(1, e) == body(1, e)
+        for e in range(10, 20):
+            with pytest.raises(errors.NoSuchEntryError):
+                s.read_entry(1, e)
+        assert s.stats()["replay_truncated_bytes"] > 0
+        s.add_entries([(1, 10, b"k", False, b"again")])
+    finally:
+        s.close()
+    s = Storage(cfg(d))
+    try:
+        assert s.read_entry(1, 10) == b"again"
+    finally:
+        s.close()
+
+
+def test_journal_bitflip_in_file_header_refuses_start(tmp_path):
+    # a file header that fails its checks was never synced only if no group follows it (groups
+    # are written once it is); with valid groups after it, it was damaged: skipping the file
+    # would drop every record in it
+    d = str(tmp_path)
+    jp, groups = newest_in_last_group(d)
+    flip(jp, 2)
+    assert_refused_naming(d, jp, groups[0][0])
+    flip(jp, 2)
+    s = Storage(cfg(d))
+    try:
+        for e in range(20):
+            assert s.read_entry(1, e) == body(1, e)
+    finally:
+        s.close()
+
+
+def test_journal_file_with_torn_header_and_no_group_is_skipped(tmp_path):
+    # killed while creating a journal file: its header never reached the disk, nothing follows
+    d = str(tmp_path)
+    jp, groups = newest_in_last_group(d)
+    torn = os.path.join(d, "j", "%016x.txn" % (int(os.path.basename(jp)[:16], 16) + 1))
+    with open(torn, "wb") as f:
+        f.write(bytes(1 << 16))
+    s = Storage(cfg(d))
+    try:
+        for e in range(20):
+            assert s.read_entry(1, e) == body(1, e)
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("damage", ["flip", "cut short"])
+def test_journal_damage_below_the_last_log_mark_is_cut(tmp_path, damage):
+    # the last group's records are in the entry logs once the mark has passed them (a file cut
+    # short below the mark, too, lost nothing)
+    d = str(tmp_path)
+    s = Storage(cfg(d))
+    s.add_entries([(1, e, b"k", False, body(1, e)) for e in range(10)])
+    s.add_entries([(1, e, b"k", False, body(1, e)) for e in range(10, 20)])
+    s.checkpoint()
+    s._store.close(checkpoint=False)
+    jp = newest_journal(d)
+    g0, g1, _ = parse_journal(jp)[-1]
+    if damage == "flip":
+        flip(jp, (g0 + g1) // 2)
+    else:
+        os.truncate(jp, (g0 + g1) // 2)
+    s = Storage(cfg(d))
+    try:
+        for e in range(20):
+            assert s.read_entry(1, e) == body(1, e)
+    finally:
+        s.close()
+
+
 def test_journal_damage_before_valid_synced_group_refuses_start(tmp_path):
     d = str(tmp_path)
     populate(d, n=30)
@@ -193,11 +364,7 @@ def test_group_copy_inside_an_entry_body_does_not_block_startup(tmp_path):
     s._store.close(checkpoint=False)
     jb = newest_journal(b)
     last = parse_journal(jb)[-1]
-    with open(jb, "r+b") as f:  # damage the last group ahead of the embedded copies (like a torn write)
-        f.seek(last[0] + 30)
-        c = f.read(1)
-        f.seek(last[0] + 30)
-        f.write(bytes([c[0] ^ 0xFF]))
+    tear(jb, last[0], [last[0] // SECTOR])  # torn ahead of the embedded copies: its first sector unwritten
     s = Storage(cfg(b))
     try:
         assert s.read_entry(5, 0) == b"first"
