@@ -186,6 +186,16 @@ def test_journal_torn_last_group_is_cut_and_earlier_groups_kept(tmp_path):
         s.close()
 
 
+def assert_every_entry_back(d):
+    """The 20 entries of newest_in_last_group all read back intact."""
+    s = Storage(cfg(d))
+    try:
+        for e in range(20):
+            assert s.read_entry(1, e) == body(1, e)
+    finally:
+        s.close()
+
+
 def newest_in_last_group(d):
     """Ledger 1's entries 0-9 in one group, 10-19 in the last one; the LastLogMark below both
     (closed without a checkpoint, as a kill leaves it): entries 10-19 exist only in that group."""
@@ -225,12 +235,7 @@ def test_journal_bitflip_in_last_group_refuses_start_and_cuts_nothing(tmp_path, 
     assert "torn" in msg
     assert os.path.getsize(jp) == size  # nothing cut: restored, every entry is back
     flip(jp, at)
-    s = Storage(cfg(d))
-    try:
-        for e in range(20):
-            assert s.read_entry(1, e) == body(1, e)
-    finally:
-        s.close()
+    assert_every_entry_back(d)
 
 
 def test_journal_bitflip_in_a_torn_last_group_refuses_start(tmp_path):
@@ -287,12 +292,7 @@ def test_journal_bitflip_in_file_header_refuses_start(tmp_path):
     flip(jp, 2)
     assert_refused_naming(d, jp, groups[0][0])
     flip(jp, 2)
-    s = Storage(cfg(d))
-    try:
-        for e in range(20):
-            assert s.read_entry(1, e) == body(1, e)
-    finally:
-        s.close()
+    assert_every_entry_back(d)
 
 
 def test_journal_file_with_torn_header_and_no_group_is_skipped(tmp_path):
@@ -302,12 +302,7 @@ def test_journal_file_with_torn_header_and_no_group_is_skipped(tmp_path):
     torn = os.path.join(d, "j", "%016x.txn" % (int(os.path.basename(jp)[:16], 16) + 1))
     with open(torn, "wb") as f:
         f.write(bytes(1 << 16))
-    s = Storage(cfg(d))
-    try:
-        for e in range(20):
-            assert s.read_entry(1, e) == body(1, e)
-    finally:
-        s.close()
+    assert_every_entry_back(d)
 
 
 @pytest.mark.parametrize("damage", ["flip", "cut short"])
@@ -326,12 +321,7 @@ def test_journal_damage_below_the_last_log_mark_is_cut(tmp_path, damage):
         flip(jp, (g0 + g1) // 2)
     else:
         os.truncate(jp, (g0 + g1) // 2)
-    s = Storage(cfg(d))
-    try:
-        for e in range(20):
-            assert s.read_entry(1, e) == body(1, e)
-    finally:
-        s.close()
+    assert_every_entry_back(d)
 
 
 def test_journal_damage_before_valid_synced_group_refuses_start(tmp_path):
