@@ -35,7 +35,9 @@ Rules (one place for each):
   missing record) for :data:`TOMBSTONE_TTL_S`, then a later reclaim deletes it.
 
 Streaming sink jobs live as long as their query and are cleaned batch by batch by the sink's
-commits; :func:`reclaim` reports their leftovers but leaves them to the query.
+commits; :func:`reclaim` reports their leftovers but leaves them to the query. Their tasks
+therefore skip the liveness and state records: a registration is one create, as every
+micro-batch pays it.
 """
 from __future__ import annotations
 
@@ -87,8 +89,16 @@ def _encode(doc: dict) -> bytes:
 
 # ---- the task side ----------------------------------------------------------------------
 
-def begin_task(store, key: str, log_name: str) -> str:
-    """Create the job record if needed and this task's ``alive-*`` record; its path."""
+def _reclaimable(key: str) -> bool:
+    """Batch jobs are reclaimed when abandoned; sink jobs are the query's (module docstring)."""
+    return not key.startswith("sink-")
+
+
+def begin_task(store, key: str, log_name: str) -> str | None:
+    """Create the job record if needed and this task's ``alive-*`` record; its path (None
+    for a sink job)."""
+    if not _reclaimable(key):
+        return None
     try:
         store.create(job_path(key), _encode({"log": log_name, "state": WRITING,
                                              "created_ms": _now_ms()}), makepath=True)
@@ -103,6 +113,8 @@ def end_task(store, key: str, alive_path: str | None, ledger_id: int | None) -> 
     """Note when the task's ledger was finished (a job's silence is counted from its last
     task's end) and drop the task's ``alive-*`` record. Best effort: the end of the task's
     session drops the record too."""
+    if not _reclaimable(key):
+        return
     try:
         if ledger_id is not None:
             path = f"{job_path(key)}/{ledger_id}"
@@ -124,6 +136,12 @@ def register(store, key: str, ledger_id: int, info: dict) -> None:
         ledger and fails.
     """
     data = _encode(dict(info, registered_ms=_now_ms()))
+    if not _reclaimable(key):
+        try:
+            store.create(f"{job_path(key)}/{ledger_id}", data, makepath=True)
+        except NodeExistsError:
+            pass
+        return
     while True:
         try:
             raw, version = store.get(job_path(key))
@@ -270,11 +288,11 @@ def status(store, key: str, grace: float) -> JobStatus | None:
             last_ms = max(last_ms, info.get("registered_ms", 0), info.get("finished_ms", 0))
     job.ledgers.sort()
     job.idle_s = max(0.0, time.time() - last_ms / 1000) if last_ms else float("inf")
-    if job.state == RECLAIMED:
+    if not _reclaimable(key):
+        job.verdict = "sink"
+    elif job.state == RECLAIMED:
         job.verdict = "tombstone"
         job.idle_s = max(0.0, time.time() - doc.get("reclaimed_ms", 0) / 1000)
-    elif key.startswith("sink-"):
-        job.verdict = "sink"
     elif job.log is None:
         job.verdict = "unknown log"     # a record written before jobs named their log
     elif job.alive_tasks:
