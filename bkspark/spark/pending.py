@@ -99,11 +99,12 @@ def begin_task(store, key: str, log_name: str) -> str | None:
     for a sink job)."""
     if not _reclaimable(key):
         return None
-    try:
-        store.create(job_path(key), _encode({"log": log_name, "state": WRITING,
-                                             "created_ms": _now_ms()}), makepath=True)
-    except NodeExistsError:
-        pass
+    if store.exists(job_path(key)) is None:        # the job's first task (a read for the others)
+        try:
+            store.create(job_path(key), _encode({"log": log_name, "state": WRITING,
+                                                 "created_ms": _now_ms()}), makepath=True)
+        except NodeExistsError:
+            pass
     path = f"{job_path(key)}/{ALIVE_PREFIX}{uuid.uuid4().hex}"
     store.create(path, b"", ephemeral=True)
     return path
@@ -113,16 +114,17 @@ def end_task(store, key: str, alive_path: str | None, ledger_id: int | None) -> 
     """Note when the task's ledger was finished (a job's silence is counted from its last
     task's end) and drop the task's ``alive-*`` record. Best effort: the end of the task's
     session drops the record too."""
-    if not _reclaimable(key):
+    if not _reclaimable(key) or alive_path is None:
         return
+    txn = store.transaction()
     try:
         if ledger_id is not None:
             path = f"{job_path(key)}/{ledger_id}"
-            info = _decode(store.get(path)[0])
-            store.set(path, _encode(dict(info, finished_ms=_now_ms())))
-    except errors.BKError:
-        pass
-    if alive_path is not None:
+            raw, version = store.get(path)
+            txn.set(path, _encode(dict(_decode(raw), finished_ms=_now_ms())), version=version)
+        txn.delete(alive_path)
+        txn.commit()
+    except errors.BKError:                          # unregistered meanwhile: just drop the record
         try:
             store.delete(alive_path)
         except errors.BKError:
