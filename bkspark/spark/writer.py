@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 import uuid
@@ -70,7 +71,10 @@ def faults(opts) -> dict:
     ``failCommitAfterAppend:B`` (the sink's commit of batch B fails before / after appending;
     a batch write's commit fails after appending with any B): a commit that raises after its
     append is what a lost answer looks like to Spark. ``hangTask:P``: partition P's task
-    stops after its first rows are acknowledged (until killed: a driver killed mid-write)."""
+    stops after its first rows are acknowledged (until killed: a driver killed mid-write).
+    ``stallTask:P``: partition P's first attempt (of a sink: in batch 0) pauses 120 s after its
+    first rows are acknowledged -- time to kill its executor (the registration names the
+    task's process, ``pid``)."""
     out = {}
     for item in (opts.test_fault or "").split(","):
         if ":" in item:
@@ -116,18 +120,23 @@ def write_task(opts, fmt: str, spark_schema_json: str, pending_key: str, iterato
                 lh = bk.create_ledger(password=opts.password, custom_metadata=custom,
                                       **opts.ledger_options())
                 pending.register(bk.store, pending_key, lh.ledger_id,
-                                 dict(info, partition=partition, attempt=attempt))
+                                 dict(info, partition=partition, attempt=attempt,
+                                      host=socket.gethostname(), pid=os.getpid()))
             inflight.append(lh.append_many_async(entries))
             msg.entries += len(entries)
             msg.rows += batch.num_rows
             msg.bytes += sum(len(e) for e in entries)
             while len(inflight) > MAX_BATCHES_IN_FLIGHT:
                 inflight.popleft().result()
-            if fault.get("hangTask") == partition:
+            stall = fault.get("stallTask") == partition and attempt == 0 \
+                and info.get("batch", 0) in (0, -1)
+            if fault.get("hangTask") == partition or stall:
                 for f in inflight:
                     f.result()
                 while True:
-                    time.sleep(3600)
+                    time.sleep(120)
+                    if stall:
+                        break
             if fail_task is not None and fail_task == partition and attempt == attempt_to_fail:
                 for f in inflight:
                     f.result()
