@@ -131,15 +131,22 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if budget is not None:
             avail = {n: sum(last - first + 1 for _, first, last, _ in r) for n, r in ranges.items()}
             caps = allocate(avail, budget)
-        out = {}
+        out, latest = {}, {}
         for name in names:
             out[name] = self._end_of(logs, name, starts[name], caps[name], ranges[name]).to_json()
+            unbounded = ranges[name] if self._target is None else \
+                self._available(logs, name, starts[name], None)
+            latest[name] = self._end_of(logs, name, starts[name], None, unbounded).to_json()
         for name, pos in start.items():          # keep logs that vanished from a pattern
             out.setdefault(name, pos)
-        self._latest = out
+            latest.setdefault(name, pos)
+        self._latest = latest
         return out
 
     def reportLatestOffset(self):
+        """Each log's real end when the batch was planned -- not the batch's end, which a
+        read limit caps: the query's progress (``sources[].latestOffset`` beside
+        ``endOffset``) shows the backlog."""
         return self._latest
 
     def partitions(self, start: dict, end: dict):

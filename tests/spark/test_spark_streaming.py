@@ -165,3 +165,20 @@ def test_arrow_pipeline_keeps_schema_and_rows_through_compressed_entries(spark, 
     expected = df.withColumn("double", F.col("id") * 2)
     assert back.schema == expected.schema
     assert sorted(back.collect(), key=lambda r: r.id) == sorted(expected.collect(), key=lambda r: r.id)
+
+
+def test_progress_shows_the_backlog_beyond_a_read_limit(spark, uri, logs, log_name, tmp_path):
+    """20 entries read 5 at a time: each micro-batch's progress reports the log's real end as
+    latestOffset (the backlog), not the capped end of the batch (issue 28, item 4)."""
+    import json
+    with logs.open_writer(log_name) as writer:
+        for i in range(20):
+            last = writer.append(f"b{i}".encode())
+    q = run_to_end(pipeline(spark, uri, log_name, log_name + "-out", str(tmp_path / "ckpt"),
+                            startingOffsets="earliest", maxEntriesPerTrigger="5"))
+    batches = [p["sources"][0] for p in q.recentProgress if p["numInputRows"]]
+    assert [b["numInputRows"] for b in batches] == [5, 5, 5, 5]
+    log_end = {"ledger": last.ledger_id, "entry": last.entry_id + 1}
+    for b in batches:
+        assert json.loads(b["latestOffset"])[log_name] == log_end
+    assert json.loads(batches[0]["endOffset"])[log_name] != log_end      # capped at 5
