@@ -163,16 +163,19 @@ class LogStore:
                     raise NoSuchLogError(f"no log named {name!r}") from None
                 self.create(name)
 
-    def delete_unreferenced(self, name: str, ledger_ids) -> list[int]:
-        """Delete those of ``ledger_ids`` that the log does not name, proven by a synced read
-        and a compare-and-set of its record (:func:`prove_absent`); return their ids. Ledgers
-        the log names are kept, whatever the caller believed.
+    def delete_unreferenced(self, name: str | list[str], ledger_ids) -> list[int]:
+        """Delete those of ``ledger_ids`` that the log (each of the logs, given a list) does
+        not name, proven by a synced read and a compare-and-set of its record
+        (:func:`prove_absent`); return their ids. Ledgers a log names are kept, whatever the
+        caller believed.
 
         :raises MetadataConnectionError: the store did not answer: nothing was deleted.
         """
-        absent = prove_absent(self.store, log_path(check_log_name(name)),
-                              lambda data: LogMetadata.deserialize(data).ledger_ids(),
-                              ledger_ids, what=f"log {name}: cleanup of unlisted ledgers")
+        absent = set(ledger_ids)
+        for each in [name] if isinstance(name, str) else name:
+            absent = prove_absent(self.store, log_path(check_log_name(each)),
+                                  lambda data: LogMetadata.deserialize(data).ledger_ids(),
+                                  absent, what=f"log {each}: cleanup of unlisted ledgers")
         self._delete_ledgers(sorted(absent))
         return sorted(absent)
 
