@@ -125,6 +125,34 @@ class LogMetadata:
                 return self.copy(ledgers=ledgers).validate()
         raise BadRequestError(f"log {self.name} has no ledger {ledger_id}")
 
+    # ---- offsets: one number per entry of the log, in log order (Kafka's offsets) --------
+    def offsets(self) -> list[int | None]:
+        """The offset of entry 0 of each listed ledger: its recorded ``"offset"``, else the
+        previous ledger's offset plus its entry count once that ledger is closed (the first
+        ledger of a log that never recorded one: 0); None where it cannot be known yet.
+
+        An entry's offset is its ledger's offset plus its entry id. Offsets only grow along
+        the list, and a ledger keeps its offset when ledgers before it are truncated away
+        (the logs layer stores them: :meth:`with_offsets`)."""
+        out: list[int | None] = []
+        nxt: int | None = 0
+        for e in self.ledgers:
+            base = e.get("offset", nxt)
+            out.append(base)
+            closed = e.get("state") == "closed" and _is_int(e.get("last_entry_id"))
+            nxt = base + e["last_entry_id"] + 1 if base is not None and closed else None
+        return out
+
+    def with_offsets(self) -> "LogMetadata":
+        """A copy whose ledger entries record their offset wherever it is known."""
+        ledgers = []
+        for e, base in zip(self.ledgers, self.offsets()):
+            e = dict(e)
+            if base is not None:
+                e["offset"] = base
+            ledgers.append(e)
+        return self.copy(ledgers=ledgers)
+
     def without_ledgers(self, ledger_ids) -> "LogMetadata":
         drop = set(ledger_ids)
         return self.copy(ledgers=[dict(e) for e in self.ledgers if e["ledger_id"] not in drop])

@@ -2,8 +2,13 @@
 
 The record (``/logs/<name>``, :class:`metadata.log_metadata.LogMetadata`) is the only
 shared state of a log and changes only by compare-and-set. Every entry of the list is a
-ledger: ``{"ledger_id", "state": "open"|"closed", "last_entry_id", "length"}`` (the end is
-recorded once the ledger is closed; ledger metadata stays the source of truth).
+ledger: ``{"ledger_id", "state": "open"|"closed", "last_entry_id", "length", "offset"}`` (the
+end is recorded once the ledger is closed; ledger metadata stays the source of truth), plus
+what a writer knows of its records (the Spark connector's ``min_ts`` / ``max_ts``, record
+timestamps in microseconds, let a seek by time skip ledgers). ``offset`` numbers the log's
+entries in order (:meth:`LogMetadata.offsets`): it is stamped on every change, kept by
+truncation, and an overwrite continues from the replaced list's end, so an offset is never
+given to two entries of one log.
 
 Guarantees (those of "Ledgers to logs" in the protocol seed): ledgers keep their order;
 every non-empty ledger stays in the list until truncated; at most one open ledger, the
@@ -153,10 +158,15 @@ class LogStore:
             the change may or may not be stored.
         """
         path = log_path(check_log_name(name))
+
+        def transform(md: LogMetadata) -> LogMetadata:
+            # offsets are stamped before the change (a truncation keeps the survivors') and
+            # after it (appended ledgers get theirs)
+            return change(md.with_offsets()).with_offsets()
         while True:
             try:
                 return update_record(self.store, path, decode=LogMetadata.deserialize,
-                                     encode=LogMetadata.serialize, transform=change, done=done,
+                                     encode=LogMetadata.serialize, transform=transform, done=done,
                                      what=f"log {name}", guard=guard)
             except NoNodeError:
                 if not create:
@@ -190,6 +200,12 @@ class LogStore:
         finally:
             handle.close()
 
+    def _closed_entries(self, ledger_ids, info: dict[int, dict] | None) -> list[dict]:
+        entries = [self.closed_ledger_entry(lid) for lid in ledger_ids]
+        for e in entries:
+            e.update((info or {}).get(e["ledger_id"], {}))
+        return entries
+
     def _seal_open_tail(self, md: LogMetadata) -> LogMetadata:
         """Recover (fence) every ledger of the list still marked open and record its end."""
         ledgers = []
@@ -201,7 +217,8 @@ class LogStore:
 
     def append_ledgers(self, name: str, ledger_ids: list[int], writer_id: str | None = None,
                        sequence: int | None = None, epoch: int | None = None,
-                       guard: tuple[str, int] | None = None) -> bool:
+                       guard: tuple[str, int] | None = None,
+                       info: dict[int, dict] | None = None) -> bool:
         """Append closed ledgers to a log in one CAS; False if ``(writer_id, sequence)`` was applied.
 
         The ledgers must be closed (they are recovered if not). Empty ledgers are left out of
@@ -219,7 +236,7 @@ class LogStore:
         check_log_name(name)
         if (writer_id is None) != (sequence is None):
             raise BadRequestError("writer_id and sequence go together")
-        entries = [self.closed_ledger_entry(lid) for lid in ledger_ids]
+        entries = self._closed_entries(ledger_ids, info)
         keep = [e for e in entries if e["last_entry_id"] >= 0]
         keep_ids = {e["ledger_id"] for e in keep}
 
@@ -254,10 +271,12 @@ class LogStore:
         return True
 
     def overwrite(self, name: str, ledger_ids: list[int], writer_id: str | None = None,
-                  sequence: int | None = None, guard: tuple[str, int] | None = None) -> bool:
+                  sequence: int | None = None, guard: tuple[str, int] | None = None,
+                  info: dict[int, dict] | None = None) -> bool:
         """Replace the whole ledger list in one CAS; the old ledgers are deleted afterwards
-        (once proven unlisted). A lost answer is settled as in :meth:`append_ledgers`."""
-        entries = [self.closed_ledger_entry(lid) for lid in ledger_ids]
+        (once proven unlisted). The new ledgers' offsets continue from the old list's end. A
+        lost answer is settled as in :meth:`append_ledgers`."""
+        entries = self._closed_entries(ledger_ids, info)
         keep_ids = {e["ledger_id"] for e in entries if e["last_entry_id"] >= 0}
         replaced: set[int] = set()
 
@@ -268,7 +287,11 @@ class LogStore:
             if writer_id is not None and md.writers.get(writer_id, -1) >= sequence:
                 raise NoChange()
             replaced.update(lid for lid in md.ledger_ids() if lid not in keep_ids)
-            md = md.copy(ledgers=[e for e in entries if e["last_entry_id"] >= 0])
+            new = [dict(e) for e in entries if e["last_entry_id"] >= 0]
+            if new and md.ledgers and md.ledgers[-1].get("offset") is not None:
+                tail = md.ledgers[-1]
+                new[0]["offset"] = tail["offset"] + self.ledger_end(tail) + 1
+            md = md.copy(ledgers=new)
             if writer_id is not None:
                 md = md.with_writer_sequence(writer_id, sequence)
             return md.validate()

@@ -50,8 +50,15 @@ HEADERS_TYPE = pa.map_(pa.string(), pa.binary())
 
 def record_spark_schema():
     """The read schema of ``entryFormat=record`` as a Spark StructType."""
-    from pyspark.sql.types import (BinaryType, LongType, MapType, StringType, StructField,
-                                   StructType, TimestampType)
+    from pyspark.sql.types import (
+        BinaryType,
+        LongType,
+        MapType,
+        StringType,
+        StructField,
+        StructType,
+        TimestampType,
+    )
     return StructType([
         StructField("log", StringType(), True),
         StructField("ledger_id", LongType(), True),
@@ -61,6 +68,37 @@ def record_spark_schema():
         StructField("timestamp", TimestampType(), True),
         StructField("headers", MapType(StringType(), BinaryType(), True), True),
     ])
+
+
+def kafka_spark_schema(include_headers: bool):
+    """The read schema of ``schema=kafka``: exactly that of Spark's Kafka source (``headers``
+    only with ``includeHeaders``). ``topic`` is the log, ``partition`` is 0, ``offset`` the
+    entry's log offset, ``timestampType`` 0 (CreateTime) for a record with a timestamp and -1
+    for an entry without one (timestamp null)."""
+    from pyspark.sql.types import (
+        ArrayType,
+        BinaryType,
+        IntegerType,
+        LongType,
+        StringType,
+        StructField,
+        StructType,
+        TimestampType,
+    )
+    fields = [
+        StructField("key", BinaryType(), True),
+        StructField("value", BinaryType(), True),
+        StructField("topic", StringType(), True),
+        StructField("partition", IntegerType(), True),
+        StructField("offset", LongType(), True),
+        StructField("timestamp", TimestampType(), True),
+        StructField("timestampType", IntegerType(), True),
+    ]
+    if include_headers:
+        fields.append(StructField("headers", ArrayType(StructType([
+            StructField("key", StringType(), True),
+            StructField("value", BinaryType(), True)]), True), True))
+    return StructType(fields)
 
 
 # ---- record entries ---------------------------------------------------------------------
@@ -170,16 +208,53 @@ def records_to_batch(log: str, ledger_id: int, entries, schema: pa.Schema) -> pa
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
+def records_to_kafka_batch(log: str, base_offset: int, entries, schema: pa.Schema) -> pa.RecordBatch:
+    """A RecordBatch of the Kafka read schema (:func:`kafka_spark_schema`) from ``(entry_id,
+    data)`` pairs of one ledger whose entry 0 has log offset ``base_offset``."""
+    offsets, keys, values, tss, types, hdrs = [], [], [], [], [], []
+    for eid, data in entries:
+        k, v, ts, h = decode_record(data)
+        offsets.append(base_offset + eid)
+        keys.append(k)
+        values.append(v)
+        tss.append(ts)
+        types.append(-1 if ts is None else 0)
+        hdrs.append(None if h is None else [{"key": n, "value": hv} for n, hv in h])
+    n = len(offsets)
+    arrays = [
+        pa.array(keys, pa.binary()),
+        pa.array(values, pa.binary()),
+        pa.array([log] * n, pa.string()),
+        pa.array([0] * n, pa.int32()),
+        pa.array(offsets, pa.int64()),
+        pa.array(tss, pa.int64()).cast(schema.field("timestamp").type),
+        pa.array(types, pa.int32()),
+    ]
+    if "headers" in schema.names:
+        arrays.append(pa.array(hdrs, schema.field("headers").type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
 # ---- record writes: Spark input -> entries --------------------------------------------------
 
 RECORD_WRITE_COLUMNS = ("value", "key", "headers", "timestamp")
-RECORD_IGNORED_COLUMNS = ("log", "ledger_id", "entry_id")
+#: columns of a read (record or Kafka schema) that a write ignores, so a read writes back; the
+#: log written is always option 'log' (as Kafka's sink with its 'topic' option set)
+RECORD_IGNORED_COLUMNS = ("log", "ledger_id", "entry_id", "topic", "partition", "offset",
+                          "timestampType")
 
 
 def check_record_write_schema(schema) -> None:
     """Raise BadRequestError unless ``schema`` (Spark StructType) can be written as records."""
-    from pyspark.sql.types import (ArrayType, BinaryType, MapType, StringType, StructType,
-                                   TimestampNTZType, TimestampType)
+    from pyspark.sql.types import (
+        ArrayType,
+        BinaryType,
+        MapType,
+        StringType,
+        StructType,
+        TimestampNTZType,
+        TimestampType,
+    )
 
     from bkspark.errors import BadRequestError
     names = {f.name: f.dataType for f in schema.fields}
@@ -207,6 +282,18 @@ def check_record_write_schema(schema) -> None:
         if not ok:
             raise BadRequestError("column 'headers' must be map<string,binary|string> or "
                                   f"array<struct<key:string,value:binary>>, got {t.simpleString()}")
+
+
+def record_time_range(batch: pa.RecordBatch, now_us: int) -> tuple[int, int]:
+    """(min, max) record timestamp :func:`batch_to_records` gives the rows of ``batch``."""
+    if "timestamp" not in batch.schema.names or batch.num_rows == 0:
+        return now_us, now_us
+    import pyarrow.compute as pc
+    col = batch.column(batch.schema.names.index("timestamp")).cast(pa.int64())
+    mm = pc.min_max(col).as_py()
+    lo = [x for x in (mm["min"], now_us if col.null_count else None) if x is not None]
+    hi = [x for x in (mm["max"], now_us if col.null_count else None) if x is not None]
+    return min(lo), max(hi)
 
 
 def batch_to_records(batch: pa.RecordBatch, now_us: int) -> list[bytes]:

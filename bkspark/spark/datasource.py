@@ -41,8 +41,13 @@ class BookKeeperDataSource(DataSource):
     # ---- schema -------------------------------------------------------------------------
     def schema(self):
         if self.opts.entry_format == RECORD:
-            return codec.record_spark_schema()
+            return self._record_schema()
         return self._stored_schema(required=True)
+
+    def _record_schema(self):
+        if self.opts.schema == "kafka":
+            return codec.kafka_spark_schema(self.opts.include_headers)
+        return codec.record_spark_schema()
 
     def _stored_schema(self, required: bool):
         """The Spark schema recorded in the newest arrow ledger of the (first) log read."""
@@ -68,13 +73,13 @@ class BookKeeperDataSource(DataSource):
 
     def _check_read_schema(self, schema) -> None:
         if self.opts.entry_format == RECORD:
-            expected = codec.record_spark_schema()
+            expected = self._record_schema()
             if [(f.name, f.dataType) for f in schema.fields] != \
                     [(f.name, f.dataType) for f in expected.fields]:
                 raise BadRequestError(
-                    f"entryFormat=record reads have the fixed schema {expected.simpleString()}; "
-                    f"got .schema({schema.simpleString()}) (drop .schema(), or use "
-                    "entryFormat=arrow for tables)")
+                    f"schema={self.opts.schema} reads have the fixed schema "
+                    f"{expected.simpleString()}; got .schema({schema.simpleString()}) (drop "
+                    ".schema(), or use entryFormat=arrow for tables)")
 
     # ---- batch --------------------------------------------------------------------------
     def reader(self, schema):

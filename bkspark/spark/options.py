@@ -16,6 +16,15 @@ startingOffsets          ``earliest`` | ``latest`` | JSON ``{"log": {"ledger": L
                          (batch: earliest; streaming: latest)
 endingOffsets            batch read end, exclusive (``latest``); same forms
 maxEntriesPerTrigger     streaming: at most this many entries per micro-batch (no limit)
+maxBytesPerTrigger       streaming: about at most this many bytes per micro-batch (no limit)
+minEntriesPerTrigger     streaming: wait for this many entries before a micro-batch, at most
+maxTriggerDelay          ... this long (``15m``; Kafka's pair of options)
+startingTimestamp        start at the first record of each log stamped at/after this time
+                         (milliseconds since the epoch; also per log: startingOffsetsByTimestamp)
+endingTimestamp          batch reads: end before the first record at/after this time
+                         (also per log: endingOffsetsByTimestamp)
+schema                   ``record`` (default) | ``kafka``: the read schema of Spark's Kafka source
+includeHeaders           schema=kafka: add the ``headers`` column (false)
 failOnDataLoss           fail when a committed offset was truncated away (true)
 ensembleSize / writeQuorumSize / ackQuorumSize   ledgers written by Spark (3 / 2 / 2)
 digestType               ``crc32c`` | ``crc32`` | ``hmac`` (``mac``) | ``dummy`` (crc32c)
@@ -38,6 +47,11 @@ reclaimAbandonedAfter    writes: seconds a write job of the log with no live tas
 =======================  ====================================================================
 
 Spark also passes ``checkpointLocation`` to streaming sinks; it is accepted and ignored.
+
+Kafka's option names are accepted beside these (:data:`KAFKA_ALIASES`: ``subscribe``,
+``subscribePattern``, ``assign``, ``topic``, ``maxOffsetsPerTrigger``, ...), and the offsets
+options take Kafka's JSON (``{"log": {"0": 42}}``, -2 = earliest, -1 = latest; a log has one
+partition, 0, and ``offset`` numbers its entries: see :meth:`LogMetadata.offsets`).
 """
 from __future__ import annotations
 
@@ -58,10 +72,31 @@ KNOWN_OPTIONS = (
     "maxEntriesPerTrigger", "failOnDataLoss", "ensembleSize", "writeQuorumSize", "ackQuorumSize",
     "digestType", "password", "entryFormat", "queryId", "writerId", "writerSequence",
     "maxEntryBytes", "compression", "entriesPerPartition", "minPartitions", "checkpointLocation",
-    "reclaimAbandonedAfter",
+    "reclaimAbandonedAfter", "maxBytesPerTrigger", "minEntriesPerTrigger", "maxTriggerDelay",
+    "startingTimestamp", "startingOffsetsByTimestamp", "endingTimestamp",
+    "endingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy", "schema",
+    "includeHeaders",
     "_testFault",        # test-only fault injection (see bkspark.spark.writer)
 )
+#: Spark's Kafka source and sink option names, and the option each one is here
+KAFKA_ALIASES = {"subscribe": "logs", "subscribePattern": "logPattern", "assign": "logs",
+                 "topic": "log", "maxOffsetsPerTrigger": "maxEntriesPerTrigger",
+                 "minOffsetsPerTrigger": "minEntriesPerTrigger"}
 _CANON = {name.lower(): name for name in KNOWN_OPTIONS}
+_CANON.update({alias.lower(): name for alias, name in KAFKA_ALIASES.items()})
+#: what Kafka-only options become here (they fail, saying so)
+_KAFKA_ONLY = {
+    "kafka.bootstrap.servers": "option 'metadataServiceUri' (the bookies are found through "
+                               "the metadata service)",
+    "kafka.group.id": "option 'queryId' (the name of the log cursor a query moves)",
+    "groupidprefix": "option 'queryId' (the name of the log cursor a query moves)",
+    "fetchoffset.numretries": "nothing: reads retry other bookies themselves (tune with "
+                              "client.readTimeout)",
+    "fetchoffset.retryintervalms": "nothing: reads retry other bookies themselves",
+    "kafkaconsumer.polltimeoutms": "client.readTimeout (seconds)",
+}
+SCHEMAS = ("record", "kafka")
+TIMESTAMP_STRATEGIES = ("error", "latest")
 DIGESTS = ("crc32c", "crc32", "hmac", "mac", "dummy")
 COMPRESSIONS = {"none": None, "uncompressed": None, "lz4": "lz4", "zstd": "zstd"}
 #: arrow entries are compressed unless told otherwise, with a fast codec as Parquet's snappy:
@@ -97,6 +132,12 @@ class ConnectorOptions:
     entries_per_partition: int | None = None
     min_partitions: int | None = None
     reclaim_after: float = DEFAULT_GRACE_S   # seconds; see bkspark.spark.pending
+    max_bytes_per_trigger: int | None = None
+    min_entries_per_trigger: int | None = None
+    max_trigger_delay: float = 15 * 60.0    # seconds
+    timestamp_strategy: str = "error"        # no record at/after startingTimestamp: error|latest
+    schema: str = "record"                   # record | kafka (the read schema)
+    include_headers: bool = False            # schema=kafka: the headers column
     test_fault: str | None = None
 
     # ---- derived ------------------------------------------------------------------------
@@ -144,8 +185,33 @@ def _int(name: str, value: str, minimum: int, maximum: int | None = None) -> int
     return n
 
 
+@dataclass(frozen=True)
+class AtOffset:
+    """A Kafka-style offset of a log (:meth:`LogMetadata.offsets`)."""
+    offset: int
+
+
+@dataclass(frozen=True)
+class AtTime:
+    """The first record stamped at or after ``ms`` (milliseconds since the epoch)."""
+    ms: int
+
+
+def _kafka_offset(name: str, log_name: str, spec):
+    """Kafka's per-topic JSON ``{"0": offset}`` (-2 earliest, -1 latest) for one log."""
+    if set(spec) != {"0"}:
+        raise BadRequestError(f"option {name!r}, log {log_name!r}: a log has one partition, "
+                              f"\"0\"; got partitions {sorted(spec)}")
+    n = spec["0"]
+    if not isinstance(n, int) or isinstance(n, bool) or n < -2:
+        raise BadRequestError(f"option {name!r}, log {log_name!r}: an offset is an integer "
+                              f">= 0, or -2 (earliest) / -1 (latest), got {n!r}")
+    return {-2: EARLIEST, -1: LATEST}.get(n, AtOffset(n))
+
+
 def parse_offsets(name: str, value: str):
-    """``earliest`` | ``latest`` | ``{"log": {"ledger": L, "entry": E} | "earliest" | "latest"}``."""
+    """``earliest`` | ``latest`` | ``{"log": {"ledger": L, "entry": E} | "earliest" | "latest"
+    | {"0": kafka offset}}``."""
     v = value.strip()
     if v.lower() in (EARLIEST, LATEST):
         return v.lower()
@@ -162,6 +228,9 @@ def parse_offsets(name: str, value: str):
         if isinstance(pos, str) and pos.lower() in (EARLIEST, LATEST):
             out[log_name] = pos.lower()
             continue
+        if isinstance(pos, dict) and "ledger" not in pos and "entry" not in pos:
+            out[log_name] = _kafka_offset(name, log_name, pos)
+            continue
         try:
             out[log_name] = Position.from_json(pos)
         except BadRequestError as e:
@@ -169,6 +238,51 @@ def parse_offsets(name: str, value: str):
         if out[log_name].entry_id < 0:
             raise BadRequestError(f"option {name!r}, log {log_name!r}: entry must be >= 0")
     return out
+
+
+def _assigned_logs(value: str) -> str:
+    """Kafka's ``assign`` JSON ``{"log": [0], ...}`` as a comma list of logs."""
+    try:
+        obj = json.loads(value)
+    except ValueError:
+        obj = None
+    if not isinstance(obj, dict) or not obj or not all(
+            isinstance(p, list) and p in ([0], []) for p in obj.values()):
+        raise BadRequestError("option 'assign' must be JSON like {\"log1\": [0], \"log2\": [0]} "
+                              "(a log has one partition, 0) or a comma list of logs, "
+                              f"got {value!r}")
+    return ",".join(obj)
+
+
+def parse_timestamps(name: str, value: str) -> dict:
+    """Kafka's ``startingOffsetsByTimestamp`` JSON: ``{"log": {"0": ms}}``."""
+    try:
+        obj = json.loads(value)
+    except ValueError:
+        obj = None
+    if not isinstance(obj, dict) or not obj:
+        raise BadRequestError(f"option {name!r} must be JSON like {{\"mylog\": {{\"0\": "
+                              f"1700000000000}}}} (milliseconds since the epoch), got {value!r}")
+    out = {}
+    for log_name, spec in obj.items():
+        ms = spec.get("0") if isinstance(spec, dict) and set(spec) == {"0"} else None
+        if not isinstance(ms, int) or isinstance(ms, bool) or ms < 0:
+            raise BadRequestError(f"option {name!r}, log {log_name!r}: expected {{\"0\": "
+                                  f"milliseconds since the epoch}}, got {spec!r}")
+        out[log_name] = AtTime(ms)
+    return out
+
+
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+
+
+def _duration(name: str, value: str) -> float:
+    """``15m``, ``30s``, ``500ms``, ``1h``; a bare number is milliseconds (as Kafka's)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", value.lower())
+    if not m or m.group(2) not in ("", *_UNITS):
+        raise BadRequestError(f"option {name!r} must be a duration like 15m, 30s or 500ms, "
+                              f"got {value!r}")
+    return float(m.group(1)) * _UNITS.get(m.group(2), 0.001)
 
 
 def _identifier(name: str, value: str) -> str:
@@ -179,34 +293,39 @@ def _identifier(name: str, value: str) -> str:
     return v
 
 
-#: what users of Spark's Kafka connector reach for, and this connector's name for it
-_KAFKA_NAMES = {"subscribe": "log", "subscribepattern": "logPattern", "assign": "logs",
-                "maxoffsetspertrigger": "maxEntriesPerTrigger",
-                "kafka.bootstrap.servers": "metadataServiceUri"}
-
-
 def _unknown_option(key: str) -> str:
     """The error for an option this source does not know, with the closest known name.
 
     Spark hands a Python data source its option names lower-cased, so ``key`` is shown as
-    Spark passed it; the suggestion is spelled as documented."""
+    Spark passed it; the suggestion is spelled as documented. Kafka-only options say what
+    to use instead."""
     public = [n for n in KNOWN_OPTIONS if not n.startswith("_")]
-    kafka = _KAFKA_NAMES.get(key.lower())
+    instead = _KAFKA_ONLY.get(key.lower())
+    if instead is None and key.lower().startswith("kafka."):
+        instead = ("client.<setting> for the BookKeeper client's settings (e.g. "
+                   "client.tlsCaFile for kafka.ssl.truststore.location); a Kafka consumer or "
+                   "producer setting has no counterpart here")
+    if instead is not None:
+        return (f"option {key!r} is a Kafka option; format({FORMAT_NAME!r}) uses {instead}")
     return (f"unknown option {key!r} for format({FORMAT_NAME!r})"
-            + (f": did you mean {kafka!r}?" if kafka else did_you_mean(key, public))
-            + " Known options (case does not matter): " + ", ".join(public))
+            + did_you_mean(key, public + list(KAFKA_ALIASES))
+            + " Known options (case does not matter): " + ", ".join(public)
+            + "; and Kafka's " + ", ".join(KAFKA_ALIASES))
 
 
 def parse_options(options, *, default_uri=None) -> ConnectorOptions:
     """Validate Spark's options mapping; ``default_uri()`` supplies metadataServiceUri."""
     raw: dict[str, str] = {}
+    given_as: dict[str, str] = {}
     for key, value in dict(options).items():
         canon = _CANON.get(str(key).lower())
         if canon is None:
             raise BadRequestError(_unknown_option(str(key)))
         if canon in raw:
-            raise BadRequestError(f"option {canon!r} given twice")
+            raise BadRequestError(f"options {given_as[canon]!r} and {str(key)!r} mean the same "
+                                  f"({canon!r}): give it once")
         raw[canon] = "" if value is None else str(value)
+        given_as[canon] = str(key)
     o = ConnectorOptions()
 
     # -- where ----------------------------------------------------------------------------
@@ -224,8 +343,10 @@ def parse_options(options, *, default_uri=None) -> ConnectorOptions:
 
     given = [k for k in ("log", "logs", "logPattern", "path") if raw.get(k, "").strip()]
     if len(given) > 1:
-        raise BadRequestError(f"options {' and '.join(repr(g) for g in given)} are exclusive: "
-                              "name the logs once")
+        raise BadRequestError(f"options {' and '.join(repr(given_as[g]) for g in given)} are "
+                              "exclusive: name the logs once")
+    if given_as.get("logs", "").lower() == "assign" and raw["logs"].strip().startswith("{"):
+        raw["logs"] = _assigned_logs(raw["logs"])
     from bkspark.log.store import check_log_name
     for key in ("log", "path"):
         if key in given:
@@ -251,13 +372,44 @@ def parse_options(options, *, default_uri=None) -> ConnectorOptions:
         o.starting = parse_offsets("startingOffsets", raw["startingOffsets"])
     if "endingOffsets" in raw:
         o.ending = parse_offsets("endingOffsets", raw["endingOffsets"])
+    starts = [k for k in ("startingOffsets", "startingTimestamp", "startingOffsetsByTimestamp")
+              if k in raw]
+    ends = [k for k in ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp")
+            if k in raw]
+    for group in (starts, ends):
+        if len(group) > 1:
+            raise BadRequestError(f"options {' and '.join(repr(given_as[g]) for g in group)} "
+                                  "are exclusive: say where to start (end) once")
+    for key, attr in (("startingTimestamp", "starting"), ("endingTimestamp", "ending")):
+        if key in raw:
+            setattr(o, attr, AtTime(_int(key, raw[key], 0)))
+    for key, attr in (("startingOffsetsByTimestamp", "starting"),
+                      ("endingOffsetsByTimestamp", "ending")):
+        if key in raw:
+            setattr(o, attr, parse_timestamps(key, raw[key]))
     for key, value in (("startingOffsets", o.starting), ("endingOffsets", o.ending)):
         if isinstance(value, dict) and o.log_pattern is None:
             extra = sorted(set(value) - set(o.logs))
             if extra:
-                raise BadRequestError(f"option {key!r} names logs that are not read: {extra}")
+                key = next((k for k in (starts if key[0] == "s" else ends)), key)
+                raise BadRequestError(f"option {given_as.get(key, key)!r} names logs that are "
+                                      f"not read: {extra}")
+    if "startingOffsetsByTimestampStrategy" in raw:
+        v = raw["startingOffsetsByTimestampStrategy"].strip().lower()
+        if v not in TIMESTAMP_STRATEGIES:
+            raise BadRequestError("option 'startingOffsetsByTimestampStrategy' must be 'error' "
+                                  f"or 'latest', got {raw['startingOffsetsByTimestampStrategy']!r}")
+        o.timestamp_strategy = v
     if "maxEntriesPerTrigger" in raw:
-        o.max_entries_per_trigger = _int("maxEntriesPerTrigger", raw["maxEntriesPerTrigger"], 1)
+        o.max_entries_per_trigger = _int(given_as["maxEntriesPerTrigger"],
+                                         raw["maxEntriesPerTrigger"], 1)
+    if "maxBytesPerTrigger" in raw:
+        o.max_bytes_per_trigger = _int("maxBytesPerTrigger", raw["maxBytesPerTrigger"], 1)
+    if "minEntriesPerTrigger" in raw:
+        o.min_entries_per_trigger = _int(given_as["minEntriesPerTrigger"],
+                                         raw["minEntriesPerTrigger"], 1)
+    if "maxTriggerDelay" in raw:
+        o.max_trigger_delay = _duration("maxTriggerDelay", raw["maxTriggerDelay"])
     if "failOnDataLoss" in raw:
         o.fail_on_data_loss = _bool("failOnDataLoss", raw["failOnDataLoss"])
     if "entriesPerPartition" in raw:
@@ -290,6 +442,22 @@ def parse_options(options, *, default_uri=None) -> ConnectorOptions:
             raise BadRequestError(f"option 'entryFormat' must be 'record' or 'arrow', "
                                   f"got {raw['entryFormat']!r}")
         o.entry_format = f
+    if "schema" in raw:
+        v = raw["schema"].strip().lower()
+        if v not in SCHEMAS:
+            raise BadRequestError(f"option 'schema' must be 'record' or 'kafka', got {raw['schema']!r}")
+        if v == "kafka" and o.entry_format != RECORD:
+            raise BadRequestError("option schema=kafka reads record entries (entryFormat=record); "
+                                  "arrow entries are table rows and keep their own schema")
+        o.schema = v
+    if "includeHeaders" in raw:
+        o.include_headers = _bool("includeHeaders", raw["includeHeaders"])
+    by_time = [v for spec in (o.starting, o.ending)
+               for v in (spec.values() if isinstance(spec, dict) else [spec])
+               if isinstance(v, AtTime)]
+    if by_time and o.entry_format != RECORD:
+        raise BadRequestError("seeking by time needs record entries (entryFormat=record): "
+                                  "arrow entries carry no record timestamps")
     if "queryId" in raw:
         o.query_id = _identifier("queryId", raw["queryId"])
     if "writerId" in raw:

@@ -16,7 +16,7 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 from bkspark.errors import BadRequestError, BKError, NoSuchLogError
 from bkspark.log.position import EARLIEST, LATEST, Position
 from bkspark.spark import codec, conn
-from bkspark.spark.options import ARROW, RECORD
+from bkspark.spark.options import ARROW, RECORD, AtOffset, AtTime
 
 log = logging.getLogger("bkspark.spark")
 
@@ -37,16 +37,19 @@ class DataLossError(BKError):
 
 @dataclass
 class LedgerRange(InputPartition):
-    """Entries ``first..last`` (inclusive) of ledger ``ledger_id`` of log ``log``."""
+    """Entries ``first..last`` (inclusive) of ledger ``ledger_id`` of log ``log``; ``offset``:
+    the log offset of the ledger's entry 0 (:meth:`LogMetadata.offsets`; schema=kafka)."""
 
     log: str
     ledger_id: int
     first: int
     last: int
+    offset: int
 
-    def __init__(self, log: str, ledger_id: int, first: int, last: int):  # noqa: D107
+    def __init__(self, log: str, ledger_id: int, first: int, last: int, offset: int = 0):  # noqa: D107
         super().__init__((log, ledger_id, first, last))
         self.log, self.ledger_id, self.first, self.last = log, ledger_id, first, last
+        self.offset = offset
 
 
 # ---- planning ---------------------------------------------------------------------------
@@ -58,7 +61,9 @@ def ledger_last(logs, entry: dict) -> int:
 
 def spans(logs, name: str, md, start: Position, end: Position | None, fail_on_data_loss: bool,
           ledger_ok=None) -> list[tuple[int, int, int, dict]]:
-    """(ledger_id, first, last, list entry) for the entries of ``name`` in [start, end)."""
+    """(ledger_id, first, last, list entry) for the entries of ``name`` in [start, end); each
+    list entry carries its ``offset``."""
+    md = md.with_offsets()
     ids = md.ledger_ids()
     if not ids or (end is not None and end.ledger_id == -1):
         return []
@@ -94,12 +99,27 @@ def spans(logs, name: str, md, start: Position, end: Position | None, fail_on_da
     return out
 
 
-def resolve_start(logs, name: str, where) -> Position:
-    """Position of the next entry to read for earliest / latest / a Position (empty log: EMPTY)."""
+def resolve_start(logs, name: str, where, *, fail_on_data_loss: bool = True,
+                  no_match: str = "error") -> Position:
+    """Position of the next entry to read (empty log: EMPTY) for earliest / latest / a
+    Position / a Kafka offset (:class:`AtOffset`) / a time (:class:`AtTime`: the first record
+    stamped at or after it; when there is none, ``no_match`` says: ``"error"``, or
+    ``"latest"``, the log's end -- what an ending time means)."""
     try:
         md, _ = logs.get(name)
     except NoSuchLogError:
         return EMPTY
+    if isinstance(where, AtOffset):
+        return position_of_offset(logs, name, md, where.offset, fail_on_data_loss)
+    if isinstance(where, AtTime):
+        found = seek_time(logs, md, where.ms * 1000)
+        if found is not None:
+            return found
+        if no_match == "error":
+            raise BadRequestError(
+                f"log {name!r} holds no record stamped at or after {where.ms} ms since the "
+                "epoch: set startingOffsetsByTimestampStrategy=latest to start at its end")
+        where = LATEST
     if isinstance(where, Position):
         if where.ledger_id not in md.ledger_ids():
             raise BadRequestError(f"log {name!r} has no ledger {where.ledger_id} (offset {tuple(where)})")
@@ -112,6 +132,63 @@ def resolve_start(logs, name: str, where) -> Position:
         last = md.ledgers[-1]
         return Position(last["ledger_id"], ledger_last(logs, last) + 1)
     raise BadRequestError(f"bad offset {where!r}")
+
+
+def position_of_offset(logs, name: str, md, offset: int, fail_on_data_loss: bool) -> Position:
+    """The position of the entry of log offset ``offset`` (the log's end: the next entry)."""
+    md = md.with_offsets()
+    if not md.ledgers:
+        raise BadRequestError(f"log {name!r} is empty: it has no offset {offset}")
+    bases = md.offsets()
+    if offset < bases[0]:
+        msg = (f"log {name!r}: offset {offset} was truncated away (the log starts at offset "
+               f"{bases[0]})")
+        if fail_on_data_loss:
+            raise DataLossError(msg + "; set failOnDataLoss=false to start at the log's start")
+        log.warning("%s; starting at the log's start", msg)
+        return Position(md.ledgers[0]["ledger_id"], 0)
+    for i, (entry, base) in enumerate(zip(md.ledgers, bases)):
+        nxt = bases[i + 1] if i + 1 < len(bases) else None
+        if nxt is not None and offset >= nxt:
+            continue
+        last = ledger_last(logs, entry)
+        if offset <= base + last:
+            return Position(entry["ledger_id"], offset - base)
+        if nxt is not None:                  # a gap left by a removed ledger: the next one
+            return Position(md.ledgers[i + 1]["ledger_id"], 0)
+        if offset == base + last + 1:        # the end of the log
+            return Position(entry["ledger_id"], offset - base)
+        raise BadRequestError(f"log {name!r} ends at offset {base + last + 1}; offset "
+                              f"{offset} is beyond it")
+    raise AssertionError("unreachable")
+
+
+def seek_time(logs, md, ts_us: int, chunk: int = 1024) -> Position | None:
+    """The first record of the log stamped at or after ``ts_us`` (record timestamps; entries
+    without one are passed over), or None. Ledgers whose recorded ``max_ts`` is earlier are
+    skipped without reading, one whose ``min_ts`` is not earlier starts at its entry 0; the
+    others are read in order until a record qualifies."""
+    for entry in md.ledgers:
+        if entry.get("max_ts") is not None and entry["max_ts"] < ts_us:
+            continue
+        lid = entry["ledger_id"]
+        if entry.get("min_ts") is not None and entry["min_ts"] >= ts_us:
+            return Position(lid, 0)
+        last = ledger_last(logs, entry)
+        if last < 0:
+            continue
+        rh = logs.bk.open_ledger(lid, password=logs.password, recovery=False)
+        try:
+            for lo in range(0, last + 1, chunk):
+                hi = min(last, lo + chunk - 1)
+                read = rh.read if hi <= rh.last_add_confirmed else rh.read_unconfirmed
+                for e in read(lo, hi):
+                    ts = codec.decode_record(e.view)[2]
+                    if ts is not None and ts >= ts_us:
+                        return Position(lid, e.entry_id)
+        finally:
+            rh.close()
+    return None
 
 
 def offset_for(spec, name: str, default: str):
@@ -162,8 +239,8 @@ def spread(parts: list, min_partitions: int | None) -> list:
         if p.last <= p.first:
             break
         mid = p.first + (p.last - p.first + 1) // 2
-        parts[i:i + 1] = [LedgerRange(p.log, p.ledger_id, p.first, mid - 1),
-                          LedgerRange(p.log, p.ledger_id, mid, p.last)]
+        parts[i:i + 1] = [LedgerRange(p.log, p.ledger_id, p.first, mid - 1, p.offset),
+                          LedgerRange(p.log, p.ledger_id, mid, p.last, p.offset)]
     return parts
 
 
@@ -269,14 +346,20 @@ def read_range(opts, fmt: str, schema, part: LedgerRange):
                 if batch.num_rows:
                     yield codec.conform(batch, target)
         else:
+            if opts.schema == "kafka":
+                def to_batch(chunk):
+                    return codec.records_to_kafka_batch(part.log, part.offset, chunk, target)
+            else:
+                def to_batch(chunk):
+                    return codec.records_to_batch(part.log, part.ledger_id, chunk, target)
             chunk = []
             for e in entries:
                 chunk.append((e.entry_id, e.data))
                 if len(chunk) >= RECORD_BATCH_ROWS:
-                    yield codec.records_to_batch(part.log, part.ledger_id, chunk, target)
+                    yield to_batch(chunk)
                     chunk = []
             if chunk:
-                yield codec.records_to_batch(part.log, part.ledger_id, chunk, target)
+                yield to_batch(chunk)
     finally:
         rh.close()
 
@@ -304,14 +387,17 @@ class BookKeeperBatchReader(DataSourceReader):
                 if opts.log_pattern is None:
                     raise BadRequestError(f"option 'log': no log named {name!r}") from None
                 continue
-            start = resolve_start(logs, name, offset_for(opts.starting, name, EARLIEST))
+            start = resolve_start(logs, name, offset_for(opts.starting, name, EARLIEST),
+                                  fail_on_data_loss=opts.fail_on_data_loss,
+                                  no_match=opts.timestamp_strategy)
             end_spec = offset_for(opts.ending, name, LATEST)
-            end = None if end_spec == LATEST else resolve_start(logs, name, end_spec)
+            end = None if end_spec == LATEST else resolve_start(
+                logs, name, end_spec, fail_on_data_loss=opts.fail_on_data_loss, no_match=LATEST)
             for lid, first, last, entry in spans(logs, name, md, start, end, opts.fail_on_data_loss,
                                                  self.pushed.ledger_ok):
                 first, last = self.pushed.clip(first, last)
                 for lid2, lo, hi in split_span(opts, lid, first, last, entry, self.fmt):
-                    parts.append(LedgerRange(name, lid2, lo, hi))
+                    parts.append(LedgerRange(name, lid2, lo, hi, entry["offset"]))
         return spread(parts, opts.min_partitions)
 
     def read(self, partition):

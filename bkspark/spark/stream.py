@@ -2,37 +2,111 @@
 
 A position is the next entry to read (``{"ledger": -1, "entry": 0}``: the log was empty).
 ``latestOffset`` walks each log's ledger list from the start offset to the end (the open
-ledger up to its LAC, never fencing the writer) and honours the read limit:
-``maxEntriesPerTrigger`` (``ReadMaxRows``), ``ReadAllAvailable`` and ``Trigger.AvailableNow``
-(the end is frozen by ``prepareForTriggerAvailableNow``). ``commit(end)`` moves the log
-cursor ``queryId`` (default ``spark``), so ``LogStore.cursor_lags`` shows the query's lag.
+ledger up to its LAC, never fencing the writer) and honours the read limits:
+``maxEntriesPerTrigger`` (``ReadMaxRows``), ``maxBytesPerTrigger`` (estimated from the
+ledgers' recorded lengths), ``minEntriesPerTrigger`` + ``maxTriggerDelay`` (no batch until
+that many entries or that long), ``ReadAllAvailable`` (no limit) and
+``Trigger.AvailableNow`` (the end is frozen by ``prepareForTriggerAvailableNow``; the minimum
+is not waited for).
+
+``commit(end)`` moves one log cursor per query, so ``LogStore.cursor_lags`` shows each
+query's lag and truncation never passes an unread entry of any query. Its name is option
+``queryId``, else ``spark-<random>`` drawn by the query's first ``initialOffset`` and carried
+in every offset under the key ``@cursor`` (Spark keeps offsets in the query's checkpoint, so
+a restarted query finds its cursor again; a PySpark stream reader is not told the query's
+id). Offsets of queries started before cursors were named this way carry no ``@cursor`` and
+keep the cursor ``spark``.
+
+``reportLatestOffset`` gives each log's real end (the progress's ``latestOffset``, beside the
+batch's ``endOffset``) and, under the key ``@backlog``, what the query is behind after this
+batch: entries and estimated bytes per log and in total, with the Kafka source's
+``min/avg/maxOffsetsBehindLatest`` -- PySpark 4.3 gives a Python stream reader no
+``metrics()`` hook (its JVM stream does not implement ``ReportsSourceMetrics``), so this is
+where the progress can show the backlog.
 """
 from __future__ import annotations
 
 import logging
+import time
+import uuid
 
 from pyspark.sql.datasource import DataSourceStreamReader
 
 try:  # PySpark >= 4.2
-    from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadMaxRows,
-                                                  SupportsTriggerAvailableNow)
+    from pyspark.sql.streaming.datasource import (
+        ReadAllAvailable,
+        ReadMaxBytes,
+        ReadMaxRows,
+        ReadMinRows,
+        SupportsTriggerAvailableNow,
+    )
 except ImportError:  # pragma: no cover - older PySpark: no read limits
-    ReadAllAvailable = ReadMaxRows = None
+    ReadAllAvailable = ReadMaxBytes = ReadMaxRows = ReadMinRows = None
 
     class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
         pass
 
 from bkspark.errors import BKError, NoSuchLogError
-from bkspark.log.position import EARLIEST, LATEST, Position
+from bkspark.log.position import LATEST, Position
 from bkspark.spark import conn
-from bkspark.spark.reader import (EMPTY, LedgerRange, offset_for, read_range, resolve_start,
-                                  spans, split_span, spread)
+from bkspark.spark.reader import (
+    EMPTY,
+    LedgerRange,
+    offset_for,
+    read_range,
+    resolve_start,
+    spans,
+    split_span,
+    spread,
+)
 
 log = logging.getLogger("bkspark.spark")
 
 
+CURSOR_KEY = "@cursor"          # offsets' key of the query's cursor name ('@': no log name)
+BACKLOG_KEY = "@backlog"        # reportLatestOffset's key of the backlog
+LEGACY_CURSOR = "spark"
+UNKNOWN_ENTRY_BYTES = 1024      # estimate of an entry's size when no closed ledger says
+
+
 def _pos(obj) -> Position:
     return Position(int(obj["ledger"]), int(obj["entry"]))
+
+
+def _logs_of(offset: dict | None) -> dict:
+    """The per-log positions of an offset (without its ``@`` keys)."""
+    return {k: v for k, v in (offset or {}).items() if not k.startswith("@")}
+
+
+def entry_bytes(ranges) -> dict[int, float]:
+    """Estimated bytes per entry of each ledger of ``ranges``: a closed ledger's recorded
+    length over its entries; an open one's, the average of the closed ones (or 1 KiB)."""
+    per, known = {}, []
+    for lid, _, _, entry in ranges:
+        n = entry.get("last_entry_id", -1) + 1
+        if entry.get("state") == "closed" and n > 0 and entry.get("length"):
+            per[lid] = entry["length"] / n
+            known.append(per[lid])
+    default = sum(known) / len(known) if known else UNKNOWN_ENTRY_BYTES
+    return {lid: per.get(lid, default) for lid, _, _, _ in ranges}
+
+
+def _count(ranges) -> int:
+    return sum(last - first + 1 for _, first, last, _ in ranges)
+
+
+def _entries_within_bytes(ranges, budget: float) -> int:
+    """How many entries of ``ranges``, in order, fit in ``budget`` bytes (at least one)."""
+    size = entry_bytes(ranges)
+    taken = 0
+    for lid, first, last, _ in ranges:
+        n = last - first + 1
+        fit = int(budget // size[lid]) if size[lid] > 0 else n
+        if fit < n:
+            return max(1, taken + fit)
+        taken += n
+        budget -= n * size[lid]
+    return taken
 
 
 def allocate(available: dict, budget: int) -> dict:
@@ -56,9 +130,9 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self.opts = opts
         self.schema = schema
         self.fmt = opts.entry_format
-        self.cursor = opts.query_id or "spark"
         self._target: dict | None = None       # Trigger.AvailableNow end
         self._latest: dict | None = None
+        self._last_trigger = time.monotonic()   # minEntriesPerTrigger: waiting since
 
     # ---- helpers (driver side) ----------------------------------------------------------
     def _logs(self):
@@ -74,16 +148,33 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             return []
         return spans(logs, name, md, start, end, self.opts.fail_on_data_loss)
 
+    def _cursor(self, offset: dict | None) -> str:
+        return self.opts.query_id or (offset or {}).get(CURSOR_KEY) or LEGACY_CURSOR
+
     # ---- DataSourceStreamReader ---------------------------------------------------------
     def initialOffset(self) -> dict:
         logs = self._logs()
-        return {name: resolve_start(logs, name, offset_for(self.opts.starting, name, LATEST)).to_json()
-                for name in self._names(logs)}
+        out = {name: resolve_start(logs, name, offset_for(self.opts.starting, name, LATEST),
+                                   fail_on_data_loss=self.opts.fail_on_data_loss,
+                                   no_match=self.opts.timestamp_strategy).to_json()
+               for name in self._names(logs)}
+        if not self.opts.query_id:
+            out[CURSOR_KEY] = f"spark-{uuid.uuid4().hex[:16]}"
+        return out
 
     def getDefaultReadLimit(self):
-        if self.opts.max_entries_per_trigger and ReadMaxRows is not None:
-            return ReadMaxRows(self.opts.max_entries_per_trigger)
-        return ReadAllAvailable() if ReadAllAvailable is not None else None
+        """The limit Spark hands back to :meth:`latestOffset` (one; PySpark has no composite
+        limit): every limit option applies unless Spark asks for all (``ReadAllAvailable``)."""
+        if ReadMaxRows is None:
+            return None
+        o = self.opts
+        if o.max_entries_per_trigger:
+            return ReadMaxRows(o.max_entries_per_trigger)
+        if o.max_bytes_per_trigger:
+            return ReadMaxBytes(o.max_bytes_per_trigger)
+        if o.min_entries_per_trigger:
+            return ReadMinRows(o.min_entries_per_trigger)
+        return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
         logs = self._logs()
@@ -92,7 +183,8 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             target[name] = resolve_start(logs, name, LATEST).to_json()
         self._target = target
 
-    def _end_of(self, logs, name, start: Position, cap: int | None, ranges) -> Position:
+    @staticmethod
+    def _end_of(start: Position, cap: int | None, ranges) -> Position:
         if not ranges or cap == 0:
             return start
         taken = 0
@@ -105,15 +197,43 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             end = Position(lid, last + 1)
         return end
 
+    def _caps(self, ranges: dict, limit) -> dict | None:
+        """Entries each log may give this batch (None: all), or None for "no batch yet"."""
+        names = list(ranges)
+        caps = {n: None for n in names}
+        if ReadAllAvailable is not None and isinstance(limit, ReadAllAvailable):
+            return caps
+        avail = {n: _count(r) for n, r in ranges.items()}
+        o = self.opts
+        if (o.min_entries_per_trigger and self._target is None
+                and sum(avail.values()) < o.min_entries_per_trigger
+                and time.monotonic() - self._last_trigger < o.max_trigger_delay):
+            return None
+        budget = o.max_entries_per_trigger
+        if ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
+            budget = limit.max_rows
+        if budget is not None:
+            caps = allocate(avail, budget)
+        if o.max_bytes_per_trigger:
+            est = {n: sum((last - first + 1) * entry_bytes(r)[lid] for lid, first, last, _ in r)
+                   for n, r in ranges.items()}
+            share = allocate({n: int(b) for n, b in est.items()}, o.max_bytes_per_trigger)
+            for n in names:
+                if avail[n]:
+                    by_bytes = _entries_within_bytes(ranges[n], share[n])
+                    caps[n] = by_bytes if caps[n] is None else min(caps[n], by_bytes)
+        return caps
+
     def latestOffset(self, start: dict = None, limit=None) -> dict:
         logs = self._logs()
         start = start or {}
+        positions = _logs_of(start)
         names = self._names(logs)
         if self._target is not None:
             names = [n for n in names if n in self._target]
         ranges, starts = {}, {}
         for name in names:
-            s = _pos(start[name]) if name in start else EMPTY   # a new log: from its start
+            s = _pos(positions[name]) if name in positions else EMPTY   # a new log: from its start
             starts[name] = s
             end = None
             if self._target is not None:
@@ -122,44 +242,72 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                     ranges[name] = []
                     continue
             ranges[name] = self._available(logs, name, s, end)
-        budget = None
-        if ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
-            budget = limit.max_rows
-        elif limit is None and self.opts.max_entries_per_trigger:
-            budget = self.opts.max_entries_per_trigger
-        caps = {n: None for n in names}
-        if budget is not None:
-            avail = {n: sum(last - first + 1 for _, first, last, _ in r) for n, r in ranges.items()}
-            caps = allocate(avail, budget)
-        out, latest = {}, {}
+        caps = self._caps(ranges, limit)
+        waiting = caps is None
+        if waiting:
+            caps = {n: 0 for n in names}
+        out, latest, behind = {}, {}, {}
         for name in names:
-            out[name] = self._end_of(logs, name, starts[name], caps[name], ranges[name]).to_json()
+            out[name] = self._end_of(starts[name], caps[name], ranges[name]).to_json()
             unbounded = ranges[name] if self._target is None else \
                 self._available(logs, name, starts[name], None)
-            latest[name] = self._end_of(logs, name, starts[name], None, unbounded).to_json()
-        for name, pos in start.items():          # keep logs that vanished from a pattern
+            latest[name] = self._end_of(starts[name], None, unbounded).to_json()
+            behind[name] = self._behind(unbounded, _pos(out[name]))
+        for name, pos in positions.items():          # keep logs that vanished from a pattern
             out.setdefault(name, pos)
             latest.setdefault(name, pos)
+        if CURSOR_KEY in start:
+            out[CURSOR_KEY] = latest[CURSOR_KEY] = start[CURSOR_KEY]
+        if not waiting and _logs_of(out) != positions:
+            self._last_trigger = time.monotonic()
+        latest[BACKLOG_KEY] = self._backlog(behind)
         self._latest = latest
         return out
 
+    @staticmethod
+    def _behind(ranges, end: Position) -> tuple[int, float]:
+        """(entries, estimated bytes) of ``ranges`` at or after ``end``."""
+        size = entry_bytes(ranges)
+        entries, nbytes, past = 0, 0.0, False
+        for lid, first, last, _ in ranges:
+            if not past and lid == end.ledger_id:
+                first, past = max(first, end.entry_id), True
+            elif not past:
+                continue
+            n = max(0, last - first + 1)
+            entries += n
+            nbytes += n * size[lid]
+        return entries, nbytes
+
+    @staticmethod
+    def _backlog(behind: dict) -> dict:
+        per = [n for n, _ in behind.values()]
+        return {
+            "entriesBehindLatest": sum(per),
+            "bytesBehindLatest": int(sum(b for _, b in behind.values())),
+            "minOffsetsBehindLatest": min(per) if per else 0,
+            "avgOffsetsBehindLatest": sum(per) / len(per) if per else 0.0,
+            "maxOffsetsBehindLatest": max(per) if per else 0,
+            "logs": {name: {"entries": n, "bytes": int(b)} for name, (n, b) in behind.items()},
+        }
+
     def reportLatestOffset(self):
         """Each log's real end when the batch was planned -- not the batch's end, which a
-        read limit caps: the query's progress (``sources[].latestOffset`` beside
-        ``endOffset``) shows the backlog."""
+        read limit caps -- and the backlog behind it (``@backlog``; module doc)."""
         return self._latest
 
     def partitions(self, start: dict, end: dict):
         logs = self._logs()
+        before = _logs_of(start)
         parts = []
-        for name, e in end.items():
-            s = _pos(start[name]) if start and name in start else EMPTY
+        for name, e in _logs_of(end).items():
+            s = _pos(before[name]) if name in before else EMPTY
             e = _pos(e)
             if s == e or e.ledger_id == -1:
                 continue
             for lid, first, last, entry in self._available(logs, name, s, e):
                 for lid2, lo, hi in split_span(self.opts, lid, first, last, entry, self.fmt):
-                    parts.append(LedgerRange(name, lid2, lo, hi))
+                    parts.append(LedgerRange(name, lid2, lo, hi, entry["offset"]))
         return spread(parts, self.opts.min_partitions)
 
     def read(self, partition):
@@ -167,14 +315,15 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def commit(self, end: dict) -> None:
         logs = self._logs()
-        for name, pos in end.items():
+        cursor = self._cursor(end)
+        for name, pos in _logs_of(end).items():
             p = _pos(pos)
             if p.ledger_id == -1:
                 continue
             try:
-                logs.commit_cursor(name, self.cursor, p)
+                logs.commit_cursor(name, cursor, p)
             except (NoSuchLogError, BKError) as exc:
-                log.warning("could not move cursor %s of log %s: %s", self.cursor, name, exc)
+                log.warning("could not move cursor %s of log %s: %s", cursor, name, exc)
 
     def stop(self) -> None:
         pass

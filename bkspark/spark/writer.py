@@ -63,6 +63,8 @@ class BKCommitMessage(WriterCommitMessage):
     attempt: int = 0
     query_id: str | None = None     # Spark's streaming query id (sink tasks)
     run_id: str | None = None       # Spark's streaming run id (sink tasks)
+    min_ts: int | None = None       # record timestamps written (microseconds; record format)
+    max_ts: int | None = None
 
 
 def faults(opts) -> dict:
@@ -113,6 +115,9 @@ def write_task(opts, fmt: str, spark_schema_json: str, pending_key: str, iterato
                            for b in codec.split_batch(batch, opts.max_entry_bytes)]
             else:
                 entries = codec.batch_to_records(batch, now_us)
+                lo, hi = codec.record_time_range(batch, now_us)
+                msg.min_ts = lo if msg.min_ts is None else min(msg.min_ts, lo)
+                msg.max_ts = hi if msg.max_ts is None else max(msg.max_ts, hi)
             if lh is None:
                 custom = (codec.arrow_ledger_metadata(batch.schema, spark_schema_json, writer_label)
                           if fmt == ARROW else codec.record_ledger_metadata(writer_label))
@@ -168,6 +173,14 @@ def _ledger_ids(messages) -> list[int]:
     return [lid for m in messages if m is not None for lid in (getattr(m, "ledgers", None) or [])]
 
 
+def _ledger_info(messages) -> dict[int, dict]:
+    """The list-entry keys the tasks' messages give their ledgers: the record timestamps
+    written (``min_ts``/``max_ts``), which let a seek by time skip whole ledgers."""
+    return {lid: {"min_ts": m.min_ts, "max_ts": m.max_ts}
+            for m in messages if m is not None and getattr(m, "min_ts", None) is not None
+            for lid in m.ledgers}
+
+
 # ---- batch writer -----------------------------------------------------------------------
 
 class BookKeeperBatchWriter(DataSourceArrowWriter):
@@ -197,7 +210,8 @@ class BookKeeperBatchWriter(DataSourceArrowWriter):
     def commit(self, messages):
         logs = conn.log_store(self.opts)
         ids = _ledger_ids(messages)
-        kw = dict(writer_id=self.opts.writer_id, sequence=self.opts.writer_sequence)
+        kw = dict(writer_id=self.opts.writer_id, sequence=self.opts.writer_sequence,
+                  info=_ledger_info(messages))
         try:
             kw["guard"] = pending.begin_commit(logs.store, self.job, ids)
             if self.overwrite:
@@ -305,7 +319,8 @@ class BookKeeperStreamWriter(DataSourceStreamArrowWriter):
         for attempt in range(3):
             store = _sink_store(logs, self.opts, wid, fresh=attempt > 0)
             try:
-                self._commit_once(logs, store, wid, run, ids, batchId, fault)
+                self._commit_once(logs, store, wid, run, ids, _ledger_info(present), batchId,
+                                  fault)
                 break
             except LogFencedError:
                 # someone opened our store (maybe a later commit process of this same run):
@@ -315,7 +330,7 @@ class BookKeeperStreamWriter(DataSourceStreamArrowWriter):
                     raise
         pending.clean(logs, f"sink-{wid}", self.log_name, keep=(), upto_batch=batchId)
 
-    def _commit_once(self, logs, store, wid, run, ids, batch_id, fault):
+    def _commit_once(self, logs, store, wid, run, ids, info, batch_id, fault):
         latest = store.latest()
         owner, superseded = None, []
         if latest is not None:
@@ -339,7 +354,7 @@ class BookKeeperStreamWriter(DataSourceStreamArrowWriter):
         if fault.get("failCommitBeforeAppend") == batch_id:
             raise InjectedFault(f"_testFault: sink commit of batch {batch_id} fails before append")
         applied = logs.append_ledgers(self.log_name, ids, writer_id=wid, sequence=batch_id,
-                                      epoch=store.epoch)
+                                      epoch=store.epoch, info=info)
         if not applied:
             log.info("sink %s: batch %d was already in log %s; nothing appended twice",
                      wid, batch_id, self.log_name)
