@@ -214,7 +214,8 @@ class BookieServer:
                 return
             info = {"address": f"{self.config.advertised_address}:{self.config.port}",
                     "rack": self.config.rack, "http_port": self.http.port if self.http else -1,
-                    "pid": os.getpid()}
+                    "pid": os.getpid(),
+                    "tls": bool(self.config.tls_cert_file)}  # clients tell TLS from plaintext
             deadline = time.monotonic() + 3 * self.config.metadata_session_timeout_s + 10
             while True:
                 try:
