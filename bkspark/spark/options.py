@@ -35,6 +35,9 @@ minPartitions            reads: at least this many partitions (as Kafka's): the 
                          are halved until there are (default: one per ledger or range)
 reclaimAbandonedAfter    writes: seconds a write job of the log with no live task stays silent
                          before its leftover ledgers are reclaimed at planning (600)
+client.<setting>         a ``ClientConfig`` field (``client.tlsCaFile``, ``client.addTimeout``)
+                         for every client the connector makes, on the driver and executors;
+                         names and values: :mod:`bkspark.client.settings`
 =======================  ====================================================================
 
 Spark also passes ``checkpointLocation`` to streaming sinks; it is accepted and ignored.
@@ -62,6 +65,7 @@ KNOWN_OPTIONS = (
     "_testFault",        # test-only fault injection (see bkspark.spark.writer)
 )
 _CANON = {name.lower(): name for name in KNOWN_OPTIONS}
+CLIENT_PREFIX = "client."   # client.<ClientConfig field>: passed to the connector's clients
 DIGESTS = ("crc32c", "crc32", "hmac", "mac", "dummy")
 COMPRESSIONS = {"none": None, "uncompressed": None, "lz4": "lz4", "zstd": "zstd"}
 #: arrow entries are compressed unless told otherwise, with a fast codec as Parquet's snappy:
@@ -98,6 +102,8 @@ class ConnectorOptions:
     min_partitions: int | None = None
     reclaim_after: float = DEFAULT_GRACE_S   # seconds; see bkspark.spark.pending
     test_fault: str | None = None
+    client_settings: dict = field(default_factory=dict)   # client.* options: ClientConfig
+                                                          # field -> typed value
 
     # ---- derived ------------------------------------------------------------------------
     def ledger_options(self) -> dict:
@@ -197,10 +203,25 @@ def _unknown_option(key: str) -> str:
             + " Known options (case does not matter): " + ", ".join(public))
 
 
+def _check_not_a_client_setting(key: str) -> None:
+    """A ClientConfig field given without the ``client.`` prefix: say where it goes."""
+    from bkspark.client.settings import camel, field_named
+    name = None if key.lower() in _CANON else field_named(key)
+    if name is not None:
+        raise BadRequestError(f"unknown option {key!r} for format({FORMAT_NAME!r}): did you mean "
+                              f"{CLIENT_PREFIX + camel(name)!r}? (client settings take the "
+                              f"prefix {CLIENT_PREFIX!r})")
+
+
 def parse_options(options, *, default_uri=None) -> ConnectorOptions:
     """Validate Spark's options mapping; ``default_uri()`` supplies metadataServiceUri."""
     raw: dict[str, str] = {}
+    client: dict[str, str] = {}
     for key, value in dict(options).items():
+        if str(key).lower().startswith(CLIENT_PREFIX):
+            client[str(key)] = "" if value is None else str(value)
+            continue
+        _check_not_a_client_setting(str(key))
         canon = _CANON.get(str(key).lower())
         if canon is None:
             raise BadRequestError(_unknown_option(str(key)))
@@ -318,4 +339,7 @@ def parse_options(options, *, default_uri=None) -> ConnectorOptions:
     if "reclaimAbandonedAfter" in raw:
         o.reclaim_after = float(_int("reclaimAbandonedAfter", raw["reclaimAbandonedAfter"], 0))
     o.test_fault = raw.get("_testFault") or None
+    from bkspark.client.settings import client_settings
+    o.client_settings = client_settings(client, prefix=CLIENT_PREFIX, camel_case=True,
+                                        what="option")
     return o
