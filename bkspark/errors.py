@@ -199,10 +199,11 @@ class RecoveryFailedError(BKError):
     """Manual bookie recovery or decommission left ledgers on the bookie."""
 
 
-def did_you_mean(name: str, known) -> str:
-    """``": did you mean 'x'?"`` for the known name closest to ``name`` (case-insensitive), or
-    "" -- for errors about an unknown option or setting."""
+def did_you_mean(name: str, known, key=str.lower) -> str:
+    """``": did you mean 'x'?"`` for the known name closest to ``name`` (compared as
+    ``key(name)``: case-insensitive by default), or "" -- for errors about an unknown option or
+    setting."""
     import difflib
-    lowered = {k.lower(): k for k in known}
-    close = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.6)
+    lowered = {key(k): k for k in known}
+    close = difflib.get_close_matches(key(name), list(lowered), n=1, cutoff=0.6)
     return f": did you mean {lowered[close[0]]!r}?" if close else ""

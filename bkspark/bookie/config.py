@@ -61,6 +61,8 @@ class BookieConfig:
     tls_key_file: str = ""
     fault_injection: bool = False       # test-only SetFaults RPC
     autorecovery: bool = False          # run auditor + replication worker in-process
+    client_config: str = ""             # client settings (KEY = VALUE lines, as `bkspark
+                                        # autorecovery --client-config`) of its autorecovery
     log_format: str = "text"            # "text" or "json"
     log_level: str = "INFO"
 
@@ -95,6 +97,11 @@ class BookieConfig:
             raise BadRequestError("need 0 < disk_usage_lwm <= disk_usage_threshold <= 1")
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise BadRequestError("tls_cert_file and tls_key_file go together")
+        client = self.client_settings()
+        if self.autorecovery and self.tls_cert_file and not client.get("tls_ca_file"):
+            logging.getLogger("bkspark.bookie").warning(
+                "autorecovery runs here but its client has no tls_ca_file: it cannot reach "
+                "bookies that serve TLS (set tls_ca_file in a client_config file)")
         if self.log_format not in ("text", "json"):
             raise BadRequestError(f"log_format must be text or json, got {self.log_format!r}")
         for name in ("write_cache_mb", "max_entry_bytes", "max_message_bytes", "grpc_workers",
@@ -102,6 +109,14 @@ class BookieConfig:
             if getattr(self, name) <= 0:
                 raise BadRequestError(f"{name} must be positive")
         return self
+
+    def client_settings(self) -> dict:
+        """The ClientConfig fields of ``client_config`` (for the clients this bookie makes:
+        its in-process autorecovery); BadRequestError naming a bad one."""
+        if not self.client_config:
+            return {}
+        from bkspark.client.settings import read_settings_file
+        return read_settings_file(self.client_config)
 
     @classmethod
     def from_file(cls, path: str) -> "BookieConfig":

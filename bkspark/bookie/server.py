@@ -154,7 +154,8 @@ class BookieServer:
             from bkspark.recovery.service import AutoRecovery, AutoRecoveryConfig
             self.autorecovery = AutoRecovery(
                 cfg.metadata_uri, AutoRecoveryConfig(
-                    session_timeout=cfg.metadata_session_timeout_s),
+                    session_timeout=cfg.metadata_session_timeout_s,
+                    client=cfg.client_settings()),
                 identifier=f"{cfg.bookie_id}:{os.getpid()}").start()
         log.info("bookie started id=%s address=%s data_port=%s http=%s journal=%s ledgers=%s",
                  cfg.bookie_id, address, self.service.data_port or None,
@@ -214,7 +215,8 @@ class BookieServer:
                 return
             info = {"address": f"{self.config.advertised_address}:{self.config.port}",
                     "rack": self.config.rack, "http_port": self.http.port if self.http else -1,
-                    "pid": os.getpid()}
+                    "pid": os.getpid(),
+                    "tls": bool(self.config.tls_cert_file)}  # clients tell TLS from plaintext
             deadline = time.monotonic() + 3 * self.config.metadata_session_timeout_s + 10
             while True:
                 try:

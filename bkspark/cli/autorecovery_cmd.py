@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from bkspark.cli import client_args
 from bkspark.errors import BKError
 
 
@@ -32,9 +33,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--id", default=None, help="identifier shown by `shell whoisauditor`")
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument("--log-format", default="text", choices=["text", "json"])
+    client_args.add_arguments(parser)
 
 
 def config_from_args(args):
+    """The AutoRecoveryConfig of the flags (BadRequestError naming a bad client setting)."""
     from bkspark.recovery.service import AutoRecoveryConfig
     return AutoRecoveryConfig(
         lost_bookie_recovery_delay=args.lost_bookie_recovery_delay,
@@ -42,7 +45,8 @@ def config_from_args(args):
         periodic_check_interval=args.periodic_check_interval,
         open_ledger_grace=args.open_ledger_grace, worker_threads=args.worker_threads,
         retry_backoff=args.retry_backoff, session_timeout=args.session_timeout,
-        run_auditor=not args.no_auditor, run_worker=not args.no_worker)
+        run_auditor=not args.no_auditor, run_worker=not args.no_worker,
+        client=client_args.client_settings(args))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,9 +58,14 @@ def run(args: argparse.Namespace) -> int:
         print("bkspark autorecovery: " + NO_METADATA_SERVICE.replace("pass a URI", "pass --metadata URI"),
               file=sys.stderr)
         return 2
+    try:
+        config = config_from_args(args)
+    except BKError as exc:
+        print(f"bkspark autorecovery: {exc}", file=sys.stderr)
+        return 2
     setup_logging(args.log_level, args.log_format)
     try:
-        AutoRecovery(uri, config_from_args(args), identifier=args.id).run()
+        AutoRecovery(uri, config, identifier=args.id).run()
     except BKError as exc:
         print(f"bkspark autorecovery: {exc}", file=sys.stderr)
         return 1

@@ -3,7 +3,9 @@
 Every command prints a human-readable table (rich) by default and one JSON document with
 ``--json``; errors go to stderr with a non-zero exit status (1 = failed, 2 = bad usage).
 The metadata service is ``--metadata URI`` or ``$BKSPARK_METADATA_URI`` (or the local
-cluster running on this machine). ``lastmark``, ``readjournal`` and ``readlog`` are offline
+cluster running on this machine); the client's settings are ``--tls-ca-file PEM`` (bookies
+serving TLS), ``--client-config FILE`` and ``--client-option KEY=VALUE`` (see
+:mod:`bkspark.cli.client_args`). ``lastmark``, ``readjournal`` and ``readlog`` are offline
 tools reading a (stopped) bookie's directories; they need no metadata.
 """
 from __future__ import annotations
@@ -15,7 +17,8 @@ import os
 import sys
 import time
 
-from bkspark.errors import BKError
+from bkspark.cli import client_args
+from bkspark.errors import BadRequestError, BKError
 
 COMMANDS = {}
 
@@ -43,6 +46,7 @@ def _common() -> argparse.ArgumentParser:
                    help="metadata URI (default: $BKSPARK_METADATA_URI)")
     p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                    help="print JSON instead of tables")
+    client_args.add_arguments(p, suppress=True)
     return p
 
 
@@ -51,6 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metadata", default=argparse.SUPPRESS,
                         help="metadata URI (default: $BKSPARK_METADATA_URI)")
     parser.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
+    client_args.add_arguments(parser, suppress=True)
     sub = parser.add_subparsers(dest="shell_command", required=True, metavar="<command>")
 
     def add(name, help_text):
@@ -198,7 +203,12 @@ def _store(args):
 
 def _client(args):
     from bkspark.client import BookKeeper
-    return BookKeeper(_uri(args), add_timeout=10.0, read_timeout=10.0)
+    uri = _uri(args)
+    try:
+        settings = client_args.client_settings(args)
+    except BadRequestError as exc:
+        raise ShellError(str(exc), 2) from None
+    return BookKeeper(uri, **{"add_timeout": 10.0, "read_timeout": 10.0, **settings})
 
 
 def _md_doc(md, version=None) -> dict:

@@ -11,7 +11,8 @@
 Modules: :mod:`.api` (BookKeeper), :mod:`.ledger_handle` (write path, ensemble change,
 close), :mod:`.read_handle` (reads, LAC, tailing), :mod:`.recovery` (fencing + recovery),
 :mod:`.quorum` (quorum arithmetic), :mod:`.digest` (entry framing), :mod:`.placement`,
-:mod:`.bookie_client` (gRPC), :mod:`.wire` (hand-encoded add requests).
+:mod:`.bookie_client` (gRPC), :mod:`.wire` (hand-encoded add requests), :mod:`.settings`
+(client settings given as text: Spark options, command-line flags, files).
 """
 from .api import BookKeeper, ClientConfig
 from .digest import DigestManager, master_key

@@ -11,7 +11,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from bkspark import errors
-from bkspark.errors import BadRequestError, UnauthorizedError, did_you_mean
+from bkspark.errors import BadRequestError, UnauthorizedError
 from metadata import ledgers as _ledgers
 from metadata import open_store
 from metadata import registry as _registry
@@ -23,13 +23,23 @@ from .digest import normalize_digest_type
 from .ledger_handle import LedgerHandle
 from .read_handle import ReadHandle
 from .recovery import LedgerRecovery
+from .settings import client_config_from
 
 log = logging.getLogger("bkspark.client")
+
+#: how a client is given the CA file of TLS bookies, in each of its front ends
+TLS_HOWTO = ("set tls_ca_file (Spark: option client.tlsCaFile; bkspark shell and bkspark "
+             "autorecovery: --tls-ca-file)")
 
 
 @dataclass
 class ClientConfig:
-    """Tunables of a :class:`BookKeeper` client (seconds, bytes)."""
+    """Tunables of a :class:`BookKeeper` client (seconds, bytes).
+
+    Given as text -- the Spark connector's ``client.*`` options, ``--client-config`` files and
+    ``--client-option``/``--tls-ca-file`` flags -- names and values follow
+    :mod:`bkspark.client.settings`.
+    """
 
     add_timeout: float = 10.0               # unanswered add -> the bookie is replaced
     read_timeout: float = 10.0              # unanswered read -> unknown / next replica
@@ -47,6 +57,7 @@ class ClientConfig:
     bookie_cache_seconds: float = 1.0       # how long the writable-bookie list is reused
     explicit_lac_interval: float = 1.0      # idle writer publishes its LAC (0 = never)
     tls_ca_file: str = ""                   # PEM roots: talk TLS to bookies and verify them
+                                            # (no client certificate: bookies ask for none)
     overload_retry_delay: float = 0.05      # resend after ETOOMANYREQUESTS
     stall_probe_after: float = 2.0          # an add stream unanswered this long, its socket
                                             # backing off, while a new connection's hello is
@@ -142,12 +153,7 @@ class BookKeeper:
             metadata_uri = default_metadata_uri(metadata_uri)
             if metadata_uri is None:
                 raise BadRequestError(NO_METADATA_SERVICE)
-        unknown = set(config) - set(ClientConfig.__dataclass_fields__)
-        if unknown:
-            raise BadRequestError("; ".join(
-                f"unknown BookKeeper option {name!r}{did_you_mean(name, ClientConfig.__dataclass_fields__)}"
-                for name in sorted(unknown)) + " (options are the fields of ClientConfig)")
-        self.conf = ClientConfig(**config)
+        self.conf = client_config_from(config, what="BookKeeper option")
         self._own_store = store is None
         self.store = store if store is not None else open_store(metadata_uri)
         self._health = _BookieHealth(self.conf.suspect_seconds)
@@ -155,11 +161,13 @@ class BookKeeper:
                                       TlsRoots(self.conf.tls_ca_file)
                                       if self.conf.tls_ca_file else None,
                                       linger=self.conf.add_linger,
-                                      max_linger=self.conf.add_max_linger)
+                                      max_linger=self.conf.add_max_linger,
+                                      note_for=self._transport_note)
         self._executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="bk-client")
         self._scheduler = _Scheduler()
         self._writers: weakref.WeakSet = weakref.WeakSet()
         self._bookie_cache = (0.0, {})
+        self._mismatch_logged: set = set()
         self._closed = False
         self._backlogged: dict[str, float] = {}
         self._probing: set[str] = set()
@@ -168,12 +176,55 @@ class BookKeeper:
         self._ticker.start()
 
     # ---- bookies -------------------------------------------------------------------------
-    def _writable_bookies(self, fresh: bool = True) -> dict:
+    def _listed_bookies(self, fresh: bool = True) -> dict:
+        """The registered writable bookies, ``{id: registration}`` (reused for
+        ``bookie_cache_seconds`` unless ``fresh``)."""
         ts, cached = self._bookie_cache
         if fresh or time.monotonic() - ts > self.conf.bookie_cache_seconds:
             cached = _registry.list_bookies(self.store)
             self._bookie_cache = (time.monotonic(), cached)
         return cached
+
+    def _writable_bookies(self, fresh: bool = True) -> dict:
+        """The writable bookies this client can talk to (see :meth:`_transport_mismatch`);
+        :class:`BadRequestError` naming TLS if there are some but none it can talk to."""
+        bookies = self._listed_bookies(fresh)
+        why = {b: w for b, info in bookies.items() if (w := self._transport_mismatch(info))}
+        if not why:
+            return bookies
+        if len(why) == len(bookies):
+            first = min(why)
+            raise BadRequestError(f"this client can use none of the {len(why)} writable bookies: "
+                                  f"bookie {first}: {why[first]}")
+        if set(why) != self._mismatch_logged:
+            self._mismatch_logged = set(why)
+            log.warning("bookies %s are left out of new ensembles: %s", sorted(why),
+                        next(iter(why.values())))
+        return {b: info for b, info in bookies.items() if b not in why}
+
+    def _transport_mismatch(self, registration) -> str:
+        """Why this client cannot talk to a bookie registered with ``registration``: it
+        serves TLS and the client has no ``tls_ca_file``, or the reverse ("" if it can, or if
+        the registration does not say)."""
+        tls = registration.get("tls") if isinstance(registration, dict) else None
+        if tls is None or bool(tls) == bool(self.conf.tls_ca_file):
+            return ""
+        if tls:
+            return ("it accepts TLS connections only and this client has no tls_ca_file: "
+                    + TLS_HOWTO)
+        return ("it does not serve TLS and this client, given tls_ca_file "
+                f"{self.conf.tls_ca_file}, connects with TLS only")
+
+    def _transport_note(self, bookie_id: str) -> str:
+        """:meth:`_transport_mismatch` of ``bookie_id``, read when its connection is made and
+        added to its transport errors; "" when its registration cannot be read."""
+        try:
+            info = self._listed_bookies(fresh=False).get(bookie_id)
+            if info is None:
+                info = _registry.list_bookies(self.store, readonly=True).get(bookie_id)
+        except errors.BKError:
+            return ""
+        return self._transport_mismatch(info)
 
     def _resolve_address(self, bookie_id: str) -> str:
         info = self._bookie_cache[1].get(bookie_id)

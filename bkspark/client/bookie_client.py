@@ -74,17 +74,19 @@ class TlsRoots:
         self.channel_credentials = grpc.ssl_channel_credentials(root_certificates=pem)
 
 
-def rpc_error(bookie_id: str, exc: BaseException) -> errors.BKError:
-    """Map a transport failure to the client's exceptions (an *unknown* answer)."""
+def rpc_error(bookie_id: str, exc: BaseException, note: str = "") -> errors.BKError:
+    """Map a transport failure to the client's exceptions (an *unknown* answer); ``note``
+    (why the bookie may be unreachable, e.g. it serves TLS) is added to its message."""
     if isinstance(exc, errors.BKError):
         return exc
+    note = f" -- {note}" if note else ""
     if isinstance(exc, grpc.RpcError) and hasattr(exc, "code"):
         code = exc.code()
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-            return OperationTimeoutError(f"bookie {bookie_id}: request timed out")
+            return OperationTimeoutError(f"bookie {bookie_id}: request timed out{note}")
         return BookieUnavailableError(f"bookie {bookie_id}: {code.name} "
-                                      f"{(exc.details() or '').strip()}".rstrip())
-    return BookieUnavailableError(f"bookie {bookie_id}: {exc!r}")
+                                      f"{(exc.details() or '').strip()}".rstrip() + note)
+    return BookieUnavailableError(f"bookie {bookie_id}: {exc!r}{note}")
 
 
 def check(status: int, message: str = "", bookie_id: str = "") -> None:
@@ -279,7 +281,7 @@ class _AddStream:
                             log.exception("add response handler failed")
             error = BookieUnavailableError(f"bookie {self.client.bookie_id}: add stream ended")
         except Exception as exc:  # noqa: BLE001
-            error = rpc_error(self.client.bookie_id, exc)
+            error = self.client._error(exc)
         self.client._stream_died(self, error)
 
     def opened(self, cancel) -> None:
@@ -392,6 +394,7 @@ class BookieClient:
         self.address = address
         self.sinks = sinks      # ledger_id -> handle, shared by the whole BookKeeper client
         self.tls = tls
+        self.note = ""          # added to transport errors (see rpc_error)
         self.channel = (grpc.secure_channel(address, tls.channel_credentials,
                                             options=_CHANNEL_OPTIONS)
                         if tls is not None
@@ -411,6 +414,9 @@ class BookieClient:
         self.add_messages = 0
         self.add_elements = 0
         self.ack_messages = 0
+
+    def _error(self, exc: BaseException) -> errors.BKError:
+        return rpc_error(self.bookie_id, exc, self.note)
 
     # ---- streamed adds -----------------------------------------------------------------
     def send_adds(self, elems: list[bytes]) -> None:
@@ -626,7 +632,7 @@ class BookieClient:
             try:
                 out.set_result(f.result())
             except BaseException as exc:  # noqa: BLE001
-                out.set_exception(rpc_error(self.bookie_id, exc))
+                out.set_exception(self._error(exc))
 
         grpc_future.add_done_callback(done)
         return out
@@ -645,7 +651,7 @@ class BookieClient:
             return self._wrap(self.stub.Read.future(req, timeout=timeout))
         except Exception as exc:  # noqa: BLE001
             f: Future = Future()
-            f.set_exception(rpc_error(self.bookie_id, exc))
+            f.set_exception(self._error(exc))
             return f
 
     def add(self, ledger_id: int, entry_id: int, body: bytes, master_key: bytes, *,
@@ -657,7 +663,7 @@ class BookieClient:
             return self._wrap(self.stub.Add.future(req, timeout=timeout))
         except Exception as exc:  # noqa: BLE001
             f: Future = Future()
-            f.set_exception(rpc_error(self.bookie_id, exc))
+            f.set_exception(self._error(exc))
             return f
 
     def list_entries(self, ledger_id: int, *, timeout: float = 10.0) -> Future:
@@ -667,7 +673,7 @@ class BookieClient:
                 pb.ListEntriesRequest(ledger_id=ledger_id), timeout=timeout))
         except Exception as exc:  # noqa: BLE001
             f: Future = Future()
-            f.set_exception(rpc_error(self.bookie_id, exc))
+            f.set_exception(self._error(exc))
             return f
 
     def force(self, ledger_id: int, *, timeout: float = 10.0) -> Future:
@@ -677,7 +683,7 @@ class BookieClient:
                                                      timeout=timeout))
         except Exception as exc:  # noqa: BLE001
             f: Future = Future()
-            f.set_exception(rpc_error(self.bookie_id, exc))
+            f.set_exception(self._error(exc))
             return f
 
     def write_lac(self, ledger_id: int, lac: int, master_key: bytes, lac_body: bytes, *,
@@ -689,7 +695,7 @@ class BookieClient:
             return self._wrap(self.stub.WriteLac.future(req, timeout=timeout))
         except Exception as exc:  # noqa: BLE001
             f: Future = Future()
-            f.set_exception(rpc_error(self.bookie_id, exc))
+            f.set_exception(self._error(exc))
             return f
 
     def read_range(self, ledger_id: int, first: int, last: int, *, timeout: float = 60.0,
@@ -705,7 +711,7 @@ class BookieClient:
         try:
             sock = self._read_connection(timeout)
         except (OSError, ssl.SSLError, grpc.RpcError) as exc:
-            raise rpc_error(self.bookie_id, exc) from None
+            raise self._error(exc) from None
         chunks = (self._grpc_range(req, timeout) if sock is None
                   else self._data_port_range(sock, req, deadline))
         for status, message, entries in chunks:
@@ -719,7 +725,7 @@ class BookieClient:
             for msg in call:
                 yield msg.status, msg.message, [(e.entry_id, e.body) for e in msg.entries]
         except grpc.RpcError as exc:
-            raise rpc_error(self.bookie_id, exc) from None
+            raise self._error(exc) from None
         finally:
             call.cancel()
 
@@ -790,7 +796,7 @@ class BookieClient:
         try:
             return self.stub.GetBookieInfo(pb.BookieInfoRequest(), timeout=timeout)
         except grpc.RpcError as exc:
-            raise rpc_error(self.bookie_id, exc) from None
+            raise self._error(exc) from None
 
     def close(self) -> None:
         with self._lock:
@@ -809,8 +815,9 @@ class BookieClientPool:
     """One :class:`BookieClient` per bookie id; addresses from the bookie registry."""
 
     def __init__(self, resolve_address, on_failure=None, tls: TlsRoots | None = None, *,
-                 linger: float | None = None, max_linger: float | None = None):
+                 linger: float | None = None, max_linger: float | None = None, note_for=None):
         self._resolve = resolve_address     # bookie_id -> "host:port"
+        self._note_for = note_for           # bookie_id -> BookieClient.note
         self.on_failure = on_failure        # called with a bookie id whose stream broke
         self.tls = tls                      # verify bookies against these roots
         self.linger = BookieClient.linger if linger is None else linger
@@ -829,6 +836,8 @@ class BookieClientPool:
                 c = BookieClient(bookie_id, self._resolve(bookie_id), self.sinks,
                                  self.on_failure, self.tls)
                 c.linger, c.max_linger = self.linger, self.max_linger
+                if self._note_for is not None:
+                    c.note = self._note_for(bookie_id)
                 self._clients[bookie_id] = c
             return c
 

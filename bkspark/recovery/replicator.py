@@ -125,8 +125,7 @@ def list_entries(bk, bookie_id: str, ledger_id: int, timeout: float = 10.0) -> E
         resp = client.stub.ListEntries(pb.ListEntriesRequest(ledger_id=ledger_id),
                                        timeout=timeout)
     except Exception as exc:  # noqa: BLE001 - grpc errors -> the client's mapping
-        from bkspark.client.bookie_client import rpc_error
-        raise rpc_error(bookie_id, exc) from None
+        raise client._error(exc) from None
     if resp.status == errors.ENOLEDGER:
         return EntryRanges([])
     if resp.status != errors.EOK:

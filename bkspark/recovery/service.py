@@ -12,7 +12,7 @@ import signal
 import socket
 import threading
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from metadata import open_store
 from metadata.layout import AUDITOR_ELECTION, UR_LEDGERS, UR_LOCKS
@@ -36,6 +36,9 @@ class AutoRecoveryConfig:
     rpc_timeout: float = 10.0
     run_auditor: bool = True
     run_worker: bool = True
+    client: dict = field(default_factory=dict)  # ClientConfig fields of its client (TLS
+                                                # bookies: tls_ca_file); they override
+                                                # rpc_timeout's add/read timeouts
 
 
 class AutoRecovery:
@@ -58,8 +61,8 @@ class AutoRecovery:
         self.store = open_store(self.metadata_uri, session_timeout=c.session_timeout)
         for path in (UR_LEDGERS, UR_LOCKS, AUDITOR_ELECTION):
             self.store.ensure_path(path)
-        self.bk = BookKeeper(store=self.store, add_timeout=c.rpc_timeout,
-                             read_timeout=c.rpc_timeout)
+        self.bk = BookKeeper(store=self.store, **{"add_timeout": c.rpc_timeout,
+                                                  "read_timeout": c.rpc_timeout, **c.client})
         if c.run_auditor:
             self.auditor = Auditor(self.bk, AuditorConfig(
                 lost_bookie_recovery_delay=c.lost_bookie_recovery_delay,

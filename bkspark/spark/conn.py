@@ -1,4 +1,5 @@
-"""Per-process clients: one BookKeeper client (and LogStore) per metadata URI and process.
+"""Per-process clients: one BookKeeper client (and LogStore) per metadata URI, client
+settings (the ``client.*`` options) and process.
 
 Spark runs the connector's code in Python workers that are reused across tasks; building a
 client (metadata session, gRPC channels, threads) per task would dominate small tasks, so
@@ -16,13 +17,19 @@ _lock = threading.Lock()
 _clients: dict = {}
 
 
-def bookkeeper(uri: str):
+def _key(uri: str, settings: dict | None) -> tuple:
+    return (os.getpid(), uri, tuple(sorted((settings or {}).items())))
+
+
+def bookkeeper(uri: str, settings: dict | None = None):
+    """This process's client of ``uri`` with ``settings`` (ClientConfig fields: the
+    ``client_settings`` of the options)."""
     from bkspark.client import BookKeeper
-    key = (os.getpid(), uri)
+    key = _key(uri, settings)
     with _lock:
         bk = _clients.get(key)
         if bk is None or getattr(bk, "_closed", False):
-            bk = BookKeeper(uri)
+            bk = BookKeeper(uri, **(settings or {}))
             _clients[key] = bk
         return bk
 
@@ -30,13 +37,15 @@ def bookkeeper(uri: str):
 def log_store(opts):
     """A LogStore over the cached client with the replication settings of ``opts``."""
     from bkspark.log import LogStore
-    return LogStore(bookkeeper(opts.metadata_uri), password=opts.password, **opts.ledger_options())
+    return LogStore(bookkeeper(opts.metadata_uri, opts.client_settings), password=opts.password,
+                    **opts.ledger_options())
 
 
-def drop(uri: str) -> None:
-    """Close and forget this process's client for ``uri`` (after a fatal client error)."""
+def drop(uri: str, settings: dict | None = None) -> None:
+    """Close and forget this process's client for ``uri`` and ``settings`` (after a fatal
+    client error)."""
     with _lock:
-        bk = _clients.pop((os.getpid(), uri), None)
+        bk = _clients.pop(_key(uri, settings), None)
     if bk is not None:
         try:
             bk.close()
@@ -47,7 +56,7 @@ def drop(uri: str) -> None:
 @atexit.register
 def _close_all() -> None:
     pid = os.getpid()
-    for (p, _), bk in list(_clients.items()):
+    for (p, *_), bk in list(_clients.items()):
         if p == pid:
             try:
                 bk.close()

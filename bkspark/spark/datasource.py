@@ -122,10 +122,10 @@ class BookKeeperDataSource(DataSource):
                     "(use mode('overwrite') or another log)")
 
     def _check_cluster_fits(self) -> None:
-        """Refuse, before any task runs, ledgers that the cluster cannot place."""
-        from metadata import registry
-        bk = conn.bookkeeper(self.opts.metadata_uri)
-        writable = registry.list_bookies(bk.store)
+        """Refuse, before any task runs, ledgers that the cluster cannot place (or bookies
+        this client cannot talk to: TLS ones without option client.tlsCaFile)."""
+        bk = conn.bookkeeper(self.opts.metadata_uri, self.opts.client_settings)
+        writable = bk._writable_bookies()
         if self.opts.ensemble_size > len(writable):
             raise BadRequestError(
                 f"option 'ensembleSize' is {self.opts.ensemble_size} but the cluster at "

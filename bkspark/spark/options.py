@@ -44,6 +44,9 @@ minPartitions            reads: at least this many partitions (as Kafka's): the 
                          are halved until there are (default: one per ledger or range)
 reclaimAbandonedAfter    writes: seconds a write job of the log with no live task stays silent
                          before its leftover ledgers are reclaimed at planning (600)
+client.<setting>         a ``ClientConfig`` field (``client.tlsCaFile``, ``client.addTimeout``)
+                         for every client the connector makes, on the driver and executors;
+                         names and values: :mod:`bkspark.client.settings`
 =======================  ====================================================================
 
 Spark also passes ``checkpointLocation`` to streaming sinks; it is accepted and ignored.
@@ -97,6 +100,7 @@ _KAFKA_ONLY = {
 }
 SCHEMAS = ("record", "kafka")
 TIMESTAMP_STRATEGIES = ("error", "latest")
+CLIENT_PREFIX = "client."   # client.<ClientConfig field>: passed to the connector's clients
 DIGESTS = ("crc32c", "crc32", "hmac", "mac", "dummy")
 COMPRESSIONS = {"none": None, "uncompressed": None, "lz4": "lz4", "zstd": "zstd"}
 #: arrow entries are compressed unless told otherwise, with a fast codec as Parquet's snappy:
@@ -139,6 +143,8 @@ class ConnectorOptions:
     schema: str = "record"                   # record | kafka (the read schema)
     include_headers: bool = False            # schema=kafka: the headers column
     test_fault: str | None = None
+    client_settings: dict = field(default_factory=dict)   # client.* options: ClientConfig
+                                                          # field -> typed value
 
     # ---- derived ------------------------------------------------------------------------
     def ledger_options(self) -> dict:
@@ -313,11 +319,26 @@ def _unknown_option(key: str) -> str:
             + "; and Kafka's " + ", ".join(KAFKA_ALIASES))
 
 
+def _check_not_a_client_setting(key: str) -> None:
+    """A ClientConfig field given without the ``client.`` prefix: say where it goes."""
+    from bkspark.client.settings import camel, field_named
+    name = None if key.lower() in _CANON else field_named(key)
+    if name is not None:
+        raise BadRequestError(f"unknown option {key!r} for format({FORMAT_NAME!r}): did you mean "
+                              f"{CLIENT_PREFIX + camel(name)!r}? (client settings take the "
+                              f"prefix {CLIENT_PREFIX!r})")
+
+
 def parse_options(options, *, default_uri=None) -> ConnectorOptions:
     """Validate Spark's options mapping; ``default_uri()`` supplies metadataServiceUri."""
     raw: dict[str, str] = {}
     given_as: dict[str, str] = {}
+    client: dict[str, str] = {}
     for key, value in dict(options).items():
+        if str(key).lower().startswith(CLIENT_PREFIX):
+            client[str(key)] = "" if value is None else str(value)
+            continue
+        _check_not_a_client_setting(str(key))
         canon = _CANON.get(str(key).lower())
         if canon is None:
             raise BadRequestError(_unknown_option(str(key)))
@@ -486,4 +507,7 @@ def parse_options(options, *, default_uri=None) -> ConnectorOptions:
     if "reclaimAbandonedAfter" in raw:
         o.reclaim_after = float(_int("reclaimAbandonedAfter", raw["reclaimAbandonedAfter"], 0))
     o.test_fault = raw.get("_testFault") or None
+    from bkspark.client.settings import client_settings
+    o.client_settings = client_settings(client, prefix=CLIENT_PREFIX, camel_case=True,
+                                        what="option")
     return o

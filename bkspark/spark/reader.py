@@ -327,7 +327,7 @@ def read_range(opts, fmt: str, schema, part: LedgerRange):
     from pyspark.sql.pandas.types import to_arrow_schema
     conn.freeze_worker_heap()
     target = to_arrow_schema(schema, timezone="UTC")
-    bk = conn.bookkeeper(opts.metadata_uri)
+    bk = conn.bookkeeper(opts.metadata_uri, opts.client_settings)
     rh = bk.open_ledger(part.ledger_id, password=opts.password, recovery=False)
     try:
         if part.last <= rh.last_add_confirmed:

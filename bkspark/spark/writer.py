@@ -101,7 +101,7 @@ def write_task(opts, fmt: str, spark_schema_json: str, pending_key: str, iterato
         fail_task, attempt_to_fail = partition, attempt
     else:
         attempt_to_fail = 0
-    bk = conn.bookkeeper(opts.metadata_uri)
+    bk = conn.bookkeeper(opts.metadata_uri, opts.client_settings)
     lh = alive = None
     inflight: deque = deque()
     msg = BKCommitMessage(partition=partition, attempt=attempt)

@@ -79,3 +79,23 @@ def test_wildcard_listen_refuses_when_no_address_is_clear(addresses):
     from bkspark.bookie.netaddr import routable_address
     with pytest.raises(BadRequestError, match="--advertised-address"):
         routable_address(addresses, None)
+
+
+def test_client_config_of_in_bookie_autorecovery(tmp_path, caplog):
+    """`client_config`: the settings of the client the bookie's autorecovery uses (TLS
+    bookies: tls_ca_file), read and checked when the bookie starts."""
+    from bkspark.testing.tls import self_signed
+    key, cert = self_signed(tmp_path, "bookie")
+    client = tmp_path / "client.conf"
+    client.write_text(f"tlsCaFile = {cert}\nadd_timeout = 20\n")
+    base = ["bookie", "--metadata", "sqlite:///tmp/m.db", "--journal-dir", "j", "--ledger-dirs",
+            "l", "--autorecovery", "--tls-cert-file", str(cert), "--tls-key-file", str(key)]
+    config = config_from_args(build_parser().parse_args([*base, "--client-config", str(client)]))
+    assert config.client_settings() == {"tls_ca_file": str(cert), "add_timeout": 20.0}
+    with caplog.at_level("WARNING", logger="bkspark.bookie"):
+        assert config_from_args(build_parser().parse_args(base)).client_settings() == {}
+    assert "its client has no tls_ca_file" in caplog.text
+    client.write_text("tls_ca_fil = /x.pem\n")
+    with pytest.raises(BadRequestError, match=f"unknown client setting 'tls_ca_fil' "
+                                              f"\\(in {client}\\): did you mean 'tls_ca_file'"):
+        config_from_args(build_parser().parse_args([*base, "--client-config", str(client)]))
