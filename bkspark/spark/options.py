@@ -31,7 +31,7 @@ digestType               ``crc32c`` | ``crc32`` | ``hmac`` (``mac``) | ``dummy``
 password                 ledger password ("")
 entryFormat              ``record`` (one row per entry) | ``arrow`` (Arrow IPC batches) (record)
 queryId                  streaming sink: idempotency key of its commits (Spark's query id);
-                         streaming source: name of the cursor it moves (``spark``)
+                         streaming source: name of the cursor it moves (one per query)
 writerId, writerSequence batch write: optional idempotency key (re-running the same
                          (writerId, writerSequence) appends nothing)
 maxEntryBytes            arrow writes: target size of one entry (1 MiB, at most 4 MiB),
