@@ -9,6 +9,7 @@ import pytest
 
 from bkspark.log import Position
 from bkspark.spark import reader as spark_reader
+from tests.spark.test_spark_streaming import run_to_end as finish
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
@@ -119,13 +120,10 @@ def stream(spark, uri, src, dst, ckpt, trigger, **opts):
             else w.trigger(processingTime=trigger)).start()
 
 
-def finish(q):
-    try:
-        q.awaitTermination(300)
-    finally:
-        if q.isActive:
-            q.stop()
-    return q
+def fill(logs, log_name, count, payload):
+    with logs.open_writer(log_name) as w:
+        for _ in range(count):
+            w.append(payload)
 
 
 def test_each_query_moves_its_own_cursor(spark, uri, logs, log_name, tmp_path):
@@ -158,9 +156,7 @@ def test_each_query_moves_its_own_cursor(spark, uri, logs, log_name, tmp_path):
 
 
 def test_progress_shows_entries_and_bytes_behind(spark, uri, logs, log_name, tmp_path):
-    with logs.open_writer(log_name) as w:
-        for i in range(20):
-            w.append(b"x" * 100)
+    fill(logs, log_name, 20, b"x" * 100)
     q = finish(stream(spark, uri, log_name, log_name + "-o", str(tmp_path / "c"), "now",
                       maxOffsetsPerTrigger="5"))
     backlog = [json.loads(p["sources"][0]["latestOffset"])["@backlog"]
@@ -172,9 +168,7 @@ def test_progress_shows_entries_and_bytes_behind(spark, uri, logs, log_name, tmp
 
 
 def test_max_bytes_per_trigger(spark, uri, logs, log_name, tmp_path):
-    with logs.open_writer(log_name) as w:
-        for i in range(12):
-            w.append(b"y" * 1000)
+    fill(logs, log_name, 12, b"y" * 1000)
     q = finish(stream(spark, uri, log_name, log_name + "-o", str(tmp_path / "d"), "now",
                       maxBytesPerTrigger="4500"))
     sizes = [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
