@@ -21,8 +21,9 @@ class BookieMetrics:
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
             registry=self.registry)
         self.write_lacs = Counter(
-            "bookie_write_lac_requests", "WriteLac requests (explicit LACs of idle writers), by status",
-            ["status"], registry=self.registry)
+            "bookie_write_lac_requests",
+            "WriteLac requests (explicit LACs of idle writers), by status", ["status"],
+            registry=self.registry)
         self.read_only = Gauge("bookie_read_only", "1 when the bookie is read-only", registry=self.registry)
         self.registry.register(_StorageCollector(storage, service_ref))
 
