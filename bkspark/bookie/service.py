@@ -158,11 +158,16 @@ class LacTracker:
             self._lac.pop(ledger_id, None)
 
     def wait_beyond(self, ledger_id: int, previous: int, timeout_s: float, stopped) -> int:
-        """Block until the LAC exceeds ``previous`` or the timeout passes; return the LAC."""
+        """Block until the LAC exceeds ``previous`` or the timeout passes; return the LAC.
+
+        Woken at once by :meth:`advance` (an add's piggybacked LAC, a WriteLac); the LAC is
+        read again once registered as a waiter, so an advance between the first read and
+        the registration is not missed (it would have cost a 0.25-s wait)."""
         lac = self.get(ledger_id)
         deadline = time.monotonic() + timeout_s
         with self._cond:
             self._waiters[ledger_id] = self._waiters.get(ledger_id, 0) + 1
+            lac = max(lac, self._lac.get(ledger_id, lac))
             try:
                 while lac <= previous and not stopped():
                     remaining = deadline - time.monotonic()
