@@ -57,7 +57,11 @@ import threading
 import time
 import urllib.request
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+# the bookies are subprocesses: they run this checkout's code too, not an installed copy
+# (an editable install of another checkout would otherwise be measured on the bookie side)
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
 
 from bkspark.client import BookKeeper  # noqa: E402
 from bkspark.heap import freeze_startup_heap  # noqa: E402

@@ -20,6 +20,10 @@ class BookieMetrics:
             "bookie_add_batch_seconds", "Time to store a batch of adds durably",
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
             registry=self.registry)
+        self.write_lacs = Counter(
+            "bookie_write_lac_requests",
+            "WriteLac requests (explicit LACs of idle writers), by status", ["status"],
+            registry=self.registry)
         self.read_only = Gauge("bookie_read_only", "1 when the bookie is read-only", registry=self.registry)
         self.registry.register(_StorageCollector(storage, service_ref))
 
@@ -38,6 +42,9 @@ class BookieMetrics:
         self.adds.labels(status="EOK").inc(ok)
         self.add_bytes.inc(ok_bytes)
         self.add_latency.observe(seconds)
+
+    def record_write_lac(self, status: int) -> None:
+        self.write_lacs.labels(status=errors.status_name(status)).inc()
 
     def record_read(self, nbytes: int, entries: int = 1) -> None:
         self.reads.inc(entries)

@@ -108,6 +108,12 @@ def entry_lac(body: bytes) -> int:
     return _LAC.unpack_from(body, 16)[0] if len(body) >= 24 else -1
 
 
+def explicit_lac_value(body: bytes) -> int:
+    """The LAC of an explicit-LAC body as a client frames it for WriteLac: ledger id, LAC,
+    digest (bytes 8..16; BookKeeper's layout -- not an entry's, whose LAC is at 16..24)."""
+    return _LAC.unpack_from(body, 8)[0] if len(body) >= 16 else -1
+
+
 class LacTracker:
     """Highest LAC this bookie knows per ledger, with long-poll waiting for it to advance."""
 
@@ -134,7 +140,7 @@ class LacTracker:
             pass
         explicit = self._storage.explicit_lac(ledger_id)
         if explicit:
-            lac = max(lac, entry_lac(explicit))
+            lac = max(lac, explicit_lac_value(explicit))
         return lac
 
     def advance(self, updates: dict[int, int]) -> None:
@@ -152,11 +158,16 @@ class LacTracker:
             self._lac.pop(ledger_id, None)
 
     def wait_beyond(self, ledger_id: int, previous: int, timeout_s: float, stopped) -> int:
-        """Block until the LAC exceeds ``previous`` or the timeout passes; return the LAC."""
+        """Block until the LAC exceeds ``previous`` or the timeout passes; return the LAC.
+
+        Woken at once by :meth:`advance` (an add's piggybacked LAC, a WriteLac); the LAC is
+        read again once registered as a waiter, so an advance between the first read and
+        the registration is not missed (it would have cost a 0.25-s wait)."""
         lac = self.get(ledger_id)
         deadline = time.monotonic() + timeout_s
         with self._cond:
             self._waiters[ledger_id] = self._waiters.get(ledger_id, 0) + 1
+            lac = max(lac, self._lac.get(ledger_id, lac))
             try:
                 while lac <= previous and not stopped():
                     remaining = deadline - time.monotonic()
@@ -544,6 +555,14 @@ class BookieService(pb_grpc.BookieServicer):
                                   lac_body=lac_body, last_entry_body=last)
 
     def WriteLac(self, request, context):
+        """Store an idle writer's explicit LAC (journaled: answered EOK once durable), then
+        raise this bookie's LAC for the ledger, which wakes its long-polling readers."""
+        reply = self._write_lac(request, context)
+        if self.metrics is not None:
+            self.metrics.record_write_lac(reply.status)
+        return reply
+
+    def _write_lac(self, request, context):
         status = self._injected("write_lac", request.ledger_id, context.is_active)
         if status:
             return pb.WriteLacResponse(status=status)
@@ -602,5 +621,5 @@ def _entry_id_of(body: bytes) -> int:
     return _LAC.unpack_from(body, 8)[0] if len(body) >= 16 else -1
 
 
-__all__ = ["BookieService", "LacTracker", "entry_lac", "encode_add_oks",
+__all__ = ["BookieService", "LacTracker", "entry_lac", "explicit_lac_value", "encode_add_oks",
            "encode_add_responses", "encode_range_chunk", "range_chunk_parts", "ANY_ENTRY"]

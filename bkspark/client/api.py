@@ -55,7 +55,14 @@ class ClientConfig:
     metadata_retries: int = 20
     close_flush_timeout: float = 120.0
     bookie_cache_seconds: float = 1.0       # how long the writable-bookie list is reused
-    explicit_lac_interval: float = 1.0      # idle writer publishes its LAC (0 = never)
+    explicit_lac_delay: float = 0.01        # the add stream idle this long (every add
+                                            # acknowledged, none since): the writer sends its
+                                            # LAC to the ensemble (WriteLac), so tailing
+                                            # readers see its last entry; 0 = only after
+                                            # explicit_lac_interval (see LedgerHandle)
+    explicit_lac_interval: float = 1.0      # idle this long and no bookie stored the LAC
+                                            # (delayed send off or failed): send it (again);
+                                            # 0 = never send an explicit LAC at all
     tls_ca_file: str = ""                   # PEM roots: talk TLS to bookies and verify them
                                             # (no client certificate: bookies ask for none)
     overload_retry_delay: float = 0.05      # resend after ETOOMANYREQUESTS

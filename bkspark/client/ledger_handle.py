@@ -19,6 +19,36 @@ Protocol (``shared/seeds/protocol.txt``):
 * close CASes CLOSED with last entry = LAC; on conflict: still OPEN -> retry, IN_RECOVERY ->
   error, CLOSED at our LAC -> success, CLOSED elsewhere -> error.
 
+Explicit LAC (how a tailing reader sees the last entry). Every entry carries the LAC known
+when it was framed, so the bookies learn that entry ``e`` is confirmed only when a later
+entry reaches them: while adds flow, nothing else is needed. When the add stream goes idle
+-- an acknowledgement leaves no add pending -- the last entry is confirmed but no bookie
+knows. ``explicit_lac_delay`` (ClientConfig) after that moment, if no add was appended
+meanwhile (the next add would carry the LAC) and the LAC is beyond every LAC this handle
+already sent, the handle sends ``WriteLac(LAC)`` to every bookie of its current ensemble;
+bookies store it (journaled) and wake their long-polling readers, so the last entry is
+visible about one round trip after the delay. Rules:
+
+* the LAC sent is the handle's LAC: entries up to it were acknowledged by Qa bookies of
+  their write sets, in entry order -- a WriteLac never claims an entry that is not
+  confirmed, so whatever bookie stores it (even one replaced meanwhile), readers and
+  recovery may rely on it (recovery closes at or beyond every confirmed entry);
+* none is sent while an ensemble change runs (the LAC does not move then; the change ends
+  with acknowledgements, which start the delay again), after the handle failed, or once it
+  is closed. One sent while ``close`` runs is harmless: ``close`` refuses appends, so its
+  LAC -- the end it records -- is at or beyond any LAC sent before;
+* at most one WriteLac round is in flight per handle, so a bookie never gets a lower LAC
+  after a higher one from this handle; a LAC that moved while a round was in flight is sent
+  when it ends (if the stream is still idle);
+* answers are not waited for by appends: a bookie that fails a WriteLac (not running, not
+  holding the ledger yet, read-only) is ignored. If no bookie stored the LAC, the handle
+  sends it again once idle for ``explicit_lac_interval`` (the only path when the delay is
+  0, as before); ``explicit_lac_interval=0`` turns explicit LACs off altogether;
+* in steady state (adds keep coming, or come less than the delay apart) no WriteLac is
+  sent: a round costs E unary calls and E small journal records, once per idle period.
+
+:meth:`LedgerHandle.flush_lac` does the same synchronously, waiting for the answers.
+
 Memory is bounded: ``append`` blocks while more than ``max_outstanding_bytes`` of
 unacknowledged entries are in flight.
 """
@@ -29,10 +59,11 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 
 from bkspark import errors
-from bkspark.errors import (BadRequestError, BKError, FencedError, LedgerClosedError,
-                            NotEnoughBookiesError, OperationTimeoutError)
+from bkspark.errors import (BadRequestError, BKError, BookieUnavailableError, FencedError,
+                            LedgerClosedError, NotEnoughBookiesError, OperationTimeoutError)
 from metadata.ledger_metadata import LedgerState
 from metadata.update import NoChange
 
@@ -98,7 +129,17 @@ class LedgerHandle:
         self._done_q: deque = deque()
         self._cb_lock = threading.Lock()
         self.ensemble_changes = 0
-        self._explicit_lac = -1
+        # explicit LAC (module docstring); every field under _lock
+        conf = bk.conf
+        self._lac_delay = conf.explicit_lac_delay if conf.explicit_lac_interval else 0.0
+        self._idle_at = 0.0         # when the add stream last went idle (monotonic)
+        self._lac_timer = False     # a delayed check is scheduled
+        self._lac_sent = -1         # highest LAC a WriteLac round was started with
+        self._lac_stored = -1       # highest LAC a bookie answered EOK to
+        self._lac_round_at = 0.0    # when the last round started
+        self._lac_round = False     # a round is in flight
+        self._lac_done = threading.Condition(self._lock)    # ... and ended
+        self.explicit_lac_rounds = 0    # WriteLac rounds sent (each to the whole ensemble)
         self._last_append = 0.0
         bk._pool.register(self.ledger_id, self)
         bk._register_writer(self)
@@ -320,6 +361,13 @@ class LedgerHandle:
                 self._done_q.append((p.future, p.entry_id, None))
         if popped:
             self._space.notify_all()
+            if not pending and self._lac_delay:
+                # the add stream went idle: publish the LAC after the delay unless an add
+                # comes first (it carries the LAC)
+                self._idle_at = time.monotonic()
+                if not self._lac_timer:
+                    self._lac_timer = True
+                    self._bk._scheduler.schedule(self._lac_delay, self._on_lac_timer)
 
     def _run_callbacks(self):
         dq = self._done_q
@@ -379,22 +427,94 @@ class LedgerHandle:
                     f"bookie {b}: add not acknowledged within {timeout}s"))
 
     def _maybe_write_explicit_lac(self, now: float) -> None:
-        """When the writer went idle, the LAC piggybacked on the last entry trails the real
-        one: tell the ensemble the LAC explicitly (WriteLac) so tailing readers see it."""
+        """The periodic path (from :meth:`_tick`): idle for ``explicit_lac_interval`` and no
+        bookie stored the LAC -- the delayed send is off (``explicit_lac_delay=0``) or no
+        bookie accepted it -- send it; at most once per interval."""
         interval = self._bk.conf.explicit_lac_interval
         if not interval:
             return
         with self._lock:
             lac = self._lac
-            if (lac <= self._explicit_lac or self._pending or self._changing
+            if (lac <= self._lac_stored or self._pending or self._changing or self._lac_round
                     or self._error is not None or self._closed
-                    or now - self._last_append < interval):
+                    or now - max(self._last_append, self._lac_round_at) < interval):
                 return
-            self._explicit_lac = lac
-            ensemble = list(self._ensemble)
+            ensemble = self._start_lac_round_locked(lac, now)
+        self._send_lac(lac, ensemble)
+
+    def _on_lac_timer(self) -> None:
+        """``explicit_lac_delay`` after the add stream went idle (the scheduler's thread)."""
+        with self._lock:
+            self._lac_timer = False
+            lac = self._lac
+            if (self._pending or self._changing or lac <= self._lac_sent
+                    or self._error is not None or self._closed):
+                return      # adds in flight carry the LAC (their acks start a new delay),
+                            # or it was sent, or the handle is done
+            if self._lac_round:
+                return      # sent when the round in flight ends
+            now = time.monotonic()
+            wait = self._idle_at + self._lac_delay - now
+            if wait > 0:    # idle again, more recently than when the timer was set
+                self._lac_timer = True
+                self._bk._scheduler.schedule(wait, self._on_lac_timer)
+                return
+            ensemble = self._start_lac_round_locked(lac, now)
+        self._send_lac(lac, ensemble)
+
+    def _start_lac_round_locked(self, lac: int, now: float) -> list[str]:
+        self._lac_round = True
+        self._lac_sent = max(self._lac_sent, lac)
+        self._lac_round_at = now
+        self.explicit_lac_rounds += 1
+        return list(self._ensemble)
+
+    def _send_lac(self, lac: int, ensemble: list[str]) -> list:
+        """Send WriteLac(lac) to ``ensemble``; the round ends when every bookie answered (or
+        failed). Returns ``[(bookie, future)]``."""
         body = self._digest.frame_lac(lac)
+        timeout = self._bk.conf.read_timeout
+        futs = []
         for b in ensemble:
-            self._bk._pool.get(b).write_lac(self.ledger_id, lac, self._master_key, body)
+            try:
+                f = self._bk._pool.get(b).write_lac(self.ledger_id, lac, self._master_key, body,
+                                                    timeout=timeout)
+            except Exception as exc:  # noqa: BLE001 - the client is closing: a failed answer
+                f = Future()
+                f.set_exception(exc)
+            futs.append((b, f))
+        left = [len(futs)]
+        stored = [False]
+        guard = threading.Lock()
+
+        def answered(f):
+            try:
+                ok = f.result().status == errors.EOK
+            except Exception:  # noqa: BLE001 - a bookie that failed: ignored
+                ok = False
+            with guard:
+                stored[0] = stored[0] or ok
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                self._lac_round_ended(lac, stored[0])
+
+        for _, f in futs:
+            f.add_done_callback(answered)
+        return futs
+
+    def _lac_round_ended(self, lac: int, stored: bool) -> None:
+        with self._lock:
+            self._lac_round = False
+            if stored:
+                self._lac_stored = max(self._lac_stored, lac)
+            self._lac_done.notify_all()
+            again = (self._lac_delay and self._lac > self._lac_sent and not self._pending
+                     and not self._lac_timer)
+            if again:       # the LAC moved while the round was in flight
+                self._lac_timer = True
+        if again:
+            self._on_lac_timer()
 
     # ---- ensemble change -----------------------------------------------------------------
     def _bookie_failed_locked(self, bookie_id: str, error: BKError):
@@ -516,6 +636,68 @@ class LedgerHandle:
                     raise OperationTimeoutError(
                         f"ledger {self.ledger_id}: {len(self._pending)} adds still pending")
                 self._space.wait(min(1.0, remaining) if remaining is not None else 1.0)
+
+    def flush_lac(self, timeout: float | None = None) -> int:
+        """Make every appended entry visible to readers now; return the LAC published.
+
+        Waits until every appended entry is acknowledged (:meth:`flush`), then sends the LAC
+        to every bookie of the ensemble (WriteLac, after a round already in flight ended)
+        and waits for their answers. On return at least Qa bookies of the write set of the
+        LAC's entry stored it, so a tailing reader's long poll is woken and any LAC read
+        with quorum coverage (``ReadHandle.read_last_add_confirmed``) sees it. Sent even if
+        an earlier round carried the same LAC (this call is explicit); nothing is sent
+        before any entry is acknowledged (returns -1).
+
+        :raises OperationTimeoutError: adds still pending, or the answers not all in,
+            after ``timeout`` seconds.
+        :raises BookieUnavailableError: fewer than Qa of those bookies stored the LAC
+            (the entries are still acknowledged; the LAC reaches readers with the next add,
+            or the next explicit LAC).
+        :raises BKError: the handle failed (its error), or it is closed (LedgerClosedError;
+            readers then see its end in the metadata).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def remaining():
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        self.flush(timeout)
+        with self._lock:
+            while self._lac_round and self._error is None:
+                if deadline is not None and remaining() <= 0:
+                    raise OperationTimeoutError(
+                        f"ledger {self.ledger_id}: a WriteLac round still in flight")
+                self._lac_done.wait(remaining())
+            if self._error is not None:
+                raise self._error
+            if self._closed:
+                raise LedgerClosedError(f"ledger {self.ledger_id} is closed")
+            lac = self._lac
+            if lac < 0:
+                return lac
+            ensemble = self._start_lac_round_locked(lac, time.monotonic())
+            write_set = set(self._write_set(lac))
+        futs = self._send_lac(lac, ensemble)
+        stored, problems = 0, []
+        for b, f in futs:
+            try:
+                resp = f.result(remaining())
+            except FutureTimeout:
+                raise OperationTimeoutError(
+                    f"ledger {self.ledger_id}: bookie {b} did not answer WriteLac within "
+                    f"{timeout}s") from None
+            except BKError as exc:
+                problems.append(str(exc))
+                continue
+            if resp.status == errors.EOK:
+                stored += b in write_set
+            else:
+                problems.append(f"bookie {b}: {errors.status_name(resp.status)}")
+        if stored < self._Qa:
+            raise BookieUnavailableError(
+                f"ledger {self.ledger_id}: LAC {lac} stored by {stored} bookies of its write "
+                f"set, fewer than Qa={self._Qa}: " + "; ".join(problems))
+        return lac
 
     def close(self) -> None:
         """Wait for pending adds, then CAS the metadata to CLOSED at the LAC.

@@ -236,12 +236,27 @@ class LogWriter:
                              "writer; a new writer is recovering it")
         return {"state": CLOSED, "last_entry_id": md.last_entry_id, "length": md.length}
 
-    def flush(self) -> None:
-        """Make the last appended entry visible to tailing readers (explicit LAC)."""
+    def flush(self, timeout: float | None = None) -> Position | None:
+        """Make every record appended so far visible to tailing readers now; return the
+        position of the last one (None if the current ledger has none).
+
+        Waits for the appends to be acknowledged, then publishes the ledger's LAC to its
+        bookies and waits for them (:meth:`LedgerHandle.flush_lac`). Without it an idle
+        writer's last record becomes visible ``explicit_lac_delay`` later (ClientConfig), or
+        with the next append. Raises what the appends would (:class:`LogFencedError` if
+        another writer took the log over), or the ledger's error; ``timeout`` as in
+        ``flush_lac``."""
         with self._lock:
-            flush = getattr(self._handle, "flush_lac", None)
-            if flush is not None:
-                flush()
+            if self._closed:
+                raise errors.BadRequestError(f"log writer of {self.name} is closed")
+            if self._fenced is not None:
+                raise self._fenced
+            handle = self._handle
+            try:
+                lac = handle.flush_lac(timeout)
+            except _LOST as exc:
+                raise self._lost(exc) from exc
+        return Position(handle.ledger_id, lac) if lac >= 0 else None
 
     def close(self) -> None:
         """Close the current ledger and record its end in the list (if still the owner)."""

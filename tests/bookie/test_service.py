@@ -8,7 +8,9 @@ import urllib.request
 import pytest
 
 from bkspark import errors
+from bkspark.client.digest import DigestManager
 from bkspark.proto import bookie_pb2 as pb
+from bkspark.testing.cluster import BookieCluster
 
 from .conftest import MASTER_KEY, OTHER_KEY, add_request, frame, stub_for
 
@@ -166,7 +168,7 @@ def test_long_poll_waits_for_lac_to_advance(stub):
 def test_explicit_lac_round_trip(stub):
     lid = new_ledger_id()
     assert stub.Add(add_request(lid, 0), timeout=10).status == errors.EOK
-    lac_body = frame(lid, -1, b"", 0)
+    lac_body = DigestManager(lid, "crc32c", b"pw").frame_lac(0)    # as the client frames it
     reply = stub.WriteLac(pb.WriteLacRequest(ledger_id=lid, lac=0, master_key=MASTER_KEY, lac_body=lac_body),
                           timeout=10)
     assert reply.status == errors.EOK
@@ -176,6 +178,30 @@ def test_explicit_lac_round_trip(stub):
                         timeout=10)
     assert bad.status == errors.EUA
     assert stub.ReadLac(pb.ReadLacRequest(ledger_id=new_ledger_id()), timeout=10).status == errors.ENOLEDGER
+
+
+@pytest.mark.parametrize("digest", ["crc32c", "crc32", "hmac"])
+def test_explicit_lac_is_the_bookies_lac_after_a_kill(tmp_path, digest):
+    """A bookie killed after storing an explicit LAC knows the ledger's LAC from it when it
+    starts again: the LAC of the body as the client frames it (ledger id, LAC, digest), not
+    eight bytes of the digest, nothing for a short digest."""
+    lid = 77
+    with BookieCluster(f"sqlite:///{tmp_path}/meta.db", num_bookies=1, data_dir=tmp_path) as c:
+        s, channel = stub_for(c.bookie_ids[0])
+        assert s.Add(add_request(lid, 0, lac=-1), timeout=10).status == errors.EOK
+        body = DigestManager(lid, digest, b"pw").frame_lac(0)
+        reply = s.WriteLac(pb.WriteLacRequest(ledger_id=lid, lac=0, master_key=MASTER_KEY,
+                                              lac_body=body), timeout=10)
+        assert reply.status == errors.EOK and read(s, lid, -1).max_lac == 0
+        channel.close()
+        c.restart(0, kill=True)
+        s, channel = stub_for(c.bookie_ids[0])
+        try:
+            reply = s.Read(pb.ReadRequest(ledger_id=lid, entry_id=-1), timeout=60,
+                           wait_for_ready=True)
+            assert reply.status == errors.EOK and reply.max_lac == 0
+        finally:
+            channel.close()
 
 
 def test_overload_answers_too_many_requests(one_bookie, stub):

@@ -243,6 +243,39 @@ def test_reader_tails_the_open_ledger_without_fencing(logs, log_name):
     reader.close()
 
 
+def test_lone_record_reaches_a_tailing_reader_of_another_client(cluster, logs, log_name):
+    """A trickle writer appends one record at a time and stays idle (its periodic explicit
+    LAC 30 s away): a tailing reader of another client returns each within one read_batch
+    wait -- the writer sent its LAC once its add stream went idle."""
+    with BookKeeper(cluster.metadata_uri, explicit_lac_interval=30) as writer_bk:
+        writer = LogStore(writer_bk, password=b"pw", ensemble_size=3, write_quorum=2,
+                          ack_quorum=2).open_writer(log_name)
+        with logs.open_reader(log_name, EARLIEST, tail=True) as reader:
+            assert reader.read_batch(timeout=0.1) == []
+            for i in range(3):
+                position = writer.append(b"lone-%d" % i)
+                got = reader.read_batch(timeout=8)
+                assert [(r.position, r.data) for r in got] == [(position, b"lone-%d" % i)]
+        writer.close()
+
+
+def test_flush_makes_the_last_record_visible_at_once(cluster, logs, log_name):
+    """LogWriter.flush publishes the ledger's LAC before it returns: with the delayed send off
+    and the periodic one 30 s away, a reader of another client sees every record right
+    after it."""
+    with BookKeeper(cluster.metadata_uri, explicit_lac_delay=0,
+                    explicit_lac_interval=30) as writer_bk:
+        writer = LogStore(writer_bk, password=b"pw", ensemble_size=3, write_quorum=2,
+                          ack_quorum=2).open_writer(log_name)
+        assert writer.flush() is None                       # nothing appended yet
+        futures = [writer.append_async(b"f%d" % i) for i in range(3)]
+        assert writer.flush(30) == futures[-1].result()
+        assert [r.data for r in read_all(logs, log_name)] == [b"f0", b"f1", b"f2"]
+        writer.close()
+        with pytest.raises(errors.BadRequestError, match="closed"):
+            writer.flush()
+
+
 def test_latest_starts_after_existing_entries(logs, log_name):
     with logs.open_writer(log_name) as w:
         w.append(b"x")
