@@ -24,7 +24,7 @@ except ImportError:  # pragma: no cover - older PySpark: no read limits
 
 from bkspark.errors import BKError, NoSuchLogError
 from bkspark.log.position import EARLIEST, LATEST, Position
-from bkspark.spark import conn
+from bkspark.spark import conn, importguard
 from bkspark.spark.reader import (EMPTY, LedgerRange, offset_for, read_range, resolve_start,
                                   spans, split_span, spread)
 
@@ -51,7 +51,8 @@ def allocate(available: dict, budget: int) -> dict:
     return share
 
 
-class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+class BookKeeperStreamReader(importguard.Guarded, DataSourceStreamReader,
+                             SupportsTriggerAvailableNow):
     def __init__(self, opts, schema):
         self.opts = opts
         self.schema = schema
