@@ -7,8 +7,8 @@ import logging
 from pyspark.sql.datasource import DataSource
 
 from bkspark.errors import BadRequestError, NoSuchLogError
-from bkspark.spark import codec, conn
-from bkspark.spark.options import ARROW, FORMAT_NAME, RECORD, parse_options
+from bkspark.spark import codec, conn, importguard
+from bkspark.spark.options import FORMAT_NAME, RECORD, parse_options
 
 log = logging.getLogger("bkspark.spark")
 
@@ -27,8 +27,11 @@ def _strip_nullability(obj):
     return obj
 
 
-class BookKeeperDataSource(DataSource):
-    """``format("bookkeeper")`` — see :mod:`bkspark.spark` for the options."""
+class BookKeeperDataSource(importguard.Guarded, DataSource,
+                           metaclass=importguard.guard_class(type(DataSource))):
+    """``format("bookkeeper")`` — see :mod:`bkspark.spark` for the options. The class and its
+    instances pickle through :mod:`bkspark.spark.importguard` (a Spark Python without bkspark
+    says what to install where)."""
 
     @classmethod
     def name(cls) -> str:

@@ -15,7 +15,7 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from bkspark.errors import BadRequestError, BKError, NoSuchLogError
 from bkspark.log.position import EARLIEST, LATEST, Position
-from bkspark.spark import codec, conn
+from bkspark.spark import codec, conn, importguard
 from bkspark.spark.options import ARROW, RECORD, AtOffset, AtTime
 
 log = logging.getLogger("bkspark.spark")
@@ -364,7 +364,7 @@ def read_range(opts, fmt: str, schema, part: LedgerRange):
         rh.close()
 
 
-class BookKeeperBatchReader(DataSourceReader):
+class BookKeeperBatchReader(importguard.Guarded, DataSourceReader):
     """``spark.read.format("bookkeeper")``: one partition per ledger range."""
 
     def __init__(self, opts, schema):

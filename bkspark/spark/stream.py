@@ -48,7 +48,7 @@ except ImportError:  # pragma: no cover - older PySpark: no read limits
 
 from bkspark.errors import BKError, NoSuchLogError
 from bkspark.log.position import LATEST, Position
-from bkspark.spark import conn
+from bkspark.spark import conn, importguard
 from bkspark.spark.reader import (
     EMPTY,
     LedgerRange,
@@ -125,7 +125,8 @@ def allocate(available: dict, budget: int) -> dict:
     return share
 
 
-class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+class BookKeeperStreamReader(importguard.Guarded, DataSourceStreamReader,
+                             SupportsTriggerAvailableNow):
     def __init__(self, opts, schema):
         self.opts = opts
         self.schema = schema

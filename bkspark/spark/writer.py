@@ -40,7 +40,7 @@ from pyspark.sql.datasource import (
 
 from bkspark import errors
 from bkspark.errors import BadRequestError, LogFencedError
-from bkspark.spark import codec, conn, pending
+from bkspark.spark import codec, conn, importguard, pending
 from bkspark.spark.options import ARROW
 from metadata.update import GuardChangedError
 
@@ -183,7 +183,7 @@ def _ledger_info(messages) -> dict[int, dict]:
 
 # ---- batch writer -----------------------------------------------------------------------
 
-class BookKeeperBatchWriter(DataSourceArrowWriter):
+class BookKeeperBatchWriter(importguard.Guarded, DataSourceArrowWriter):
     """``df.write.format("bookkeeper")``: task ledgers, one atomic append (or overwrite)."""
 
     def __init__(self, opts, schema, overwrite: bool):
@@ -286,7 +286,7 @@ def _forget_sink_store(opts, wid: str) -> None:
         _sink_stores.pop((os.getpid(), opts.metadata_uri, wid), None)
 
 
-class BookKeeperStreamWriter(DataSourceStreamArrowWriter):
+class BookKeeperStreamWriter(importguard.Guarded, DataSourceStreamArrowWriter):
     """``writeStream.format("bookkeeper")``: exactly-once micro-batch commits."""
 
     def __init__(self, opts, schema):
