@@ -7,15 +7,9 @@ from bkspark.spark import conn
 from bkspark.spark.codec import record_spark_schema
 from bkspark.spark.options import parse_options
 from bkspark.spark.reader import DataLossError, spans
-from bkspark.spark.stream import BookKeeperStreamReader, ReadAllAvailable, ReadMaxRows
-
-
-class FakeMD:
-    def __init__(self, ledgers):
-        self.ledgers = ledgers
-
-    def ledger_ids(self):
-        return [e["ledger_id"] for e in self.ledgers]
+from bkspark.spark.stream import (BookKeeperStreamReader, ReadAllAvailable, ReadMaxBytes,
+                                  ReadMaxRows)
+from metadata.log_metadata import LogMetadata
 
 
 class FakeLogs:
@@ -30,7 +24,7 @@ class FakeLogs:
     def get(self, name):
         if name not in self.lists:
             raise NoSuchLogError(name)
-        return FakeMD(self.lists[name]), 0
+        return LogMetadata(name, ledgers=self.lists[name]), 0
 
     def ledger_end(self, entry):
         if entry["state"] == "closed":
@@ -103,6 +97,41 @@ def test_stream_available_now_freezes_the_end(reader):
     r.prepareForTriggerAvailableNow()
     logs.lac[2] = 20                                     # more data after the trigger began
     assert r.latestOffset(start, ReadAllAvailable()) == start
+
+
+def test_stream_cursor_name_travels_in_the_offsets(reader):
+    r, logs = reader(startingOffsets="earliest")
+    start = r.initialOffset()
+    name = start["@cursor"]
+    assert name.startswith("spark-") and reader()[0].initialOffset()["@cursor"] != name
+    end = r.latestOffset(start, ReadAllAvailable())
+    assert end["@cursor"] == name
+    fresh, _ = reader(startingOffsets="earliest")       # a restarted query: a new reader
+    fresh.commit(end)
+    assert logs.cursors[("a", name)] == Position(2, 10)
+    legacy = {k: v for k, v in end.items() if k != "@cursor"}
+    fresh.commit(legacy)                                 # a checkpoint from before: "spark"
+    assert logs.cursors[("a", "spark")] == Position(2, 10)
+
+
+def test_stream_byte_and_minimum_limits(reader):
+    r, _ = reader(startingOffsets="earliest", maxBytesPerTrigger="100")   # 10 bytes an entry
+    start = r.initialOffset()
+    assert r.getDefaultReadLimit() == ReadMaxBytes(100)
+    end = r.latestOffset(start, r.getDefaultReadLimit())
+    taken = {n: end[n]["entry"] - start[n]["entry"] for n in ("a", "b")}
+    assert sum(taken.values()) == 10
+    backlog = r.reportLatestOffset()["@backlog"]
+    assert backlog["entriesBehindLatest"] == 50 - 10 and backlog["logs"]["b"]["bytes"] == 80
+    r, _ = reader(startingOffsets="earliest", minEntriesPerTrigger="51", maxTriggerDelay="1h")
+    start = r.initialOffset()
+    assert r.latestOffset(start, r.getDefaultReadLimit()) == start      # 50 < 51: wait
+    r.opts.max_trigger_delay = 0.0                                      # the delay has passed
+    assert r.latestOffset(start, r.getDefaultReadLimit())["b"] == {"ledger": 5, "entry": 10}
+    r, _ = reader(startingOffsets="earliest", minEntriesPerTrigger="51", maxTriggerDelay="1h")
+    start = r.initialOffset()
+    r.prepareForTriggerAvailableNow()                                   # not waited for
+    assert r.latestOffset(start, r.getDefaultReadLimit())["b"] == {"ledger": 5, "entry": 10}
 
 
 def test_split_span_makes_equal_pieces():
