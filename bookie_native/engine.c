@@ -677,12 +677,20 @@ static void j_commit(Engine *e)
             err = errno;
         } else {
             if (e->njfiles == e->jfcap) {
-                e->jfcap = e->jfcap ? e->jfcap * 2 : 8;
-                e->jfiles = realloc(e->jfiles, e->jfcap * sizeof *e->jfiles);
+                size_t nc = e->jfcap ? e->jfcap * 2 : 8;
+                void *p = realloc(e->jfiles, nc * sizeof *e->jfiles);
+                if (p) {
+                    e->jfiles = p;
+                    e->jfcap = nc;
+                }
             }
-            e->jfiles[e->njfiles].id = e->jcur_id;
-            e->jfiles[e->njfiles].start_seq = start;
-            e->njfiles++;
+            if (e->njfiles < e->jfcap) {
+                e->jfiles[e->njfiles].id = e->jcur_id;
+                e->jfiles[e->njfiles].start_seq = start;
+                e->njfiles++;
+            } else {
+                err = ENOMEM; /* the group fails: the journal files' list cannot grow */
+            }
         }
     }
     int fd = e->jfd;
@@ -1763,6 +1771,12 @@ static int write_items(Engine *e, WItem *w, size_t n, LogFile **cur, LogFile ***
             int dir = e->next_log_dir;
             e->next_log_dir = (e->next_log_dir + 1) % e->nldirs;
             pthread_mutex_unlock(&e->mu);
+            LogFile **grown = realloc(*created, (*ncreated + 1) * sizeof(LogFile *));
+            if (!grown) {
+                rc = E_IO;
+                break;
+            }
+            *created = grown;
             lf = log_create(e, id, dir);
             if (!lf) {
                 rc = E_IO;
@@ -1771,7 +1785,6 @@ static int write_items(Engine *e, WItem *w, size_t n, LogFile **cur, LogFile ***
             pthread_mutex_lock(&e->mu);
             logs_insert(e, lf);
             pthread_mutex_unlock(&e->mu);
-            *created = realloc(*created, (*ncreated + 1) * sizeof(LogFile *));
             (*created)[(*ncreated)++] = lf;
             *cur = lf;
         }
@@ -2054,6 +2067,10 @@ static uint64_t *list_journals(Engine *e, size_t *n)
         return NULL;
     size_t cap = 16;
     uint64_t *ids = malloc(cap * sizeof *ids);
+    if (!ids) {
+        closedir(d);
+        return NULL;
+    }
     struct dirent *de;
     while ((de = readdir(d))) {
         size_t L = strlen(de->d_name);
@@ -2064,8 +2081,15 @@ static uint64_t *list_journals(Engine *e, size_t *n)
         if (end != de->d_name + 16)
             continue;
         if (*n == cap) {
+            uint64_t *p = realloc(ids, cap * 2 * sizeof *ids);
+            if (!p) {
+                free(ids);
+                closedir(d);
+                *n = 0;
+                return NULL;
+            }
+            ids = p;
             cap *= 2;
-            ids = realloc(ids, cap * sizeof *ids);
         }
         ids[(*n)++] = id;
     }
@@ -2361,6 +2385,11 @@ int eng_compact(Engine *e, CompactStats *cs)
         return E_CLOSED;
     }
     Cand *cand = malloc((e->nlogs + 1) * sizeof *cand);
+    if (!cand) {
+        pthread_mutex_unlock(&e->mu);
+        pthread_mutex_unlock(&e->compact_mu);
+        return E_IO;
+    }
     size_t nc = 0;
     for (size_t i = 0; i < e->nlogs; i++) {
         LogFile *lf = e->logs[i];
@@ -2392,9 +2421,10 @@ int eng_compact(Engine *e, CompactStats *cs)
     size_t wcap = 64, wn = 0;
     WItem *w = malloc(wcap * sizeof *w);
     LogFile **srcs = malloc(wcap * sizeof *srcs);
-    for (size_t s = 0; s < e->nbuckets; s++) {
-        for (Ledger *l = e->buckets[s]; l; l = l->next) {
-            for (size_t k = 0; k < l->n; k++) {
+    int oom = !w || !srcs; /* nothing is moved yet: the run is given up */
+    for (size_t s = 0; s < e->nbuckets && !oom; s++) {
+        for (Ledger *l = e->buckets[s]; l && !oom; l = l->next) {
+            for (size_t k = 0; k < l->n && !oom; k++) {
                 Loc *lc = &l->locs[k];
                 if (IS_CACHE(lc->where))
                     continue;
@@ -2402,9 +2432,17 @@ int eng_compact(Engine *e, CompactStats *cs)
                 if (!src || !src->selected)
                     continue;
                 if (wn == wcap) {
+                    WItem *nw = realloc(w, wcap * 2 * sizeof *w);
+                    if (nw)
+                        w = nw;
+                    LogFile **ns = nw ? realloc(srcs, wcap * 2 * sizeof *srcs) : NULL;
+                    if (ns)
+                        srcs = ns;
+                    if (!nw || !ns) {
+                        oom = 1;
+                        break;
+                    }
                     wcap *= 2;
-                    w = realloc(w, wcap * sizeof *w);
-                    srcs = realloc(srcs, wcap * sizeof *srcs);
                 }
                 WItem *x = &w[wn];
                 srcs[wn++] = src;
@@ -2420,9 +2458,17 @@ int eng_compact(Engine *e, CompactStats *cs)
     }
     for (size_t c = 0; c < nsel; c++) {
         cand[c].lf->selected = 0;
-        cand[c].lf->refs++;
+        if (!oom)
+            cand[c].lf->refs++;
     }
     pthread_mutex_unlock(&e->mu);
+    if (oom) {
+        free(srcs);
+        free(w);
+        free(cand);
+        pthread_mutex_unlock(&e->compact_mu);
+        return E_IO;
+    }
 
     /* copy in chunks of <= 8 MiB: read + verify, write to the output log (synced per chunk).
      * A corrupt entry is not copied: its index record keeps pointing at the old log, which
@@ -2745,6 +2791,10 @@ static int load_logs(Engine *e, Listed *listed, size_t nlisted)
     /* (id, dir) of every *.log file */
     size_t cap = 64, n = 0;
     uint32_t *ids = malloc(cap * sizeof *ids * 2);
+    if (!ids) {
+        seterr(e, "out of memory listing entry logs");
+        return E_IO;
+    }
     for (int d = 0; d < e->nldirs; d++) {
         DIR *dd = opendir(e->ledger_dirs[d]);
         if (!dd)
@@ -2762,8 +2812,15 @@ static int load_logs(Engine *e, Listed *listed, size_t nlisted)
             if (strcmp(de->d_name + 8, ".log") != 0)
                 continue;
             if (n == cap) {
+                uint32_t *p = realloc(ids, cap * 2 * sizeof *ids * 2);
+                if (!p) {
+                    closedir(dd);
+                    free(ids);
+                    seterr(e, "out of memory listing entry logs");
+                    return E_IO;
+                }
+                ids = p;
                 cap *= 2;
-                ids = realloc(ids, cap * sizeof *ids * 2);
             }
             ids[2 * n] = (uint32_t)id;
             ids[2 * n + 1] = (uint32_t)d;
@@ -2941,6 +2998,10 @@ static int replay_journals(Engine *e, int have_mark, uint64_t *maxid)
 {
     size_t n;
     uint64_t *ids = list_journals(e, &n);
+    if (!ids) { /* not "no journals": replaying nothing would lose acknowledged entries */
+        seterr(e, "cannot list journal directory %s: %s", e->journal_dir, strerror(errno));
+        return E_IO;
+    }
     *maxid = e->mark_id;
     for (size_t i = 0; i < n; i++) {
         uint64_t id = ids[i];
