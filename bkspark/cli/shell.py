@@ -18,7 +18,7 @@ import sys
 import time
 
 from bkspark.cli import client_args
-from bkspark.errors import BadRequestError, BKError
+from bkspark.errors import BadRequestError, BKError, did_you_mean
 
 COMMANDS = {}
 
@@ -112,6 +112,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--entry", type=int, default=None)
     p.add_argument("--limit", type=int, default=1000)
     add("logs", "list logs with their ledgers and cursor lags")
+    p = add("delete-cursor", "delete a log cursor (e.g. of a streaming query given up for good: "
+                             "a cursor holds truncation back)")
+    p.add_argument("log")
+    p.add_argument("cursor")
     p = add("gc-pending", "reclaim the ledgers of Spark write jobs whose driver is gone")
     p.add_argument("--grace", type=float, default=None, metavar="SECONDS",
                    help="silence (no live task) after which a job counts as abandoned "
@@ -562,6 +566,24 @@ def cmd_logs(args, out):
               [(d["log"], ", ".join(map(str, d.get("ledgers", []))) or d.get("error", ""),
                 ", ".join(f"{c}={v['lag']}" for c, v in d.get("cursors", {}).items()))
                for d in docs], docs)
+
+
+@command("delete-cursor", "delete a log cursor")
+def cmd_delete_cursor(args, out):
+    from bkspark.log import LogStore
+    with _client(args) as bk:
+        logs = LogStore(bk)
+        known = logs.cursors(args.log)
+        if args.cursor not in known:
+            raise BadRequestError(f"log {args.log!r} has no cursor {args.cursor!r}"
+                                  + did_you_mean(args.cursor, list(known))
+                                  + f" (its cursors: {', '.join(sorted(known)) or 'none'})")
+        logs.delete_cursor(args.log, args.cursor)
+        if args.cursor in logs.cursors(args.log):
+            raise BKError(f"cursor {args.cursor!r} of log {args.log!r} is still there")
+    out.table("deleted cursor", ["log", "cursor", "was at"],
+              [(args.log, args.cursor, str(known[args.cursor]))],
+              {"log": args.log, "cursor": args.cursor, "position": str(known[args.cursor])})
 
 
 def _log_ledgers(md) -> list:

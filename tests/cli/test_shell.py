@@ -203,23 +203,26 @@ def test_offline_tools(cluster, ledgers, capsys):
 
 
 def test_logs(cluster, capsys):
+    from bkspark.log.position import Position
     with BookKeeper(cluster.metadata_uri) as bk:
         logs = LogStore(bk, password=PW)
         with logs.open_writer("shell-log") as w:
             for i in range(5):
                 w.append(b"r%d" % i)
-        try:
-            from bkspark.log.position import Position
-            logs.commit_cursor("shell-log", "c1", Position(logs.get("shell-log")[0].ledgers[0]
-                                                               ["ledger_id"], 1))
-        except Exception:  # noqa: BLE001 - cursor API shape is the log engineer's
-            pass
-    code, doc, _ = sh(capsys, cluster, "logs", as_json=True)
-    assert code == 0
-    (entry,) = [d for d in doc if d["log"] == "shell-log"]
-    assert entry["ledgers"]
-    code, out, _ = sh(capsys, cluster, "logs")
-    assert code == 0 and "shell-log" in out
+        first = logs.get("shell-log")[0].ledgers[0]["ledger_id"]
+        logs.commit_cursor("shell-log", "c1", Position(first, 1))
+        code, doc, _ = sh(capsys, cluster, "logs", as_json=True)
+        assert code == 0
+        (entry,) = [d for d in doc if d["log"] == "shell-log"]
+        assert entry["ledgers"] == [first] and entry["cursors"]["c1"]["lag"] == 4
+        code, out, _ = sh(capsys, cluster, "logs")
+        assert code == 0 and "shell-log" in out and "c1=4" in out
+        # a cursor of a query given up for good: deleted by name
+        code, out, err = sh(capsys, cluster, "delete-cursor", "shell-log", "c2")
+        assert code != 0 and "has no cursor 'c2'" in err and "its cursors: c1" in err
+        code, doc, _ = sh(capsys, cluster, "delete-cursor", "shell-log", "c1", as_json=True)
+        assert code == 0 and doc["cursor"] == "c1"
+        assert logs.cursors("shell-log") == {}
 
 
 def test_usage_errors_and_subprocess(cluster):
