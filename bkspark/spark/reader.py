@@ -44,9 +44,10 @@ class LedgerRange(InputPartition):
     ledger_id: int
     first: int
     last: int
-    offset: int
+    offset: int | None
 
-    def __init__(self, log: str, ledger_id: int, first: int, last: int, offset: int = 0):  # noqa: D107
+    def __init__(self, log: str, ledger_id: int, first: int, last: int,  # noqa: D107
+                 offset: int | None = 0):
         super().__init__((log, ledger_id, first, last))
         self.log, self.ledger_id, self.first, self.last = log, ledger_id, first, last
         self.offset = offset
@@ -347,6 +348,10 @@ def read_range(opts, fmt: str, schema, part: LedgerRange):
                     yield codec.conform(batch, target)
         else:
             if opts.schema == "kafka":
+                if part.offset is None:      # the ledger before it is still open (never listed so)
+                    raise BadRequestError(f"log {part.log!r}: the offset of ledger "
+                                          f"{part.ledger_id} is not known yet; read it again")
+
                 def to_batch(chunk):
                     return codec.records_to_kafka_batch(part.log, part.offset, chunk, target)
             else:
@@ -397,7 +402,7 @@ class BookKeeperBatchReader(importguard.Guarded, DataSourceReader):
                                                  self.pushed.ledger_ok):
                 first, last = self.pushed.clip(first, last)
                 for lid2, lo, hi in split_span(opts, lid, first, last, entry, self.fmt):
-                    parts.append(LedgerRange(name, lid2, lo, hi, entry["offset"]))
+                    parts.append(LedgerRange(name, lid2, lo, hi, entry.get("offset")))
         return spread(parts, opts.min_partitions)
 
     def read(self, partition):

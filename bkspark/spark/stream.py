@@ -308,7 +308,7 @@ class BookKeeperStreamReader(importguard.Guarded, DataSourceStreamReader,
                 continue
             for lid, first, last, entry in self._available(logs, name, s, e):
                 for lid2, lo, hi in split_span(self.opts, lid, first, last, entry, self.fmt):
-                    parts.append(LedgerRange(name, lid2, lo, hi, entry["offset"]))
+                    parts.append(LedgerRange(name, lid2, lo, hi, entry.get("offset")))
         return spread(parts, self.opts.min_partitions)
 
     def read(self, partition):
