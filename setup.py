@@ -5,7 +5,8 @@ from setuptools import Extension, find_packages, setup
 
 native = Extension(
     "bkspark._native",
-    sources=sorted(glob.glob("bookie_native/*.c")),
+    sources=sorted(glob.glob("bookie_native/*.c")),  # the engine is split over several files (bookie_native/README.md)
+    depends=sorted(glob.glob("bookie_native/*.h")),  # rebuild when engine_int.h / engine.h change
     include_dirs=["bookie_native"],
     extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
     libraries=["pthread"],

@@ -12,7 +12,6 @@
  */
 #ifndef BKS_ENGINE_H
 #define BKS_ENGINE_H
-#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -25,171 +24,12 @@
 /* engine error kinds (returned as negative ints by engine calls) */
 enum { E_OK = 0, E_NOLEDGER = -1, E_NOENTRY = -2, E_IO = -3, E_BADREQ = -4, E_CLOSED = -5, E_UA = -6 };
 
-#define WHERE_CACHE0 0xFFFFFFF0u
-#define IS_CACHE(w) ((w) >= WHERE_CACHE0)
 
 #define MAX_BODY (64u << 20)
 #define MAX_KEY 1024u
 
-typedef struct {
-    int64_t entry;
-    uint32_t where; /* entry-log id (>= 1) or WHERE_CACHE0 + slot */
-    uint32_t len;   /* body length */
-    uint64_t off;   /* record offset in the entry log / byte offset in the cache arena */
-} Loc;
-
-typedef struct Ledger {
-    uint64_t id;
-    uint64_t inc; /* incarnation: distinguishes a re-created ledger from a deleted one */
-    int has_key, fenced, has_lac;
-    uint16_t keylen;
-    unsigned char key[MAX_KEY];
-    unsigned char *lac;
-    uint32_t laclen;
-    Loc *locs; /* sorted by entry */
-    size_t n, cap;
-    struct Ledger *next; /* hash chain */
-} Ledger;
-
-typedef struct {
-    uint64_t ledger, inc, off;
-    int64_t entry;
-    uint32_t len, lcrc; /* lcrc: entry-log record crc, computed before insertion */
-} CEnt;
-
-/* write-cache half: an arena of entry-log records (24-byte header + body, the exact bytes a flush
- * writes, so it writes them straight from here) + the list of entries in insertion order */
-typedef struct {
-    unsigned char *buf;
-    size_t used, cap;
-    CEnt *ents; /* ents[i].off: offset of the body in buf (its record header is the 24 bytes before) */
-    size_t n, ncap;
-} Cache;
-
-typedef struct LogFile {
-    uint32_t id;
-    int dir;     /* index into ledger_dirs */
-    int fd, idx_fd;
-    int dfd;     /* O_DIRECT read descriptor, -1 if unsupported or the page cache is kept */
-    uint64_t size, idx_size; /* bytes written (including header) */
-    uint64_t live, total;    /* record bytes referenced by the index / written */
-    int refs, dead, writable, selected;
-    int unsynced; /* written by a flush that did not fdatasync (see sync_dirty_logs) */
-    uint64_t prealloc; /* blocks reserved (fallocate KEEP_SIZE) up to here; trimmed when sealed */
-} LogFile;
-
-typedef struct {
-    uint64_t id, start_seq;
-} JFile;
-
-typedef struct {
-    /* buffer used for one group: */
-    unsigned char *buf;
-    size_t len, cap;
-} Buf;
-
-typedef struct Engine {
-    /* config */
-    char *journal_dir;
-    char **ledger_dirs;
-    int nldirs;
-    size_t cache_half;
-    uint64_t group_wait_ns, threshold, jmax_size, entry_log_max;
-    int max_backups, jsync;
-    double compaction_threshold;
-    uint64_t compaction_max_bytes, ckpt_interval_ns;
-    uint64_t compaction_rate; /* bytes/s a compaction pass copies at most (0: unlimited) */
-    int page_cache; /* keep entry-log pages in the OS page cache (else: dropped after writeback,
-                     * reads are direct; see engine.c "entry logs and the page cache") */
-
-    pthread_mutex_t mu, ckpt_mu, compact_mu;
-    pthread_cond_t jcv, synced_cv, cache_cv, ckpt_cv;
-    pthread_cond_t compact_cv; /* a compaction pass waiting out its rate (close wakes it) */
-    pthread_cond_t gcv; /* a committer's group wait: an entrant finished enqueueing */
-
-    /* ledgers */
-    Ledger **buckets;
-    size_t nbuckets, nledgers;
-    uint64_t next_inc;
-
-    /* write cache */
-    Cache cache[2];
-    int active;
-    int flush_pending;       /* cache[!active] holds data awaiting flush */
-    uint64_t flush_mark_seq; /* journal seq covering everything in the flushing cache */
-    uint64_t swap_ns, fill_ns; /* last swap; how long the half now flushing took to fill */
-
-    /* journal */
-    Buf pending, writing;
-    uint32_t pending_gcrc; /* crc32c of the records in `pending` (the group checksum, built up) */
-    uint64_t j_enq, j_written, j_synced; /* logical byte sequence numbers */
-    uint64_t pending_since_ns;
-    int j_failed, j_stop, j_waiters;
-    int j_busy;     /* a group commit is running (on the journal thread or a waiter's) */
-    int j_grouping; /* ... and is in its group wait */
-    int j_entering; /* add_entries calls that will enqueue soon (adaptive group commit) */
-    int jfd;
-    uint64_t jcur_id, jpos, jprealloc, jdropped; /* jdropped: journal bytes below it are out of the page cache */
-    JFile *jfiles;
-    size_t njfiles, jfcap;
-    pthread_t jthread;
-    int jthread_started;
-    /* journal zeroing (engine.c "journal zeroing"); offsets in the current journal file */
-    pthread_t zthread;
-    int zthread_started, z_stop;
-    pthread_cond_t z_cv;
-    uint64_t jz_lo, jz_done;   /* the zeroer's written run [jz_lo, jz_done) */
-    uint64_t jw_end;           /* end of the last group write begun (page-rounded) */
-    uint64_t jz_file, jz_from, jz_to; /* chunk being zeroed (jz_to == 0: none) */
-    uint64_t jz_chunk, jz_gap, jz_ahead; /* JZ_* scaled to the journal file size */
-    uint64_t jg_avg;           /* moving average of the group writes' bytes (1/8 weight) */
-    /* the next journal file, made ready by the zeroer before the roll: header durable, its
-     * directory entry synced, [0, jn_done) written; the roll only swaps descriptors */
-    int jn_fd;                 /* -1: none prepared */
-    int jn_creating;           /* the zeroer is creating it (the roll waits, never races it) */
-    uint64_t jn_id, jn_done;
-    uint64_t jn_retry_ns;      /* creating it failed (disk full...): not again before this */
-
-    /* entry logs */
-    LogFile **logs; /* sorted by id */
-    size_t nlogs, logcap;
-    LogFile *wlog; /* current write log */
-    uint32_t next_log_id;
-    int next_log_dir;
-
-    /* checkpoint thread */
-    pthread_t cthread;
-    int cthread_started, c_stop;
-    int ckpt_waiting; /* checkpoint/close calls waiting for ckpt_mu (a paced flush hurries) */
-    uint64_t mark_id, mark_pos;
-    uint64_t flushed_seq;    /* journal seq up to which everything is in entry logs + index */
-    uint64_t last_full_ns;   /* time of the last state+lastMark write */
-    uint64_t st_flushes, st_paced_flushes, st_hurried_flushes; /* paced: see engine.c "paced flushes" */
-    int flush_failed; /* last flush failed: adds waiting for cache space get EIO */
-    int log_sync_failed; /* an entry-log fdatasync failed: never move the mark again (errno) */
-    void *fw, *fw_tmp; /* flush scratch (WItem arrays), reused across flushes (ckpt_mu) */
-    size_t fw_cap;
-    /* a flush is writing entry logs and has not re-pointed the index yet: logs with id >=
-     * flush_from_log (the write log it started in, and any it rolls to) hold records the index
-     * does not count yet, so compaction must not take them (mu) */
-    int flushing;
-    uint32_t flush_from_log;
-    int closing; /* close has begun: a compaction pass stops at its next chunk (mu) */
-    uint64_t jgc_mark; /* the LastLogMark journal id gc_journals last deleted up to (mu) */
-
-    int closed;
-    int lock_fds[2]; /* flock on journal_dir/LOCK and ledger_dirs[0]/LOCK */
-    char errmsg[512];
-
-    /* stats */
-    uint64_t st_adds, st_add_bytes, st_syncs, st_sync_ns, st_jbytes, st_checkpoints, st_compactions,
-        st_compacted_logs, st_compacted_bytes, st_deleted_logs, st_replay_records, st_replay_truncated,
-        st_bg_errors, st_fences, st_cache_waits, st_jz_bytes, st_jz_behind, st_jn_rolls,
-        st_compact_copying; /* bytes the running compaction pass has copied so far (0: none running) */
-    /* timers (ns, cumulative; see TM_* and tm_names) -- where the time goes, for the benchmark */
-    uint64_t tm[24];
-
-} Engine;
+/* the engine (engine_int.h; opaque here: module.c reads it only through the accessors below) */
+typedef struct Engine Engine;
 
 enum {
     TM_ADD_CRC,      /* adders: checksums outside the lock */
@@ -267,11 +107,39 @@ typedef struct {
  * and items[k].data points into it; without, each items[k].data is malloc'ed (the caller frees it). */
 int eng_read_range(Engine *e, uint64_t ledger, int64_t first, int64_t last, int64_t step, uint64_t max_bytes,
                    unsigned char *buf, size_t bufcap, RangeItem **items, size_t *nitems);
-/* ledger accessors (take mu) */
-Ledger *eng_find(Engine *e, uint64_t ledger); /* caller must hold mu */
 void eng_errclear(void);
 const char *eng_errmsg(void); /* message of this thread's last engine error */
 void eng_lock(Engine *e);
 void eng_unlock(Engine *e);
+
+/* Accessors for the binding: the caller holds mu (eng_lock) across the call and any use of what it
+ * returns. */
+typedef struct {
+    int fenced;
+    int64_t last; /* last entry, -1: none */
+    int has_key, has_lac;
+    const unsigned char *key, *lac; /* valid while mu is held */
+    uint32_t keylen, laclen;
+} LedgerInfo;
+int eng_ledger_info(Engine *e, uint64_t ledger, LedgerInfo *li); /* E_NOLEDGER if absent */
+/* the ledger's entries as inclusive ranges [first, last] (malloc'ed, 2 per range: *rg is NULL when
+ * out of memory); E_NOLEDGER if absent */
+int eng_ledger_ranges(Engine *e, uint64_t ledger, int64_t **rg, size_t *nr);
+/* the ids of all ledgers, in no order (malloc'ed, NULL when out of memory) */
+uint64_t *eng_ledger_ids(Engine *e, size_t *n);
+void eng_last_log_mark(Engine *e, uint64_t *id, uint64_t *pos);
+typedef struct {
+    uint64_t adds, add_bytes, syncs, sync_ns, jbytes, checkpoints, flushes, paced_flushes, hurried_flushes,
+        compactions, compacted_logs, compacted_bytes, compact_copying, replay_records, replay_truncated,
+        bg_errors, fences, cache_waits, jz_bytes, jz_behind, jn_rolls;
+    uint64_t cache_bytes;          /* used bytes of both write-cache halves */
+    uint64_t pending_len;          /* journal bytes queued for the next group */
+    uint64_t j_waiters, nledgers, nlogs;
+    uint64_t log_live, log_total;  /* entry logs: bytes referenced by the index / written */
+    uint64_t jcur_id, jpos;
+    int j_failed;
+    uint64_t tm[TM_N];             /* timers, ns */
+} EngineStats;
+void eng_stats(Engine *e, EngineStats *st);
 
 #endif

@@ -473,22 +473,22 @@ static PyObject *query(StoreObject *self, PyObject *arg, int what)
     unsigned char *lac = NULL;
     uint32_t blen = 0;
     BKS_BEGIN eng_lock(e);
-    Ledger *l = eng_find(e, lid);
-    if (l) {
+    LedgerInfo li;
+    if (eng_ledger_info(e, lid, &li) == E_OK) {
         found = 1;
-        fenced = l->fenced;
-        last = l->n ? l->locs[l->n - 1].entry : -1;
-        if (what == Q_KEY && l->has_key) {
+        fenced = li.fenced;
+        last = li.last;
+        if (what == Q_KEY && li.has_key) {
             has = 1;
-            blen = l->keylen;
-            memcpy(buf, l->key, blen);
+            blen = li.keylen;
+            memcpy(buf, li.key, blen);
         }
-        if (what == Q_LAC && l->has_lac) {
+        if (what == Q_LAC && li.has_lac) {
             has = 1;
-            blen = l->laclen;
+            blen = li.laclen;
             lac = malloc(blen ? blen : 1);
             if (lac)
-                memcpy(lac, l->lac, blen);
+                memcpy(lac, li.lac, blen);
         }
     }
     eng_unlock(e);
@@ -696,21 +696,7 @@ static PyObject *Store_list_entries(StoreObject *self, PyObject *arg)
     size_t nr = 0;
     int found = 0;
     BKS_BEGIN eng_lock(e);
-    Ledger *l = eng_find(e, lid);
-    if (l) {
-        found = 1;
-        rg = malloc((l->n ? l->n : 1) * 2 * sizeof *rg);
-        for (size_t i = 0; rg && i < l->n; i++) {
-            int64_t x = l->locs[i].entry;
-            if (nr && rg[2 * nr - 1] + 1 == x)
-                rg[2 * nr - 1] = x;
-            else {
-                rg[2 * nr] = x;
-                rg[2 * nr + 1] = x;
-                nr++;
-            }
-        }
-    }
+    found = eng_ledger_ranges(e, lid, &rg, &nr) == E_OK;
     eng_unlock(e);
     BKS_END if (!found)
     {
@@ -735,10 +721,7 @@ static PyObject *Store_ledgers(StoreObject *self, PyObject *unused)
     uint64_t *ids = NULL;
     size_t n = 0;
     BKS_BEGIN eng_lock(e);
-    ids = malloc((e->nledgers ? e->nledgers : 1) * sizeof *ids);
-    for (size_t s = 0; ids && s < e->nbuckets; s++)
-        for (Ledger *l = e->buckets[s]; l; l = l->next)
-            ids[n++] = l->id;
+    ids = eng_ledger_ids(e, &n);
     eng_unlock(e);
     BKS_END if (!ids) return PyErr_NoMemory();
     PyObject *res = PyList_New((Py_ssize_t)n);
@@ -799,8 +782,7 @@ static PyObject *Store_last_log_mark(StoreObject *self, PyObject *unused)
     Engine *e = self->e;
     uint64_t id, pos;
     BKS_BEGIN eng_lock(e);
-    id = e->mark_id;
-    pos = e->mark_pos;
+    eng_last_log_mark(e, &id, &pos);
     eng_unlock(e);
     BKS_END return Py_BuildValue("(KK)", id, pos);
 }
@@ -810,30 +792,22 @@ static PyObject *Store_stats(StoreObject *self, PyObject *unused)
     if (check_open(self) < 0)
         return NULL;
     Engine *e = self->e;
-    Engine c;
-    uint64_t live = 0, total = 0, cache = 0;
-    size_t nlogs;
+    EngineStats c;
     BKS_BEGIN eng_lock(e);
-    c = *e;
-    nlogs = e->nlogs;
-    for (size_t i = 0; i < e->nlogs; i++) {
-        live += e->logs[i]->live;
-        total += e->logs[i]->size;
-    }
-    cache = e->cache[0].used + e->cache[1].used;
+    eng_stats(e, &c);
     eng_unlock(e);
     BKS_END PyObject *d = Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsi}", "adds", c.st_adds, "add_bytes", c.st_add_bytes,
-        "journal_syncs", c.st_syncs, "journal_sync_ns_sum", c.st_sync_ns, "journal_sync_count", c.st_syncs,
-        "journal_bytes", c.st_jbytes, "cache_bytes", cache, "queue_depth_bytes", (unsigned long long)c.pending.len,
-        "sync_waiters", (unsigned long long)c.j_waiters, "checkpoints", c.st_checkpoints, "flushes", c.st_flushes,
-        "paced_flushes", c.st_paced_flushes, "hurried_flushes", c.st_hurried_flushes, "compactions",
-        c.st_compactions, "compacted_logs", c.st_compacted_logs, "compacted_bytes", c.st_compacted_bytes,
-        "compaction_copying_bytes", c.st_compact_copying,
-        "replayed_records", c.st_replay_records, "replay_truncated_bytes", c.st_replay_truncated,
-        "background_errors", c.st_bg_errors, "fences", c.st_fences, "cache_full_waits", c.st_cache_waits,
-        "journal_zeroed_bytes", c.st_jz_bytes, "journal_groups_unzeroed", c.st_jz_behind, "journal_rolls_prepared", c.st_jn_rolls, "ledgers", (unsigned long long)c.nledgers, "entry_logs", (unsigned long long)nlogs, "entry_log_live_bytes",
-        live, "entry_log_bytes", total, "journal_id", c.jcur_id, "journal_pos", c.jpos, "journal_failed",
+        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsi}", "adds", c.adds, "add_bytes", c.add_bytes,
+        "journal_syncs", c.syncs, "journal_sync_ns_sum", c.sync_ns, "journal_sync_count", c.syncs,
+        "journal_bytes", c.jbytes, "cache_bytes", c.cache_bytes, "queue_depth_bytes", c.pending_len,
+        "sync_waiters", c.j_waiters, "checkpoints", c.checkpoints, "flushes", c.flushes,
+        "paced_flushes", c.paced_flushes, "hurried_flushes", c.hurried_flushes, "compactions",
+        c.compactions, "compacted_logs", c.compacted_logs, "compacted_bytes", c.compacted_bytes,
+        "compaction_copying_bytes", c.compact_copying,
+        "replayed_records", c.replay_records, "replay_truncated_bytes", c.replay_truncated,
+        "background_errors", c.bg_errors, "fences", c.fences, "cache_full_waits", c.cache_waits,
+        "journal_zeroed_bytes", c.jz_bytes, "journal_groups_unzeroed", c.jz_behind, "journal_rolls_prepared", c.jn_rolls, "ledgers", c.nledgers, "entry_logs", c.nlogs, "entry_log_live_bytes",
+        c.log_live, "entry_log_bytes", c.log_total, "journal_id", c.jcur_id, "journal_pos", c.jpos, "journal_failed",
         c.j_failed);
     if (!d)
         return NULL;

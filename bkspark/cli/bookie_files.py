@@ -1,6 +1,7 @@
 """Read-only, offline readers of a bookie's files (for `bkspark shell lastmark/readjournal/
-readlog`). Formats are those of ``bookie_native/engine.c`` (integers in native byte order,
-little-endian on the supported platforms):
+readlog`). Formats are those of the engine (``bookie_native/engine_int.h``, ``journal.c``,
+``entrylog.c``, ``checkpoint.c``; integers in native byte order, little-endian on the supported
+platforms):
 
 * journal ``<journal_dir>/<%016x>.txn``: 512-byte header ``"BKSJ"``, u32 version, u64 id,
   then either u32 crc32c(header[0:16]) (records follow directly) or u32 flags + u32

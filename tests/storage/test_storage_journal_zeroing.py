@@ -1,4 +1,4 @@
-"""Journal zeroing (engine.c "journal zeroing"): groups land in space written ahead with zeros,
+"""Journal zeroing (bookie_native/journal.c "journal zeroing"): groups land in space written ahead with zeros,
 the journal rolls into a next file the zeroer prepared, and a journal killed with a zeroed
 tail (and a prepared, unused next file) replays exactly what was acknowledged."""
 import os

@@ -1,0 +1,251 @@
+/* bkspark bookie storage engine: compaction of entry logs. */
+#define _GNU_SOURCE
+#include "engine_int.h"
+
+/* ---------------------------------------------------------------- compaction */
+typedef struct {
+    LogFile *lf;
+    double ratio;
+} Cand;
+
+static int cand_cmp(const void *a, const void *b)
+{
+    const Cand *x = a, *y = b;
+    return x->ratio < y->ratio ? -1 : x->ratio > y->ratio;
+}
+
+/* Wait until `copied` bytes are due at the compaction rate (from t0), or close aborts the pass;
+ * return nonzero if it does. */
+static int compact_pace(Engine *e, uint64_t t0, uint64_t copied)
+{
+    pthread_mutex_lock(&e->mu);
+    e->st_compact_copying = copied;
+    if (e->compaction_rate) {
+        uint64_t due = t0 + (uint64_t)((double)copied * 1e9 / (double)e->compaction_rate);
+        for (uint64_t t = now_ns(); !e->closing && t < due; t = now_ns())
+            cond_wait_ns(&e->compact_cv, &e->mu, due - t > 100000000ull ? 100000000ull : due - t);
+    }
+    int abort = e->closing;
+    pthread_mutex_unlock(&e->mu);
+    return abort;
+}
+
+/* One compaction pass (README "Compaction").  The copying holds neither mu nor ckpt_mu: flushes
+ * go on beside it (a pass copying hundreds of MB under ckpt_mu stopped every flush, the write
+ * cache filled and adds waited seconds), at most compaction_rate bytes/s so the journal's syncs
+ * keep the disk.  It takes only sealed logs no flush is writing; its output is a log of its own,
+ * synced chunk by chunk before the index points at it, so a checkpoint meanwhile may list it (a
+ * restart adopts its copies, identical to the originals).  Re-pointing and writing the state take
+ * ckpt_mu (one ledgers.state writer at a time); close aborts a pass at its next chunk. */
+int eng_compact(Engine *e, CompactStats *cs)
+{
+    memset(cs, 0, sizeof *cs);
+    pthread_mutex_lock(&e->compact_mu);
+    pthread_mutex_lock(&e->mu);
+    if (e->closing) { /* (set before closed) */
+        pthread_mutex_unlock(&e->mu);
+        pthread_mutex_unlock(&e->compact_mu);
+        return E_CLOSED;
+    }
+    Cand *cand = malloc((e->nlogs + 1) * sizeof *cand);
+    if (!cand) {
+        pthread_mutex_unlock(&e->mu);
+        pthread_mutex_unlock(&e->compact_mu);
+        return E_IO;
+    }
+    size_t nc = 0;
+    for (size_t i = 0; i < e->nlogs; i++) {
+        LogFile *lf = e->logs[i];
+        /* not the write log, nor one a running flush has written and not yet re-pointed */
+        if (lf->dead || (e->flushing ? lf->id >= e->flush_from_log : lf == e->wlog))
+            continue;
+        cs->logs_examined++;
+        uint64_t total = lf->size > L_HDR ? lf->size - L_HDR : 0;
+        double ratio = total ? (double)lf->live / (double)total : 0.0;
+        if (ratio < e->compaction_threshold || lf->live == 0) {
+            cand[nc].lf = lf;
+            cand[nc].ratio = lf->live == 0 ? -1.0 : ratio;
+            nc++;
+        }
+    }
+    qsort(cand, nc, sizeof *cand, cand_cmp);
+    /* choose: all empty logs, plus partially live ones within the byte budget (at least one) */
+    size_t nsel = 0;
+    uint64_t budget = 0;
+    for (size_t i = 0; i < nc; i++) {
+        if (cand[i].lf->live == 0 || nsel == 0 || budget + cand[i].lf->live <= e->compaction_max_bytes) {
+            budget += cand[i].lf->live;
+            cand[nsel++] = cand[i];
+        }
+    }
+    /* gather live entries of the selected logs from the index */
+    for (size_t c = 0; c < nsel; c++)
+        cand[c].lf->selected = 1;
+    size_t wcap = 64, wn = 0;
+    WItem *w = malloc(wcap * sizeof *w);
+    LogFile **srcs = malloc(wcap * sizeof *srcs);
+    int oom = !w || !srcs; /* nothing is moved yet: the run is given up */
+    for (size_t s = 0; s < e->nbuckets && !oom; s++) {
+        for (Ledger *l = e->buckets[s]; l && !oom; l = l->next) {
+            for (size_t k = 0; k < l->n && !oom; k++) {
+                Loc *lc = &l->locs[k];
+                if (IS_CACHE(lc->where))
+                    continue;
+                LogFile *src = log_find(e, lc->where);
+                if (!src || !src->selected)
+                    continue;
+                if (wn == wcap) {
+                    WItem *nw = realloc(w, wcap * 2 * sizeof *w);
+                    if (nw)
+                        w = nw;
+                    LogFile **ns = nw ? realloc(srcs, wcap * 2 * sizeof *srcs) : NULL;
+                    if (ns)
+                        srcs = ns;
+                    if (!nw || !ns) {
+                        oom = 1;
+                        break;
+                    }
+                    wcap *= 2;
+                }
+                WItem *x = &w[wn];
+                srcs[wn++] = src;
+                memset(x, 0, sizeof *x);
+                x->ledger = l->id;
+                x->inc = l->inc;
+                x->entry = lc->entry;
+                x->len = lc->len;
+                x->off = lc->off;
+                x->cache_off = lc->where; /* source log id */
+            }
+        }
+    }
+    for (size_t c = 0; c < nsel; c++) {
+        cand[c].lf->selected = 0;
+        if (!oom)
+            cand[c].lf->refs++;
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (oom) {
+        free(srcs);
+        free(w);
+        free(cand);
+        pthread_mutex_unlock(&e->compact_mu);
+        return E_IO;
+    }
+
+    /* copy in chunks of <= 8 MiB: read + verify, write to the output log (synced per chunk).
+     * A corrupt entry is not copied: its index record keeps pointing at the old log, which
+     * therefore stays (the entry keeps reading as EIO, never as "no such entry"). */
+    int rc = E_OK;
+    uint64_t pace_t0 = now_ns(), pace_bytes = 0;
+    LogFile *out = NULL;
+    LogFile **created = NULL;
+    size_t ncreated = 0;
+    WItem *chunk = malloc((wn ? wn : 1) * sizeof *chunk);
+    size_t *chunk_idx = malloc((wn ? wn : 1) * sizeof *chunk_idx);
+    int *copied = calloc(wn ? wn : 1, sizeof *copied);
+    size_t i = 0;
+    while (i < wn && rc == E_OK) {
+        size_t cn = 0;
+        uint64_t cbytes = 0;
+        for (; i < wn && (cn == 0 || cbytes + w[i].len <= (8u << 20)); i++) {
+            WItem *x = &w[i];
+            unsigned char *body = malloc(x->len ? x->len : 1);
+            Loc lc = {x->entry, srcs[i]->id, x->len, x->off};
+            if (!body || log_read(e, srcs[i], x->ledger, &lc, body) != E_OK) {
+                cs->corrupt_entries++;
+                free(body);
+                continue;
+            }
+            x->crc = log_crc(x->ledger, x->entry, body, x->len);
+            x->src = body;
+            chunk[cn] = *x;
+            chunk_idx[cn++] = i;
+            cbytes += x->len;
+        }
+        if (cn)
+            rc = write_items(e, chunk, cn, &out, &created, &ncreated, 0, 1, NULL);
+        for (size_t k = 0; k < cn; k++) {
+            w[chunk_idx[k]].where = chunk[k].where;
+            w[chunk_idx[k]].dst_off = chunk[k].dst_off;
+            copied[chunk_idx[k]] = rc == E_OK;
+            free((void *)chunk[k].src);
+        }
+        pace_bytes += cbytes;
+        if (rc == E_OK && compact_pace(e, pace_t0, pace_bytes))
+            rc = E_CLOSED; /* closing: the copies stay unreferenced, the sources untouched */
+    }
+    free(chunk);
+    free(chunk_idx);
+    LogFile *victims[nsel ? nsel : 1];
+    size_t nv = 0;
+    pthread_mutex_lock(&e->ckpt_mu);
+    pthread_mutex_lock(&e->mu);
+    if (rc == E_OK) {
+        for (size_t k = 0; k < wn; k++) {
+            WItem *x = &w[k];
+            if (!copied[k])
+                continue;
+            Ledger *l = eng_find(e, x->ledger);
+            if (!l || l->inc != x->inc)
+                continue;
+            Loc *lc = loc_get(l, x->entry);
+            if (lc && lc->where == (uint32_t)x->cache_off && lc->off == x->off) {
+                loc_set(e, l, x->entry, x->where, x->len, x->dst_off);
+                cs->entries_copied++;
+                cs->bytes_copied += x->len;
+            }
+        }
+        for (size_t c = 0; c < nsel; c++) {
+            LogFile *lf = cand[c].lf;
+            if (lf->live != 0)
+                continue; /* something still points here (a corrupt entry) */
+            victims[nv++] = lf;
+            logs_remove(e, lf);
+            lf->dead = 1;
+        }
+    }
+    for (size_t c = 0; c < nsel; c++) {
+        int victim = 0;
+        for (size_t v = 0; v < nv; v++)
+            if (victims[v] == cand[c].lf)
+                victim = 1;
+        if (!victim) /* victims keep our reference until their files are gone */
+            cand[c].lf->refs--;
+    }
+    pthread_mutex_unlock(&e->mu);
+    /* the new data and index are durable; persist the new log set, then remove old files */
+    if (rc == E_OK && nv)
+        rc = write_state(e);
+    pthread_mutex_unlock(&e->ckpt_mu);
+    if (rc == E_OK) {
+        for (size_t v = 0; v < nv; v++) {
+            char p[4200];
+            lpath(e, victims[v]->dir, victims[v]->id, "log", p, sizeof p);
+            unlink(p);
+            lpath(e, victims[v]->dir, victims[v]->id, "idx", p, sizeof p);
+            unlink(p);
+            fsync_dir(e->ledger_dirs[victims[v]->dir]);
+            cs->bytes_reclaimed += victims[v]->size;
+            if (victims[v]->live == 0)
+                cs->logs_deleted++;
+            cs->logs_compacted++;
+        }
+    }
+    pthread_mutex_lock(&e->mu);
+    for (size_t v = 0; v < nv; v++)
+        if (--victims[v]->refs == 0)
+            log_release(victims[v]);
+    e->st_compactions++;
+    e->st_compacted_logs += cs->logs_compacted;
+    e->st_compacted_bytes += cs->bytes_copied;
+    e->st_compact_copying = 0;
+    pthread_mutex_unlock(&e->mu);
+    free(copied);
+    free(srcs);
+    free(created);
+    free(w);
+    free(cand);
+    pthread_mutex_unlock(&e->compact_mu);
+    return rc;
+}

@@ -1,0 +1,330 @@
+/* bkspark bookie storage engine, internal: the on-disk format constants, the structures the engine files
+ * share and the functions one engine file calls in another.  engine.h is the public API (module.c uses only
+ * that); README.md lists which file holds what. */
+#ifndef BKS_ENGINE_INT_H
+#define BKS_ENGINE_INT_H
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <limits.h>
+#include <time.h>
+#include <unistd.h>
+#include <pthread.h>
+
+#include "crc32c.h"
+#include "engine.h"
+
+/* ---------------------------------------------------------------- formats */
+#define J_MAGIC "BKSJ"
+#define J_VERSION 1u
+#define J_HDR 512u
+#define JR_HDR 12u /* u32 len, u32 type, u32 crc */
+#define JG_HDR 24u /* group: "BKSG", u32 len, u32 crc(records), u64 own file offset, u32 crc(file id, bytes 0..20) */
+#define JF_SYNC 1u /* journal header flag: written with fdatasync per group */
+#define J_SECTOR 512u /* the unit a torn write leaves unwritten (file-offset aligned) */
+enum { JR_ADD = 1, JR_MKEY = 2, JR_FENCE = 3, JR_LAC = 4, JR_DELETE = 5 };
+
+#define L_MAGIC "BKSL"
+#define L_VERSION 1u
+#define L_HDR 64u
+#define DIO_ALIGN 4096u /* O_DIRECT offset, length and buffer alignment (>= any logical block size) */
+#define LR_HDR 24u /* u32 len(=16+body), u32 crc, u64 ledger, i64 entry */
+
+#define I_MAGIC "BKSI"
+#define I_HDR 64u
+#define IR_SIZE 40u /* u64 ledger, i64 entry, u64 inc, u64 off, u32 len, u32 zero */
+
+#define S_MAGIC "BKSS"
+#define S_VERSION 1u
+#define M_MAGIC "BKSM"
+
+#define JPREALLOC (16u << 20)
+#define JZ_CHUNK (1u << 20)  /* journal zeroing: one O_DIRECT write + fdatasync (at most) */
+#define JZ_AHEAD (32u << 20) /* ... keeps this much written ahead of the journal's end */
+#define JZ_GAP (4u << 20)    /* ... starting no nearer the end than this (a group never waits) */
+#define JZ_BULK (256u << 10) /* ... not while groups average this much: one block-map update per
+                              * such group costs less than writing its bytes twice */
+
+#define WHERE_CACHE0 0xFFFFFFF0u
+#define IS_CACHE(w) ((w) >= WHERE_CACHE0)
+
+typedef struct {
+    int64_t entry;
+    uint32_t where; /* entry-log id (>= 1) or WHERE_CACHE0 + slot */
+    uint32_t len;   /* body length */
+    uint64_t off;   /* record offset in the entry log / byte offset in the cache arena */
+} Loc;
+
+typedef struct Ledger {
+    uint64_t id;
+    uint64_t inc; /* incarnation: distinguishes a re-created ledger from a deleted one */
+    int has_key, fenced, has_lac;
+    uint16_t keylen;
+    unsigned char key[MAX_KEY];
+    unsigned char *lac;
+    uint32_t laclen;
+    Loc *locs; /* sorted by entry */
+    size_t n, cap;
+    struct Ledger *next; /* hash chain */
+} Ledger;
+
+typedef struct {
+    uint64_t ledger, inc, off;
+    int64_t entry;
+    uint32_t len, lcrc; /* lcrc: entry-log record crc, computed before insertion */
+} CEnt;
+
+/* write-cache half: an arena of entry-log records (24-byte header + body, the exact bytes a flush
+ * writes, so it writes them straight from here) + the list of entries in insertion order */
+typedef struct {
+    unsigned char *buf;
+    size_t used, cap;
+    CEnt *ents; /* ents[i].off: offset of the body in buf (its record header is the 24 bytes before) */
+    size_t n, ncap;
+} Cache;
+
+typedef struct LogFile {
+    uint32_t id;
+    int dir;     /* index into ledger_dirs */
+    int fd, idx_fd;
+    int dfd;     /* O_DIRECT read descriptor, -1 if unsupported or the page cache is kept */
+    uint64_t size, idx_size; /* bytes written (including header) */
+    uint64_t live, total;    /* record bytes referenced by the index / written */
+    int refs, dead, writable, selected;
+    int unsynced; /* written by a flush that did not fdatasync (see sync_dirty_logs) */
+    uint64_t prealloc; /* blocks reserved (fallocate KEEP_SIZE) up to here; trimmed when sealed */
+} LogFile;
+
+typedef struct {
+    uint64_t id, start_seq;
+} JFile;
+
+typedef struct {
+    /* buffer used for one group: */
+    unsigned char *buf;
+    size_t len, cap;
+} Buf;
+
+struct Engine {
+    /* config */
+    char *journal_dir;
+    char **ledger_dirs;
+    int nldirs;
+    size_t cache_half;
+    uint64_t group_wait_ns, threshold, jmax_size, entry_log_max;
+    int max_backups, jsync;
+    double compaction_threshold;
+    uint64_t compaction_max_bytes, ckpt_interval_ns;
+    uint64_t compaction_rate; /* bytes/s a compaction pass copies at most (0: unlimited) */
+    int page_cache; /* keep entry-log pages in the OS page cache (else: dropped after writeback,
+                     * reads are direct; see entrylog.c "entry logs and the page cache") */
+
+    pthread_mutex_t mu, ckpt_mu, compact_mu;
+    pthread_cond_t jcv, synced_cv, cache_cv, ckpt_cv;
+    pthread_cond_t compact_cv; /* a compaction pass waiting out its rate (close wakes it) */
+    pthread_cond_t gcv; /* a committer's group wait: an entrant finished enqueueing */
+
+    /* ledgers */
+    Ledger **buckets;
+    size_t nbuckets, nledgers;
+    uint64_t next_inc;
+
+    /* write cache */
+    Cache cache[2];
+    int active;
+    int flush_pending;       /* cache[!active] holds data awaiting flush */
+    uint64_t flush_mark_seq; /* journal seq covering everything in the flushing cache */
+    uint64_t swap_ns, fill_ns; /* last swap; how long the half now flushing took to fill */
+
+    /* journal */
+    Buf pending, writing;
+    uint32_t pending_gcrc; /* crc32c of the records in `pending` (the group checksum, built up) */
+    uint64_t j_enq, j_written, j_synced; /* logical byte sequence numbers */
+    uint64_t pending_since_ns;
+    int j_failed, j_stop, j_waiters;
+    int j_busy;     /* a group commit is running (on the journal thread or a waiter's) */
+    int j_grouping; /* ... and is in its group wait */
+    int j_entering; /* add_entries calls that will enqueue soon (adaptive group commit) */
+    int jfd;
+    uint64_t jcur_id, jpos, jprealloc, jdropped; /* jdropped: journal bytes below it are out of the page cache */
+    JFile *jfiles;
+    size_t njfiles, jfcap;
+    pthread_t jthread;
+    int jthread_started;
+    /* journal zeroing (journal.c "journal zeroing"); offsets in the current journal file */
+    pthread_t zthread;
+    int zthread_started, z_stop;
+    pthread_cond_t z_cv;
+    uint64_t jz_lo, jz_done;   /* the zeroer's written run [jz_lo, jz_done) */
+    uint64_t jw_end;           /* end of the last group write begun (page-rounded) */
+    uint64_t jz_file, jz_from, jz_to; /* chunk being zeroed (jz_to == 0: none) */
+    uint64_t jz_chunk, jz_gap, jz_ahead; /* JZ_* scaled to the journal file size */
+    uint64_t jg_avg;           /* moving average of the group writes' bytes (1/8 weight) */
+    /* the next journal file, made ready by the zeroer before the roll: header durable, its
+     * directory entry synced, [0, jn_done) written; the roll only swaps descriptors */
+    int jn_fd;                 /* -1: none prepared */
+    int jn_creating;           /* the zeroer is creating it (the roll waits, never races it) */
+    uint64_t jn_id, jn_done;
+    uint64_t jn_retry_ns;      /* creating it failed (disk full...): not again before this */
+
+    /* entry logs */
+    LogFile **logs; /* sorted by id */
+    size_t nlogs, logcap;
+    LogFile *wlog; /* current write log */
+    uint32_t next_log_id;
+    int next_log_dir;
+
+    /* checkpoint thread */
+    pthread_t cthread;
+    int cthread_started, c_stop;
+    int ckpt_waiting; /* checkpoint/close calls waiting for ckpt_mu (a paced flush hurries) */
+    uint64_t mark_id, mark_pos;
+    uint64_t flushed_seq;    /* journal seq up to which everything is in entry logs + index */
+    uint64_t last_full_ns;   /* time of the last state+lastMark write */
+    uint64_t st_flushes, st_paced_flushes, st_hurried_flushes; /* paced: see entrylog.c "paced flushes" */
+    int flush_failed; /* last flush failed: adds waiting for cache space get EIO */
+    int log_sync_failed; /* an entry-log fdatasync failed: never move the mark again (errno) */
+    void *fw, *fw_tmp; /* flush scratch (WItem arrays), reused across flushes (ckpt_mu) */
+    size_t fw_cap;
+    /* a flush is writing entry logs and has not re-pointed the index yet: logs with id >=
+     * flush_from_log (the write log it started in, and any it rolls to) hold records the index
+     * does not count yet, so compaction must not take them (mu) */
+    int flushing;
+    uint32_t flush_from_log;
+    int closing; /* close has begun: a compaction pass stops at its next chunk (mu) */
+    uint64_t jgc_mark; /* the LastLogMark journal id gc_journals last deleted up to (mu) */
+
+    int closed;
+    int lock_fds[2]; /* flock on journal_dir/LOCK and ledger_dirs[0]/LOCK */
+    char errmsg[512];
+
+    /* stats */
+    uint64_t st_adds, st_add_bytes, st_syncs, st_sync_ns, st_jbytes, st_checkpoints, st_compactions,
+        st_compacted_logs, st_compacted_bytes, st_deleted_logs, st_replay_records, st_replay_truncated,
+        st_bg_errors, st_fences, st_cache_waits, st_jz_bytes, st_jz_behind, st_jn_rolls,
+        st_compact_copying; /* bytes the running compaction pass has copied so far (0: none running) */
+    /* timers (ns, cumulative; see TM_* and tm_names) -- where the time goes, for the benchmark */
+    uint64_t tm[24];
+
+};
+
+/* ---------------------------------------------------------------- small helpers (engine.c) */
+static inline uint64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+#define TM_ADD(e, k, v) __atomic_fetch_add(&(e)->tm[k], (v), __ATOMIC_RELAXED)
+
+static inline void put32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
+static inline void put64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
+static inline uint32_t get32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline uint64_t get64(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+
+/* The active half is filled to the flush threshold (half of it): the checkpoint thread flushes
+ * the other half now, and a paced flush stops pacing (mu held). */
+static inline int at_flush_threshold(const Engine *e)
+{
+    return e->cache[e->active].used >= e->cache_half / 2;
+}
+
+/* ---------------------------------------------------------------- types shared between files */
+/* a record a flush or compaction pass writes to an entry log (entrylog.c write_items) */
+typedef struct {
+    uint64_t ledger, inc, off;
+    int64_t entry;
+    uint32_t len, crc;
+    const unsigned char *src; /* body source (cache arena or read buffer) */
+    uint32_t where;           /* destination log id after write */
+    uint64_t dst_off;
+    uint64_t cache_off;
+} WItem;
+
+/* a paced flush's progress (entrylog.c "paced flushes") */
+typedef struct {
+    uint64_t t0, budget_ns, total, done;
+} Pace;
+
+/* an entry log the state file lists (open.c load_state, load_logs) */
+typedef struct {
+    uint32_t id;
+    uint64_t size, idx_size;
+} Listed;
+
+/* ---------------------------------------------------------------- engine.c */
+void seterr(Engine *e, const char *fmt, ...);
+int buf_reserve(Buf *b, size_t extra);
+int write_full(int fd, const void *buf, size_t len, uint64_t off);
+int read_full(int fd, void *buf, size_t len, uint64_t off);
+int fsync_dir(const char *dir);
+int write_atomic(const char *dir, const char *name, const void *data, size_t len);
+void swap_for_flush(Engine *e);
+
+/* ---------------------------------------------------------------- index.c */
+Ledger *eng_find(Engine *e, uint64_t ledger); /* caller must hold mu */
+Ledger *ledger_create(Engine *e, uint64_t id, uint64_t inc);
+LogFile *log_find(Engine *e, uint32_t id);
+void log_release(LogFile *lf);
+void ledger_remove(Engine *e, uint64_t id);
+size_t loc_lower(Ledger *l, int64_t id);
+Loc *loc_get(Ledger *l, int64_t id);
+Loc *loc_get_hint(Ledger *l, int64_t id, size_t *hint);
+int loc_set(Engine *e, Ledger *l, int64_t entry, uint32_t where, uint32_t len, uint64_t off);
+
+/* ---------------------------------------------------------------- wcache.c */
+int cache_put(Cache *c, uint64_t ledger, uint64_t inc, int64_t entry, const unsigned char *body, uint32_t len, uint32_t lcrc, int grow, uint64_t *off);
+void cache_reset(Cache *c, size_t nominal);
+uint32_t log_crc(uint64_t ledger, int64_t entry, const unsigned char *body, uint32_t len);
+
+/* ---------------------------------------------------------------- journal.c */
+void jpath(Engine *e, uint64_t id, char *out, size_t n);
+void jrec_crcs(uint32_t type, uint32_t plen, uint32_t pcrc, uint32_t *field, uint32_t *rec);
+int j_enqueue(Engine *e, uint32_t type, const unsigned char *hdr, size_t hlen, const unsigned char *body, size_t blen, int have_crc, uint32_t field, uint32_t rec);
+int j_enq_add(Engine *e, uint64_t ledger, int64_t entry, const unsigned char *body, uint32_t len, uint32_t field, uint32_t rec);
+int j_enq_keyrec(Engine *e, uint32_t type, Ledger *l);
+int j_open_file(Engine *e, uint64_t id);
+void cond_wait_ns(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t d);
+void *journal_thread(void *arg);
+void *jzero_thread(void *arg);
+int j_wait(Engine *e, uint64_t seq);
+void seq_to_mark(Engine *e, uint64_t seq, uint64_t *id, uint64_t *pos);
+
+/* ---------------------------------------------------------------- read.c */
+int log_read(Engine *e, LogFile *lf, uint64_t ledger, const Loc *loc, unsigned char *out);
+void log_open_direct(Engine *e, LogFile *lf, const char *path);
+void log_unref(Engine *e, LogFile *lf);
+
+/* ---------------------------------------------------------------- entrylog.c */
+void lpath(Engine *e, int dir, uint32_t id, const char *ext, char *out, size_t n);
+int logs_insert(Engine *e, LogFile *lf);
+void logs_remove(Engine *e, LogFile *lf);
+int check_header(const unsigned char *h, size_t hl, const char *magic, uint32_t id);
+void sort_items(WItem *w, size_t n, WItem *o);
+int write_items(Engine *e, WItem *w, size_t n, LogFile **cur, LogFile ***created, size_t *ncreated, int arena, int sync, Pace *pace);
+int sync_dirty_logs(Engine *e);
+
+/* ---------------------------------------------------------------- checkpoint.c */
+int write_state(Engine *e);
+uint64_t *list_journals(Engine *e, size_t *n);
+int checkpoint_locked(Engine *e, int full, int paced);
+void ckpt_lock_now(Engine *e);
+void *ckpt_thread(void *arg);
+
+/* ---------------------------------------------------------------- open.c */
+int load_state(Engine *e, Listed **listed, size_t *nlisted, int *found);
+int load_logs(Engine *e, Listed *listed, size_t nlisted);
+int replay_journals(Engine *e, int have_mark, uint64_t *maxid);
+int read_lastmark(Engine *e);
+
+#endif
