@@ -359,15 +359,13 @@ def cmd_deleteledger(args, out):
                 "LogStore.truncate); pass --force to remove the ledger from the log and delete it")
         for name in listing:
             logs.unlist_ledger(name, lid)
-        if listing:             # deleted only once each of those logs is proven not to list it
-            if lid not in logs.delete_unreferenced(listing, [lid]):
-                raise ShellError(f"ledger {lid} is listed again by log {listing}: not deleted")
-            if ls.ledger_exists(bk.store, lid):
-                raise ShellError(f"ledger {lid} was removed from {listing} but could not be "
-                                 "deleted (see the warning above); run deleteledger again")
-        else:
-            md, version = ls.read_ledger(bk.store, lid)
-            ls.delete_ledger(bk.store, lid, version)
+        # deleted only once no log lists it, proven on every log's record (the scan above is
+        # not a proof: a batch commit may append the ledger after it) -- one CAS per log
+        if lid not in logs.delete_unreferenced(logs.list_logs(), [lid]):
+            raise ShellError(f"ledger {lid} is listed by a log (again): not deleted")
+        if ls.ledger_exists(bk.store, lid):
+            raise ShellError(f"ledger {lid} could not be deleted (see the warning above); run "
+                             "deleteledger again")
     out.message(f"deleted ledger {lid}" + (f" (removed from log {', '.join(listing)})"
                                            if listing else ""),
                 {"deleted": lid, "removed_from_logs": listing})

@@ -95,6 +95,11 @@ def _count(ranges) -> int:
     return sum(last - first + 1 for _, first, last, _ in ranges)
 
 
+def _estimated_bytes(ranges) -> float:
+    size = entry_bytes(ranges)
+    return sum((last - first + 1) * size[lid] for lid, first, last, _ in ranges)
+
+
 def _entries_within_bytes(ranges, budget: float) -> int:
     """How many entries of ``ranges``, in order, fit in ``budget`` bytes (at least one)."""
     size = entry_bytes(ranges)
@@ -216,8 +221,7 @@ class BookKeeperStreamReader(importguard.Guarded, DataSourceStreamReader,
         if budget is not None:
             caps = allocate(avail, budget)
         if o.max_bytes_per_trigger:
-            est = {n: sum((last - first + 1) * entry_bytes(r)[lid] for lid, first, last, _ in r)
-                   for n, r in ranges.items()}
+            est = {n: _estimated_bytes(r) for n, r in ranges.items()}
             share = allocate({n: int(b) for n, b in est.items()}, o.max_bytes_per_trigger)
             for n in names:
                 if avail[n]:
