@@ -7,7 +7,13 @@ PYTEST_ARGS ?=
 # compat mode: the editable install puts the repository on sys.path (a .pth file) instead of
 # an import hook, so PySpark's scan for top-level `pyspark_*` modules (pkgutil.iter_modules)
 # finds pyspark_bookkeeper and format("bookkeeper") works without register() from any directory.
+# The storage engine's index is RocksDB (bookie_native/README.md "The index"): its C headers and
+# library come from Debian's librocksdb-dev, installed here when missing (as root, or with sudo).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 install:
+	@[ -f /usr/include/rocksdb/c.h ] || { echo "make install: installing librocksdb-dev (RocksDB, the bookie index)"; \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq librocksdb-dev >/dev/null; }
 	$(PYTHON) -m pip install --config-settings editable_mode=compat -e '.[test]'
 	$(PYTHON) setup.py -q build_ext --inplace
 

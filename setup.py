@@ -9,7 +9,8 @@ native = Extension(
     depends=sorted(glob.glob("bookie_native/*.h")),  # rebuild when engine_int.h / engine.h change
     include_dirs=["bookie_native"],
     extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
-    libraries=["pthread"],
+    # RocksDB (Debian: librocksdb-dev; `make install` installs it): the on-disk index
+    libraries=["rocksdb", "pthread"],
 )
 
 setup(

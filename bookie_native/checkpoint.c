@@ -2,69 +2,37 @@
 #define _GNU_SOURCE
 #include "engine_int.h"
 
-/* ---------------------------------------------------------------- state file + lastmark */
-static int serialize_state(Engine *e, Buf *b)
+/* ---------------------------------------------------------------- index durability, lastMark */
+/* Test hook (tests/storage/test_storage_index_crash.py): BKSPARK_STORAGE_CRASH_AT=<name> kills the
+ * process with SIGKILL at that step -- a kill -9 at an exact point of the checkpoint protocol. */
+void crash_point(Engine *e, const char *name)
 {
-    /* caller holds mu */
-    size_t need = 64 + e->nlogs * 20 + e->nledgers * (8 + 8 + 1 + 2 + 4);
-    for (size_t s = 0; s < e->nbuckets; s++)
-        for (Ledger *l = e->buckets[s]; l; l = l->next)
-            need += l->keylen + (l->has_lac ? l->laclen : 0);
-    b->len = 0;
-    if (buf_reserve(b, need) < 0)
-        return -1;
-    unsigned char *p = b->buf;
-    memcpy(p, S_MAGIC, 4);
-    put32(p + 4, S_VERSION);
-    put64(p + 8, e->next_inc);
-    put32(p + 16, (uint32_t)e->nlogs);
-    put64(p + 20, e->nledgers);
-    p += 28;
-    for (size_t i = 0; i < e->nlogs; i++) {
-        put32(p, e->logs[i]->id);
-        put64(p + 4, e->logs[i]->size);
-        put64(p + 12, e->logs[i]->idx_size);
-        p += 20;
-    }
-    for (size_t s = 0; s < e->nbuckets; s++) {
-        for (Ledger *l = e->buckets[s]; l; l = l->next) {
-            put64(p, l->id);
-            put64(p + 8, l->inc);
-            p[16] = (unsigned char)((l->has_key ? 1 : 0) | (l->fenced ? 2 : 0) | (l->has_lac ? 4 : 0));
-            uint16_t kl = l->keylen;
-            memcpy(p + 17, &kl, 2);
-            memcpy(p + 19, l->key, kl);
-            p += 19 + kl;
-            uint32_t ll = l->has_lac ? l->laclen : 0;
-            put32(p, ll);
-            if (ll)
-                memcpy(p + 4, l->lac, ll);
-            p += 4 + ll;
-        }
-    }
-    put32(p, bks_crc32c(0, b->buf, (size_t)(p - b->buf)));
-    p += 4;
-    b->len = (size_t)(p - b->buf);
-    return 0;
+    if (e->crash_at[0] && strcmp(e->crash_at, name) == 0)
+        raise(SIGKILL);
 }
 
-int write_state(Engine *e)
+void eng_set_crash_point(Engine *e, const char *name)
+{
+    pthread_mutex_lock(&e->mu);
+    snprintf(e->crash_at, sizeof e->crash_at, "%s", name);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Make everything the index batches so far refer to durable: the entry logs and their .idx files
+ * written since the last call (fdatasync), then the index itself (RocksDB's WAL).  Runs before
+ * any lastMark is written, so the mark never passes what the index on disk covers. */
+int index_sync(Engine *e)
 {
     uint64_t t0 = now_ns();
-    int sr = sync_dirty_logs(e);
+    int rc = sync_dirty_logs(e);
     TM_ADD(e, TM_F_DEFSYNC, now_ns() - t0);
-    if (sr != E_OK)
-        return sr;
-    Buf b = {0};
-    pthread_mutex_lock(&e->mu);
-    int r = serialize_state(e, &b);
-    pthread_mutex_unlock(&e->mu);
-    if (r == 0)
-        r = write_atomic(e->ledger_dirs[0], "ledgers.state", b.buf, b.len);
-    if (r < 0)
-        seterr(e, "cannot write ledger state file: %s", strerror(errno));
-    free(b.buf);
-    return r < 0 ? E_IO : E_OK;
+    if (rc == E_OK && e->index_failed) {
+        seterr(e, "a ledger index write failed earlier: checkpoints are disabled until restart");
+        rc = E_IO;
+    }
+    if (rc == E_OK)
+        rc = kv_sync(e);
+    return rc;
 }
 
 static int write_lastmark(Engine *e, uint64_t id, uint64_t pos)
@@ -159,6 +127,211 @@ static void gc_journals(Engine *e)
     free(ids);
 }
 
+/* ---------------------------------------------------------------- the index batch of a flush */
+typedef struct {
+    uint64_t id;
+    uint32_t purge_seq;
+    int purge, deleted;
+} Snap;
+
+typedef struct {
+    uint32_t where;
+    int64_t bytes;
+} Debit;
+
+typedef struct {
+    Debit *v;
+    size_t n, cap;
+} Debits;
+
+static int debit_add(Debits *d, uint32_t where, int64_t bytes)
+{
+    for (size_t i = d->n; i-- > 0 && i + 8 >= d->n;) /* (consecutive entries share a log) */
+        if (d->v[i].where == where) {
+            d->v[i].bytes += bytes;
+            return 0;
+        }
+    if (d->n == d->cap) {
+        size_t nc = d->cap ? d->cap * 2 : 64;
+        Debit *p = realloc(d->v, nc * sizeof *p);
+        if (!p)
+            return -1;
+        d->v = p;
+        d->cap = nc;
+    }
+    d->v[d->n++] = (Debit){where, bytes};
+    return 0;
+}
+
+static int debit_loc(void *arg, const Loc *lc) { return debit_add(arg, lc->where, -(int64_t)(LR_HDR + lc->len)); }
+
+/* the ledgers with changes the index has not received (mu held); clears their dirty flags */
+static Snap *collect_dirty(Engine *e, size_t *ns)
+{
+    size_t n = 0, cap = e->ndirty == SIZE_MAX ? e->nledgers : e->ndirty;
+    Snap *v = malloc((cap ? cap : 1) * sizeof *v);
+    if (!v)
+        return NULL;
+    if (e->ndirty == SIZE_MAX) { /* the list could not grow: walk the cache */
+        for (size_t s = 0; s < e->nbuckets; s++)
+            for (Ledger *l = e->buckets[s]; l; l = l->next)
+                if (l->dirty)
+                    v[n++] = (Snap){l->id, l->purge_seq, l->purge, l->deleted};
+    } else {
+        for (size_t i = 0; i < e->ndirty; i++) {
+            Ledger *l = led_mem(e, e->dirty[i]);
+            if (l && l->dirty) {
+                v[n++] = (Snap){l->id, l->purge_seq, l->purge, l->deleted};
+                l->dirty = 0; /* (an id listed twice is taken once) */
+            }
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        Ledger *l = led_mem(e, v[i].id);
+        l->dirty = 0;
+        l->inflight = 1; /* evicted before the batch is written, a lookup would read the old record */
+    }
+    e->ndirty = 0;
+    *ns = n;
+    return v;
+}
+
+/* Hand a flush's results to the index in one atomic batch, then drop the write-cache locations it
+ * covers.  The batch holds, in this order: the removal of every ledger deleted since the last batch
+ * (record + all locations), the records of the ledgers changed since (key, fence, explicit LAC,
+ * incarnation), the new locations of the flushed entries, and the entry-log table rows that
+ * changed.  It is written without syncing the WAL (index_sync does that before a mark moves; until
+ * then the journal covers all of it).  Only after it is written are the cache locations dropped, so
+ * a reader that misses in memory finds the entry in the index.  Caller holds ckpt_mu (the only
+ * writer of flush batches), not mu. */
+static int index_batch(Engine *e, WItem *w, size_t n, int slot)
+{
+    KvBatch *b = kvb_new();
+    Debits deb = {0};
+    int rc = E_OK;
+    size_t ns = 0;
+    pthread_mutex_lock(&e->mu);
+    Snap *snap = b ? collect_dirty(e, &ns) : NULL;
+    if (!snap) {
+        pthread_mutex_unlock(&e->mu);
+        kvb_free(b);
+        seterr(e, "out of memory building a ledger index batch");
+        return E_IO;
+    }
+    for (size_t i = 0; i < ns; i++)
+        if (snap[i].purge)
+            kvb_del_ledger(b, snap[i].id);
+    for (size_t i = 0; i < ns && rc == E_OK; i++)
+        if (!snap[i].deleted && kvb_put_ledger(b, led_mem(e, snap[i].id)) < 0)
+            rc = E_IO;
+    Ledger *l = NULL;
+    size_t hint = 0;
+    for (size_t i = 0; i < n; i++) {
+        WItem *x = &w[i];
+        x->state = 0;
+        if (!l || l->id != x->ledger) {
+            l = led_mem(e, x->ledger);
+            hint = 0;
+        }
+        if (!l || l->deleted || l->inc != x->inc)
+            continue;
+        Loc *lc = loc_get_hint(l, x->entry, &hint);
+        if (!lc || lc->where != WHERE_CACHE0 + (uint32_t)slot || lc->off != x->cache_off || lc->len != x->len)
+            continue; /* re-added meanwhile: the newer copy goes with the next flush */
+        x->state = !l->purge && x->entry <= l->flushed_last ? 2 : 1;
+        kvb_put_loc(b, x->ledger, x->entry, x->where, x->len, x->dst_off);
+    }
+    kvb_put_meta(b, "next_inc", e->next_inc);
+    pthread_mutex_unlock(&e->mu);
+
+    /* what the batch replaces, read before it is written: the locations of deleted incarnations and
+     * of re-added entries, whose bytes their logs no longer hold live */
+    for (size_t i = 0; i < ns && rc == E_OK; i++)
+        if (snap[i].purge && kv_scan_locs(e, snap[i].id, 0, INT64_MAX, debit_loc, &deb) < 0)
+            rc = E_IO;
+    for (size_t i = 0; i < n && rc == E_OK; i++) {
+        WItem *x = &w[i];
+        Loc old;
+        int r = x->state == 2 ? kv_get_loc(e, x->ledger, x->entry, &old) : 0;
+        if (r < 0 || (r == 1 && debit_loc(&deb, &old)) ||
+            (x->state && debit_add(&deb, x->where, (int64_t)(LR_HDR + x->len)) < 0))
+            rc = E_IO;
+    }
+    if (rc == E_OK) {
+        pthread_mutex_lock(&e->mu);
+        for (size_t i = 0; i < deb.n; i++) {
+            LogFile *lf = log_find(e, deb.v[i].where);
+            if (lf) {
+                lf->live = (uint64_t)((int64_t)lf->live + deb.v[i].bytes);
+                lf->gdirty = 1;
+            }
+        }
+        for (size_t i = 0; i < e->nlogs; i++) {
+            LogFile *lf = e->logs[i];
+            if (lf->gdirty || lf->id >= e->flush_from_log) {
+                kvb_put_log(b, lf->id, lf->size, lf->idx_size, lf->live);
+                lf->gdirty = 0;
+            }
+        }
+        pthread_mutex_unlock(&e->mu);
+        uint64_t t = now_ns();
+        rc = kvb_write(e, b, 0);
+        TM_ADD(e, TM_F_IDX, now_ns() - t);
+    }
+    kvb_free(b);
+    free(deb.v);
+    pthread_mutex_lock(&e->mu);
+    for (size_t i = 0; i < ns; i++) {
+        Ledger *sl = led_mem(e, snap[i].id);
+        if (sl)
+            sl->inflight = 0;
+    }
+    if (rc != E_OK) {
+        /* sticky: the live-byte counts and the cache may now disagree with the index; the journal
+         * covers everything (the mark never moves again), a restart replays it */
+        e->index_failed = 1;
+        for (size_t i = 0; i < ns; i++) {
+            Ledger *sl = led_mem(e, snap[i].id);
+            if (sl)
+                led_dirty(e, sl);
+        }
+    } else {
+        e->index_gen++;
+        l = NULL;
+        for (size_t i = 0; i < n; i++) {
+            WItem *x = &w[i];
+            if (!x->state)
+                continue;
+            if (!l || l->id != x->ledger) {
+                l = led_mem(e, x->ledger);
+                hint = 0;
+            }
+            if (!l || l->deleted || l->inc != x->inc)
+                continue;
+            if (x->entry > l->flushed_last)
+                l->flushed_last = x->entry;
+            Loc *lc = loc_get_hint(l, x->entry, &hint);
+            if (lc && lc->where == WHERE_CACHE0 + (uint32_t)slot && lc->off == x->cache_off && lc->len == x->len) {
+                loc_remove_at(l, (size_t)(lc - l->locs));
+                hint = (size_t)(lc - l->locs);
+            }
+        }
+        for (size_t i = 0; i < ns; i++) {
+            Ledger *sl = led_mem(e, snap[i].id);
+            if (!sl)
+                continue;
+            if (snap[i].purge && sl->purge && sl->purge_seq == snap[i].purge_seq)
+                sl->purge = 0; /* no delete since: the index holds nothing stale of it now */
+            if (sl->deleted && !sl->purge && !sl->dirty)
+                led_free(e, sl); /* the tombstone has done its work */
+        }
+        led_evict(e, SIZE_MAX);
+    }
+    pthread_mutex_unlock(&e->mu);
+    free(snap);
+    return rc;
+}
+
 /* ---------------------------------------------------------------- checkpoint */
 static int flush_cache_slot(Engine *e, int slot, uint64_t pace_budget_ns)
 {
@@ -170,13 +343,20 @@ static int flush_cache_slot(Engine *e, int slot, uint64_t pace_budget_ns)
         e->fw = malloc(nc * sizeof(WItem));
         e->fw_tmp = malloc(nc * sizeof(WItem));
         e->fw_cap = e->fw && e->fw_tmp ? nc : 0;
-        if (!e->fw_cap)
+        if (!e->fw_cap) {
+            seterr(e, "out of memory for a flush of %zu entries", c->n);
             return E_IO;
+        }
     }
     WItem *w = e->fw;
-    /* collect live entries (those the index still points at) */
+    /* collect live entries (those the ledger cache still points at) */
     pthread_mutex_lock(&e->mu);
-    e->flushing = 1; /* until the re-point below: keeps compaction off the logs written here */
+    if (e->index_failed) {
+        pthread_mutex_unlock(&e->mu);
+        seterr(e, "a ledger index write failed earlier: flushes are disabled until restart");
+        return E_IO;
+    }
+    e->flushing = 1; /* until the index batch is written: keeps compaction off the logs written here */
     e->flush_from_log = e->wlog ? e->wlog->id : e->next_log_id;
     uint64_t t0 = now_ns();
     size_t n = 0, hint = 0;
@@ -184,10 +364,10 @@ static int flush_cache_slot(Engine *e, int slot, uint64_t pace_budget_ns)
     for (size_t i = 0; i < c->n; i++) {
         CEnt *ce = &c->ents[i];
         if (!l || l->id != ce->ledger) {
-            l = eng_find(e, ce->ledger);
+            l = led_mem(e, ce->ledger); /* (a ledger with cache entries is pinned in memory) */
             hint = 0;
         }
-        if (!l || l->inc != ce->inc)
+        if (!l || l->deleted || l->inc != ce->inc)
             continue;
         Loc *lc = loc_get_hint(l, ce->entry, &hint);
         /* (offset, len) identifies the cache copy (every record in the arena has its own offset) */
@@ -213,42 +393,24 @@ static int flush_cache_slot(Engine *e, int slot, uint64_t pace_budget_ns)
     Pace pace = {now_ns(), c->used ? pace_budget_ns : 0, c->used, 0};
     int rc = n ? write_items(e, w, n, &e->wlog, &created, &ncreated, 1, 0, &pace) : E_OK;
     free(created);
-    pthread_mutex_lock(&e->mu);
     uint64_t t2 = now_ns();
-    if (rc == E_OK) {
-        l = NULL;
-        LogFile *lf = NULL;
-        for (size_t i = 0; i < n; i++) {
-            WItem *x = &w[i];
-            if (!l || l->id != x->ledger) {
-                l = eng_find(e, x->ledger);
-                hint = 0;
-            }
-            if (!l || l->inc != x->inc)
-                continue;
-            Loc *lc = loc_get_hint(l, x->entry, &hint);
-            if (lc && lc->where == WHERE_CACHE0 + (uint32_t)slot && lc->off == x->cache_off && lc->len == x->len) {
-                /* what loc_set would do: the old place is the cache (no log to debit) */
-                if (!lf || lf->id != x->where)
-                    lf = log_find(e, x->where);
-                lc->where = x->where;
-                lc->off = x->dst_off;
-                if (lf)
-                    lf->live += LR_HDR + x->len;
-            }
-        }
-    }
+    if (rc == E_OK)
+        rc = index_batch(e, w, n, slot);
+    if (rc == E_OK)
+        crash_point(e, "index-batch-written");
+    pthread_mutex_lock(&e->mu);
     e->flushing = 0;
     TM_ADD(e, TM_F_REPOINT, now_ns() - t2);
     pthread_mutex_unlock(&e->mu);
     return rc;
 }
 
-/* Flush the write cache (swap halves, write the swapped one to entry logs + index).  When `full`
- * (or a second has passed since the last full one) also persist the ledger state and move the
- * LastLogMark to the end of the flushed data, then delete old journals.  A flush without a new
- * mark is safe: the journal still covers the flushed data (and index bytes past the size recorded
- * in ledgers.state are treated as uncommitted).  Caller holds ckpt_mu, not mu. */
+/* Flush the write cache (swap halves, write the swapped one to entry logs, then its index batch).
+ * When `full` (or a second has passed since the last full one) also make the logs and the index
+ * durable (index_sync) and move the LastLogMark to the end of the flushed data; the caller then
+ * deletes old journals.  A flush without a new mark is safe: the journal still covers the flushed
+ * data, and a restart replays it over whatever part of the batch survived.  Caller holds ckpt_mu,
+ * not mu. */
 int checkpoint_locked(Engine *e, int full, int paced)
 {
     pthread_mutex_lock(&e->mu);
@@ -295,12 +457,14 @@ int checkpoint_locked(Engine *e, int full, int paced)
     seq_to_mark(e, mark_seq, &mid, &mpos);
     pthread_mutex_unlock(&e->mu);
     uint64_t tst = now_ns();
-    rc = write_state(e);
+    rc = index_sync(e);
     if (rc != E_OK)
         return rc;
+    crash_point(e, "index-synced");
     rc = write_lastmark(e, mid, mpos);
     if (rc != E_OK)
         return rc;
+    crash_point(e, "mark-written");
     pthread_mutex_lock(&e->mu);
     e->mark_id = mid;
     e->mark_pos = mpos;

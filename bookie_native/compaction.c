@@ -41,6 +41,15 @@ int eng_compact(Engine *e, CompactStats *cs)
 {
     memset(cs, 0, sizeof *cs);
     pthread_mutex_lock(&e->compact_mu);
+    /* a flush first: its index batch applies the deletes made since the last one, so the live
+     * bytes the candidates are chosen by count them */
+    ckpt_lock_now(e);
+    int frc = e->closed ? E_CLOSED : checkpoint_locked(e, 0, 0);
+    pthread_mutex_unlock(&e->ckpt_mu);
+    if (frc != E_OK) {
+        pthread_mutex_unlock(&e->compact_mu);
+        return frc;
+    }
     pthread_mutex_lock(&e->mu);
     if (e->closing) { /* (set before closed) */
         pthread_mutex_unlock(&e->mu);
@@ -78,54 +87,71 @@ int eng_compact(Engine *e, CompactStats *cs)
             cand[nsel++] = cand[i];
         }
     }
-    /* gather live entries of the selected logs from the index */
     for (size_t c = 0; c < nsel; c++)
-        cand[c].lf->selected = 1;
+        cand[c].lf->refs++;
+    pthread_mutex_unlock(&e->mu);
+    /* gather the live entries of the selected logs: every record their .idx lists that the index
+     * still points at (no lock: the index is read directly; what changes meanwhile is re-checked
+     * before the re-point) */
     size_t wcap = 64, wn = 0;
     WItem *w = malloc(wcap * sizeof *w);
     LogFile **srcs = malloc(wcap * sizeof *srcs);
     int oom = !w || !srcs; /* nothing is moved yet: the run is given up */
-    for (size_t s = 0; s < e->nbuckets && !oom; s++) {
-        for (Ledger *l = e->buckets[s]; l && !oom; l = l->next) {
-            for (size_t k = 0; k < l->n && !oom; k++) {
-                Loc *lc = &l->locs[k];
-                if (IS_CACHE(lc->where))
-                    continue;
-                LogFile *src = log_find(e, lc->where);
-                if (!src || !src->selected)
-                    continue;
+    for (size_t c = 0; c < nsel && !oom; c++) {
+        LogFile *lf = cand[c].lf;
+        if (lf->live == 0)
+            continue;
+        size_t isz = (size_t)lf->idx_size;
+        unsigned char *ib = malloc(isz ? isz : 1);
+        if (!ib || read_full(lf->idx_fd, ib, isz, 0) < 0)
+            isz = 0; /* unreadable: its entries stay where they are, and so does the log */
+        for (size_t off = I_HDR; off + 8 <= isz && !oom;) {
+            uint32_t cnt = get32(ib + off);
+            size_t bl = (size_t)cnt * IR_SIZE;
+            if (cnt == 0 || off + 8 + bl > isz ||
+                get32(ib + off + 4) != bks_crc32c(bks_crc32c(0, ib + off, 4), ib + off + 8, bl))
+                break;
+            for (uint32_t k = 0; k < cnt && !oom; k++) {
+                const unsigned char *r = ib + off + 8 + (size_t)k * IR_SIZE;
+                Loc cur;
+                int found = kv_get_loc(e, get64(r), (int64_t)get64(r + 8), &cur);
+                if (found < 0) {
+                    oom = 1; /* (an index read error: give the pass up) */
+                    break;
+                }
+                if (!found || cur.where != lf->id || cur.off != get64(r + 24))
+                    continue; /* dead: deleted, or a later copy elsewhere */
                 if (wn == wcap) {
                     WItem *nw = realloc(w, wcap * 2 * sizeof *w);
                     if (nw)
                         w = nw;
-                    LogFile **ns = nw ? realloc(srcs, wcap * 2 * sizeof *srcs) : NULL;
-                    if (ns)
-                        srcs = ns;
-                    if (!nw || !ns) {
+                    LogFile **nsr = nw ? realloc(srcs, wcap * 2 * sizeof *srcs) : NULL;
+                    if (nsr)
+                        srcs = nsr;
+                    if (!nw || !nsr) {
                         oom = 1;
                         break;
                     }
                     wcap *= 2;
                 }
                 WItem *x = &w[wn];
-                srcs[wn++] = src;
+                srcs[wn++] = lf;
                 memset(x, 0, sizeof *x);
-                x->ledger = l->id;
-                x->inc = l->inc;
-                x->entry = lc->entry;
-                x->len = lc->len;
-                x->off = lc->off;
-                x->cache_off = lc->where; /* source log id */
+                x->ledger = get64(r);
+                x->entry = cur.entry;
+                x->len = cur.len;
+                x->off = cur.off;
+                x->cache_off = lf->id; /* source log id */
             }
+            off += 8 + bl;
         }
+        free(ib);
     }
-    for (size_t c = 0; c < nsel; c++) {
-        cand[c].lf->selected = 0;
-        if (!oom)
-            cand[c].lf->refs++;
-    }
-    pthread_mutex_unlock(&e->mu);
     if (oom) {
+        pthread_mutex_lock(&e->mu);
+        for (size_t c = 0; c < nsel; c++)
+            cand[c].lf->refs--;
+        pthread_mutex_unlock(&e->mu);
         free(srcs);
         free(w);
         free(cand);
@@ -179,32 +205,78 @@ int eng_compact(Engine *e, CompactStats *cs)
     free(chunk_idx);
     LogFile *victims[nsel ? nsel : 1];
     size_t nv = 0;
+    /* re-point: one synced index batch moves every copied entry the index still points at the
+     * original of (ckpt_mu: no flush batch meanwhile), updates the live bytes, and drops the rows
+     * of the logs left empty; only then are those logs unlinked (a kill in between leaves files
+     * no row lists, removed at the next open) */
     pthread_mutex_lock(&e->ckpt_mu);
-    pthread_mutex_lock(&e->mu);
+    KvBatch *b = rc == E_OK ? kvb_new() : NULL;
+    if (rc == E_OK && !b)
+        rc = E_IO;
+    for (size_t k = 0; k < wn && rc == E_OK; k++) {
+        WItem *x = &w[k];
+        x->state = 0;
+        if (!copied[k])
+            continue;
+        Loc cur;
+        int found = kv_get_loc(e, x->ledger, x->entry, &cur);
+        if (found < 0)
+            rc = E_IO;
+        else if (found && cur.where == (uint32_t)x->cache_off && cur.off == x->off) {
+            kvb_put_loc(b, x->ledger, x->entry, x->where, x->len, x->dst_off);
+            x->state = 1;
+        }
+    }
     if (rc == E_OK) {
+        pthread_mutex_lock(&e->mu);
         for (size_t k = 0; k < wn; k++) {
             WItem *x = &w[k];
-            if (!copied[k])
+            if (!x->state)
                 continue;
-            Ledger *l = eng_find(e, x->ledger);
-            if (!l || l->inc != x->inc)
-                continue;
-            Loc *lc = loc_get(l, x->entry);
-            if (lc && lc->where == (uint32_t)x->cache_off && lc->off == x->off) {
-                loc_set(e, l, x->entry, x->where, x->len, x->dst_off);
-                cs->entries_copied++;
-                cs->bytes_copied += x->len;
+            LogFile *dst = log_find(e, x->where);
+            srcs[k]->live -= LR_HDR + x->len;
+            srcs[k]->gdirty = 1;
+            if (dst) {
+                dst->live += LR_HDR + x->len;
+                dst->gdirty = 1;
             }
+            cs->entries_copied++;
+            cs->bytes_copied += x->len;
         }
+        for (size_t c = 0; c < ncreated; c++)
+            created[c]->gdirty = 1;
         for (size_t c = 0; c < nsel; c++) {
             LogFile *lf = cand[c].lf;
             if (lf->live != 0)
                 continue; /* something still points here (a corrupt entry) */
             victims[nv++] = lf;
-            logs_remove(e, lf);
-            lf->dead = 1;
+            lf->gdirty = 0;
+            kvb_del_log(b, lf->id);
         }
+        for (size_t i = 0; i < e->nlogs; i++) {
+            LogFile *lf = e->logs[i];
+            if (lf->gdirty) {
+                kvb_put_log(b, lf->id, lf->size, lf->idx_size, lf->live);
+                lf->gdirty = 0;
+            }
+        }
+        pthread_mutex_unlock(&e->mu);
+        rc = kvb_write(e, b, 1);
+        pthread_mutex_lock(&e->mu);
+        if (rc == E_OK) {
+            e->index_gen++;
+            for (size_t v = 0; v < nv; v++) {
+                logs_remove(e, victims[v]);
+                victims[v]->dead = 1;
+            }
+        } else {
+            e->index_failed = 1; /* (the live counts now disagree with the index: sticky, as a flush's) */
+            nv = 0;
+        }
+        pthread_mutex_unlock(&e->mu);
     }
+    kvb_free(b);
+    pthread_mutex_lock(&e->mu);
     for (size_t c = 0; c < nsel; c++) {
         int victim = 0;
         for (size_t v = 0; v < nv; v++)
@@ -214,9 +286,6 @@ int eng_compact(Engine *e, CompactStats *cs)
             cand[c].lf->refs--;
     }
     pthread_mutex_unlock(&e->mu);
-    /* the new data and index are durable; persist the new log set, then remove old files */
-    if (rc == E_OK && nv)
-        rc = write_state(e);
     pthread_mutex_unlock(&e->ckpt_mu);
     if (rc == E_OK) {
         for (size_t v = 0; v < nv; v++) {

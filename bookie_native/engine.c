@@ -168,7 +168,11 @@ int eng_add_entries(Engine *e, AddReq *reqs, size_t n, int *status)
     size_t i = 0;
     while (i < n) {
         AddReq *r = &reqs[i];
-        Ledger *l = eng_find(e, r->ledger);
+        Ledger *l;
+        if (led_lookup(e, r->ledger, &l) != E_OK) {
+            rc = E_IO;
+            break;
+        }
         if (l && l->has_key && !key_eq(l, r->key, r->keylen)) {
             status[i++] = BKS_EUA;
             continue;
@@ -205,29 +209,43 @@ int eng_add_entries(Engine *e, AddReq *reqs, size_t n, int *status)
             continue; /* re-check this entry: state may have changed while waiting */
         }
         if (!l) {
-            l = ledger_create(e, r->ledger, e->next_inc);
+            l = led_create(e, r->ledger, 0);
             if (!l) {
                 rc = E_IO;
-                seterr(e, "out of memory");
+                seterr(e, "out of memory creating ledger %llu", (unsigned long long)r->ledger);
                 break;
             }
         }
         if (!l->has_key) {
-            l->has_key = 1;
-            l->keylen = (uint16_t)r->keylen;
-            memcpy(l->key, r->key, r->keylen);
+            if (led_set_key(l, r->key, r->keylen) < 0) {
+                rc = E_IO;
+                seterr(e, "out of memory storing the master key of ledger %llu", (unsigned long long)r->ledger);
+                break;
+            }
+            led_dirty(e, l);
             if (j_enq_keyrec(e, JR_MKEY, l) < 0) {
                 rc = E_IO;
-                seterr(e, "out of memory");
+                seterr(e, "out of memory queueing the journal record of ledger %llu", (unsigned long long)r->ledger);
                 break;
             }
         }
         uint64_t off;
-        if (cache_put(c, r->ledger, l->inc, r->entry, r->body, r->len, r->lcrc, 1, &off) < 0 ||
-            loc_set(e, l, r->entry, WHERE_CACHE0 + (uint32_t)e->active, r->len, off) < 0 ||
-            j_enq_add(e, r->ledger, r->entry, r->body, r->len, r->jcrc, r->rcrc) < 0) {
+        if (cache_put(c, r->ledger, l->inc, r->entry, r->body, r->len, r->lcrc, 1, &off) < 0) {
             rc = E_IO;
-            seterr(e, "out of memory");
+            seterr(e, "out of memory growing the write cache for entry %llu:%lld", (unsigned long long)r->ledger,
+                   (long long)r->entry);
+            break;
+        }
+        if (loc_set(l, r->entry, WHERE_CACHE0 + (uint32_t)e->active, r->len, off) < 0) {
+            rc = E_IO;
+            seterr(e, "out of memory indexing entry %llu:%lld in the write cache", (unsigned long long)r->ledger,
+                   (long long)r->entry);
+            break;
+        }
+        if (j_enq_add(e, r->ledger, r->entry, r->body, r->len, r->jcrc, r->rcrc) < 0) {
+            rc = E_IO;
+            seterr(e, "out of memory queueing entry %llu:%lld for the journal", (unsigned long long)r->ledger,
+                   (long long)r->entry);
             break;
         }
         e->st_adds++;
@@ -252,23 +270,29 @@ int eng_fence(Engine *e, uint64_t ledger, const unsigned char *key, uint32_t key
         pthread_mutex_unlock(&e->mu);
         return E_CLOSED;
     }
-    Ledger *l = eng_find(e, ledger);
+    Ledger *l;
+    int rc = led_lookup(e, ledger, &l);
+    if (rc != E_OK) {
+        pthread_mutex_unlock(&e->mu);
+        return rc;
+    }
     if (l && l->has_key && !key_eq(l, key, keylen)) {
         pthread_mutex_unlock(&e->mu);
         return E_UA;
     }
-    int rc = E_OK;
     if (!l)
-        l = ledger_create(e, ledger, e->next_inc);
+        l = led_create(e, ledger, 0);
     if (!l) {
         rc = E_IO;
+        seterr(e, "out of memory creating ledger %llu", (unsigned long long)ledger);
     } else if (!l->fenced || !l->has_key) {
-        if (!l->has_key) {
-            l->has_key = 1;
-            l->keylen = (uint16_t)keylen;
-            memcpy(l->key, key, keylen);
+        if (!l->has_key && led_set_key(l, key, keylen) < 0) {
+            pthread_mutex_unlock(&e->mu);
+            seterr(e, "out of memory storing the master key of ledger %llu", (unsigned long long)ledger);
+            return E_IO;
         }
         l->fenced = 1;
+        led_dirty(e, l);
         e->st_fences++;
         if (j_enq_keyrec(e, JR_FENCE, l) < 0)
             rc = E_IO;
@@ -282,22 +306,22 @@ int eng_fence(Engine *e, uint64_t ledger, const unsigned char *key, uint32_t key
 int eng_set_lac(Engine *e, uint64_t ledger, const unsigned char *lac, uint32_t len)
 {
     pthread_mutex_lock(&e->mu);
-    int rc = E_OK;
-    Ledger *l = e->closed ? NULL : eng_find(e, ledger);
-    if (e->closed)
-        rc = E_CLOSED;
-    else if (!l)
+    Ledger *l = NULL;
+    int rc = e->closed ? E_CLOSED : led_lookup(e, ledger, &l);
+    if (rc == E_OK && !l)
         rc = E_NOLEDGER;
-    else {
+    if (rc == E_OK) {
         unsigned char *p = malloc(len ? len : 1);
         if (!p) {
             rc = E_IO;
+            seterr(e, "out of memory storing the explicit LAC of ledger %llu", (unsigned long long)ledger);
         } else {
             memcpy(p, lac, len);
             free(l->lac);
             l->lac = p;
             l->laclen = len;
             l->has_lac = 1;
+            led_dirty(e, l);
             unsigned char h[8];
             put64(h, ledger);
             if (j_enqueue(e, JR_LAC, h, 8, lac, len, 0, 0, 0) < 0)
@@ -313,11 +337,10 @@ int eng_set_lac(Engine *e, uint64_t ledger, const unsigned char *lac, uint32_t l
 int eng_delete(Engine *e, uint64_t ledger)
 {
     pthread_mutex_lock(&e->mu);
-    int rc = E_OK;
-    if (e->closed)
-        rc = E_CLOSED;
-    else if (eng_find(e, ledger)) {
-        ledger_remove(e, ledger);
+    Ledger *l = NULL;
+    int rc = e->closed ? E_CLOSED : led_lookup(e, ledger, &l);
+    if (rc == E_OK && l) {
+        led_delete(e, l);
         unsigned char h[8];
         put64(h, ledger);
         if (j_enqueue(e, JR_DELETE, h, 8, NULL, 0, 0, 0, 0) < 0)
@@ -366,6 +389,10 @@ int eng_open(const EngineConfig *cfg, Engine **out, char *err, size_t errlen)
     e->compaction_rate = cfg->compaction_rate;
     e->ckpt_interval_ns = (cfg->ckpt_interval_ms ? cfg->ckpt_interval_ms : 10000) * 1000000ull;
     e->page_cache = cfg->page_cache;
+    e->index_cache_bytes = cfg->index_cache_bytes ? cfg->index_cache_bytes : (32u << 20);
+    e->ledger_cache_max = cfg->ledger_cache_max;
+    const char *crash = getenv("BKSPARK_STORAGE_CRASH_AT");
+    snprintf(e->crash_at, sizeof e->crash_at, "%s", crash ? crash : "");
     pthread_mutex_init(&e->mu, NULL);
     pthread_mutex_init(&e->ckpt_mu, NULL);
     pthread_mutex_init(&e->compact_mu, NULL);
@@ -401,21 +428,13 @@ int eng_open(const EngineConfig *cfg, Engine **out, char *err, size_t errlen)
             rc = E_IO;
         }
     }
-    int have_mark = 0, have_state = 0;
-    Listed *listed = NULL;
-    size_t nlisted = 0;
+    int have_mark = 0;
     if (rc == E_OK) {
         have_mark = read_lastmark(e);
-        rc = load_state(e, &listed, &nlisted, &have_state);
-    }
-    if (rc == E_OK && have_mark && !have_state) {
-        seterr(e, "lastMark present but ledgers.state missing in %s: refusing to start without fencing state",
-               e->ledger_dirs[0]);
-        rc = E_IO;
+        rc = open_index(e, have_mark); /* (converting a format-1 directory first) */
     }
     if (rc == E_OK)
-        rc = load_logs(e, listed, nlisted);
-    free(listed);
+        rc = load_logs(e);
     uint64_t maxj = 0;
     if (rc == E_OK)
         rc = replay_journals(e, have_mark, &maxj);
@@ -443,7 +462,7 @@ int eng_open(const EngineConfig *cfg, Engine **out, char *err, size_t errlen)
             rc = E_IO;
         }
     }
-    if (rc == E_OK && (e->st_replay_records > 0 || !have_state || !have_mark))
+    if (rc == E_OK && (e->st_replay_records > 0 || !have_mark || e->st_converted))
         rc = eng_checkpoint(e);
     if (rc != E_OK) {
         snprintf(err, errlen, "%s", e->errmsg);
@@ -505,17 +524,10 @@ void eng_close(Engine *e, int do_checkpoint)
 
 void eng_free(Engine *e)
 {
-    for (size_t s = 0; s < e->nbuckets; s++) {
-        Ledger *l = e->buckets[s];
-        while (l) {
-            Ledger *nx = l->next;
-            free(l->locs);
-            free(l->lac);
-            free(l);
-            l = nx;
-        }
-    }
+    led_free_all(e);
     free(e->buckets);
+    free(e->dirty);
+    kv_close(e->kv);
     for (size_t i = 0; i < e->nlogs; i++)
         log_release(e->logs[i]);
     free(e->logs);
@@ -580,6 +592,8 @@ void eng_stats(Engine *e, EngineStats *st)
     st->pending_len = e->pending.len;
     st->j_waiters = (uint64_t)e->j_waiters;
     st->nledgers = e->nledgers;
+    st->index_cache_used = kv_memory(e->kv);
+    st->converted = e->st_converted;
     st->nlogs = e->nlogs;
     st->log_live = st->log_total = 0;
     for (size_t i = 0; i < e->nlogs; i++) {

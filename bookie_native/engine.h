@@ -77,6 +77,8 @@ typedef struct {
     uint64_t compaction_max_bytes, ckpt_interval_ms;
     int page_cache; /* see Engine.page_cache */
     uint64_t compaction_rate; /* see Engine.compaction_rate */
+    uint64_t index_cache_bytes; /* RocksDB block cache of the index (0: 32 MiB) */
+    uint64_t ledger_cache_max;  /* unpinned ledgers kept in memory (index.c "the ledger cache") */
 } EngineConfig;
 
 typedef struct {
@@ -107,13 +109,14 @@ typedef struct {
  * and items[k].data points into it; without, each items[k].data is malloc'ed (the caller frees it). */
 int eng_read_range(Engine *e, uint64_t ledger, int64_t first, int64_t last, int64_t step, uint64_t max_bytes,
                    unsigned char *buf, size_t bufcap, RangeItem **items, size_t *nitems);
+void eng_set_crash_point(Engine *e, const char *name); /* test hook (checkpoint.c crash_point) */
 void eng_errclear(void);
 const char *eng_errmsg(void); /* message of this thread's last engine error */
 void eng_lock(Engine *e);
 void eng_unlock(Engine *e);
 
 /* Accessors for the binding: the caller holds mu (eng_lock) across the call and any use of what it
- * returns. */
+ * returns -- except eng_ledger_ranges and eng_ledger_ids, which scan the index and take mu themselves. */
 typedef struct {
     int fenced;
     int64_t last; /* last entry, -1: none */
@@ -122,10 +125,10 @@ typedef struct {
     uint32_t keylen, laclen;
 } LedgerInfo;
 int eng_ledger_info(Engine *e, uint64_t ledger, LedgerInfo *li); /* E_NOLEDGER if absent */
-/* the ledger's entries as inclusive ranges [first, last] (malloc'ed, 2 per range: *rg is NULL when
- * out of memory); E_NOLEDGER if absent */
+/* the ledger's entries as inclusive ranges [first, last] (malloc'ed, 2 per range); E_NOLEDGER if
+ * absent; takes mu itself (do not hold it) */
 int eng_ledger_ranges(Engine *e, uint64_t ledger, int64_t **rg, size_t *nr);
-/* the ids of all ledgers, in no order (malloc'ed, NULL when out of memory) */
+/* the ids of all ledgers, ascending (malloc'ed, NULL on error); takes mu itself (do not hold it) */
 uint64_t *eng_ledger_ids(Engine *e, size_t *n);
 void eng_last_log_mark(Engine *e, uint64_t *id, uint64_t *pos);
 typedef struct {
@@ -134,7 +137,8 @@ typedef struct {
         bg_errors, fences, cache_waits, jz_bytes, jz_behind, jn_rolls;
     uint64_t cache_bytes;          /* used bytes of both write-cache halves */
     uint64_t pending_len;          /* journal bytes queued for the next group */
-    uint64_t j_waiters, nledgers, nlogs;
+    uint64_t j_waiters, nledgers, nlogs; /* nledgers: ledgers in memory (the ledger cache) */
+    uint64_t index_cache_used, converted; /* RocksDB block cache bytes; entries converted at open */
     uint64_t log_live, log_total;  /* entry logs: bytes referenced by the index / written */
     uint64_t jcur_id, jpos;
     int j_failed;

@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <pthread.h>
+#include <signal.h>
 
 #include "crc32c.h"
 #include "engine.h"
@@ -64,18 +65,35 @@ typedef struct {
     uint64_t off;   /* record offset in the entry log / byte offset in the cache arena */
 } Loc;
 
+/* A ledger's in-memory state.  The ledger index on disk (kv.c) holds every ledger; memory holds
+ * only the ones in use (index.c "the ledger cache"): those with entries in the write cache or
+ * changes the index has not received yet (pinned), and a bounded LRU of recently used ones. */
 typedef struct Ledger {
     uint64_t id;
     uint64_t inc; /* incarnation: distinguishes a re-created ledger from a deleted one */
     int has_key, fenced, has_lac;
+    int dirty;    /* its record changed since the last index batch (on the dirty list) */
+    int deleted;  /* tombstone: deleted; kept until an index batch has removed it */
+    int purge;    /* the index may hold data of a deleted incarnation: removed by the next batch;
+                   * until then reads do not consult the index for this ledger */
+    uint32_t purge_seq; /* bumped by every delete (a batch clears purge only if none came since) */
+    int inflight; /* its record is in an index batch being written (pinned until it is) */
+    int64_t flushed_last; /* highest entry the index holds for this incarnation (-1: none) */
     uint16_t keylen;
-    unsigned char key[MAX_KEY];
+    unsigned char *key;
     unsigned char *lac;
     uint32_t laclen;
-    Loc *locs; /* sorted by entry */
+    Loc *locs; /* entries in the write cache, sorted by entry */
     size_t n, cap;
     struct Ledger *next; /* hash chain */
+    struct Ledger *lru_prev, *lru_next; /* most recently used first */
 } Ledger;
+
+#define KV_EKEY 17u
+#define IDX_MEMTABLE (16u << 20) /* RocksDB memtable size (two of them at most) */
+#define IDX_FORMAT 2u            /* "M format": 2 = the RocksDB index (1 was ledgers.state + .idx) */
+typedef struct Kv Kv;
+typedef struct KvBatch KvBatch;
 
 typedef struct {
     uint64_t ledger, inc, off;
@@ -101,6 +119,7 @@ typedef struct LogFile {
     uint64_t live, total;    /* record bytes referenced by the index / written */
     int refs, dead, writable, selected;
     int unsynced; /* written by a flush that did not fdatasync (see sync_dirty_logs) */
+    int gdirty;   /* size or live bytes changed since its index record was last written */
     uint64_t prealloc; /* blocks reserved (fallocate KEEP_SIZE) up to here; trimmed when sealed */
 } LogFile;
 
@@ -133,10 +152,21 @@ struct Engine {
     pthread_cond_t compact_cv; /* a compaction pass waiting out its rate (close wakes it) */
     pthread_cond_t gcv; /* a committer's group wait: an entrant finished enqueueing */
 
-    /* ledgers */
+    /* ledgers: the in-memory ledger cache (index.c) over the on-disk index (kv.c) */
+    Kv *kv;
+    uint64_t index_cache_bytes; /* RocksDB block cache */
+    size_t ledger_cache_max;    /* ledgers kept in memory beyond the pinned ones */
     Ledger **buckets;
     size_t nbuckets, nledgers;
+    Ledger *lru_head, *lru_tail;
+    uint64_t *dirty;            /* ids of ledgers with dirty set (for the next index batch) */
+    size_t ndirty, dirtycap;
     uint64_t next_inc;
+    uint64_t index_gen;         /* bumped by every index batch (a lookup outside mu re-checks it) */
+    int index_failed;           /* an index write failed: no flush or mark moves again (restart) */
+    int replay_failed;          /* a replayed record could not be applied (open fails) */
+    uint64_t st_converted;      /* entries converted from a format-1 directory at open */
+    char crash_at[64];          /* test hook: BKSPARK_STORAGE_CRASH_AT (see crash_point) */
 
     /* write cache */
     Cache cache[2];
@@ -249,6 +279,7 @@ typedef struct {
     uint32_t where;           /* destination log id after write */
     uint64_t dst_off;
     uint64_t cache_off;
+    int state; /* index batches: 1 re-point it, 2 ... and it may replace an indexed copy, 0 skip */
 } WItem;
 
 /* a paced flush's progress (entrylog.c "paced flushes") */
@@ -256,11 +287,6 @@ typedef struct {
     uint64_t t0, budget_ns, total, done;
 } Pace;
 
-/* an entry log the state file lists (open.c load_state, load_logs) */
-typedef struct {
-    uint32_t id;
-    uint64_t size, idx_size;
-} Listed;
 
 /* ---------------------------------------------------------------- engine.c */
 void seterr(Engine *e, const char *fmt, ...);
@@ -271,16 +297,47 @@ int fsync_dir(const char *dir);
 int write_atomic(const char *dir, const char *name, const void *data, size_t len);
 void swap_for_flush(Engine *e);
 
-/* ---------------------------------------------------------------- index.c */
-Ledger *eng_find(Engine *e, uint64_t ledger); /* caller must hold mu */
-Ledger *ledger_create(Engine *e, uint64_t id, uint64_t inc);
+/* ---------------------------------------------------------------- index.c (caller holds mu) */
+Ledger *led_mem(Engine *e, uint64_t id); /* in memory (tombstones included), or NULL */
+int led_lookup(Engine *e, uint64_t id, Ledger **out); /* memory, else the index; *out NULL: no such ledger */
+Ledger *led_create(Engine *e, uint64_t id, uint64_t inc); /* after led_lookup found none; inc 0: a new one */
+void led_delete(Engine *e, Ledger *l);
+void led_dirty(Engine *e, Ledger *l);
+int led_set_key(Ledger *l, const unsigned char *key, uint32_t keylen);
+void led_free(Engine *e, Ledger *l); /* unlink and free */
+void led_evict(Engine *e, size_t steps);
+void led_free_all(Engine *e);
 LogFile *log_find(Engine *e, uint32_t id);
 void log_release(LogFile *lf);
-void ledger_remove(Engine *e, uint64_t id);
 size_t loc_lower(Ledger *l, int64_t id);
 Loc *loc_get(Ledger *l, int64_t id);
 Loc *loc_get_hint(Ledger *l, int64_t id, size_t *hint);
-int loc_set(Engine *e, Ledger *l, int64_t entry, uint32_t where, uint32_t len, uint64_t off);
+int loc_set(Ledger *l, int64_t entry, uint32_t where, uint32_t len, uint64_t off); /* a write-cache location */
+void loc_remove_at(Ledger *l, size_t i);
+
+/* ---------------------------------------------------------------- kv.c (no lock needed) */
+int kv_open(Engine *e, const char *path, int create, Kv **out);
+void kv_close(Kv *kv);
+int kv_destroy(Engine *e, const char *path);
+uint64_t kv_memory(Kv *kv);
+int kv_get_loc(Engine *e, uint64_t ledger, int64_t entry, Loc *out); /* 1 found, 0 absent, -1 error */
+int kv_get_ledger(Engine *e, uint64_t ledger, Ledger *l);          /* fills inc, flags, key, lac */
+int kv_last_entry(Engine *e, uint64_t ledger, int64_t *last);
+int kv_scan_locs(Engine *e, uint64_t ledger, int64_t from, int64_t to, int (*cb)(void *, const Loc *), void *arg);
+int kv_ledger_ids(Engine *e, uint64_t **ids, size_t *n);
+int kv_logs(Engine *e, int (*cb)(void *, uint32_t, uint64_t, uint64_t, uint64_t), void *arg);
+int kv_get_meta(Engine *e, const char *name, uint64_t *val);
+KvBatch *kvb_new(void);
+void kvb_free(KvBatch *b);
+size_t kvb_count(KvBatch *b);
+void kvb_put_loc(KvBatch *b, uint64_t ledger, int64_t entry, uint32_t where, uint32_t len, uint64_t off);
+int kvb_put_ledger(KvBatch *b, const Ledger *l);
+void kvb_del_ledger(KvBatch *b, uint64_t ledger);
+void kvb_put_log(KvBatch *b, uint32_t id, uint64_t size, uint64_t idx_size, uint64_t live);
+void kvb_del_log(KvBatch *b, uint32_t id);
+void kvb_put_meta(KvBatch *b, const char *name, uint64_t val);
+int kvb_write(Engine *e, KvBatch *b, int sync);
+int kv_sync(Engine *e);
 
 /* ---------------------------------------------------------------- wcache.c */
 int cache_put(Cache *c, uint64_t ledger, uint64_t inc, int64_t entry, const unsigned char *body, uint32_t len, uint32_t lcrc, int grow, uint64_t *off);
@@ -315,15 +372,16 @@ int write_items(Engine *e, WItem *w, size_t n, LogFile **cur, LogFile ***created
 int sync_dirty_logs(Engine *e);
 
 /* ---------------------------------------------------------------- checkpoint.c */
-int write_state(Engine *e);
+int index_sync(Engine *e);
+void crash_point(Engine *e, const char *name);
 uint64_t *list_journals(Engine *e, size_t *n);
 int checkpoint_locked(Engine *e, int full, int paced);
 void ckpt_lock_now(Engine *e);
 void *ckpt_thread(void *arg);
 
 /* ---------------------------------------------------------------- open.c */
-int load_state(Engine *e, Listed **listed, size_t *nlisted, int *found);
-int load_logs(Engine *e, Listed *listed, size_t nlisted);
+int open_index(Engine *e, int have_mark);
+int load_logs(Engine *e);
 int replay_journals(Engine *e, int have_mark, uint64_t *maxid);
 int read_lastmark(Engine *e);
 

@@ -1,15 +1,29 @@
-/* bkspark bookie storage engine: the ledger table and each ledger's entry locations (the in-memory index). */
+/* bkspark bookie storage engine: the ledger cache (the in-memory part of the index) and the entry
+ * logs' table.
+ *
+ * The ledger cache.  The on-disk index (kv.c) holds every ledger's record and every flushed entry's
+ * location.  Memory holds a Ledger only while it is needed: it is *pinned* while it has entries in
+ * the write cache (their locations live only here until a flush re-points them into the index),
+ * while its record has changes the index has not received (dirty), or while it is a tombstone (a
+ * delete the index has not applied).  Unpinned ledgers stay as a cache of recently used ones, at
+ * most ledger_cache_max of them, least recently used evicted first.  So memory grows with the
+ * ledgers being written, not with the ledgers stored.  Everything here runs under mu.
+ *
+ * Why a lookup that misses goes to the index under mu: a miss is a ledger not used lately (a
+ * writer keeps its ledger pinned, a reader's stays cached); the Get is served from RocksDB's block
+ * cache or one SST block read, and doing it under mu keeps the rule "memory, if present, is newer
+ * than the index" trivially true (a batch that changes a ledger's record is built from memory). */
 #define _GNU_SOURCE
 #include "engine_int.h"
 
-/* ---------------------------------------------------------------- ledger map */
+/* ---------------------------------------------------------------- hash table + LRU */
 static size_t hslot(Engine *e, uint64_t id)
 {
     uint64_t h = id * 0x9E3779B97F4A7C15ull;
     return (size_t)(h >> 20) & (e->nbuckets - 1);
 }
 
-Ledger *eng_find(Engine *e, uint64_t id)
+Ledger *led_mem(Engine *e, uint64_t id)
 {
     for (Ledger *l = e->buckets[hslot(e, id)]; l; l = l->next)
         if (l->id == id)
@@ -17,43 +31,235 @@ Ledger *eng_find(Engine *e, uint64_t id)
     return NULL;
 }
 
-Ledger *ledger_create(Engine *e, uint64_t id, uint64_t inc)
+static void lru_unlink(Engine *e, Ledger *l)
 {
-    if (e->nledgers + 1 > e->nbuckets) {
-        size_t nb = e->nbuckets * 2;
-        Ledger **nbk = calloc(nb, sizeof *nbk);
-        if (!nbk)
-            return NULL;
-        Ledger **old = e->buckets;
-        size_t onb = e->nbuckets;
-        e->buckets = nbk;
-        e->nbuckets = nb;
-        for (size_t i = 0; i < onb; i++) {
-            Ledger *l = old[i];
-            while (l) {
-                Ledger *nx = l->next;
-                size_t s = hslot(e, l->id);
-                l->next = e->buckets[s];
-                e->buckets[s] = l;
-                l = nx;
-            }
-        }
-        free(old);
+    if (l->lru_prev)
+        l->lru_prev->lru_next = l->lru_next;
+    else
+        e->lru_head = l->lru_next;
+    if (l->lru_next)
+        l->lru_next->lru_prev = l->lru_prev;
+    else
+        e->lru_tail = l->lru_prev;
+    l->lru_prev = l->lru_next = NULL;
+}
+
+static void lru_front(Engine *e, Ledger *l)
+{
+    l->lru_next = e->lru_head;
+    l->lru_prev = NULL;
+    if (e->lru_head)
+        e->lru_head->lru_prev = l;
+    e->lru_head = l;
+    if (!e->lru_tail)
+        e->lru_tail = l;
+}
+
+static void touch(Engine *e, Ledger *l)
+{
+    if (e->lru_head != l) {
+        lru_unlink(e, l);
+        lru_front(e, l);
     }
-    Ledger *l = calloc(1, sizeof *l);
-    if (!l)
-        return NULL;
-    l->id = id;
-    l->inc = inc;
-    if (inc >= e->next_inc)
-        e->next_inc = inc + 1;
-    size_t s = hslot(e, id);
+}
+
+static int grow_buckets(Engine *e)
+{
+    size_t nb = e->nbuckets * 2;
+    Ledger **nbk = calloc(nb, sizeof *nbk);
+    if (!nbk)
+        return -1;
+    Ledger **old = e->buckets;
+    size_t onb = e->nbuckets;
+    e->buckets = nbk;
+    e->nbuckets = nb;
+    for (size_t i = 0; i < onb; i++) {
+        Ledger *l = old[i];
+        while (l) {
+            Ledger *nx = l->next;
+            size_t s = hslot(e, l->id);
+            l->next = e->buckets[s];
+            e->buckets[s] = l;
+            l = nx;
+        }
+    }
+    free(old);
+    return 0;
+}
+
+static void insert(Engine *e, Ledger *l)
+{
+    if (e->nledgers + 1 > e->nbuckets)
+        grow_buckets(e); /* (a failure only lengthens the chains) */
+    size_t s = hslot(e, l->id);
     l->next = e->buckets[s];
     e->buckets[s] = l;
     e->nledgers++;
+    lru_front(e, l);
+}
+
+static void clear_meta(Ledger *l)
+{
+    free(l->key);
+    free(l->lac);
+    l->key = l->lac = NULL;
+    l->keylen = 0;
+    l->laclen = 0;
+    l->has_key = l->fenced = l->has_lac = 0;
+}
+
+void led_free(Engine *e, Ledger *l)
+{
+    Ledger **pp = &e->buckets[hslot(e, l->id)];
+    while (*pp && *pp != l)
+        pp = &(*pp)->next;
+    if (*pp)
+        *pp = l->next;
+    lru_unlink(e, l);
+    clear_meta(l);
+    free(l->locs);
+    free(l);
+    e->nledgers--;
+}
+
+static int pinned(const Ledger *l) { return l->n || l->dirty || l->deleted || l->purge || l->inflight; }
+
+/* Evict least recently used unpinned ledgers beyond ledger_cache_max, walking at most `steps` from
+ * the tail (pinned ones are skipped: at most as many as ledgers being written).  A lookup walks a
+ * few; an index batch, which unpins the ledgers it wrote, walks as far as it takes. */
+void led_evict(Engine *e, size_t steps)
+{
+    Ledger *l = e->lru_tail;
+    for (; l && e->nledgers > e->ledger_cache_max && steps > 0; steps--) {
+        Ledger *prev = l->lru_prev;
+        if (!pinned(l))
+            led_free(e, l);
+        l = prev;
+    }
+}
+
+void led_free_all(Engine *e)
+{
+    for (size_t s = 0; s < e->nbuckets; s++) {
+        Ledger *l = e->buckets[s];
+        while (l) {
+            Ledger *nx = l->next;
+            clear_meta(l);
+            free(l->locs);
+            free(l);
+            l = nx;
+        }
+        e->buckets[s] = NULL;
+    }
+    e->nledgers = 0;
+    e->lru_head = e->lru_tail = NULL;
+}
+
+/* ---------------------------------------------------------------- lookups and changes */
+int led_lookup(Engine *e, uint64_t id, Ledger **out)
+{
+    *out = NULL;
+    Ledger *l = led_mem(e, id);
+    if (l) {
+        if (!l->deleted) {
+            touch(e, l);
+            *out = l;
+        }
+        return E_OK;
+    }
+    l = calloc(1, sizeof *l);
+    if (!l) {
+        seterr(e, "out of memory");
+        return E_IO;
+    }
+    l->id = id;
+    int r = kv_get_ledger(e, id, l);
+    if (r == 1)
+        r = kv_last_entry(e, id, &l->flushed_last) < 0 ? -1 : 1;
+    if (r != 1) {
+        clear_meta(l);
+        free(l);
+        return r < 0 ? E_IO : E_OK;
+    }
+    led_evict(e, 64); /* (before the insert: never the ledger being returned) */
+    insert(e, l);
+    *out = l;
+    return E_OK;
+}
+
+void led_dirty(Engine *e, Ledger *l)
+{
+    if (l->dirty)
+        return;
+    if (e->ndirty == e->dirtycap) {
+        size_t nc = e->dirtycap ? e->dirtycap * 2 : 256;
+        uint64_t *p = realloc(e->dirty, nc * sizeof *p);
+        if (!p) { /* the next batch walks the whole cache instead (see collect_dirty) */
+            e->ndirty = SIZE_MAX;
+            l->dirty = 1;
+            return;
+        }
+        e->dirty = p;
+        e->dirtycap = nc;
+    }
+    if (e->ndirty != SIZE_MAX)
+        e->dirty[e->ndirty++] = l->id;
+    l->dirty = 1;
+}
+
+Ledger *led_create(Engine *e, uint64_t id, uint64_t inc)
+{
+    if (!inc)
+        inc = e->next_inc;
+    if (inc >= e->next_inc)
+        e->next_inc = inc + 1;
+    Ledger *l = led_mem(e, id);
+    if (l) { /* a tombstone: re-created before the index applied the delete (purge stays set) */
+        l->deleted = 0;
+        l->inc = inc;
+        l->flushed_last = -1;
+        touch(e, l);
+    } else {
+        l = calloc(1, sizeof *l);
+        if (!l)
+            return NULL;
+        l->id = id;
+        l->inc = inc;
+        l->flushed_last = -1;
+        insert(e, l);
+    }
+    led_dirty(e, l);
     return l;
 }
 
+/* Delete: a tombstone until the next index batch removes the record and every location. */
+void led_delete(Engine *e, Ledger *l)
+{
+    clear_meta(l);
+    free(l->locs);
+    l->locs = NULL;
+    l->n = l->cap = 0;
+    l->deleted = 1;
+    l->purge = 1;
+    l->purge_seq++;
+    l->flushed_last = -1;
+    led_dirty(e, l);
+}
+
+int led_set_key(Ledger *l, const unsigned char *key, uint32_t keylen)
+{
+    unsigned char *k = malloc(keylen ? keylen : 1);
+    if (!k)
+        return -1;
+    memcpy(k, key, keylen);
+    free(l->key);
+    l->key = k;
+    l->keylen = (uint16_t)keylen;
+    l->has_key = 1;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- entry logs table */
 LogFile *log_find(Engine *e, uint32_t id)
 {
     size_t lo = 0, hi = e->nlogs;
@@ -80,37 +286,7 @@ void log_release(LogFile *lf)
     free(lf);
 }
 
-static void ledger_free_locs(Engine *e, Ledger *l)
-{
-    for (size_t i = 0; i < l->n; i++) {
-        if (!IS_CACHE(l->locs[i].where)) {
-            LogFile *lf = log_find(e, l->locs[i].where);
-            if (lf)
-                lf->live -= LR_HDR + l->locs[i].len;
-        }
-    }
-    free(l->locs);
-    l->locs = NULL;
-    l->n = l->cap = 0;
-}
-
-void ledger_remove(Engine *e, uint64_t id)
-{
-    Ledger **pp = &e->buckets[hslot(e, id)];
-    while (*pp) {
-        if ((*pp)->id == id) {
-            Ledger *l = *pp;
-            *pp = l->next;
-            ledger_free_locs(e, l);
-            free(l->lac);
-            free(l);
-            e->nledgers--;
-            return;
-        }
-        pp = &(*pp)->next;
-    }
-}
-
+/* ---------------------------------------------------------------- write-cache locations of a ledger */
 /* index of the first loc with entry >= id */
 size_t loc_lower(Ledger *l, int64_t id)
 {
@@ -151,18 +327,11 @@ Loc *loc_get_hint(Ledger *l, int64_t id, size_t *hint)
     return NULL;
 }
 
-/* set the location of an entry (insert or replace); keeps log live-byte accounting */
-int loc_set(Engine *e, Ledger *l, int64_t entry, uint32_t where, uint32_t len, uint64_t off)
+/* set the write-cache location of an entry (insert or replace) */
+int loc_set(Ledger *l, int64_t entry, uint32_t where, uint32_t len, uint64_t off)
 {
     size_t i = loc_lower(l, entry);
-    if (i < l->n && l->locs[i].entry == entry) {
-        Loc *o = &l->locs[i];
-        if (!IS_CACHE(o->where)) {
-            LogFile *lf = log_find(e, o->where);
-            if (lf)
-                lf->live -= LR_HDR + o->len;
-        }
-    } else {
+    if (!(i < l->n && l->locs[i].entry == entry)) {
         if (l->n == l->cap) {
             size_t nc = l->cap ? l->cap * 2 : 16;
             Loc *p = realloc(l->locs, nc * sizeof *p);
@@ -180,22 +349,32 @@ int loc_set(Engine *e, Ledger *l, int64_t entry, uint32_t where, uint32_t len, u
     o->where = where;
     o->len = len;
     o->off = off;
-    if (!IS_CACHE(where)) {
-        LogFile *lf = log_find(e, where);
-        if (lf)
-            lf->live += LR_HDR + len;
-    }
     return 0;
 }
 
-/* ---------------------------------------------------------------- ledger accessors (engine.h; caller holds mu) */
+void loc_remove_at(Ledger *l, size_t i)
+{
+    memmove(&l->locs[i], &l->locs[i + 1], (l->n - i - 1) * sizeof(Loc));
+    l->n--;
+    if (l->n == 0) { /* a flushed ledger keeps no array */
+        free(l->locs);
+        l->locs = NULL;
+        l->cap = 0;
+    }
+}
+
+/* ---------------------------------------------------------------- ledger accessors (engine.h) */
 int eng_ledger_info(Engine *e, uint64_t ledger, LedgerInfo *li)
 {
-    Ledger *l = eng_find(e, ledger);
+    Ledger *l;
+    int rc = led_lookup(e, ledger, &l);
+    if (rc != E_OK)
+        return rc;
     if (!l)
         return E_NOLEDGER;
     li->fenced = l->fenced;
-    li->last = l->n ? l->locs[l->n - 1].entry : -1;
+    int64_t clast = l->n ? l->locs[l->n - 1].entry : -1, flast = l->purge ? -1 : l->flushed_last;
+    li->last = clast > flast ? clast : flast;
     li->has_key = l->has_key;
     li->key = l->key;
     li->keylen = l->keylen;
@@ -205,15 +384,67 @@ int eng_ledger_info(Engine *e, uint64_t ledger, LedgerInfo *li)
     return E_OK;
 }
 
+typedef struct {
+    int64_t *v;
+    size_t n, cap;
+} I64s;
+
+static int i64_push(I64s *a, int64_t x)
+{
+    if (a->n == a->cap) {
+        size_t nc = a->cap ? a->cap * 2 : 64;
+        int64_t *p = realloc(a->v, nc * sizeof *p);
+        if (!p)
+            return -1;
+        a->v = p;
+        a->cap = nc;
+    }
+    a->v[a->n++] = x;
+    return 0;
+}
+
+static int push_loc(void *arg, const Loc *lc) { return i64_push(arg, lc->entry) < 0; }
+
+static int i64cmp(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The ledger's entries as ranges: the write cache's (under mu), then the index's -- in this order,
+ * so an entry a flush moves meanwhile is seen at least once (a flush writes the index before it
+ * drops the cache location). */
 int eng_ledger_ranges(Engine *e, uint64_t ledger, int64_t **rgp, size_t *nrp)
 {
-    Ledger *l = eng_find(e, ledger);
-    if (!l)
-        return E_NOLEDGER;
+    *rgp = NULL;
+    *nrp = 0;
+    I64s a = {0};
+    pthread_mutex_lock(&e->mu);
+    Ledger *l;
+    int rc = e->closed ? E_CLOSED : led_lookup(e, ledger, &l);
+    if (rc == E_OK && !l)
+        rc = E_NOLEDGER;
+    int disk = 0;
+    if (rc == E_OK) {
+        disk = !l->purge && l->flushed_last >= 0;
+        for (size_t i = 0; i < l->n && rc == E_OK; i++)
+            if (i64_push(&a, l->locs[i].entry) < 0)
+                rc = E_IO;
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (rc == E_OK && disk && kv_scan_locs(e, ledger, 0, INT64_MAX, push_loc, &a) < 0)
+        rc = E_IO;
+    if (rc != E_OK) {
+        free(a.v);
+        return rc;
+    }
+    qsort(a.v, a.n, sizeof *a.v, i64cmp);
     size_t nr = 0;
-    int64_t *rg = malloc((l->n ? l->n : 1) * 2 * sizeof *rg);
-    for (size_t i = 0; rg && i < l->n; i++) {
-        int64_t x = l->locs[i].entry;
+    int64_t *rg = malloc((a.n ? a.n : 1) * 2 * sizeof *rg);
+    for (size_t i = 0; rg && i < a.n; i++) {
+        int64_t x = a.v[i];
+        if (nr && rg[2 * nr - 1] >= x)
+            continue; /* (in both) */
         if (nr && rg[2 * nr - 1] + 1 == x)
             rg[2 * nr - 1] = x;
         else {
@@ -222,18 +453,60 @@ int eng_ledger_ranges(Engine *e, uint64_t ledger, int64_t **rgp, size_t *nrp)
             nr++;
         }
     }
+    free(a.v);
     *rgp = rg;
     *nrp = nr;
-    return E_OK;
+    return rg ? E_OK : E_IO;
 }
 
+static int u64cmp(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Every ledger: the index's, plus those only in memory so far, minus tombstones (ascending). */
 uint64_t *eng_ledger_ids(Engine *e, size_t *np)
 {
-    size_t n = 0;
-    uint64_t *ids = malloc((e->nledgers ? e->nledgers : 1) * sizeof *ids);
-    for (size_t s = 0; ids && s < e->nbuckets; s++)
-        for (Ledger *l = e->buckets[s]; l; l = l->next)
-            ids[n++] = l->id;
-    *np = n;
-    return ids;
+    *np = 0;
+    uint64_t *mem = NULL, *gone = NULL, *ids = NULL;
+    size_t nm = 0, ng = 0, n = 0;
+    pthread_mutex_lock(&e->mu);
+    mem = malloc((e->nledgers + 1) * sizeof *mem);
+    gone = malloc((e->nledgers + 1) * sizeof *gone);
+    for (size_t s = 0; mem && gone && s < e->nbuckets; s++)
+        for (Ledger *l = e->buckets[s]; l; l = l->next) {
+            if (l->deleted)
+                gone[ng++] = l->id;
+            else
+                mem[nm++] = l->id;
+        }
+    pthread_mutex_unlock(&e->mu);
+    if (!mem || !gone || kv_ledger_ids(e, &ids, &n) < 0) {
+        free(mem);
+        free(gone);
+        free(ids);
+        return NULL;
+    }
+    uint64_t *all = realloc(ids, (n + nm + 1) * sizeof *all);
+    if (!all) {
+        free(mem);
+        free(gone);
+        free(ids);
+        return NULL;
+    }
+    memcpy(all + n, mem, nm * sizeof *all);
+    n += nm;
+    qsort(all, n, sizeof *all, u64cmp);
+    qsort(gone, ng, sizeof *gone, u64cmp);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if ((k && all[k - 1] == all[i]) || bsearch(&all[i], gone, ng, sizeof *gone, u64cmp))
+            continue;
+        all[k++] = all[i];
+    }
+    free(mem);
+    free(gone);
+    *np = k;
+    return all;
 }

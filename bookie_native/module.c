@@ -87,15 +87,17 @@ static int Store_init(StoreObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"journal_dir", "ledger_dirs", "write_cache_bytes", "group_wait_us", "threshold",
                              "journal_max_size", "max_backups", "sync", "entry_log_max_size", "compaction_threshold",
-                             "compaction_max_bytes", "checkpoint_interval_ms", "page_cache", "compaction_rate", NULL};
+                             "compaction_max_bytes", "checkpoint_interval_ms", "page_cache", "compaction_rate",
+                             "index_cache_bytes", "ledger_cache_entries", NULL};
     const char *jdir;
     PyObject *ldirs;
     unsigned long long wcb = 64ull << 20, gw = 2000, thr = 512 << 10, jmax = 512ull << 20, elmax = 1ull << 30,
-                       cmax = 64ull << 20, cint = 10000, crate = 0;
+                       cmax = 64ull << 20, cint = 10000, crate = 0, icache = 32ull << 20, lcache = 65536;
     int backups = 5, sync = 1, page_cache = 0;
     double cthr = 0.5;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|KKKKipKdKKpK", kwlist, &jdir, &ldirs, &wcb, &gw, &thr, &jmax,
-                                     &backups, &sync, &elmax, &cthr, &cmax, &cint, &page_cache, &crate))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|KKKKipKdKKpKKK", kwlist, &jdir, &ldirs, &wcb, &gw, &thr, &jmax,
+                                     &backups, &sync, &elmax, &cthr, &cmax, &cint, &page_cache, &crate, &icache,
+                                     &lcache))
         return -1;
     if (self->e) {
         PyErr_SetString(PyExc_RuntimeError, "Store already initialised");
@@ -118,7 +120,8 @@ static int Store_init(StoreObject *self, PyObject *args, PyObject *kw)
             return -1;
         }
     }
-    EngineConfig cfg = {jdir, dirs, (int)nd, wcb, gw, thr, jmax, backups, sync, elmax, cthr, cmax, cint, page_cache, crate};
+    EngineConfig cfg = {jdir, dirs, (int)nd, wcb, gw, thr, jmax, backups, sync, elmax, cthr, cmax, cint, page_cache, crate,
+                       icache, lcache};
     char err[600] = "";
     Engine *e = NULL;
     int rc;
@@ -695,17 +698,18 @@ static PyObject *Store_list_entries(StoreObject *self, PyObject *arg)
     int64_t *rg = NULL;
     size_t nr = 0;
     int found = 0;
-    BKS_BEGIN eng_lock(e);
-    found = eng_ledger_ranges(e, lid, &rg, &nr) == E_OK;
-    eng_unlock(e);
-    BKS_END if (!found)
+    int rc;
+    BKS_BEGIN eng_errclear();
+    rc = eng_ledger_ranges(e, lid, &rg, &nr);
+    BKS_END if (rc == E_NOLEDGER)
     {
         char m[128];
         snprintf(m, sizeof m, "no such ledger %llu", (unsigned long long)lid);
         return raise_rc(NULL, E_NOLEDGER, m);
     }
-    if (!rg)
-        return PyErr_NoMemory();
+    if (rc != E_OK)
+        return raise_rc(NULL, rc, eng_errmsg());
+    (void)found;
     PyObject *res = PyList_New((Py_ssize_t)nr);
     for (size_t i = 0; res && i < nr; i++)
         PyList_SET_ITEM(res, (Py_ssize_t)i, Py_BuildValue("(LL)", (long long)rg[2 * i], (long long)rg[2 * i + 1]));
@@ -720,10 +724,9 @@ static PyObject *Store_ledgers(StoreObject *self, PyObject *unused)
     Engine *e = self->e;
     uint64_t *ids = NULL;
     size_t n = 0;
-    BKS_BEGIN eng_lock(e);
+    BKS_BEGIN eng_errclear();
     ids = eng_ledger_ids(e, &n);
-    eng_unlock(e);
-    BKS_END if (!ids) return PyErr_NoMemory();
+    BKS_END if (!ids) return raise_rc(NULL, E_IO, eng_errmsg()[0] ? eng_errmsg() : "out of memory listing ledgers");
     PyObject *res = PyList_New((Py_ssize_t)n);
     for (size_t i = 0; res && i < n; i++)
         PyList_SET_ITEM(res, (Py_ssize_t)i, PyLong_FromUnsignedLongLong(ids[i]));
@@ -797,7 +800,7 @@ static PyObject *Store_stats(StoreObject *self, PyObject *unused)
     eng_stats(e, &c);
     eng_unlock(e);
     BKS_END PyObject *d = Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsi}", "adds", c.adds, "add_bytes", c.add_bytes,
+        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsi}", "adds", c.adds, "add_bytes", c.add_bytes,
         "journal_syncs", c.syncs, "journal_sync_ns_sum", c.sync_ns, "journal_sync_count", c.syncs,
         "journal_bytes", c.jbytes, "cache_bytes", c.cache_bytes, "queue_depth_bytes", c.pending_len,
         "sync_waiters", c.j_waiters, "checkpoints", c.checkpoints, "flushes", c.flushes,
@@ -806,7 +809,8 @@ static PyObject *Store_stats(StoreObject *self, PyObject *unused)
         "compaction_copying_bytes", c.compact_copying,
         "replayed_records", c.replay_records, "replay_truncated_bytes", c.replay_truncated,
         "background_errors", c.bg_errors, "fences", c.fences, "cache_full_waits", c.cache_waits,
-        "journal_zeroed_bytes", c.jz_bytes, "journal_groups_unzeroed", c.jz_behind, "journal_rolls_prepared", c.jn_rolls, "ledgers", c.nledgers, "entry_logs", c.nlogs, "entry_log_live_bytes",
+        "journal_zeroed_bytes", c.jz_bytes, "journal_groups_unzeroed", c.jz_behind, "journal_rolls_prepared", c.jn_rolls, "ledgers_cached", c.nledgers,
+        "index_cache_bytes", c.index_cache_used, "index_converted_entries", c.converted, "entry_logs", c.nlogs, "entry_log_live_bytes",
         c.log_live, "entry_log_bytes", c.log_total, "journal_id", c.jcur_id, "journal_pos", c.jpos, "journal_failed",
         c.j_failed);
     if (!d)
@@ -825,7 +829,18 @@ static PyObject *Store_stats(StoreObject *self, PyObject *unused)
     return d;
 }
 
+/* test hook: SIGKILL the process when the engine reaches the named step (checkpoint.c crash_point) */
+static PyObject *Store_set_crash_point(StoreObject *self, PyObject *arg)
+{
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name || check_open(self) < 0)
+        return NULL;
+    eng_set_crash_point(self->e, name);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Store_methods[] = {
+    {"set_crash_point", (PyCFunction)Store_set_crash_point, METH_O, "test hook: SIGKILL at the named engine step"},
     {"add_entries", (PyCFunction)Store_add_entries, METH_O, "add a batch; returns list of status codes"},
     {"add_batch", (PyCFunction)Store_add_batch, METH_VARARGS,
      "add_batch(AddBatch bytes, max_entry_bytes) -> (AddBatchResponse bytes, lacs, ok, ok_bytes, failed)"},

@@ -1,319 +1,477 @@
-/* bkspark bookie storage engine: recovery at open (state file, entry logs + index files, journal replay). */
+/* bkspark bookie storage engine: recovery at open -- the index (converting a format-1 directory), the
+ * entry-log table, journal replay. */
 #define _GNU_SOURCE
 #include "engine_int.h"
 
-/* ---------------------------------------------------------------- open: state, logs, index, replay */
-int load_state(Engine *e, Listed **listed, size_t *nlisted, int *found)
+static void index_path(Engine *e, const char *name, char *out, size_t n)
 {
-    char p[4200];
-    snprintf(p, sizeof p, "%s/ledgers.state", e->ledger_dirs[0]);
-    *found = 0;
-    *listed = NULL;
-    *nlisted = 0;
-    int fd = open(p, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        if (errno == ENOENT)
-            return E_OK;
-        seterr(e, "cannot open %s: %s", p, strerror(errno));
-        return E_IO;
+    snprintf(out, n, "%s/%s", e->ledger_dirs[0], name);
+}
+
+/* the ledger dir holding <id>.log, or -1 */
+static int log_dir(Engine *e, uint32_t id)
+{
+    for (int d = 0; d < e->nldirs; d++) {
+        char p[4200];
+        lpath(e, d, id, "log", p, sizeof p);
+        if (access(p, F_OK) == 0)
+            return d;
     }
+    return -1;
+}
+
+/* ---------------------------------------------------------------- format 1 -> 2 conversion */
+/* Format 1 (before the RocksDB index) kept every ledger's state in ledgers.state and each entry
+ * log's locations in its .idx file, both loaded whole at open.  Conversion reads them exactly as
+ * format 1 did (the same checks refuse a damaged directory), writes the new index into
+ * <ledger_dirs[0]>/index.tmp, syncs it and renames it to index: the rename is the commit point.
+ * A kill before it leaves index.tmp, which the next open discards and rebuilds from the untouched
+ * format-1 files; after it, ledgers.state is removed (the next open finishes that if a kill came
+ * first).  The LastLogMark is unchanged, so the journal replay that follows applies exactly what
+ * format 1 would have. */
+typedef struct {
+    uint64_t id, inc;
+} IdInc;
+
+static int idinc_cmp(const void *a, const void *b)
+{
+    const IdInc *x = a, *y = b;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+typedef struct {
+    uint32_t id;
+    uint64_t size, idx_size, live;
+} LogRow;
+
+static int logrow_cmp(const void *a, const void *b)
+{
+    const LogRow *x = a, *y = b;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+typedef struct {
+    LogRow *rows;
+    size_t n;
+} Rows;
+
+static int credit_row(void *arg, const Loc *lc)
+{
+    Rows *r = arg;
+    LogRow key = {lc->where, 0, 0, 0};
+    LogRow *row = bsearch(&key, r->rows, r->n, sizeof *r->rows, logrow_cmp);
+    if (row)
+        row->live += LR_HDR + lc->len;
+    return 0;
+}
+
+static int batch_if_full(Engine *e, KvBatch **b)
+{
+    if (kvb_count(*b) < 100000)
+        return E_OK;
+    int rc = kvb_write(e, *b, 0);
+    kvb_free(*b);
+    *b = kvb_new();
+    return rc != E_OK ? rc : *b ? E_OK : E_IO;
+}
+
+static int convert_v1(Engine *e, const char *state_path, const char *final_path)
+{
+    char tmp[4200];
+    index_path(e, "index.tmp", tmp, sizeof tmp);
+    int rc = kv_destroy(e, tmp); /* a conversion a kill interrupted */
+    if (rc == E_OK)
+        rc = kv_open(e, tmp, 1, &e->kv);
+    if (rc != E_OK)
+        return rc;
+    unsigned char *sb = NULL;
+    IdInc *incs = NULL;
+    LogRow *rows = NULL;
+    KvBatch *b = kvb_new();
+    int fd = open(state_path, O_RDONLY | O_CLOEXEC);
     struct stat st;
-    fstat(fd, &st);
-    size_t n = (size_t)st.st_size;
-    unsigned char *b = malloc(n ? n : 1);
-    if (!b || read_full(fd, b, n, 0) < 0) {
-        close(fd);
-        free(b);
-        seterr(e, "cannot read %s", p);
-        return E_IO;
+    size_t n = 0;
+    if (fd < 0 || fstat(fd, &st) < 0 || !(sb = malloc((n = (size_t)st.st_size) ? n : 1)) ||
+        read_full(fd, sb, n, 0) < 0 || !b) {
+        seterr(e, "cannot read %s: %s", state_path, strerror(errno));
+        rc = E_IO;
+        goto out;
     }
-    close(fd);
-    *found = 1;
-    if (n < 32 || memcmp(b, S_MAGIC, 4) != 0 || get32(b + 4) != S_VERSION ||
-        get32(b + n - 4) != bks_crc32c(0, b, n - 4)) {
-        free(b);
+    if (n < 32 || memcmp(sb, S_MAGIC, 4) != 0 || get32(sb + 4) != S_VERSION ||
+        get32(sb + n - 4) != bks_crc32c(0, sb, n - 4)) {
         seterr(e, "ledger state file %s is corrupt (bad magic/version/checksum); refusing to start "
-                  "without fencing state", p);
-        return E_IO;
+                  "without fencing state", state_path);
+        rc = E_IO;
+        goto out;
     }
-    e->next_inc = get64(b + 8);
-    uint32_t nl = get32(b + 16);
-    uint64_t nled = get64(b + 20);
-    const unsigned char *q = b + 28, *end = b + n - 4;
-    if ((size_t)(end - q) < (size_t)nl * 20)
-        goto bad;
-    *listed = calloc(nl ? nl : 1, sizeof(Listed));
+    uint64_t next_inc = get64(sb + 8);
+    uint32_t nl = get32(sb + 16);
+    uint64_t nled = get64(sb + 20);
+    const unsigned char *q = sb + 28, *end = sb + n - 4;
+    rows = calloc(nl ? nl : 1, sizeof *rows);
+    incs = malloc((nled ? nled : 1) * sizeof *incs);
+    if (!rows || !incs || (size_t)(end - q) < (size_t)nl * 20) {
+        rc = E_IO;
+        goto malformed;
+    }
     for (uint32_t i = 0; i < nl; i++, q += 20) {
-        (*listed)[i].id = get32(q);
-        (*listed)[i].size = get64(q + 4);
-        (*listed)[i].idx_size = get64(q + 12);
+        rows[i].id = get32(q);
+        rows[i].idx_size = get64(q + 12);
     }
-    *nlisted = nl;
     for (uint64_t i = 0; i < nled; i++) {
         if (end - q < 19)
-            goto bad;
-        uint64_t id = get64(q), inc = get64(q + 8);
+            goto malformed;
+        Ledger l = {0};
+        l.id = get64(q);
+        l.inc = get64(q + 8);
         unsigned flags = q[16];
         uint16_t kl;
         memcpy(&kl, q + 17, 2);
         if (kl > MAX_KEY || end - q < 19 + kl + 4)
-            goto bad;
-        Ledger *l = ledger_create(e, id, inc);
-        l->has_key = flags & 1;
-        l->fenced = (flags & 2) != 0;
-        l->keylen = kl;
-        memcpy(l->key, q + 19, kl);
+            goto malformed;
+        l.has_key = flags & 1;
+        l.fenced = (flags & 2) != 0;
+        l.keylen = kl;
+        l.key = (unsigned char *)q + 19;
         q += 19 + kl;
         uint32_t ll = get32(q);
         q += 4;
         if ((size_t)(end - q) < ll)
-            goto bad;
-        if (flags & 4) {
-            l->has_lac = 1;
-            l->lac = malloc(ll ? ll : 1);
-            memcpy(l->lac, q, ll);
-            l->laclen = ll;
-        }
+            goto malformed;
+        l.has_lac = (flags & 4) != 0;
+        l.lac = (unsigned char *)q;
+        l.laclen = ll;
         q += ll;
+        incs[i] = (IdInc){l.id, l.inc};
+        if (kvb_put_ledger(b, &l) < 0 || (rc = batch_if_full(e, &b)) != E_OK)
+            goto out;
     }
     if (q != end)
-        goto bad; /* record count and size disagree */
-    if (e->next_inc == 0)
-        e->next_inc = 1;
-    free(b);
-    return E_OK;
-bad:
-    free(b);
-    seterr(e, "ledger state file %s is malformed", p);
-    return E_IO;
+        goto malformed;
+    qsort(incs, nled, sizeof *incs, idinc_cmp);
+    qsort(rows, nl, sizeof *rows, logrow_cmp);
+    /* every listed log, in id order (for an entry, the last record wins), up to its committed
+     * index size (past it: a checkpoint that never completed, which the journal covers) */
+    for (uint32_t i = 0; i < nl && rc == E_OK; i++) {
+        char p[4200], ip[4200];
+        int d = log_dir(e, rows[i].id);
+        if (d < 0) {
+            seterr(e, "entry log %08x.log is listed in the ledger state but missing from every ledger dir",
+                   rows[i].id);
+            rc = E_IO;
+            break;
+        }
+        lpath(e, d, rows[i].id, "log", p, sizeof p);
+        lpath(e, d, rows[i].id, "idx", ip, sizeof ip);
+        unsigned char h[L_HDR];
+        int lfd = open(p, O_RDONLY | O_CLOEXEC);
+        int ok = lfd >= 0 && read_full(lfd, h, L_HDR, 0) == 0 && check_header(h, L_HDR, L_MAGIC, rows[i].id) &&
+                 fstat(lfd, &st) == 0;
+        if (lfd >= 0)
+            close(lfd);
+        if (!ok) {
+            seterr(e, "entry log %s is missing or has a corrupt header", p);
+            rc = E_IO;
+            break;
+        }
+        rows[i].size = (uint64_t)st.st_size;
+        size_t committed = (size_t)rows[i].idx_size, isz = 0;
+        unsigned char *ib = NULL;
+        int ifd = open(ip, O_RDONLY | O_CLOEXEC);
+        if (ifd >= 0 && fstat(ifd, &st) == 0 && (ib = malloc((isz = (size_t)st.st_size) ? isz : 1)) &&
+            read_full(ifd, ib, isz, 0) < 0)
+            isz = 0;
+        if (ifd >= 0)
+            close(ifd);
+        if (isz < I_HDR || !check_header(ib, I_HDR, I_MAGIC, rows[i].id) || isz < committed) {
+            seterr(e, "entry log index %s is missing, truncated (%zu < %zu bytes) or has a corrupt header", ip, isz,
+                   committed);
+            free(ib);
+            rc = E_IO;
+            break;
+        }
+        rows[i].idx_size = isz;
+        for (size_t off = I_HDR; off < committed && rc == E_OK;) {
+            uint32_t cnt = off + 8 <= isz ? get32(ib + off) : 0;
+            size_t bl = (size_t)cnt * IR_SIZE;
+            if (cnt == 0 || off + 8 + bl > isz ||
+                get32(ib + off + 4) != bks_crc32c(bks_crc32c(0, ib + off, 4), ib + off + 8, bl)) {
+                seterr(e, "entry log index %s corrupt at offset %zu (inside the checkpointed part)", ip, off);
+                rc = E_IO;
+                break;
+            }
+            for (uint32_t k = 0; k < cnt && rc == E_OK; k++) {
+                const unsigned char *r = ib + off + 8 + (size_t)k * IR_SIZE;
+                IdInc key = {get64(r), 0}, *li = bsearch(&key, incs, nled, sizeof *incs, idinc_cmp);
+                if (!li || li->inc != get64(r + 16))
+                    continue; /* a deleted incarnation */
+                kvb_put_loc(b, key.id, (int64_t)get64(r + 8), rows[i].id, get32(r + 32), get64(r + 24));
+                e->st_converted++;
+                rc = batch_if_full(e, &b);
+            }
+            off += 8 + bl;
+        }
+        free(ib);
+    }
+    if (rc == E_OK)
+        rc = kvb_write(e, b, 0);
+    /* live bytes per log: what the converted index points at */
+    Rows rw = {rows, nl};
+    for (uint64_t i = 0; i < nled && rc == E_OK; i++)
+        if (kv_scan_locs(e, incs[i].id, 0, INT64_MAX, credit_row, &rw) < 0)
+            rc = E_IO;
+    if (rc == E_OK) {
+        kvb_free(b);
+        b = kvb_new();
+        for (uint32_t i = 0; b && i < nl; i++)
+            kvb_put_log(b, rows[i].id, rows[i].size, rows[i].idx_size, rows[i].live);
+        if (b) {
+            kvb_put_meta(b, "next_inc", next_inc ? next_inc : 1);
+            kvb_put_meta(b, "format", IDX_FORMAT);
+        }
+        rc = b ? kvb_write(e, b, 1) : E_IO;
+    }
+    kv_close(e->kv);
+    e->kv = NULL;
+    if (rc == E_OK)
+        crash_point(e, "convert-before-rename");
+    if (rc == E_OK && (rename(tmp, final_path) < 0 || fsync_dir(e->ledger_dirs[0]) < 0)) {
+        seterr(e, "cannot rename the converted index %s to %s: %s", tmp, final_path, strerror(errno));
+        rc = E_IO;
+    }
+    if (rc == E_OK)
+        crash_point(e, "convert-after-rename");
+    goto out;
+malformed:
+    seterr(e, "ledger state file %s is malformed", state_path);
+    rc = E_IO;
+out:
+    if (fd >= 0)
+        close(fd);
+    if (e->kv) {
+        kv_close(e->kv);
+        e->kv = NULL;
+    }
+    kvb_free(b);
+    free(sb);
+    free(incs);
+    free(rows);
+    return rc;
 }
 
-/* A log the ledger state does not list and whose header or index header is torn was being
- * created when the bookie died: log_create writes both headers before anything else goes in,
- * so it holds no entry, and the journal (not yet checkpointed past it) covers whatever was
- * meant for it.  Remove its files: adopting it would list an index that was never written,
- * and the next start would refuse it. */
-static int discard_torn_log(Engine *e, const char *log_path, const char *idx_path)
+/* Open the index (README "The index"), converting a format-1 directory first. */
+int open_index(Engine *e, int have_mark)
 {
-    if ((unlink(log_path) < 0 && errno != ENOENT) || (unlink(idx_path) < 0 && errno != ENOENT)) {
-        seterr(e, "cannot remove entry log %s, torn at creation: %s", log_path, strerror(errno));
+    char path[4200], state[4200], current[4300];
+    index_path(e, "index", path, sizeof path);
+    index_path(e, "ledgers.state", state, sizeof state);
+    snprintf(current, sizeof current, "%s/CURRENT", path);
+    int have_state = access(state, F_OK) == 0, have_index = access(current, F_OK) == 0;
+    int rc = E_OK;
+    if (have_state && !have_index)
+        rc = convert_v1(e, state, path);
+    else if (have_mark && !have_index) {
+        seterr(e, "lastMark present but the ledger index %s is missing: refusing to start without the fences and "
+                  "entry locations it holds (restore it, or decommission this bookie so that its ledgers are "
+                  "re-replicated)", path);
+        rc = E_IO;
+    }
+    if (rc == E_OK)
+        rc = kv_open(e, path, 1, &e->kv);
+    if (rc != E_OK)
+        return rc;
+    uint64_t fmt = 0, next_inc = 1;
+    int r = kv_get_meta(e, "format", &fmt);
+    if (r == 1 && fmt != IDX_FORMAT) {
+        seterr(e, "ledger index %s has format %llu; this bookie reads format %u: refusing to start", path,
+               (unsigned long long)fmt, IDX_FORMAT);
+        return E_IO;
+    }
+    if (r == 0) { /* a new index */
+        KvBatch *b = kvb_new();
+        if (!b)
+            return E_IO;
+        kvb_put_meta(b, "format", IDX_FORMAT);
+        rc = kvb_write(e, b, 1);
+        kvb_free(b);
+        if (rc != E_OK)
+            return rc;
+    }
+    if (r < 0 || kv_get_meta(e, "next_inc", &next_inc) < 0)
+        return E_IO;
+    e->next_inc = next_inc ? next_inc : 1;
+    if (have_state && (unlink(state) < 0 || fsync_dir(e->ledger_dirs[0]) < 0)) { /* converted */
+        seterr(e, "cannot remove %s after converting it: %s", state, strerror(errno));
         return E_IO;
     }
     return E_OK;
 }
 
-static int load_log(Engine *e, int dir, uint32_t id, const Listed *li)
+/* ---------------------------------------------------------------- the entry-log table */
+typedef struct {
+    LogRow *v;
+    size_t n, cap;
+} RowList;
+
+static int push_row(void *arg, uint32_t id, uint64_t size, uint64_t idx_size, uint64_t live)
+{
+    RowList *r = arg;
+    if (r->n == r->cap) {
+        size_t nc = r->cap ? r->cap * 2 : 64;
+        LogRow *p = realloc(r->v, nc * sizeof *p);
+        if (!p)
+            return -1;
+        r->v = p;
+        r->cap = nc;
+    }
+    r->v[r->n++] = (LogRow){id, size, idx_size, live};
+    return 0;
+}
+
+static int open_log(Engine *e, int dir, const LogRow *row)
 {
     char p[4200], q[4200];
-    lpath(e, dir, id, "log", p, sizeof p);
-    lpath(e, dir, id, "idx", q, sizeof q);
+    lpath(e, dir, row->id, "log", p, sizeof p);
+    lpath(e, dir, row->id, "idx", q, sizeof q);
     LogFile *lf = calloc(1, sizeof *lf);
-    lf->id = id;
+    if (!lf) {
+        seterr(e, "out of memory opening entry log %s", p);
+        return E_IO;
+    }
+    lf->id = row->id;
     lf->dir = dir;
     lf->dfd = -1;
     lf->fd = open(p, O_RDWR | O_CLOEXEC);
     lf->idx_fd = open(q, O_RDWR | O_CLOEXEC);
     unsigned char h[L_HDR];
-    struct stat st;
-    int ok = lf->fd >= 0 && read_full(lf->fd, h, L_HDR, 0) == 0 && check_header(h, L_HDR, L_MAGIC, id);
-    if (!ok) {
-        if (li) {
-            seterr(e, "entry log %s is missing or has a corrupt header", p);
-            log_release(lf);
-            return E_IO;
-        }
-        log_release(lf); /* unlisted, torn at creation */
-        return discard_torn_log(e, p, q);
+    struct stat st, ist;
+    if (lf->fd < 0 || read_full(lf->fd, h, L_HDR, 0) < 0 || !check_header(h, L_HDR, L_MAGIC, row->id) ||
+        fstat(lf->fd, &st) < 0) {
+        seterr(e, "entry log %s is missing or has a corrupt header", p);
+        log_release(lf);
+        return E_IO;
     }
-    fstat(lf->fd, &st);
     log_open_direct(e, lf, p);
     lf->size = (uint64_t)st.st_size;
     lf->total = lf->size - L_HDR;
-    unsigned char *ib = NULL;
-    size_t isz = 0;
-    if (lf->idx_fd >= 0 && fstat(lf->idx_fd, &st) == 0) {
-        isz = (size_t)st.st_size;
-        ib = malloc(isz ? isz : 1);
-        if (read_full(lf->idx_fd, ib, isz, 0) < 0)
-            isz = 0;
+    lf->live = row->live;
+    /* (the .idx only lists a log's records for compaction; the index is what reads use) */
+    lf->idx_size = lf->idx_fd >= 0 && fstat(lf->idx_fd, &ist) == 0 ? (uint64_t)ist.st_size : 0;
+    if (logs_insert(e, lf) < 0) {
+        log_release(lf);
+        seterr(e, "out of memory opening entry log %s", p);
+        return E_IO;
     }
-    uint64_t committed = li ? li->idx_size : 0;
-    if (isz < I_HDR || !check_header(ib, I_HDR, I_MAGIC, id) || isz < committed) {
-        if (li) {
-            seterr(e, "entry log index %s is missing, truncated (%zu < %llu bytes) or has a corrupt header", q, isz,
-                   (unsigned long long)committed);
-            free(ib);
-            log_release(lf);
-            return E_IO;
-        }
-        free(ib);
-        log_release(lf); /* unlisted, killed between the log's and the index's header */
-        return discard_torn_log(e, p, q);
-    }
-    logs_insert(e, lf);
-    size_t off = I_HDR;
-    while (isz && off + 8 <= isz) {
-        uint32_t cnt = get32(ib + off);
-        size_t bl = (size_t)cnt * IR_SIZE;
-        if (cnt == 0 || off + 8 + bl > isz ||
-            get32(ib + off + 4) != bks_crc32c(bks_crc32c(0, ib + off, 4), ib + off + 8, bl)) {
-            if (off < committed) {
-                seterr(e, "entry log index %s corrupt at offset %zu (inside the checkpointed part)", q, off);
-                free(ib);
-                return E_IO;
-            }
-            break; /* torn tail of an unfinished checkpoint: the journal still covers it */
-        }
-        for (uint32_t k = 0; k < cnt; k++) {
-            const unsigned char *r = ib + off + 8 + (size_t)k * IR_SIZE;
-            Ledger *l = eng_find(e, get64(r));
-            if (!l || l->inc != get64(r + 16))
-                continue;
-            loc_set(e, l, (int64_t)get64(r + 8), id, get32(r + 32), get64(r + 24));
-        }
-        off += 8 + bl;
-    }
-    lf->idx_size = off;
-    free(ib);
     return E_OK;
 }
 
-static int cmp_u32(const void *a, const void *b)
+/* Open every entry log the index lists (one missing from every ledger dir refuses startup: the
+ * index points into it) and remove every other log file: one the index does not list holds nothing
+ * it points at -- a flush or compaction output whose index batch never became durable (the journal
+ * covers what a flush wrote; a compaction's originals are still listed), a log torn at creation,
+ * or a compaction victim a kill left before its unlink -- and an .idx without its log. */
+int load_logs(Engine *e)
 {
-    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* An index whose log is gone (a kill between a removal's two unlinks) serves nothing: remove it,
- * or it would stay forever (only .log files are looked for) and a new log of its id could
- * meet it. */
-static void drop_orphan_index(DIR *dd, const char *idx_name)
-{
-    char log_name[13];
-    memcpy(log_name, idx_name, 8);
-    strcpy(log_name + 8, ".log");
-    if (faccessat(dirfd(dd), log_name, F_OK, 0) < 0 && errno == ENOENT)
-        unlinkat(dirfd(dd), idx_name, 0);
-}
-
-int load_logs(Engine *e, Listed *listed, size_t nlisted)
-{
-    /* (id, dir) of every *.log file */
-    size_t cap = 64, n = 0;
-    uint32_t *ids = malloc(cap * sizeof *ids * 2);
-    if (!ids) {
-        seterr(e, "out of memory listing entry logs");
+    RowList rl = {0};
+    if (kv_logs(e, push_row, &rl) != 0) {
+        free(rl.v);
+        if (!e->errmsg[0])
+            seterr(e, "out of memory reading the entry-log table");
         return E_IO;
     }
-    for (int d = 0; d < e->nldirs; d++) {
+    int rc = E_OK;
+    uint32_t maxid = 0;
+    for (size_t i = 0; i < rl.n && rc == E_OK; i++) {
+        int d = log_dir(e, rl.v[i].id);
+        if (d < 0) {
+            seterr(e, "entry log %08x.log is listed in the ledger index but missing from every ledger dir",
+                   rl.v[i].id);
+            rc = E_IO;
+        } else {
+            rc = open_log(e, d, &rl.v[i]);
+        }
+        if (rl.v[i].id > maxid)
+            maxid = rl.v[i].id;
+    }
+    for (int d = 0; d < e->nldirs && rc == E_OK; d++) {
         DIR *dd = opendir(e->ledger_dirs[d]);
         if (!dd)
             continue;
         struct dirent *de;
         while ((de = readdir(dd))) {
-            if (strlen(de->d_name) != 12)
+            char *endp;
+            unsigned long id = strtoul(de->d_name, &endp, 16);
+            if (strlen(de->d_name) != 12 || endp != de->d_name + 8 || id == 0 ||
+                (strcmp(endp, ".log") != 0 && strcmp(endp, ".idx") != 0))
                 continue;
-            char *end;
-            unsigned long id = strtoul(de->d_name, &end, 16);
-            if (end != de->d_name + 8 || id == 0)
+            if (id > maxid)
+                maxid = (uint32_t)id; /* (never reuse the id of a file just removed) */
+            if (log_find(e, (uint32_t)id))
                 continue;
-            if (strcmp(de->d_name + 8, ".idx") == 0)
-                drop_orphan_index(dd, de->d_name);
-            if (strcmp(de->d_name + 8, ".log") != 0)
-                continue;
-            if (n == cap) {
-                uint32_t *p = realloc(ids, cap * 2 * sizeof *ids * 2);
-                if (!p) {
-                    closedir(dd);
-                    free(ids);
-                    seterr(e, "out of memory listing entry logs");
-                    return E_IO;
-                }
-                ids = p;
-                cap *= 2;
+            if (unlinkat(dirfd(dd), de->d_name, 0) < 0 && errno != ENOENT) {
+                seterr(e, "cannot remove unlisted entry log file %s/%s: %s", e->ledger_dirs[d], de->d_name,
+                       strerror(errno));
+                rc = E_IO;
+                break;
             }
-            ids[2 * n] = (uint32_t)id;
-            ids[2 * n + 1] = (uint32_t)d;
-            n++;
         }
         closedir(dd);
-    }
-    qsort(ids, n, sizeof *ids * 2, cmp_u32);
-    uint32_t maxid = 0;
-    for (size_t i = 0; i < nlisted; i++) {
-        int present = 0;
-        for (size_t k = 0; k < n; k++)
-            if (ids[2 * k] == listed[i].id)
-                present = 1;
-        if (!present) {
-            seterr(e, "entry log %08x.log is listed in the ledger state but missing from every ledger dir",
-                   listed[i].id);
-            free(ids);
-            return E_IO;
-        }
-        if (listed[i].id > maxid)
-            maxid = listed[i].id;
-    }
-    for (size_t k = 0; k < n; k++) {
-        const Listed *li = NULL;
-        for (size_t i = 0; i < nlisted; i++)
-            if (listed[i].id == ids[2 * k])
-                li = &listed[i];
-        int rc = load_log(e, (int)ids[2 * k + 1], ids[2 * k], li);
-        if (rc != E_OK) {
-            free(ids);
-            return rc;
-        }
-        if (ids[2 * k] > maxid)
-            maxid = ids[2 * k];
+        fsync_dir(e->ledger_dirs[d]);
     }
     e->next_log_id = maxid + 1;
-    free(ids);
-    return E_OK;
+    free(rl.v);
+    return rc;
 }
 
 static void replay_record(Engine *e, uint32_t type, const unsigned char *p, uint32_t len)
 {
+    Ledger *l = NULL;
+    if (len < 8 || led_lookup(e, get64(p), &l) != E_OK) {
+        e->replay_failed = 1; /* an index read failed: open fails rather than skip a record */
+        return;
+    }
     if (type == JR_ADD && len >= 16) {
         uint64_t lid = get64(p);
         int64_t entry = (int64_t)get64(p + 8);
-        Ledger *l = eng_find(e, lid);
         if (!l)
-            l = ledger_create(e, lid, e->next_inc);
+            l = led_create(e, lid, 0);
         uint64_t off;
         uint32_t bl = len - 16;
-        if (cache_put(&e->cache[e->active], lid, l->inc, entry, p + 16, bl, log_crc(lid, entry, p + 16, bl), 1,
-                      &off) == 0)
-            loc_set(e, l, entry, WHERE_CACHE0 + (uint32_t)e->active, bl, off);
+        if (!l || cache_put(&e->cache[e->active], lid, l->inc, entry, p + 16, bl, log_crc(lid, entry, p + 16, bl), 1,
+                            &off) < 0 ||
+            loc_set(l, entry, WHERE_CACHE0 + (uint32_t)e->active, bl, off) < 0)
+            e->replay_failed = 1;
     } else if ((type == JR_MKEY || type == JR_FENCE) && len >= 18) {
         uint64_t lid = get64(p), inc = get64(p + 8);
         uint16_t kl;
         memcpy(&kl, p + 16, 2);
         if (kl > MAX_KEY || 18u + kl > len)
             return;
-        Ledger *l = eng_find(e, lid);
         if (!l)
-            l = ledger_create(e, lid, inc);
+            l = led_create(e, lid, inc);
         if (inc >= e->next_inc)
             e->next_inc = inc + 1;
-        if (!l->has_key) {
-            l->has_key = 1;
-            l->keylen = kl;
-            memcpy(l->key, p + 18, kl);
+        if (!l || (!l->has_key && led_set_key(l, p + 18, kl) < 0)) {
+            e->replay_failed = 1;
+            return;
         }
         if (type == JR_FENCE)
             l->fenced = 1;
-    } else if (type == JR_LAC && len >= 8) {
-        Ledger *l = eng_find(e, get64(p));
-        if (l) {
-            free(l->lac);
-            l->laclen = len - 8;
-            l->lac = malloc(l->laclen ? l->laclen : 1);
-            memcpy(l->lac, p + 8, l->laclen);
-            l->has_lac = 1;
+        led_dirty(e, l);
+    } else if (type == JR_LAC && l) {
+        unsigned char *lac = malloc(len - 8 ? len - 8 : 1);
+        if (!lac) {
+            e->replay_failed = 1;
+            return;
         }
-    } else if (type == JR_DELETE && len >= 8) {
-        ledger_remove(e, get64(p));
+        memcpy(lac, p + 8, len - 8);
+        free(l->lac);
+        l->lac = lac;
+        l->laclen = len - 8;
+        l->has_lac = 1;
+        led_dirty(e, l);
+    } else if (type == JR_DELETE && l) {
+        led_delete(e, l);
     }
 }
 
@@ -551,6 +709,12 @@ int replay_journals(Engine *e, int have_mark, uint64_t *maxid)
         close(fd);
     }
     free(ids);
+    if (e->replay_failed) {
+        char why[sizeof e->errmsg];
+        memcpy(why, e->errmsg, sizeof why);
+        seterr(e, "journal replay could not apply a record (%s); refusing to start", why[0] ? why : "out of memory");
+        return E_IO;
+    }
     return E_OK;
 }
 

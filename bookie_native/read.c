@@ -171,6 +171,41 @@ void log_unref(Engine *e, LogFile *lf)
     pthread_mutex_unlock(&e->mu);
 }
 
+/* the index's locations of a range, gathered outside mu (kv_scan_locs callback) */
+typedef struct {
+    Loc *v;
+    size_t n, cap;
+    int64_t first, step;
+    uint64_t bytes, limit;
+} Gather;
+
+static int gather_loc(void *arg, const Loc *lc)
+{
+    Gather *g = arg;
+    if ((lc->entry - g->first) % g->step)
+        return 0;
+    if (g->n == g->cap) {
+        size_t nc = g->cap ? g->cap * 2 : 64;
+        Loc *p = realloc(g->v, nc * sizeof *p);
+        if (!p)
+            return 1; /* (fewer entries: the read returns a shorter range) */
+        g->v = p;
+        g->cap = nc;
+    }
+    g->v[g->n++] = *lc;
+    g->bytes += lc->len;
+    return g->bytes > g->limit; /* enough: cache entries can only add to what the read returns */
+}
+
+/* Reads.  1. Under mu: the ledger (from the cache or the index) and where its entries are: the
+ * write cache holds the newest, the index (for this incarnation, unless a delete is pending) the
+ * flushed ones up to flushed_last.  2. Without mu: the index's locations for the range (one
+ * iterator).  3. Under mu again: entry by entry, the write cache's copy if it has one (copied out
+ * now), else the index's; an entry found in neither though flushed_last covers it was moved by a
+ * flush between 2 and 3 (it writes the index before it drops the cache location), and one in a log
+ * compaction has just removed was moved by it (index first, log table after): both are looked up
+ * again.  4. Without mu: the entry-log reads (the logs are referenced, so compaction cannot close
+ * them under the reader). */
 int eng_read_range(Engine *e, uint64_t ledger, int64_t first, int64_t last, int64_t step, uint64_t max_bytes,
                    unsigned char *buf, size_t bufcap, RangeItem **items, size_t *nitems)
 {
@@ -179,51 +214,93 @@ int eng_read_range(Engine *e, uint64_t ledger, int64_t first, int64_t last, int6
     *items = NULL;
     *nitems = 0;
     pthread_mutex_lock(&e->mu);
-    if (e->closed) {
+    Ledger *l;
+    int rc = e->closed ? E_CLOSED : led_lookup(e, ledger, &l);
+    if (rc != E_OK) {
         pthread_mutex_unlock(&e->mu);
-        return E_CLOSED;
+        return rc;
     }
-    Ledger *l = eng_find(e, ledger);
     if (!l) {
         pthread_mutex_unlock(&e->mu);
         seterr(e, "no such ledger %llu", (unsigned long long)ledger);
         return E_NOLEDGER;
     }
-    size_t i;
+    int64_t flast = l->purge ? -1 : l->flushed_last, clast = l->n ? l->locs[l->n - 1].entry : -1;
     if (first == -1) {
-        if (l->n == 0) {
+        first = clast > flast ? clast : flast;
+        if (first < 0) {
             pthread_mutex_unlock(&e->mu);
             seterr(e, "ledger %llu has no entries", (unsigned long long)ledger);
             return E_NOENTRY;
         }
-        i = l->n - 1;
-        first = l->locs[i].entry;
         if (last < first)
             last = first;
-    } else {
-        i = loc_lower(l, first);
-        if (i >= l->n || l->locs[i].entry != first) {
-            pthread_mutex_unlock(&e->mu);
-            seterr(e, "no such entry %llu:%lld", (unsigned long long)ledger, (long long)first);
-            return E_NOENTRY;
-        }
     }
-    size_t cap = 16, cnt = 0;
+    pthread_mutex_unlock(&e->mu);
+
+    Gather g = {NULL, 0, 0, first, step, 0, buf ? (bufcap < max_bytes ? bufcap : max_bytes) : max_bytes};
+    if (first <= flast && kv_scan_locs(e, ledger, first, last < flast ? last : flast, gather_loc, &g) < 0) {
+        free(g.v);
+        return E_IO;
+    }
+
+    size_t cap = 16, cnt = 0, gi = 0, hint = 0;
     RangeItem *it = malloc(cap * sizeof *it);
     Loc *locs = malloc(cap * sizeof *locs);
     LogFile **lfs = malloc(cap * sizeof *lfs);
     uint64_t bytes = 0;
-    int rc = E_OK;
     if (!it || !locs || !lfs) {
         rc = E_IO;
-        goto unlock_out;
+        seterr(e, "out of memory reading ledger %llu", (unsigned long long)ledger);
     }
-    for (int64_t want = first; want <= last; want += step) {
-        while (i < l->n && l->locs[i].entry < want) /* strided: skip the entries between */
-            i++;
-        if (i >= l->n || l->locs[i].entry != want)
-            break;
-        Loc *lc = &l->locs[i++];
+    pthread_mutex_lock(&e->mu);
+    l = NULL;
+    if (rc == E_OK && !e->closed)
+        rc = led_lookup(e, ledger, &l);
+    if (rc == E_OK && !l) {
+        rc = E_NOLEDGER; /* deleted meanwhile */
+        seterr(e, "no such ledger %llu", (unsigned long long)ledger);
+    }
+    for (int64_t want = first; rc == E_OK && want <= last; want += step) {
+        Loc here, *lc = loc_get_hint(l, want, &hint);
+        LogFile *lf = NULL;
+        if (!lc) {
+            while (gi < g.n && g.v[gi].entry < want)
+                gi++;
+            int found = gi < g.n && g.v[gi].entry == want;
+            if (found)
+                here = g.v[gi];
+            for (int tries = 0; tries < 3; tries++) {
+                if (found && (lf = log_find(e, here.where)))
+                    break;
+                if (l->purge || want > l->flushed_last)
+                    break;
+                /* a flush or a compaction moved it since the scan: ask the index again */
+                found = kv_get_loc(e, ledger, want, &here);
+                if (found < 0) {
+                    rc = E_IO;
+                    break;
+                }
+            }
+            if (rc != E_OK)
+                break;
+            if (!found) {
+                if (cnt == 0) {
+                    seterr(e, "no such entry %llu:%lld", (unsigned long long)ledger, (long long)want);
+                    rc = E_NOENTRY;
+                }
+                break;
+            }
+            if (!lf) {
+                if (cnt == 0) {
+                    seterr(e, "entry %llu:%lld indexed in missing entry log %x", (unsigned long long)ledger,
+                           (long long)want, here.where);
+                    rc = E_IO;
+                }
+                break;
+            }
+            lc = &here;
+        }
         if (cnt > 0 && bytes + lc->len > max_bytes)
             break;
         if (buf && bytes + lc->len > bufcap)
@@ -251,17 +328,6 @@ int eng_read_range(Engine *e, uint64_t ledger, int64_t first, int64_t last, int6
         if (IS_CACHE(lc->where)) {
             memcpy(d, e->cache[lc->where - WHERE_CACHE0].buf + lc->off, lc->len);
         } else {
-            LogFile *lf = log_find(e, lc->where);
-            if (!lf) {
-                if (!buf)
-                    free(d);
-                if (cnt == 0) {
-                    seterr(e, "entry %llu:%lld indexed in missing entry log %x", (unsigned long long)ledger,
-                           (long long)lc->entry, lc->where);
-                    rc = E_IO;
-                }
-                break;
-            }
             lf->refs++;
             lfs[cnt] = lf;
         }
@@ -271,8 +337,10 @@ int eng_read_range(Engine *e, uint64_t ledger, int64_t first, int64_t last, int6
         bytes += lc->len;
         cnt++;
     }
-unlock_out:
+    if (rc == E_OK && e->closed)
+        rc = E_CLOSED;
     pthread_mutex_unlock(&e->mu);
+    free(g.v);
     size_t good = cnt;
     if (rc == E_OK) {
         good = read_records(e, ledger, locs, lfs, it, cnt);

@@ -54,6 +54,11 @@ class StorageConfig:
     # False: entry-log pages leave the page cache once written back and flushed entries are read
     # with O_DIRECT (through the cache on a filesystem without it); see bookie_native/README.md
     entry_log_page_cache: bool = False
+    # the on-disk index (RocksDB, in ledger_dirs[0]/index): its block cache, and how many ledgers not
+    # being written stay in memory (bookie_native/README.md "The index"; memory = write cache +
+    # index cache + ~16 MiB of memtables + ~200 bytes per cached ledger)
+    index_cache_bytes: int = 32 << 20
+    ledger_cache_entries: int = 65536
 
 
 class Storage:
@@ -82,7 +87,13 @@ class Storage:
             compaction_rate=int(config.compaction_rate_bytes_per_s),
             checkpoint_interval_ms=max(1, int(config.checkpoint_interval_s * 1000)),
             page_cache=bool(config.entry_log_page_cache),
+            index_cache_bytes=int(config.index_cache_bytes),
+            ledger_cache_entries=int(config.ledger_cache_entries),
         )
+        converted = self._store.stats()["index_converted_entries"]
+        if converted:
+            log.warning("bookie storage: converted %s from format 1 (ledgers.state + .idx) to the RocksDB "
+                        "index (%d entry locations); the conversion is done once", config.ledger_dirs[0], converted)
         s = self._store
         # direct bindings: no Python frame per call on the hot path
         self.add_entries = s.add_entries

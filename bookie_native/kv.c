@@ -1,0 +1,490 @@
+/* bkspark bookie storage engine: the on-disk index -- entry locations, the ledger index and the entry-log
+ * table in RocksDB (README.md "The index"), through RocksDB's C API.
+ *
+ * Keys (big-endian numbers, so that one ledger's entries are adjacent and in entry order):
+ *   'E' u64 ledger  u64 entry  -> u32 log id · u32 body length · u64 record offset        (entry location)
+ *   'L' u64 ledger             -> u64 incarnation · u8 flags · u16 keylen · key · u32 laclen · lac
+ *   'G' u32 log id             -> u64 log size · u64 .idx size · u64 live bytes            (entry-log table)
+ *   'M' name                   -> "format" (u32) / "next_inc" (u64)
+ * Values are little-endian.  Every change is a write batch (atomic); flushes write theirs without
+ * syncing the WAL, and kv_sync (before any LastLogMark moves past what they cover) and compaction
+ * (before it unlinks the logs it emptied) make everything written so far durable. */
+#define _GNU_SOURCE
+#include "engine_int.h"
+#include <rocksdb/c.h>
+
+struct Kv {
+    rocksdb_t *db;
+    rocksdb_options_t *opts;
+    rocksdb_block_based_table_options_t *topts;
+    rocksdb_cache_t *cache;
+    rocksdb_filterpolicy_t *bloom; /* owned by topts once set */
+    rocksdb_readoptions_t *ro;
+    rocksdb_writeoptions_t *wo, *wo_sync;
+};
+
+static inline void be64(unsigned char *p, uint64_t v)
+{
+    for (int i = 7; i >= 0; i--, v >>= 8)
+        p[i] = (unsigned char)v;
+}
+static inline uint64_t unbe64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v = v << 8 | p[i];
+    return v;
+}
+
+static void ekey(unsigned char k[KV_EKEY], uint64_t ledger, int64_t entry)
+{
+    k[0] = 'E';
+    be64(k + 1, ledger);
+    be64(k + 9, (uint64_t)entry);
+}
+
+static void lkey(unsigned char k[9], uint64_t ledger)
+{
+    k[0] = 'L';
+    be64(k + 1, ledger);
+}
+
+static void gkey(unsigned char k[5], uint32_t id)
+{
+    k[0] = 'G';
+    k[1] = (unsigned char)(id >> 24);
+    k[2] = (unsigned char)(id >> 16);
+    k[3] = (unsigned char)(id >> 8);
+    k[4] = (unsigned char)id;
+}
+
+static int kv_fail(Engine *e, const char *what, char *err)
+{
+    seterr(e, "ledger index (RocksDB) %s failed: %s", what, err ? err : "unknown error");
+    rocksdb_free(err);
+    return -1;
+}
+
+int kv_open(Engine *e, const char *path, int create, Kv **out)
+{
+    *out = NULL;
+    Kv *kv = calloc(1, sizeof *kv);
+    if (!kv) {
+        seterr(e, "out of memory opening the ledger index");
+        return E_IO;
+    }
+    kv->opts = rocksdb_options_create();
+    rocksdb_options_set_create_if_missing(kv->opts, create);
+    rocksdb_options_set_paranoid_checks(kv->opts, 1);
+    rocksdb_options_set_compression(kv->opts, rocksdb_lz4_compression);
+    /* memory: block cache (index_cache_bytes, which also holds the SST index and filter blocks)
+     * + two memtables of IDX_MEMTABLE; the info log is small and rotated */
+    rocksdb_options_set_write_buffer_size(kv->opts, IDX_MEMTABLE);
+    rocksdb_options_set_max_write_buffer_number(kv->opts, 2);
+    rocksdb_options_set_max_total_wal_size(kv->opts, 4 * IDX_MEMTABLE);
+    rocksdb_options_set_max_open_files(kv->opts, 512);
+    rocksdb_options_set_max_background_jobs(kv->opts, 2);
+    rocksdb_options_set_info_log_level(kv->opts, 2 /* WARN */);
+    rocksdb_options_set_max_log_file_size(kv->opts, 1 << 20);
+    rocksdb_options_set_keep_log_file_num(kv->opts, 2);
+    rocksdb_options_set_recycle_log_file_num(kv->opts, 0);
+    /* a torn tail (a batch a crash interrupted, never synced) is cut; damage anywhere else refuses
+     * startup (point-in-time recovery would silently drop every batch after it -- acknowledged
+     * entries whose journal the mark has passed) */
+    rocksdb_options_set_wal_recovery_mode(kv->opts, 0 /* tolerate corrupted tail records */);
+    kv->topts = rocksdb_block_based_options_create();
+    kv->cache = rocksdb_cache_create_lru(e->index_cache_bytes);
+    rocksdb_block_based_options_set_block_cache(kv->topts, kv->cache);
+    rocksdb_block_based_options_set_cache_index_and_filter_blocks(kv->topts, 1);
+    rocksdb_block_based_options_set_pin_l0_filter_and_index_blocks_in_cache(kv->topts, 1);
+    kv->bloom = rocksdb_filterpolicy_create_bloom_full(10);
+    rocksdb_block_based_options_set_filter_policy(kv->topts, kv->bloom);
+    rocksdb_options_set_block_based_table_factory(kv->opts, kv->topts);
+    kv->ro = rocksdb_readoptions_create();
+    kv->wo = rocksdb_writeoptions_create();
+    kv->wo_sync = rocksdb_writeoptions_create();
+    rocksdb_writeoptions_set_sync(kv->wo_sync, 1);
+    char *err = NULL;
+    kv->db = rocksdb_open(kv->opts, path, &err);
+    if (err) {
+        seterr(e, "cannot open the ledger index %s: %s; refusing to start (it holds the entry locations and the "
+                  "fences: restore the directory, or decommission this bookie so that its ledgers are "
+                  "re-replicated)", path, err);
+        rocksdb_free(err);
+        kv->db = NULL;
+        kv_close(kv);
+        return E_IO;
+    }
+    *out = kv;
+    return E_OK;
+}
+
+void kv_close(Kv *kv)
+{
+    if (!kv)
+        return;
+    if (kv->db)
+        rocksdb_close(kv->db);
+    if (kv->ro)
+        rocksdb_readoptions_destroy(kv->ro);
+    if (kv->wo)
+        rocksdb_writeoptions_destroy(kv->wo);
+    if (kv->wo_sync)
+        rocksdb_writeoptions_destroy(kv->wo_sync);
+    if (kv->opts)
+        rocksdb_options_destroy(kv->opts);
+    if (kv->topts)
+        rocksdb_block_based_options_destroy(kv->topts); /* (frees the filter policy) */
+    if (kv->cache)
+        rocksdb_cache_destroy(kv->cache);
+    free(kv);
+}
+
+int kv_destroy(Engine *e, const char *path)
+{
+    rocksdb_options_t *o = rocksdb_options_create();
+    char *err = NULL;
+    rocksdb_destroy_db(o, path, &err);
+    rocksdb_options_destroy(o);
+    if (err)
+        return kv_fail(e, "removal of a partial conversion", err), E_IO;
+    return E_OK;
+}
+
+uint64_t kv_memory(Kv *kv)
+{
+    return kv && kv->cache ? (uint64_t)rocksdb_cache_get_usage(kv->cache) : 0;
+}
+
+/* ---------------------------------------------------------------- reads (no engine lock needed) */
+static int kv_get(Engine *e, const unsigned char *k, size_t kl, unsigned char *v, size_t vcap, size_t *vlen,
+                  unsigned char **vbig)
+{
+    char *err = NULL;
+    rocksdb_pinnableslice_t *s = rocksdb_get_pinned(e->kv->db, e->kv->ro, (const char *)k, kl, &err);
+    if (err)
+        return kv_fail(e, "read", err);
+    if (!s)
+        return 0;
+    size_t n;
+    const char *p = rocksdb_pinnableslice_value(s, &n);
+    *vlen = n;
+    if (vbig) {
+        *vbig = malloc(n ? n : 1);
+        if (*vbig)
+            memcpy(*vbig, p, n);
+    } else {
+        memcpy(v, p, n < vcap ? n : vcap);
+    }
+    rocksdb_pinnableslice_destroy(s);
+    if (vbig && !*vbig) {
+        seterr(e, "out of memory reading the ledger index");
+        return -1;
+    }
+    return 1;
+}
+
+static void loc_decode(const unsigned char *v, int64_t entry, Loc *out)
+{
+    out->entry = entry;
+    out->where = get32(v);
+    out->len = get32(v + 4);
+    out->off = get64(v + 8);
+}
+
+int kv_get_loc(Engine *e, uint64_t ledger, int64_t entry, Loc *out)
+{
+    unsigned char k[KV_EKEY], v[16];
+    size_t n = 0;
+    ekey(k, ledger, entry);
+    int r = kv_get(e, k, sizeof k, v, sizeof v, &n, NULL);
+    if (r == 1 && n != 16) {
+        seterr(e, "ledger index: malformed location of %llu:%lld", (unsigned long long)ledger, (long long)entry);
+        return -1;
+    }
+    if (r == 1)
+        loc_decode(v, entry, out);
+    return r;
+}
+
+int kv_get_ledger(Engine *e, uint64_t ledger, Ledger *l)
+{
+    unsigned char k[9], *v = NULL;
+    size_t n = 0;
+    lkey(k, ledger);
+    int r = kv_get(e, k, sizeof k, NULL, 0, &n, &v);
+    if (r != 1)
+        return r;
+    const unsigned char *q = v, *end = v + n;
+    if (n < 15)
+        goto bad;
+    l->inc = get64(q);
+    unsigned flags = q[8];
+    uint16_t kl;
+    memcpy(&kl, q + 9, 2);
+    q += 11;
+    if (kl > MAX_KEY || end - q < kl + 4)
+        goto bad;
+    l->has_key = flags & 1;
+    l->fenced = (flags & 2) != 0;
+    l->keylen = kl;
+    l->key = malloc(kl ? kl : 1);
+    if (!l->key)
+        goto oom;
+    memcpy(l->key, q, kl);
+    q += kl;
+    uint32_t ll = get32(q);
+    q += 4;
+    if ((size_t)(end - q) != ll)
+        goto bad;
+    if (flags & 4) {
+        l->lac = malloc(ll ? ll : 1);
+        if (!l->lac)
+            goto oom;
+        memcpy(l->lac, q, ll);
+        l->laclen = ll;
+        l->has_lac = 1;
+    }
+    free(v);
+    return 1;
+bad:
+    free(v);
+    seterr(e, "ledger index: malformed record of ledger %llu", (unsigned long long)ledger);
+    return -1;
+oom:
+    free(v);
+    seterr(e, "out of memory reading the ledger index");
+    return -1;
+}
+
+/* an iterator over [lo, hi) (hi: copied, must outlive it -- kept in *hib) */
+static rocksdb_iterator_t *kv_iter(Engine *e, const unsigned char *hi, size_t hl, rocksdb_readoptions_t **ro)
+{
+    *ro = rocksdb_readoptions_create();
+    rocksdb_readoptions_set_iterate_upper_bound(*ro, (const char *)hi, hl);
+    rocksdb_readoptions_set_fill_cache(*ro, 1);
+    return rocksdb_create_iterator(e->kv->db, *ro);
+}
+
+static int kv_iter_end(Engine *e, rocksdb_iterator_t *it, rocksdb_readoptions_t *ro)
+{
+    char *err = NULL;
+    rocksdb_iter_get_error(it, &err);
+    rocksdb_iter_destroy(it);
+    rocksdb_readoptions_destroy(ro);
+    if (err)
+        return kv_fail(e, "scan", err);
+    return 0;
+}
+
+int kv_last_entry(Engine *e, uint64_t ledger, int64_t *last)
+{
+    unsigned char lo[KV_EKEY], hi[KV_EKEY];
+    ekey(lo, ledger, 0);
+    ekey(hi, ledger, INT64_MAX);
+    rocksdb_readoptions_t *ro = rocksdb_readoptions_create();
+    rocksdb_readoptions_set_iterate_lower_bound(ro, (const char *)lo, sizeof lo);
+    rocksdb_iterator_t *it = rocksdb_create_iterator(e->kv->db, ro);
+    rocksdb_iter_seek_for_prev(it, (const char *)hi, sizeof hi);
+    *last = -1;
+    if (rocksdb_iter_valid(it)) {
+        size_t kl;
+        const unsigned char *k = (const unsigned char *)rocksdb_iter_key(it, &kl);
+        if (kl == KV_EKEY && k[0] == 'E' && unbe64(k + 1) == ledger)
+            *last = (int64_t)unbe64(k + 9);
+    }
+    return kv_iter_end(e, it, ro);
+}
+
+/* Call cb for each stored location of `ledger` with from <= entry <= to, in entry order, until it
+ * returns nonzero.  Returns 0, or -1 on a read error. */
+int kv_scan_locs(Engine *e, uint64_t ledger, int64_t from, int64_t to, int (*cb)(void *, const Loc *), void *arg)
+{
+    unsigned char lo[KV_EKEY], hi[KV_EKEY];
+    ekey(lo, ledger, from);
+    if (to == INT64_MAX)
+        ekey(hi, ledger + 1, 0); /* (ledger ids are < 2^63: no wrap) */
+    else
+        ekey(hi, ledger, to + 1);
+    rocksdb_readoptions_t *ro;
+    rocksdb_iterator_t *it = kv_iter(e, hi, sizeof hi, &ro);
+    for (rocksdb_iter_seek(it, (const char *)lo, sizeof lo); rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
+        size_t kl, vl;
+        const unsigned char *k = (const unsigned char *)rocksdb_iter_key(it, &kl);
+        const unsigned char *v = (const unsigned char *)rocksdb_iter_value(it, &vl);
+        if (kl != KV_EKEY || vl != 16)
+            continue;
+        Loc lc;
+        loc_decode(v, (int64_t)unbe64(k + 9), &lc);
+        if (cb(arg, &lc))
+            break;
+    }
+    return kv_iter_end(e, it, ro);
+}
+
+/* every ledger id in the ledger index, ascending (malloc'ed) */
+int kv_ledger_ids(Engine *e, uint64_t **ids, size_t *n)
+{
+    unsigned char lo[1] = {'L'}, hi[1] = {'M'};
+    size_t cap = 1024;
+    *n = 0;
+    *ids = malloc(cap * sizeof **ids);
+    if (!*ids)
+        return -1;
+    rocksdb_readoptions_t *ro;
+    rocksdb_iterator_t *it = kv_iter(e, hi, 1, &ro);
+    rocksdb_readoptions_set_fill_cache(ro, 0);
+    for (rocksdb_iter_seek(it, (const char *)lo, 1); rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
+        size_t kl;
+        const unsigned char *k = (const unsigned char *)rocksdb_iter_key(it, &kl);
+        if (kl != 9)
+            continue;
+        if (*n == cap) {
+            uint64_t *p = realloc(*ids, cap * 2 * sizeof *p);
+            if (!p) {
+                kv_iter_end(e, it, ro);
+                return -1;
+            }
+            *ids = p;
+            cap *= 2;
+        }
+        (*ids)[(*n)++] = unbe64(k + 1);
+    }
+    return kv_iter_end(e, it, ro);
+}
+
+/* the entry-log table: cb(arg, id, size, idx_size, live) per log, ascending ids */
+int kv_logs(Engine *e, int (*cb)(void *, uint32_t, uint64_t, uint64_t, uint64_t), void *arg)
+{
+    unsigned char lo[1] = {'G'}, hi[1] = {'H'};
+    rocksdb_readoptions_t *ro;
+    rocksdb_iterator_t *it = kv_iter(e, hi, 1, &ro);
+    int rc = 0;
+    for (rocksdb_iter_seek(it, (const char *)lo, 1); rocksdb_iter_valid(it) && !rc; rocksdb_iter_next(it)) {
+        size_t kl, vl;
+        const unsigned char *k = (const unsigned char *)rocksdb_iter_key(it, &kl);
+        const unsigned char *v = (const unsigned char *)rocksdb_iter_value(it, &vl);
+        if (kl != 5 || vl != 24)
+            continue;
+        uint32_t id = (uint32_t)k[1] << 24 | (uint32_t)k[2] << 16 | (uint32_t)k[3] << 8 | k[4];
+        rc = cb(arg, id, get64(v), get64(v + 8), get64(v + 16));
+    }
+    int r = kv_iter_end(e, it, ro);
+    return rc ? rc : r;
+}
+
+/* "M" records: 1 found, 0 absent, -1 error */
+int kv_get_meta(Engine *e, const char *name, uint64_t *val)
+{
+    unsigned char k[32], v[8];
+    size_t kl = strlen(name), n = 0;
+    k[0] = 'M';
+    memcpy(k + 1, name, kl);
+    int r = kv_get(e, k, kl + 1, v, sizeof v, &n, NULL);
+    if (r == 1)
+        *val = n == 8 ? get64(v) : n == 4 ? get32(v) : 0;
+    return r;
+}
+
+/* ---------------------------------------------------------------- write batches */
+KvBatch *kvb_new(void) { return (KvBatch *)rocksdb_writebatch_create(); }
+void kvb_free(KvBatch *b)
+{
+    if (b)
+        rocksdb_writebatch_destroy((rocksdb_writebatch_t *)b);
+}
+size_t kvb_count(KvBatch *b) { return (size_t)rocksdb_writebatch_count((rocksdb_writebatch_t *)b); }
+
+void kvb_put_loc(KvBatch *b, uint64_t ledger, int64_t entry, uint32_t where, uint32_t len, uint64_t off)
+{
+    unsigned char k[KV_EKEY], v[16];
+    ekey(k, ledger, entry);
+    put32(v, where);
+    put32(v + 4, len);
+    put64(v + 8, off);
+    rocksdb_writebatch_put((rocksdb_writebatch_t *)b, (const char *)k, sizeof k, (const char *)v, sizeof v);
+}
+
+/* the ledger's record (caller holds mu, or owns l) */
+int kvb_put_ledger(KvBatch *b, const Ledger *l)
+{
+    size_t n = 15 + l->keylen + (l->has_lac ? l->laclen : 0);
+    unsigned char stackbuf[256], *v = n <= sizeof stackbuf ? stackbuf : malloc(n);
+    if (!v)
+        return -1;
+    put64(v, l->inc);
+    v[8] = (unsigned char)((l->has_key ? 1 : 0) | (l->fenced ? 2 : 0) | (l->has_lac ? 4 : 0));
+    uint16_t kl = l->keylen;
+    memcpy(v + 9, &kl, 2);
+    if (kl)
+        memcpy(v + 11, l->key, kl);
+    uint32_t ll = l->has_lac ? l->laclen : 0;
+    put32(v + 11 + kl, ll);
+    if (ll)
+        memcpy(v + 15 + kl, l->lac, ll);
+    unsigned char k[9];
+    lkey(k, l->id);
+    rocksdb_writebatch_put((rocksdb_writebatch_t *)b, (const char *)k, sizeof k, (const char *)v, n);
+    if (v != stackbuf)
+        free(v);
+    return 0;
+}
+
+/* the ledger's record and every location of it */
+void kvb_del_ledger(KvBatch *b, uint64_t ledger)
+{
+    unsigned char k[9], lo[KV_EKEY], hi[KV_EKEY];
+    lkey(k, ledger);
+    rocksdb_writebatch_delete((rocksdb_writebatch_t *)b, (const char *)k, sizeof k);
+    ekey(lo, ledger, 0);
+    ekey(hi, ledger + 1, 0);
+    rocksdb_writebatch_delete_range((rocksdb_writebatch_t *)b, (const char *)lo, sizeof lo, (const char *)hi,
+                                    sizeof hi);
+}
+
+void kvb_put_log(KvBatch *b, uint32_t id, uint64_t size, uint64_t idx_size, uint64_t live)
+{
+    unsigned char k[5], v[24];
+    gkey(k, id);
+    put64(v, size);
+    put64(v + 8, idx_size);
+    put64(v + 16, live);
+    rocksdb_writebatch_put((rocksdb_writebatch_t *)b, (const char *)k, sizeof k, (const char *)v, sizeof v);
+}
+
+void kvb_del_log(KvBatch *b, uint32_t id)
+{
+    unsigned char k[5];
+    gkey(k, id);
+    rocksdb_writebatch_delete((rocksdb_writebatch_t *)b, (const char *)k, sizeof k);
+}
+
+void kvb_put_meta(KvBatch *b, const char *name, uint64_t val)
+{
+    unsigned char k[32], v[8];
+    size_t kl = strlen(name);
+    k[0] = 'M';
+    memcpy(k + 1, name, kl);
+    put64(v, val);
+    rocksdb_writebatch_put((rocksdb_writebatch_t *)b, (const char *)k, kl + 1, (const char *)v, sizeof v);
+}
+
+/* Apply a batch atomically.  sync: the WAL (with every batch before this one) is durable on return. */
+int kvb_write(Engine *e, KvBatch *b, int sync)
+{
+    char *err = NULL;
+    rocksdb_write(e->kv->db, sync ? e->kv->wo_sync : e->kv->wo, (rocksdb_writebatch_t *)b, &err);
+    if (err)
+        return kv_fail(e, "write", err), E_IO;
+    return E_OK;
+}
+
+/* Make every batch written so far durable (fsync of RocksDB's WAL). */
+int kv_sync(Engine *e)
+{
+    char *err = NULL;
+    rocksdb_flush_wal(e->kv->db, 1, &err);
+    if (err)
+        return kv_fail(e, "sync", err), E_IO;
+    return E_OK;
+}
