@@ -203,7 +203,7 @@ def test_compaction_never_loses_entries_after_restart_without_checkpoint(tmp_pat
 
 @pytest.mark.parametrize("left", ["log+idx", "idx"])
 def test_kill_between_compaction_state_write_and_unlink_leaves_no_stale_data(tmp_path, left):
-    # compaction writes the new log, then ledgers.state without its victims, then unlinks them
+    # compaction writes the new log, then its synced index batch without its victims, then unlinks them
     # (.log, then .idx): a kill before the unlinks leaves the victims on disk, unlisted.
     # Reopening must read the compacted copies (the new log has the later id), not resurrect
     # deleted ledgers, and a later compaction must reclaim the leftovers.  A kill between the
