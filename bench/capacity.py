@@ -16,8 +16,9 @@ Phases (``--phases``, comma-separated, in this order):
   filling, then after ``checkpoint()`` and after ``close()``.
 * ``small``  -- the same in ``<dir>/small`` with ``--small-ledgers`` ledgers of
   ``--small-entries`` entries each (every call covers whole ledgers).
-* ``reopen`` -- for each store present: the size on disk of the index (every ``*.idx`` plus
-  ``ledgers.state`` and ``lastMark``; the entry logs and journal are printed apart), then a fresh
+* ``reopen`` -- for each store present: the size on disk of the index (``index/``, RocksDB, and
+  ``lastMark``; format 1: ``ledgers.state`` and every ``*.idx``; the ``.idx`` record lists, entry
+  logs and journal are printed apart), then a fresh
   child drops the page cache of the store's files (``posix_fadvise(DONTNEED)`` on each file: only
   these files, the machine's cache is left alone), times ``Storage()`` and prints its RSS after
   the open and ``ListEntries`` (``Storage.list_entries``) calls/s over every ledger.
@@ -112,12 +113,15 @@ def store_config(d: str):
 
 def disk_usage(d: str) -> dict:
     """Bytes on disk (allocated blocks) and apparent sizes of the store's files, by kind."""
-    kinds = {"index": [0, 0, 0], "entry logs": [0, 0, 0], "journal": [0, 0, 0], "other": [0, 0, 0]}
+    kinds = {"index": [0, 0, 0], ".idx record lists": [0, 0, 0], "entry logs": [0, 0, 0], "journal": [0, 0, 0],
+             "other": [0, 0, 0]}
     for root, _dirs, files in os.walk(d):
         for name in files:
             st = os.stat(os.path.join(root, name))
-            if name.endswith(".idx") or name in ("ledgers.state", "lastMark"):
-                k = "index"
+            if os.path.basename(root) in ("index", "index.tmp") or name in ("ledgers.state", "lastMark"):
+                k = "index"  # (format 1: the *.idx were the index, counted below)
+            elif name.endswith(".idx"):
+                k = ".idx record lists"
             elif name.endswith(".log"):
                 k = "entry logs"
             elif name.endswith(".txn"):
@@ -364,8 +368,8 @@ def print_disk(d: str) -> None:
     u = disk_usage(d)
     ix = u["index"]
     print(f"  index on disk              : {ix[0] / 1e6:,.1f} MB allocated ({ix[1] / 1e6:,.1f} MB apparent) in "
-          f"{ix[2]} files (every *.idx + ledgers.state + lastMark)")
-    for k in ("entry logs", "journal", "other"):
+          f"{ix[2]} files (index/ (RocksDB) + lastMark; format 1: ledgers.state + the .idx files)")
+    for k in (".idx record lists", "entry logs", "journal", "other"):
         v = u[k]
         print(f"  {k + ' on disk':<27}: {v[0] / 1e6:,.1f} MB allocated ({v[1] / 1e6:,.1f} MB apparent) in {v[2]} files")
 
@@ -413,11 +417,15 @@ def main() -> None:
     print(f"  big fill: {args.entries:,} entries x {args.entry_size} B over {args.ledgers:,} ledgers; "
           f"small fill: {args.small_ledgers:,} ledgers x {args.small_entries} entries; "
           f"{args.threads} fill threads, {args.batch} entries/call, journal_sync={cfg.journal_sync}")
+    caches = (cfg.write_cache_bytes + cfg.index_cache_bytes) >> 20
+    memtables = 32  # two 16 MiB RocksDB memtables (bookie_native/kv.c IDX_MEMTABLE)
     print(f"  configured caches (bookie defaults): write cache {cfg.write_cache_bytes >> 20} MiB "
-          f"(two halves; the journal's pending buffer never exceeds it), range-read buffer 4 MiB per reading "
+          f"(two halves; the journal's pending buffer never exceeds it), index cache "
+          f"{cfg.index_cache_bytes >> 20} MiB + {memtables} MiB of index memtables, ledger cache "
+          f"{cfg.ledger_cache_entries:,} ledgers, range-read buffer 4 MiB per reading "
           f"thread; entry_log_page_cache={cfg.entry_log_page_cache}, checkpoint every "
-          f"{cfg.checkpoint_interval_s:g} s -> RSS target <= {cfg.write_cache_bytes >> 20} MiB + 150 MB "
-          f"= {((cfg.write_cache_bytes >> 20) * 1.048576 + 150):.0f} MB")
+          f"{cfg.checkpoint_interval_s:g} s -> RSS target <= {caches + memtables} MiB + 150 MB "
+          f"= {((caches + memtables) * 1.048576 + 150):.0f} MB")
     big, small = os.path.join(root, "big"), os.path.join(root, "small")
     common = {"threads": args.threads, "batch": args.batch, "samples": args.samples, "entry_size": args.entry_size}
     try:

@@ -239,7 +239,15 @@ int eng_read_range(Engine *e, uint64_t ledger, int64_t first, int64_t last, int6
     pthread_mutex_unlock(&e->mu);
 
     Gather g = {NULL, 0, 0, first, step, 0, buf ? (bufcap < max_bytes ? bufcap : max_bytes) : max_bytes};
-    if (first <= flast && kv_scan_locs(e, ledger, first, last < flast ? last : flast, gather_loc, &g) < 0) {
+    int r = 0;
+    if (first <= flast && (first == last || first + step > last)) { /* one entry: a point lookup */
+        g.v = malloc(sizeof *g.v);
+        r = g.v ? kv_get_loc(e, ledger, first, g.v) : -1;
+        g.n = r == 1;
+    } else if (first <= flast) {
+        r = kv_scan_locs(e, ledger, first, last < flast ? last : flast, gather_loc, &g);
+    }
+    if (r < 0) {
         free(g.v);
         return E_IO;
     }

@@ -43,6 +43,8 @@ class BookieConfig:
     compaction_rate_mb_per_s: float = 16.0  # copying pace of compaction; 0 = unlimited
     entry_log_page_cache: bool = False  # keep written entry logs in the OS page cache (else
                                         # dropped once written back; reads are O_DIRECT)
+    index_cache_mb: int = 32            # block cache of the on-disk index (RocksDB)
+    ledger_cache_entries: int = 65536   # ledgers not being written kept in memory (LRU)
     # server limits
     max_entry_bytes: int = 5 << 20
     max_message_bytes: int = 64 << 20
@@ -76,6 +78,10 @@ class BookieConfig:
             raise BadRequestError("journal_dir is required")
         if not self.ledger_dirs:
             raise BadRequestError("ledger_dirs needs at least one directory")
+        if self.index_cache_mb < 1:
+            raise BadRequestError(f"index_cache_mb must be >= 1 (MiB of index block cache), got {self.index_cache_mb}")
+        if self.ledger_cache_entries < 0:
+            raise BadRequestError(f"ledger_cache_entries must be >= 0, got {self.ledger_cache_entries}")
         if not (0 < self.port < 65536):
             raise BadRequestError(f"port must be in 1..65535, got {self.port}")
         if not (-1 <= self.data_port < 65536):
