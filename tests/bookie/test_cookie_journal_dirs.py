@@ -79,3 +79,38 @@ def test_journal_dirs_flag(tmp_path):
     assert config.journal_dirs == ["/a", "/b"]
     with pytest.raises(BadRequestError, match="conflicts with journal_dirs"):
         config_from_args(build_parser().parse_args([*base, "--journal-dir", "/c", "--journal-dirs", "/a,/b"]))
+
+
+def test_bookie_with_two_journals_survives_kill_and_refuses_a_changed_list(tmp_path):
+    """A bookie process started with --journal-dirs: adds of ledgers of both journals survive a
+    kill -9; restarted with one journal dir it is refused by the cookie, naming both lists."""
+    from bkspark import errors
+    from bkspark.proto import bookie_pb2 as pb
+    from bkspark.testing.cluster import BookieCluster
+    from .conftest import add_request, frame, stub_for
+    bdir = tmp_path / "bookie-0"
+    jdirs = [str(bdir / "journal"), str(bdir / "journal1")]
+    with BookieCluster(f"sqlite:///{tmp_path}/meta.db", num_bookies=1, data_dir=tmp_path,
+                       extra_args=["--journal-dirs", ",".join(jdirs),
+                                   "--checkpoint-interval-s", "3600"]) as c:
+        stub, channel = stub_for(c.bookie_ids[0])
+        for e in range(10):
+            for lid in (8, 9):  # journal 0 and journal 1
+                assert stub.Add(add_request(lid, e, b"%d" % e * 30), timeout=10).status == errors.EOK
+        channel.close()
+        assert all(os.listdir(d) for d in jdirs)
+        with open(os.path.join(jdirs[1], "COOKIE")) as f:
+            assert json.load(f)["journal_dirs"] == jdirs
+        c.kill(0)
+        c.start(0)
+        stub, channel = stub_for(c.bookie_ids[0])
+        for e in range(10):
+            for lid in (8, 9):
+                reply = stub.Read(pb.ReadRequest(ledger_id=lid, entry_id=e), timeout=10)
+                assert reply.status == errors.EOK and reply.body == frame(lid, e, b"%d" % e * 30)
+        channel.close()
+        c.stop(0)
+        c.bookies[0].extra_args = []  # back to --journal-dir alone: the list changed
+        with pytest.raises(errors.BKError, match="journal directories changed") as ex:
+            c.start(0)
+        assert f"found {jdirs!r}, expected {jdirs[:1]!r}" in str(ex.value), str(ex.value)
