@@ -35,8 +35,19 @@ int index_sync(Engine *e)
     return rc;
 }
 
-static int write_lastmark(Engine *e, uint64_t id, uint64_t pos)
+/* journal k's mark file: lastMark (journal 0, the single-journal name) or lastMark.<k> */
+void mark_name(int k, char *out, size_t n)
 {
+    if (k == 0)
+        snprintf(out, n, "lastMark");
+    else
+        snprintf(out, n, "lastMark.%d", k);
+}
+
+static int write_lastmark(Engine *e, int k, uint64_t id, uint64_t pos)
+{
+    char name[32];
+    mark_name(k, name, sizeof name);
     unsigned char m[32];
     memset(m, 0, sizeof m);
     memcpy(m, M_MAGIC, 4);
@@ -45,8 +56,8 @@ static int write_lastmark(Engine *e, uint64_t id, uint64_t pos)
     put64(m + 16, pos);
     put32(m + 24, bks_crc32c(0, m, 24));
     for (int d = 0; d < e->nldirs; d++) {
-        if (write_atomic(e->ledger_dirs[d], "lastMark", m, sizeof m) < 0) {
-            seterr(e, "cannot write lastMark in %s: %s", e->ledger_dirs[d], strerror(errno));
+        if (write_atomic(e->ledger_dirs[d], name, m, sizeof m) < 0) {
+            seterr(e, "cannot write %s in %s: %s", name, e->ledger_dirs[d], strerror(errno));
             return E_IO;
         }
     }
@@ -60,10 +71,10 @@ static int u64cmp(const void *a, const void *b)
 }
 
 /* sorted journal ids in the journal dir */
-uint64_t *list_journals(Engine *e, size_t *n)
+uint64_t *list_journals(Journal *j, size_t *n)
 {
     *n = 0;
-    DIR *d = opendir(e->journal_dir);
+    DIR *d = opendir(j->dir);
     if (!d)
         return NULL;
     size_t cap = 16;
@@ -101,17 +112,17 @@ uint64_t *list_journals(Engine *e, size_t *n)
 
 /* Delete the journal files the LastLogMark no longer needs beyond max_backups (once per new
  * mark).  Runs without ckpt_mu: unlinking a 512 MiB file takes ~130 ms here, flushes need not wait. */
-static void gc_journals(Engine *e)
+static void gc_journal(Engine *e, Journal *j)
 {
     pthread_mutex_lock(&e->mu);
-    uint64_t mark_id = e->mark_id;
-    int done = mark_id == e->jgc_mark;
-    e->jgc_mark = mark_id;
+    uint64_t mark_id = j->mark_id;
+    int done = mark_id == j->jgc_mark;
+    j->jgc_mark = mark_id;
     pthread_mutex_unlock(&e->mu);
     if (done)
         return;
     size_t n;
-    uint64_t *ids = list_journals(e, &n);
+    uint64_t *ids = list_journals(j, &n);
     if (!ids)
         return;
     size_t older = 0;
@@ -121,10 +132,16 @@ static void gc_journals(Engine *e)
     size_t keep = (size_t)(e->max_backups > 0 ? e->max_backups : 0);
     for (size_t i = 0; i + keep < older; i++) {
         char p[4200];
-        jpath(e, ids[i], p, sizeof p);
+        jpath(j, ids[i], p, sizeof p);
         unlink(p);
     }
     free(ids);
+}
+
+static void gc_journals(Engine *e)
+{
+    for (int k = 0; k < e->njournals; k++)
+        gc_journal(e, e->jn[k]);
 }
 
 /* ---------------------------------------------------------------- the index batch of a flush */
@@ -414,14 +431,18 @@ static int flush_cache_slot(Engine *e, int slot, uint64_t pace_budget_ns)
 int checkpoint_locked(Engine *e, int full, int paced)
 {
     pthread_mutex_lock(&e->mu);
-    if (e->j_failed) {
+    int jf = j_any_failed(e);
+    if (jf) {
         pthread_mutex_unlock(&e->mu);
-        seterr(e, "journal failed: %s", strerror(e->j_failed));
+        seterr(e, "journal failed: %s", strerror(jf));
         return E_IO;
     }
     if (!e->flush_pending)
         swap_for_flush(e);
-    uint64_t mark_seq = e->flush_mark_seq;
+    int nj = e->njournals;
+    uint64_t mark_seq[MAX_JOURNALS];
+    for (int k = 0; k < nj; k++)
+        mark_seq[k] = e->jn[k]->flush_mark_seq;
     int slot = !e->active;
     uint64_t budget = paced ? e->fill_ns / 2 : 0;
     if (budget > 1000000000ull)
@@ -429,7 +450,12 @@ int checkpoint_locked(Engine *e, int full, int paced)
     if (budget)
         e->st_paced_flushes++;
     uint64_t tj = now_ns();
-    int rc = j_wait(e, mark_seq);
+    int rc = E_OK;
+    for (int k = 1; k < nj; k++) /* the journal threads commit the others' meanwhile */
+        if (e->jn[k]->j_synced < mark_seq[k])
+            pthread_cond_signal(&e->jn[k]->jcv);
+    for (int k = 0; k < nj && rc == E_OK; k++)
+        rc = j_wait(e->jn[k], mark_seq[k]);
     TM_ADD(e, TM_F_JWAIT, now_ns() - tj);
     pthread_mutex_unlock(&e->mu);
     if (rc != E_OK)
@@ -446,28 +472,34 @@ int checkpoint_locked(Engine *e, int full, int paced)
     e->flush_failed = 0;
     cache_reset(&e->cache[slot], e->cache_half);
     e->flush_pending = 0;
-    e->flushed_seq = mark_seq;
     e->st_flushes++;
     pthread_cond_broadcast(&e->cache_cv);
     if (!full && now_ns() - e->last_full_ns < 1000000000ull) {
         pthread_mutex_unlock(&e->mu);
         return E_OK;
     }
-    uint64_t mid, mpos;
-    seq_to_mark(e, mark_seq, &mid, &mpos);
+    uint64_t mid[MAX_JOURNALS], mpos[MAX_JOURNALS];
+    for (int k = 0; k < nj; k++)
+        seq_to_mark(e->jn[k], mark_seq[k], &mid[k], &mpos[k]);
     pthread_mutex_unlock(&e->mu);
     uint64_t tst = now_ns();
     rc = index_sync(e);
     if (rc != E_OK)
         return rc;
     crash_point(e, "index-synced");
-    rc = write_lastmark(e, mid, mpos);
+    /* journal 0's lastMark last: a lastMark with a lastMark.<k> missing for some k < njournals
+     * then means the journal count grew (read_lastmark refuses that) */
+    for (int k = nj; k-- > 0 && rc == E_OK;)
+        rc = write_lastmark(e, k, mid[k], mpos[k]);
     if (rc != E_OK)
         return rc;
     crash_point(e, "mark-written");
     pthread_mutex_lock(&e->mu);
-    e->mark_id = mid;
-    e->mark_pos = mpos;
+    for (int k = 0; k < nj; k++) {
+        e->jn[k]->mark_id = mid[k];
+        e->jn[k]->mark_pos = mpos[k];
+        e->jn[k]->have_mark = 1;
+    }
     e->st_checkpoints++;
     e->last_full_ns = now_ns();
     pthread_mutex_unlock(&e->mu);

@@ -134,14 +134,52 @@ void swap_for_flush(Engine *e)
     e->swap_ns = t;
     e->active ^= 1;
     e->flush_pending = 1;
-    e->flush_mark_seq = e->j_enq;
+    for (int k = 0; k < e->njournals; k++) /* the future marks: everything in the swapped half */
+        e->jn[k]->flush_mark_seq = e->jn[k]->j_enq;
     pthread_cond_signal(&e->ckpt_cv);
+}
+
+/* Wait (mu held) until every journal in `mask` has synced what this thread enqueued to it.  With
+ * more than one, the journal threads of all but the first commit theirs meanwhile (each journal's
+ * write+fdatasync in parallel, on its own disk); this thread leads the first's commit, then waits
+ * for (or leads) the others'. */
+static int j_wait_mask(Engine *e, uint64_t mask)
+{
+    int first = -1, rc = E_OK;
+    for (int k = 0; k < e->njournals; k++) {
+        if (!(mask >> k & 1))
+            continue;
+        Journal *j = e->jn[k];
+        if (j->j_grouping)
+            pthread_cond_signal(&j->gcv); /* this entrant is done: the committer may stop waiting */
+        if (first < 0)
+            first = k;
+        else if (j->j_synced < j->j_enq)
+            pthread_cond_signal(&j->jcv);
+    }
+    for (int k = 0; k < e->njournals && rc == E_OK; k++)
+        if (mask >> k & 1)
+            rc = j_wait(e->jn[k], e->jn[k]->j_enq);
+    return rc;
+}
+
+static uint64_t journal_mask(Engine *e, const AddReq *reqs, size_t n)
+{
+    if (e->njournals == 1)
+        return 1;
+    uint64_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        m |= 1ull << (reqs[i].ledger % (uint64_t)e->njournals);
+    return m;
 }
 
 int eng_add_entries(Engine *e, AddReq *reqs, size_t n, int *status)
 {
+    uint64_t mask = journal_mask(e, reqs, n); /* the journals this call enqueues to */
     pthread_mutex_lock(&e->mu);
-    e->j_entering++;
+    for (int k = 0; k < e->njournals; k++)
+        if (mask >> k & 1)
+            e->jn[k]->j_entering++;
     pthread_mutex_unlock(&e->mu);
     uint64_t ta = now_ns();
     for (size_t i = 0; i < n; i++) { /* checksums outside the lock */
@@ -154,13 +192,15 @@ int eng_add_entries(Engine *e, AddReq *reqs, size_t n, int *status)
     TM_ADD(e, TM_ADD_CRC, tb - ta);
     pthread_mutex_lock(&e->mu);
     uint64_t tl = now_ns(), tlw = 0;
-    e->j_entering--;
+    for (int k = 0; k < e->njournals; k++)
+        if (mask >> k & 1)
+            e->jn[k]->j_entering--;
     if (e->closed) {
         pthread_mutex_unlock(&e->mu);
         return E_CLOSED;
     }
-    if (e->j_failed) {
-        seterr(e, "journal failed: %s", strerror(e->j_failed));
+    if (j_any_failed(e)) {
+        seterr(e, "journal failed: %s", strerror(j_any_failed(e)));
         pthread_mutex_unlock(&e->mu);
         return E_IO;
     }
@@ -168,6 +208,7 @@ int eng_add_entries(Engine *e, AddReq *reqs, size_t n, int *status)
     size_t i = 0;
     while (i < n) {
         AddReq *r = &reqs[i];
+        Journal *jr = led_journal(e, r->ledger);
         Ledger *l;
         if (led_lookup(e, r->ledger, &l) != E_OK) {
             rc = E_IO;
@@ -187,7 +228,8 @@ int eng_add_entries(Engine *e, AddReq *reqs, size_t n, int *status)
                 swap_for_flush(e);
             } else {
                 e->st_cache_waits++;
-                pthread_cond_signal(&e->jcv);
+                for (int k = 0; k < e->njournals; k++)
+                    pthread_cond_signal(&e->jn[k]->jcv);
                 pthread_cond_signal(&e->ckpt_cv);
                 if (e->flush_failed) {
                     char why[sizeof e->errmsg];
@@ -201,7 +243,7 @@ int eng_add_entries(Engine *e, AddReq *reqs, size_t n, int *status)
                 uint64_t tw1 = now_ns();
                 tlw += tw1 - tw0;
                 TM_ADD(e, TM_CACHE_WAIT, tw1 - tw0);
-                if (e->closed || e->j_failed) {
+                if (e->closed || j_any_failed(e)) {
                     rc = e->closed ? E_CLOSED : E_IO;
                     break;
                 }
@@ -223,7 +265,7 @@ int eng_add_entries(Engine *e, AddReq *reqs, size_t n, int *status)
                 break;
             }
             led_dirty(e, l);
-            if (j_enq_keyrec(e, JR_MKEY, l) < 0) {
+            if (j_enq_keyrec(jr, JR_MKEY, l) < 0) {
                 rc = E_IO;
                 seterr(e, "out of memory queueing the journal record of ledger %llu", (unsigned long long)r->ledger);
                 break;
@@ -242,7 +284,7 @@ int eng_add_entries(Engine *e, AddReq *reqs, size_t n, int *status)
                    (long long)r->entry);
             break;
         }
-        if (j_enq_add(e, r->ledger, r->entry, r->body, r->len, r->jcrc, r->rcrc) < 0) {
+        if (j_enq_add(jr, r->ledger, r->entry, r->body, r->len, r->jcrc, r->rcrc) < 0) {
             rc = E_IO;
             seterr(e, "out of memory queueing entry %llu:%lld for the journal", (unsigned long long)r->ledger,
                    (long long)r->entry);
@@ -257,7 +299,7 @@ int eng_add_entries(Engine *e, AddReq *reqs, size_t n, int *status)
     uint64_t ts = now_ns();
     TM_ADD(e, TM_ADD_LOCKED, ts - tl - tlw);
     if (rc == E_OK)
-        rc = j_wait(e, e->j_enq);
+        rc = j_wait_mask(e, mask);
     TM_ADD(e, TM_ADD_SYNCWAIT, now_ns() - ts);
     pthread_mutex_unlock(&e->mu);
     return rc;
@@ -294,11 +336,11 @@ int eng_fence(Engine *e, uint64_t ledger, const unsigned char *key, uint32_t key
         l->fenced = 1;
         led_dirty(e, l);
         e->st_fences++;
-        if (j_enq_keyrec(e, JR_FENCE, l) < 0)
+        if (j_enq_keyrec(led_journal(e, ledger), JR_FENCE, l) < 0)
             rc = E_IO;
     }
     if (rc == E_OK)
-        rc = j_wait(e, e->j_enq);
+        rc = j_wait(led_journal(e, ledger), led_journal(e, ledger)->j_enq);
     pthread_mutex_unlock(&e->mu);
     return rc;
 }
@@ -324,10 +366,11 @@ int eng_set_lac(Engine *e, uint64_t ledger, const unsigned char *lac, uint32_t l
             led_dirty(e, l);
             unsigned char h[8];
             put64(h, ledger);
-            if (j_enqueue(e, JR_LAC, h, 8, lac, len, 0, 0, 0) < 0)
+            Journal *j = led_journal(e, ledger);
+            if (j_enqueue(j, JR_LAC, h, 8, lac, len, 0, 0, 0) < 0)
                 rc = E_IO;
             else
-                rc = j_wait(e, e->j_enq);
+                rc = j_wait(j, j->j_enq);
         }
     }
     pthread_mutex_unlock(&e->mu);
@@ -343,10 +386,11 @@ int eng_delete(Engine *e, uint64_t ledger)
         led_delete(e, l);
         unsigned char h[8];
         put64(h, ledger);
-        if (j_enqueue(e, JR_DELETE, h, 8, NULL, 0, 0, 0, 0) < 0)
+        Journal *j = led_journal(e, ledger);
+        if (j_enqueue(j, JR_DELETE, h, 8, NULL, 0, 0, 0, 0) < 0)
             rc = E_IO;
         else
-            rc = j_wait(e, e->j_enq);
+            rc = j_wait(j, j->j_enq);
     }
     pthread_mutex_unlock(&e->mu);
     return rc;
@@ -355,17 +399,64 @@ int eng_delete(Engine *e, uint64_t ledger)
 int eng_force(Engine *e)
 {
     pthread_mutex_lock(&e->mu);
-    int rc = e->closed ? E_CLOSED : j_wait(e, e->j_enq);
+    int rc = e->closed ? E_CLOSED : j_wait_mask(e, e->njournals >= 64 ? ~0ull : (1ull << e->njournals) - 1);
     pthread_mutex_unlock(&e->mu);
     return rc;
 }
 
 /* ---------------------------------------------------------------- lifecycle: open, close, free */
+static Journal *journal_new(Engine *e, int k, const char *dir)
+{
+    Journal *j = calloc(1, sizeof *j);
+    if (!j)
+        return NULL;
+    j->dir = strdup(dir);
+    if (!j->dir) {
+        free(j);
+        return NULL;
+    }
+    j->e = e;
+    j->k = k;
+    j->lock_fd = -1;
+    j->jfd = -1;
+    j->jn_fd = -1;
+    j->jz_chunk = (e->jmax_size / 4) & ~(uint64_t)(DIO_ALIGN - 1);
+    j->jz_chunk = j->jz_chunk > JZ_CHUNK ? JZ_CHUNK : j->jz_chunk < DIO_ALIGN ? DIO_ALIGN : j->jz_chunk;
+    j->jz_gap = (e->jmax_size / 8) & ~(uint64_t)(DIO_ALIGN - 1);
+    j->jz_gap = j->jz_gap > JZ_GAP ? JZ_GAP : j->jz_gap;
+    j->jz_ahead = e->jmax_size < JZ_AHEAD ? e->jmax_size : JZ_AHEAD;
+    pthread_cond_init(&j->jcv, NULL);
+    pthread_cond_init(&j->synced_cv, NULL);
+    pthread_cond_init(&j->gcv, NULL);
+    pthread_cond_init(&j->z_cv, NULL);
+    return j;
+}
+
+static void journal_free(Journal *j)
+{
+    if (!j)
+        return;
+    free(j->pending.buf);
+    free(j->writing.buf);
+    free(j->jfiles);
+    if (j->jfd >= 0)
+        close(j->jfd);
+    if (j->jn_fd >= 0)
+        close(j->jn_fd);
+    if (j->lock_fd >= 0)
+        close(j->lock_fd);
+    pthread_cond_destroy(&j->jcv);
+    pthread_cond_destroy(&j->synced_cv);
+    pthread_cond_destroy(&j->gcv);
+    pthread_cond_destroy(&j->z_cv);
+    free(j->dir);
+    free(j);
+}
+
 int eng_open(const EngineConfig *cfg, Engine **out, char *err, size_t errlen)
 {
     Engine *e = calloc(1, sizeof *e);
     *out = NULL;
-    e->journal_dir = strdup(cfg->journal_dir);
     e->nldirs = cfg->nldirs;
     e->ledger_dirs = calloc((size_t)cfg->nldirs, sizeof(char *));
     for (int i = 0; i < cfg->nldirs; i++)
@@ -378,11 +469,6 @@ int eng_open(const EngineConfig *cfg, Engine **out, char *err, size_t errlen)
     e->jmax_size = cfg->jmax_size < (1 << 20) ? (1 << 20) : cfg->jmax_size;
     e->max_backups = cfg->max_backups;
     e->jsync = cfg->jsync;
-    e->jz_chunk = (e->jmax_size / 4) & ~(uint64_t)(DIO_ALIGN - 1);
-    e->jz_chunk = e->jz_chunk > JZ_CHUNK ? JZ_CHUNK : e->jz_chunk < DIO_ALIGN ? DIO_ALIGN : e->jz_chunk;
-    e->jz_gap = (e->jmax_size / 8) & ~(uint64_t)(DIO_ALIGN - 1);
-    e->jz_gap = e->jz_gap > JZ_GAP ? JZ_GAP : e->jz_gap;
-    e->jz_ahead = e->jmax_size < JZ_AHEAD ? e->jmax_size : JZ_AHEAD;
     e->entry_log_max = cfg->entry_log_max < 4096 ? 4096 : cfg->entry_log_max;
     e->compaction_threshold = cfg->compaction_threshold;
     e->compaction_max_bytes = cfg->compaction_max_bytes;
@@ -396,34 +482,44 @@ int eng_open(const EngineConfig *cfg, Engine **out, char *err, size_t errlen)
     pthread_mutex_init(&e->mu, NULL);
     pthread_mutex_init(&e->ckpt_mu, NULL);
     pthread_mutex_init(&e->compact_mu, NULL);
-    pthread_cond_init(&e->jcv, NULL);
-    pthread_cond_init(&e->synced_cv, NULL);
-    pthread_cond_init(&e->gcv, NULL);
     pthread_cond_init(&e->cache_cv, NULL);
     pthread_cond_init(&e->ckpt_cv, NULL);
     pthread_cond_init(&e->compact_cv, NULL);
-    pthread_cond_init(&e->z_cv, NULL);
     e->nbuckets = 1024;
     e->buckets = calloc(e->nbuckets, sizeof *e->buckets);
     e->next_inc = 1;
-    e->jfd = -1;
-    e->jn_fd = -1;
+    e->lock_fd = -1;
     int rc = E_OK;
-    if (mkdirs(e->journal_dir) < 0) {
-        seterr(e, "cannot create journal dir %s: %s", e->journal_dir, strerror(errno));
+    int nj = cfg->njournals;
+    e->jn = calloc(nj > 0 ? (size_t)nj : 1, sizeof *e->jn);
+    if (nj < 1 || nj > MAX_JOURNALS || !e->jn) {
+        seterr(e, "journal_dirs needs 1..%d directories", MAX_JOURNALS);
         rc = E_IO;
+    }
+    for (int k = 0; k < nj && rc == E_OK; k++) {
+        e->jn[k] = journal_new(e, k, cfg->journal_dirs[k]);
+        if (!e->jn[k]) {
+            seterr(e, "out of memory");
+            rc = E_IO;
+            break;
+        }
+        e->njournals = k + 1;
+        if (mkdirs(e->jn[k]->dir) < 0) {
+            seterr(e, "cannot create journal dir %s: %s", e->jn[k]->dir, strerror(errno));
+            rc = E_IO;
+        }
     }
     for (int i = 0; i < e->nldirs && rc == E_OK; i++)
         if (mkdirs(e->ledger_dirs[i]) < 0) {
             seterr(e, "cannot create ledger dir %s: %s", e->ledger_dirs[i], strerror(errno));
             rc = E_IO;
         }
-    e->lock_fds[0] = e->lock_fds[1] = -1;
-    for (int k = 0; k < 2 && rc == E_OK; k++) {
+    for (int k = 0; k <= e->njournals && rc == E_OK; k++) { /* every journal dir, then ledger_dirs[0] */
         char p[4200];
-        snprintf(p, sizeof p, "%s/LOCK", k == 0 ? e->journal_dir : e->ledger_dirs[0]);
-        e->lock_fds[k] = open(p, O_CREAT | O_RDWR | O_CLOEXEC, 0644);
-        if (e->lock_fds[k] < 0 || flock(e->lock_fds[k], LOCK_EX | LOCK_NB) < 0) {
+        int *fdp = k < e->njournals ? &e->jn[k]->lock_fd : &e->lock_fd;
+        snprintf(p, sizeof p, "%s/LOCK", k < e->njournals ? e->jn[k]->dir : e->ledger_dirs[0]);
+        *fdp = open(p, O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+        if (*fdp < 0 || flock(*fdp, LOCK_EX | LOCK_NB) < 0) {
             seterr(e, "cannot lock %s: %s (is another bookie using this directory?)", p, strerror(errno));
             rc = E_IO;
         }
@@ -431,38 +527,54 @@ int eng_open(const EngineConfig *cfg, Engine **out, char *err, size_t errlen)
     int have_mark = 0;
     if (rc == E_OK) {
         have_mark = read_lastmark(e);
-        rc = open_index(e, have_mark); /* (converting a format-1 directory first) */
+        rc = have_mark < 0 ? E_IO : open_index(e, have_mark); /* (converting a format-1 directory first) */
     }
     if (rc == E_OK)
         rc = load_logs(e);
-    uint64_t maxj = 0;
-    if (rc == E_OK)
-        rc = replay_journals(e, have_mark, &maxj);
-    if (rc == E_OK) {
-        if (j_open_file(e, maxj + 1) < 0) {
-            seterr(e, "cannot create journal file in %s: %s", e->journal_dir, strerror(errno));
+    /* each journal from its own mark, one after another (a ledger's records are all in one
+     * journal, so the order between journals does not matter) */
+    int all_marks = 1;
+    for (int k = 0; k < e->njournals && rc == E_OK; k++) {
+        Journal *j = e->jn[k];
+        uint64_t maxj = 0;
+        all_marks = all_marks && j->have_mark;
+        rc = replay_journals(e, j, &maxj);
+        if (rc != E_OK)
+            break;
+        if (j_open_file(j, maxj + 1) < 0) {
+            seterr(e, "cannot create journal file in %s: %s", j->dir, strerror(errno));
             rc = E_IO;
-        } else {
-            e->jfcap = 8;
-            e->jfiles = calloc(e->jfcap, sizeof *e->jfiles);
-            e->jfiles[0].id = e->jcur_id;
-            e->jfiles[0].start_seq = 0;
-            e->njfiles = 1;
+            break;
         }
+        j->jfcap = 8;
+        j->jfiles = calloc(j->jfcap, sizeof *j->jfiles);
+        if (!j->jfiles) {
+            seterr(e, "out of memory");
+            rc = E_IO;
+            break;
+        }
+        j->jfiles[0].id = j->jcur_id;
+        j->jfiles[0].start_seq = 0;
+        j->njfiles = 1;
     }
     if (rc == E_OK) {
-        if (pthread_create(&e->jthread, NULL, journal_thread, e) == 0)
-            e->jthread_started = 1;
-        if (pthread_create(&e->cthread, NULL, ckpt_thread, e) == 0)
+        for (int k = 0; k < e->njournals && rc == E_OK; k++) {
+            Journal *j = e->jn[k];
+            if (pthread_create(&j->jthread, NULL, journal_thread, j) == 0)
+                j->jthread_started = 1;
+            else
+                rc = E_IO;
+            if (e->jsync && pthread_create(&j->zthread, NULL, jzero_thread, j) == 0)
+                j->zthread_started = 1; /* optional: without it the journal uses fallocate'd space */
+        }
+        if (rc == E_OK && pthread_create(&e->cthread, NULL, ckpt_thread, e) == 0)
             e->cthread_started = 1;
-        if (e->jsync && pthread_create(&e->zthread, NULL, jzero_thread, e) == 0)
-            e->zthread_started = 1; /* optional: without it the journal uses fallocate'd space */
-        if (!e->jthread_started || !e->cthread_started) {
+        if (rc != E_OK || !e->cthread_started) {
             seterr(e, "cannot start storage threads");
             rc = E_IO;
         }
     }
-    if (rc == E_OK && (e->st_replay_records > 0 || !have_mark || e->st_converted))
+    if (rc == E_OK && (e->st_replay_records > 0 || !have_mark || !all_marks || e->st_converted))
         rc = eng_checkpoint(e);
     if (rc != E_OK) {
         snprintf(err, errlen, "%s", e->errmsg);
@@ -488,14 +600,16 @@ void eng_close(Engine *e, int do_checkpoint)
         return;
     }
     int rc = E_OK;
-    if (do_checkpoint && e->jthread_started && !e->j_failed)
+    if (do_checkpoint && e->cthread_started && !j_any_failed(e))
         rc = checkpoint_locked(e, 1, 0);
     (void)rc;
     pthread_mutex_lock(&e->mu);
     e->closed = 1;
     e->c_stop = 1;
-    e->j_stop = 1;
-    pthread_cond_broadcast(&e->jcv);
+    for (int k = 0; k < e->njournals; k++) {
+        e->jn[k]->j_stop = 1;
+        pthread_cond_broadcast(&e->jn[k]->jcv);
+    }
     pthread_cond_broadcast(&e->ckpt_cv);
     pthread_cond_broadcast(&e->cache_cv);
     pthread_mutex_unlock(&e->mu);
@@ -503,20 +617,24 @@ void eng_close(Engine *e, int do_checkpoint)
     pthread_mutex_unlock(&e->compact_mu);
     if (e->cthread_started)
         pthread_join(e->cthread, NULL);
-    if (e->jthread_started)
-        pthread_join(e->jthread, NULL);
-    if (e->zthread_started) {
-        pthread_mutex_lock(&e->mu);
-        e->z_stop = 1;
-        pthread_cond_broadcast(&e->z_cv);
-        pthread_mutex_unlock(&e->mu);
-        pthread_join(e->zthread, NULL);
+    for (int k = 0; k < e->njournals; k++) {
+        Journal *j = e->jn[k];
+        if (j->jthread_started)
+            pthread_join(j->jthread, NULL);
+        if (j->zthread_started) {
+            pthread_mutex_lock(&e->mu);
+            j->z_stop = 1;
+            pthread_cond_broadcast(&j->z_cv);
+            pthread_mutex_unlock(&e->mu);
+            pthread_join(j->zthread, NULL);
+        }
+        if (j->jn_fd >= 0) { /* prepared, never used: an empty journal, which replay accepts */
+            close(j->jn_fd);
+            j->jn_fd = -1;
+        }
+        j->jthread_started = j->zthread_started = 0;
     }
-    if (e->jn_fd >= 0) { /* prepared, never used: an empty journal, which replay accepts */
-        close(e->jn_fd);
-        e->jn_fd = -1;
-    }
-    e->cthread_started = e->jthread_started = e->zthread_started = 0;
+    e->cthread_started = 0;
     if (e->wlog && e->wlog->prealloc > e->wlog->size && e->wlog->fd >= 0) /* unused reservation */
         if (ftruncate(e->wlog->fd, (off_t)e->wlog->size) == 0)
             e->wlog->prealloc = e->wlog->size;
@@ -535,17 +653,13 @@ void eng_free(Engine *e)
         free(e->cache[c].buf);
         free(e->cache[c].ents);
     }
-    free(e->pending.buf);
-    free(e->writing.buf);
     free(e->fw);
     free(e->fw_tmp);
-    free(e->jfiles);
-    if (e->jfd >= 0)
-        close(e->jfd);
-    for (int k = 0; k < 2; k++)
-        if (e->lock_fds[k] > 0)
-            close(e->lock_fds[k]);
-    free(e->journal_dir);
+    for (int k = 0; k < e->njournals; k++)
+        journal_free(e->jn[k]);
+    free(e->jn);
+    if (e->lock_fd >= 0)
+        close(e->lock_fd);
     for (int i = 0; i < e->nldirs; i++)
         free(e->ledger_dirs[i]);
     free(e->ledger_dirs);
@@ -561,8 +675,8 @@ void eng_unlock(Engine *e) { pthread_mutex_unlock(&e->mu); }
 /* ---------------------------------------------------------------- accessors for the binding (engine.h; caller holds mu) */
 void eng_last_log_mark(Engine *e, uint64_t *id, uint64_t *pos)
 {
-    *id = e->mark_id;
-    *pos = e->mark_pos;
+    *id = e->jn[0]->mark_id;
+    *pos = e->jn[0]->mark_pos;
 }
 
 void eng_stats(Engine *e, EngineStats *st)
@@ -589,8 +703,11 @@ void eng_stats(Engine *e, EngineStats *st)
     st->jz_behind = e->st_jz_behind;
     st->jn_rolls = e->st_jn_rolls;
     st->cache_bytes = e->cache[0].used + e->cache[1].used;
-    st->pending_len = e->pending.len;
-    st->j_waiters = (uint64_t)e->j_waiters;
+    st->pending_len = st->j_waiters = 0;
+    for (int k = 0; k < e->njournals; k++) {
+        st->pending_len += e->jn[k]->pending.len;
+        st->j_waiters += (uint64_t)e->jn[k]->j_waiters;
+    }
     st->nledgers = e->nledgers;
     st->index_cache_used = kv_memory(e->kv);
     st->converted = e->st_converted;
@@ -600,9 +717,10 @@ void eng_stats(Engine *e, EngineStats *st)
         st->log_live += e->logs[i]->live;
         st->log_total += e->logs[i]->size;
     }
-    st->jcur_id = e->jcur_id;
-    st->jpos = e->jpos;
-    st->j_failed = e->j_failed;
+    st->jcur_id = e->jn[0]->jcur_id;
+    st->jpos = e->jn[0]->jpos;
+    st->njournals = (uint64_t)e->njournals;
+    st->j_failed = j_any_failed(e);
     for (int k = 0; k < TM_N; k++)
         st->tm[k] = e->tm[k];
 }

@@ -2,8 +2,10 @@
  * ledger state, checkpoint/LastLogMark, compaction.  See README.md for the file formats.
  *
  * Threading: one mutex `mu` guards all in-memory state (ledger map, index, write caches,
- * pending journal buffer, log table).  Group commits write+sync outside `mu`, one at a time, on
- * the first waiting adder's thread (or the journal thread at close).
+ * pending journal buffers, log table).  Group commits write+sync outside `mu`, one at a time per
+ * journal (one journal per journal directory, ledger L in journal L % n), on the first waiting
+ * adder's thread (or that journal's thread: at close, and for the other journals of a batch that
+ * spans several).
  * `ckpt_mu` serialises checkpoints (flushes), close and the short end of a compaction pass;
  * `compact_mu` serialises compaction passes and close, whose copying runs beside flushes (lock
  * order compact_mu -> ckpt_mu -> mu).
@@ -67,7 +69,8 @@ typedef struct {
 } AddReq;
 
 typedef struct {
-    const char *journal_dir;
+    const char **journal_dirs; /* one journal per directory (1..64); ledger L uses journal_dirs[L % njournals] */
+    int njournals;
     const char **ledger_dirs;
     int nldirs;
     uint64_t write_cache_bytes, group_wait_us, threshold, jmax_size;
@@ -140,8 +143,9 @@ typedef struct {
     uint64_t j_waiters, nledgers, nlogs; /* nledgers: ledgers in memory (the ledger cache) */
     uint64_t index_cache_used, converted; /* RocksDB block cache bytes; entries converted at open */
     uint64_t log_live, log_total;  /* entry logs: bytes referenced by the index / written */
-    uint64_t jcur_id, jpos;
-    int j_failed;
+    uint64_t jcur_id, jpos;        /* journal 0's current file and position */
+    uint64_t njournals;
+    int j_failed;                  /* any journal's */
     uint64_t tm[TM_N];             /* timers, ns */
 } EngineStats;
 void eng_stats(Engine *e, EngineStats *st);

@@ -133,49 +133,15 @@ typedef struct {
     size_t len, cap;
 } Buf;
 
-struct Engine {
-    /* config */
-    char *journal_dir;
-    char **ledger_dirs;
-    int nldirs;
-    size_t cache_half;
-    uint64_t group_wait_ns, threshold, jmax_size, entry_log_max;
-    int max_backups, jsync;
-    double compaction_threshold;
-    uint64_t compaction_max_bytes, ckpt_interval_ns;
-    uint64_t compaction_rate; /* bytes/s a compaction pass copies at most (0: unlimited) */
-    int page_cache; /* keep entry-log pages in the OS page cache (else: dropped after writeback,
-                     * reads are direct; see entrylog.c "entry logs and the page cache") */
-
-    pthread_mutex_t mu, ckpt_mu, compact_mu;
-    pthread_cond_t jcv, synced_cv, cache_cv, ckpt_cv;
-    pthread_cond_t compact_cv; /* a compaction pass waiting out its rate (close wakes it) */
-    pthread_cond_t gcv; /* a committer's group wait: an entrant finished enqueueing */
-
-    /* ledgers: the in-memory ledger cache (index.c) over the on-disk index (kv.c) */
-    Kv *kv;
-    uint64_t index_cache_bytes; /* RocksDB block cache */
-    size_t ledger_cache_max;    /* ledgers kept in memory beyond the pinned ones */
-    Ledger **buckets;
-    size_t nbuckets, nledgers;
-    Ledger *lru_head, *lru_tail;
-    uint64_t *dirty;            /* ids of ledgers with dirty set (for the next index batch) */
-    size_t ndirty, dirtycap;
-    uint64_t next_inc;
-    uint64_t index_gen;         /* bumped by every index batch (a lookup outside mu re-checks it) */
-    int index_failed;           /* an index write failed: no flush or mark moves again (restart) */
-    int replay_failed;          /* a replayed record could not be applied (open fails) */
-    uint64_t st_converted;      /* entries converted from a format-1 directory at open */
-    char crash_at[64];          /* test hook: BKSPARK_STORAGE_CRASH_AT (see crash_point) */
-
-    /* write cache */
-    Cache cache[2];
-    int active;
-    int flush_pending;       /* cache[!active] holds data awaiting flush */
-    uint64_t flush_mark_seq; /* journal seq covering everything in the flushing cache */
-    uint64_t swap_ns, fill_ns; /* last swap; how long the half now flushing took to fill */
-
-    /* journal */
+/* One journal: a directory of journal files with its own group commit, journal thread, zeroing
+ * thread and LastLogMark.  Every field is guarded by the engine's mu (like the rest of the
+ * in-memory state); a commit's I/O runs outside it.  Journal k's mark is the file lastMark
+ * (k == 0) or lastMark.<k> in every ledger dir. */
+typedef struct Journal {
+    Engine *e;
+    int k;     /* its index in e->jn */
+    char *dir; /* its directory */
+    int lock_fd; /* flock on dir/LOCK */
     Buf pending, writing;
     uint32_t pending_gcrc; /* crc32c of the records in `pending` (the group checksum, built up) */
     uint64_t j_enq, j_written, j_synced; /* logical byte sequence numbers */
@@ -183,7 +149,9 @@ struct Engine {
     int j_failed, j_stop, j_waiters;
     int j_busy;     /* a group commit is running (on the journal thread or a waiter's) */
     int j_grouping; /* ... and is in its group wait */
-    int j_entering; /* add_entries calls that will enqueue soon (adaptive group commit) */
+    int j_entering; /* add_entries calls that will enqueue to this journal soon (adaptive group commit) */
+    pthread_cond_t jcv, synced_cv;
+    pthread_cond_t gcv; /* a committer's group wait: an entrant finished enqueueing */
     int jfd;
     uint64_t jcur_id, jpos, jprealloc, jdropped; /* jdropped: journal bytes below it are out of the page cache */
     JFile *jfiles;
@@ -205,6 +173,57 @@ struct Engine {
     int jn_creating;           /* the zeroer is creating it (the roll waits, never races it) */
     uint64_t jn_id, jn_done;
     uint64_t jn_retry_ns;      /* creating it failed (disk full...): not again before this */
+    /* checkpoint */
+    uint64_t flush_mark_seq; /* seq covering everything of this journal in the flushing cache half */
+    uint64_t mark_id, mark_pos; /* this journal's LastLogMark */
+    int have_mark;              /* a valid mark was found at open (or written since) */
+    uint64_t jgc_mark; /* the mark's journal id gc_journals last deleted up to (mu) */
+} Journal;
+
+#define MAX_JOURNALS 64
+
+struct Engine {
+    /* config */
+    char **ledger_dirs;
+    int nldirs;
+    size_t cache_half;
+    uint64_t group_wait_ns, threshold, jmax_size, entry_log_max;
+    int max_backups, jsync;
+    double compaction_threshold;
+    uint64_t compaction_max_bytes, ckpt_interval_ns;
+    uint64_t compaction_rate; /* bytes/s a compaction pass copies at most (0: unlimited) */
+    int page_cache; /* keep entry-log pages in the OS page cache (else: dropped after writeback,
+                     * reads are direct; see entrylog.c "entry logs and the page cache") */
+
+    pthread_mutex_t mu, ckpt_mu, compact_mu;
+    pthread_cond_t cache_cv, ckpt_cv;
+    pthread_cond_t compact_cv; /* a compaction pass waiting out its rate (close wakes it) */
+
+    /* ledgers: the in-memory ledger cache (index.c) over the on-disk index (kv.c) */
+    Kv *kv;
+    uint64_t index_cache_bytes; /* RocksDB block cache */
+    size_t ledger_cache_max;    /* ledgers kept in memory beyond the pinned ones */
+    Ledger **buckets;
+    size_t nbuckets, nledgers;
+    Ledger *lru_head, *lru_tail;
+    uint64_t *dirty;            /* ids of ledgers with dirty set (for the next index batch) */
+    size_t ndirty, dirtycap;
+    uint64_t next_inc;
+    uint64_t index_gen;         /* bumped by every index batch (a lookup outside mu re-checks it) */
+    int index_failed;           /* an index write failed: no flush or mark moves again (restart) */
+    int replay_failed;          /* a replayed record could not be applied (open fails) */
+    uint64_t st_converted;      /* entries converted from a format-1 directory at open */
+    char crash_at[64];          /* test hook: BKSPARK_STORAGE_CRASH_AT (see crash_point) */
+
+    /* write cache */
+    Cache cache[2];
+    int active;
+    int flush_pending;       /* cache[!active] holds data awaiting flush */
+    uint64_t swap_ns, fill_ns; /* last swap; how long the half now flushing took to fill */
+
+    /* journals (one per journal directory; ledger L's records go to jn[L % njournals]) */
+    Journal **jn;
+    int njournals;
 
     /* entry logs */
     LogFile **logs; /* sorted by id */
@@ -217,8 +236,6 @@ struct Engine {
     pthread_t cthread;
     int cthread_started, c_stop;
     int ckpt_waiting; /* checkpoint/close calls waiting for ckpt_mu (a paced flush hurries) */
-    uint64_t mark_id, mark_pos;
-    uint64_t flushed_seq;    /* journal seq up to which everything is in entry logs + index */
     uint64_t last_full_ns;   /* time of the last state+lastMark write */
     uint64_t st_flushes, st_paced_flushes, st_hurried_flushes; /* paced: see entrylog.c "paced flushes" */
     int flush_failed; /* last flush failed: adds waiting for cache space get EIO */
@@ -231,10 +248,9 @@ struct Engine {
     int flushing;
     uint32_t flush_from_log;
     int closing; /* close has begun: a compaction pass stops at its next chunk (mu) */
-    uint64_t jgc_mark; /* the LastLogMark journal id gc_journals last deleted up to (mu) */
 
     int closed;
-    int lock_fds[2]; /* flock on journal_dir/LOCK and ledger_dirs[0]/LOCK */
+    int lock_fd; /* flock on ledger_dirs[0]/LOCK (each journal holds its dir's) */
     char errmsg[512];
 
     /* stats */
@@ -345,17 +361,19 @@ void cache_reset(Cache *c, size_t nominal);
 uint32_t log_crc(uint64_t ledger, int64_t entry, const unsigned char *body, uint32_t len);
 
 /* ---------------------------------------------------------------- journal.c */
-void jpath(Engine *e, uint64_t id, char *out, size_t n);
+void jpath(Journal *j, uint64_t id, char *out, size_t n);
+static inline Journal *led_journal(const Engine *e, uint64_t ledger) { return e->jn[ledger % (uint64_t)e->njournals]; }
+int j_any_failed(const Engine *e); /* the errno of a failed journal, 0: none */
 void jrec_crcs(uint32_t type, uint32_t plen, uint32_t pcrc, uint32_t *field, uint32_t *rec);
-int j_enqueue(Engine *e, uint32_t type, const unsigned char *hdr, size_t hlen, const unsigned char *body, size_t blen, int have_crc, uint32_t field, uint32_t rec);
-int j_enq_add(Engine *e, uint64_t ledger, int64_t entry, const unsigned char *body, uint32_t len, uint32_t field, uint32_t rec);
-int j_enq_keyrec(Engine *e, uint32_t type, Ledger *l);
-int j_open_file(Engine *e, uint64_t id);
+int j_enqueue(Journal *j, uint32_t type, const unsigned char *hdr, size_t hlen, const unsigned char *body, size_t blen, int have_crc, uint32_t field, uint32_t rec);
+int j_enq_add(Journal *j, uint64_t ledger, int64_t entry, const unsigned char *body, uint32_t len, uint32_t field, uint32_t rec);
+int j_enq_keyrec(Journal *j, uint32_t type, Ledger *l);
+int j_open_file(Journal *j, uint64_t id);
 void cond_wait_ns(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t d);
 void *journal_thread(void *arg);
 void *jzero_thread(void *arg);
-int j_wait(Engine *e, uint64_t seq);
-void seq_to_mark(Engine *e, uint64_t seq, uint64_t *id, uint64_t *pos);
+int j_wait(Journal *j, uint64_t seq);
+void seq_to_mark(Journal *j, uint64_t seq, uint64_t *id, uint64_t *pos);
 
 /* ---------------------------------------------------------------- read.c */
 int log_read(Engine *e, LogFile *lf, uint64_t ledger, const Loc *loc, unsigned char *out);
@@ -374,7 +392,8 @@ int sync_dirty_logs(Engine *e);
 /* ---------------------------------------------------------------- checkpoint.c */
 int index_sync(Engine *e);
 void crash_point(Engine *e, const char *name);
-uint64_t *list_journals(Engine *e, size_t *n);
+uint64_t *list_journals(Journal *j, size_t *n);
+void mark_name(int k, char *out, size_t n); /* lastMark, lastMark.<k> */
 int checkpoint_locked(Engine *e, int full, int paced);
 void ckpt_lock_now(Engine *e);
 void *ckpt_thread(void *arg);
@@ -382,7 +401,7 @@ void *ckpt_thread(void *arg);
 /* ---------------------------------------------------------------- open.c */
 int open_index(Engine *e, int have_mark);
 int load_logs(Engine *e);
-int replay_journals(Engine *e, int have_mark, uint64_t *maxid);
+int replay_journals(Engine *e, Journal *j, uint64_t *maxid);
 int read_lastmark(Engine *e);
 
 #endif

@@ -3,7 +3,15 @@
 #include "engine_int.h"
 
 /* ---------------------------------------------------------------- journal */
-void jpath(Engine *e, uint64_t id, char *out, size_t n) { snprintf(out, n, "%s/%016llx.txn", e->journal_dir, (unsigned long long)id); }
+void jpath(Journal *j, uint64_t id, char *out, size_t n) { snprintf(out, n, "%s/%016llx.txn", j->dir, (unsigned long long)id); }
+
+int j_any_failed(const Engine *e)
+{
+    for (int k = 0; k < e->njournals; k++)
+        if (e->jn[k]->j_failed)
+            return e->jn[k]->j_failed;
+    return 0;
+}
 
 /* Checksums of a journal record, derived from pcrc = crc32c(payload) without another pass over
  * it: *field = crc32c(len || type || payload) (the record's crc field) and *rec = crc32c of the
@@ -20,17 +28,17 @@ void jrec_crcs(uint32_t type, uint32_t plen, uint32_t pcrc, uint32_t *field, uin
 }
 
 /* append a record to the pending buffer; caller holds mu.  have_crc: field/rec from jrec_crcs */
-int j_enqueue(Engine *e, uint32_t type, const unsigned char *hdr, size_t hlen, const unsigned char *body,
+int j_enqueue(Journal *j, uint32_t type, const unsigned char *hdr, size_t hlen, const unsigned char *body,
               size_t blen, int have_crc, uint32_t field, uint32_t rec)
 {
     size_t plen = hlen + blen;
-    if (buf_reserve(&e->pending, JG_HDR + JR_HDR + plen) < 0)
+    if (buf_reserve(&j->pending, JG_HDR + JR_HDR + plen) < 0)
         return -1;
-    if (e->pending.len == 0) { /* room for the group header, filled by the committer */
-        e->pending_since_ns = now_ns();
-        e->pending.len = JG_HDR;
-        e->j_enq += JG_HDR;
-        e->pending_gcrc = 0; /* crc32c of the group's records so far (none) */
+    if (j->pending.len == 0) { /* room for the group header, filled by the committer */
+        j->pending_since_ns = now_ns();
+        j->pending.len = JG_HDR;
+        j->j_enq += JG_HDR;
+        j->pending_gcrc = 0; /* crc32c of the group's records so far (none) */
     }
     if (!have_crc) {
         uint32_t pcrc = bks_crc32c(0, hdr, hlen);
@@ -38,29 +46,29 @@ int j_enqueue(Engine *e, uint32_t type, const unsigned char *hdr, size_t hlen, c
             pcrc = bks_crc32c(pcrc, body, blen);
         jrec_crcs(type, (uint32_t)plen, pcrc, &field, &rec);
     }
-    unsigned char *p = e->pending.buf + e->pending.len;
+    unsigned char *p = j->pending.buf + j->pending.len;
     put32(p, (uint32_t)plen);
     put32(p + 4, type);
     put32(p + 8, field);
     memcpy(p + JR_HDR, hdr, hlen);
     if (blen)
         memcpy(p + JR_HDR + hlen, body, blen);
-    e->pending.len += JR_HDR + plen;
-    e->j_enq += JR_HDR + plen;
-    e->pending_gcrc = bks_crc32c_combine(e->pending_gcrc, rec, JR_HDR + plen);
+    j->pending.len += JR_HDR + plen;
+    j->j_enq += JR_HDR + plen;
+    j->pending_gcrc = bks_crc32c_combine(j->pending_gcrc, rec, JR_HDR + plen);
     return 0;
 }
 
-int j_enq_add(Engine *e, uint64_t ledger, int64_t entry, const unsigned char *body, uint32_t len, uint32_t field,
+int j_enq_add(Journal *j, uint64_t ledger, int64_t entry, const unsigned char *body, uint32_t len, uint32_t field,
               uint32_t rec)
 {
     unsigned char h[16];
     put64(h, ledger);
     put64(h + 8, (uint64_t)entry);
-    return j_enqueue(e, JR_ADD, h, 16, body, len, 1, field, rec);
+    return j_enqueue(j, JR_ADD, h, 16, body, len, 1, field, rec);
 }
 
-int j_enq_keyrec(Engine *e, uint32_t type, Ledger *l)
+int j_enq_keyrec(Journal *j, uint32_t type, Ledger *l)
 {
     unsigned char h[18 + MAX_KEY];
     put64(h, l->id);
@@ -68,17 +76,18 @@ int j_enq_keyrec(Engine *e, uint32_t type, Ledger *l)
     uint16_t kl = l->keylen;
     memcpy(h + 16, &kl, 2);
     memcpy(h + 18, l->key, kl);
-    return j_enqueue(e, type, h, 18 + (size_t)kl, NULL, 0, 0, 0, 0);
+    return j_enqueue(j, type, h, 18 + (size_t)kl, NULL, 0, 0, 0, 0);
 }
 
 /* Create journal file `id`: its header durable, and its directory entry.  `prealloc` (not NULL):
  * reserve space with posix_fallocate (best effort; *prealloc = bytes reserved).  `whole_page`:
  * the header's page is written whole (zeros after the header), so a prepared file is written
  * from offset 0 on.  Needs no lock (the caller owns `id`).  Returns the descriptor, -1 (errno). */
-static int j_create_file(Engine *e, uint64_t id, uint64_t *prealloc, int whole_page)
+static int j_create_file(Journal *j, uint64_t id, uint64_t *prealloc, int whole_page)
 {
+    Engine *e = j->e;
     char p[4200];
-    jpath(e, id, p, sizeof p);
+    jpath(j, id, p, sizeof p);
     int fd = open(p, O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
     if (fd < 0)
         return -1;
@@ -98,7 +107,7 @@ static int j_create_file(Engine *e, uint64_t id, uint64_t *prealloc, int whole_p
             pre = 0; /* best effort */
         *prealloc = pre;
     }
-    if (write_full(fd, hdr, hlen, 0) < 0 || fdatasync(fd) < 0 || fsync_dir(e->journal_dir) < 0) {
+    if (write_full(fd, hdr, hlen, 0) < 0 || fdatasync(fd) < 0 || fsync_dir(j->dir) < 0) {
         int s = errno;
         close(fd);
         errno = s;
@@ -109,82 +118,85 @@ static int j_create_file(Engine *e, uint64_t id, uint64_t *prealloc, int whole_p
 
 /* Make `fd` (journal file `id`, header written) the current journal (mu held, or before the
  * threads start): [0, zeroed) of it is already written, [0, reserved) allocated. */
-static void j_use_file(Engine *e, int fd, uint64_t id, uint64_t reserved, uint64_t zeroed)
+static void j_use_file(Journal *j, int fd, uint64_t id, uint64_t reserved, uint64_t zeroed)
 {
-    if (e->jfd >= 0)
-        close(e->jfd);
-    e->jfd = fd;
-    e->jpos = J_HDR;
-    e->jprealloc = reserved;
-    e->jdropped = 0;
-    e->jcur_id = id;
-    e->jz_lo = 0;
-    e->jz_done = zeroed;
-    e->jw_end = DIO_ALIGN; /* the header's page */
-    if (e->zthread_started)
-        pthread_cond_signal(&e->z_cv);
+    if (j->jfd >= 0)
+        close(j->jfd);
+    j->jfd = fd;
+    j->jpos = J_HDR;
+    j->jprealloc = reserved;
+    j->jdropped = 0;
+    j->jcur_id = id;
+    j->jz_lo = 0;
+    j->jz_done = zeroed;
+    j->jw_end = DIO_ALIGN; /* the header's page */
+    if (j->zthread_started)
+        pthread_cond_signal(&j->z_cv);
 }
 
-int j_open_file(Engine *e, uint64_t id)
+int j_open_file(Journal *j, uint64_t id)
 {
     uint64_t pre = 0;
-    int fd = j_create_file(e, id, &pre, 0);
+    int fd = j_create_file(j, id, &pre, 0);
     if (fd < 0)
         return -1;
-    j_use_file(e, fd, id, pre, 0);
+    j_use_file(j, fd, id, pre, 0);
     return 0;
 }
 
 /* Roll to the next journal file (mu held): the one the zeroer prepared if it is ready (a swap
  * of descriptors, no I/O under the lock), else created here (create, fallocate, two syncs). */
-static int j_roll(Engine *e)
+static int j_roll(Journal *j)
 {
-    while (e->jn_creating) /* the zeroer is creating it: never race it for the same name */
-        pthread_cond_wait(&e->z_cv, &e->mu);
-    if (e->jn_fd >= 0 && e->jn_id == e->jcur_id + 1) {
-        j_use_file(e, e->jn_fd, e->jn_id, e->jn_done, e->jn_done);
-        e->jn_fd = -1;
+    Engine *e = j->e;
+    while (j->jn_creating) /* the zeroer is creating it: never race it for the same name */
+        pthread_cond_wait(&j->z_cv, &e->mu);
+    if (j->jn_fd >= 0 && j->jn_id == j->jcur_id + 1) {
+        j_use_file(j, j->jn_fd, j->jn_id, j->jn_done, j->jn_done);
+        j->jn_fd = -1;
         e->st_jn_rolls++;
         return 0;
     }
-    return j_open_file(e, e->jcur_id + 1);
+    return j_open_file(j, j->jcur_id + 1);
 }
 
 /* Bytes of the next journal file the zeroer should have written by now: as much as the current
  * file has advanced into its last jz_ahead before the roll point (the same pace as the current
  * file's own zeroing, which has stopped by then), so the next file starts jz_ahead written. */
-static uint64_t jn_target(const Engine *e)
+static uint64_t jn_target(const Journal *j)
 {
-    uint64_t left = e->jmax_size > e->jw_end ? e->jmax_size - e->jw_end : 0;
-    return left >= e->jz_ahead ? DIO_ALIGN : e->jz_ahead - left;
+    const Engine *e = j->e;
+    uint64_t left = e->jmax_size > j->jw_end ? e->jmax_size - j->jw_end : 0;
+    return left >= j->jz_ahead ? DIO_ALIGN : j->jz_ahead - left;
 }
 
 /* Whether the zeroer has work the journal just made due (mu held): zeroing ahead in the current
  * file (once a half of jz_ahead was used up), the next file's creation (the journal is within
  * jz_ahead of its roll point), or zeroing the next file (a quarter of jz_ahead behind its pace)
  * -- a wake-up per such step, not per group. */
-static int z_due(const Engine *e)
+static int z_due(const Journal *j)
 {
-    int bulk = e->jg_avg >= JZ_BULK;
-    if (!bulk && e->jz_done < e->jmax_size && e->jz_done < e->jw_end + e->jz_ahead / 2)
+    const Engine *e = j->e;
+    int bulk = j->jg_avg >= JZ_BULK;
+    if (!bulk && j->jz_done < e->jmax_size && j->jz_done < j->jw_end + j->jz_ahead / 2)
         return 1;
-    if (e->jw_end + e->jz_ahead < e->jmax_size) /* far from the roll point */
+    if (j->jw_end + j->jz_ahead < e->jmax_size) /* far from the roll point */
         return 0;
-    if (e->jn_fd < 0)
-        return !e->jn_creating && now_ns() >= e->jn_retry_ns;
-    return !bulk && e->jz_done >= e->jmax_size && e->jn_done + e->jz_ahead / 4 <= jn_target(e);
+    if (j->jn_fd < 0)
+        return !j->jn_creating && now_ns() >= j->jn_retry_ns;
+    return !bulk && j->jz_done >= e->jmax_size && j->jn_done + j->jz_ahead / 4 <= jn_target(j);
 }
 
 /* The journal is read only by replay: once synced, its pages leave the page cache, so the
  * next groups are copied into pages the kernel already has instead of growing the cache (on
  * the VMs we measure on, first-touch pages made journal writes cost 2 ms of CPU per MB, reused
  * ones 0.2 ms).  The partial last page stays: the next group writes into it. */
-static void j_drop_synced(Engine *e, int fd, uint64_t end)
+static void j_drop_synced(Journal *j, int fd, uint64_t end)
 {
     uint64_t upto = end & ~(uint64_t)4095;
-    if (upto >= e->jdropped + (1u << 20)) {
-        posix_fadvise(fd, (off_t)e->jdropped, (off_t)(upto - e->jdropped), POSIX_FADV_DONTNEED);
-        e->jdropped = upto;
+    if (upto >= j->jdropped + (1u << 20)) {
+        posix_fadvise(fd, (off_t)j->jdropped, (off_t)(upto - j->jdropped), POSIX_FADV_DONTNEED);
+        j->jdropped = upto;
     }
 }
 
@@ -212,82 +224,83 @@ void cond_wait_ns(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t d)
  * Group wait: until threshold bytes or the max wait since the oldest pending record -- but only
  * while some add_entries call is about to enqueue (adaptive: when nobody is, waiting cannot grow
  * the group, so commit at once, like a raw write+sync loop). */
-static void j_commit(Engine *e)
+static void j_commit(Journal *j)
 {
-    if (e->j_failed) { /* drop: waiters already failed */
-        e->j_written = e->j_synced = e->j_enq;
-        e->pending.len = 0;
-        pthread_cond_broadcast(&e->synced_cv);
+    Engine *e = j->e;
+    if (j->j_failed) { /* drop: waiters already failed */
+        j->j_written = j->j_synced = j->j_enq;
+        j->pending.len = 0;
+        pthread_cond_broadcast(&j->synced_cv);
         return;
     }
-    e->j_busy = 1;
+    j->j_busy = 1;
     uint64_t tgw = now_ns();
-    e->j_grouping = 1;
-    while (!e->j_stop && e->group_wait_ns && e->pending.len < e->threshold && e->j_entering > 0) {
-        uint64_t deadline = e->pending_since_ns + e->group_wait_ns;
+    j->j_grouping = 1;
+    while (!j->j_stop && e->group_wait_ns && j->pending.len < e->threshold && j->j_entering > 0) {
+        uint64_t deadline = j->pending_since_ns + e->group_wait_ns;
         uint64_t t = now_ns();
         if (t >= deadline)
             break;
-        cond_wait_ns(&e->gcv, &e->mu, deadline - t);
+        cond_wait_ns(&j->gcv, &e->mu, deadline - t);
     }
-    e->j_grouping = 0;
+    j->j_grouping = 0;
     TM_ADD(e, TM_J_GROUPWAIT, now_ns() - tgw);
-    Buf tmp = e->writing;
-    uint32_t gcrc = e->pending_gcrc;
-    e->writing = e->pending;
-    e->pending = tmp;
-    e->pending.len = 0;
-    uint64_t start = e->j_written, end = start + e->writing.len;
+    Buf tmp = j->writing;
+    uint32_t gcrc = j->pending_gcrc;
+    j->writing = j->pending;
+    j->pending = tmp;
+    j->pending.len = 0;
+    uint64_t start = j->j_written, end = start + j->writing.len;
     int err = 0;
-    if (e->jpos >= e->jmax_size) { /* roll */
+    if (j->jpos >= e->jmax_size) { /* roll */
         uint64_t tr = now_ns();
-        int ro = j_roll(e);
+        int ro = j_roll(j);
         TM_ADD(e, TM_J_ROLL, now_ns() - tr);
         if (ro < 0) {
             err = errno;
         } else {
-            if (e->njfiles == e->jfcap) {
-                size_t nc = e->jfcap ? e->jfcap * 2 : 8;
-                void *p = realloc(e->jfiles, nc * sizeof *e->jfiles);
+            if (j->njfiles == j->jfcap) {
+                size_t nc = j->jfcap ? j->jfcap * 2 : 8;
+                void *p = realloc(j->jfiles, nc * sizeof *j->jfiles);
                 if (p) {
-                    e->jfiles = p;
-                    e->jfcap = nc;
+                    j->jfiles = p;
+                    j->jfcap = nc;
                 }
             }
-            if (e->njfiles < e->jfcap) {
-                e->jfiles[e->njfiles].id = e->jcur_id;
-                e->jfiles[e->njfiles].start_seq = start;
-                e->njfiles++;
+            if (j->njfiles < j->jfcap) {
+                j->jfiles[j->njfiles].id = j->jcur_id;
+                j->jfiles[j->njfiles].start_seq = start;
+                j->njfiles++;
             } else {
                 err = ENOMEM; /* the group fails: the journal files' list cannot grow */
             }
         }
     }
-    int fd = e->jfd;
-    uint64_t pos = e->jpos, jid = e->jcur_id;
+    int fd = j->jfd;
+    uint64_t pos = j->jpos, jid = j->jcur_id;
     /* the group is written up to its page's end (zeros after it, which the next group
      * overwrites): a write ending inside a page of a written block would read that page first */
-    size_t wlen = e->writing.len, pad = (size_t)((DIO_ALIGN - ((pos + wlen) & (DIO_ALIGN - 1))) & (DIO_ALIGN - 1));
-    if (e->writing.cap < wlen + pad && buf_reserve(&e->writing, pad) < 0)
+    size_t wlen = j->writing.len, pad = (size_t)((DIO_ALIGN - ((pos + wlen) & (DIO_ALIGN - 1))) & (DIO_ALIGN - 1));
+    if (j->writing.cap < wlen + pad && buf_reserve(&j->writing, pad) < 0)
         pad = 0;
-    memset(e->writing.buf + wlen, 0, pad);
+    memset(j->writing.buf + wlen, 0, pad);
     wlen += pad;
-    while (e->jz_to && e->jz_file == jid && pos + wlen > e->jz_from) /* never write where the zeroer does */
-        pthread_cond_wait(&e->z_cv, &e->mu);
-    int zeroed = pos >= e->jz_lo && pos + wlen <= e->jz_done;
+    while (j->jz_to && j->jz_file == jid && pos + wlen > j->jz_from) /* never write where the zeroer does */
+        pthread_cond_wait(&j->z_cv, &e->mu);
+    int zeroed = pos >= j->jz_lo && pos + wlen <= j->jz_done;
     if (!zeroed)
         e->st_jz_behind++;
-    e->jw_end = (pos + wlen + DIO_ALIGN - 1) & ~(uint64_t)(DIO_ALIGN - 1);
-    e->jg_avg = e->jg_avg - (e->jg_avg >> 3) + (wlen >> 3);
-    if (e->zthread_started && z_due(e))
-        pthread_cond_signal(&e->z_cv);
+    j->jw_end = (pos + wlen + DIO_ALIGN - 1) & ~(uint64_t)(DIO_ALIGN - 1);
+    j->jg_avg = j->jg_avg - (j->jg_avg >> 3) + (wlen >> 3);
+    if (j->zthread_started && z_due(j))
+        pthread_cond_signal(&j->z_cv);
     pthread_mutex_unlock(&e->mu);
     uint64_t t0 = now_ns();
     {
-        unsigned char *g = e->writing.buf;
+        unsigned char *g = j->writing.buf;
         unsigned char idb[8];
         memcpy(g, "BKSG", 4);
-        put32(g + 4, (uint32_t)(e->writing.len - JG_HDR));
+        put32(g + 4, (uint32_t)(j->writing.len - JG_HDR));
         put32(g + 8, gcrc); /* combined from the records' crcs as they were enqueued */
         put64(g + 12, pos); /* a copy of a group inside an entry body can't pass for a real one */
         put64(idb, jid);
@@ -295,53 +308,56 @@ static void j_commit(Engine *e)
     }
     uint64_t tc = now_ns();
     TM_ADD(e, TM_J_CRC, tc - t0);
-    if (!err && !zeroed && pos + wlen > e->jprealloc) { /* the zeroer is behind: reserve space */
+    if (!err && !zeroed && pos + wlen > j->jprealloc) { /* the zeroer is behind: reserve space */
         uint64_t grow = JPREALLOC > wlen ? JPREALLOC : wlen;
-        if (posix_fallocate(fd, (off_t)e->jprealloc, (off_t)(pos + grow - e->jprealloc)) == 0)
-            e->jprealloc = pos + grow;
+        if (posix_fallocate(fd, (off_t)j->jprealloc, (off_t)(pos + grow - j->jprealloc)) == 0)
+            j->jprealloc = pos + grow;
     }
-    if (!err && write_full(fd, e->writing.buf, wlen, pos) < 0)
+    if (!err && write_full(fd, j->writing.buf, wlen, pos) < 0)
         err = errno;
     uint64_t tw = now_ns();
     TM_ADD(e, TM_J_WRITE, tw - tc);
     if (!err && e->jsync && fdatasync(fd) < 0)
         err = errno;
     if (!err && e->jsync)
-        j_drop_synced(e, fd, pos + e->writing.len);
+        j_drop_synced(j, fd, pos + j->writing.len);
     uint64_t t1 = now_ns();
     TM_ADD(e, TM_J_SYNC, t1 - tw);
     pthread_mutex_lock(&e->mu);
     if (err) {
-        e->j_failed = err;
-        seterr(e, "journal write/sync failed: %s", strerror(err));
+        j->j_failed = err;
+        seterr(e, "journal write/sync failed (%s): %s", j->dir, strerror(err));
     } else {
-        e->jpos = pos + e->writing.len;
+        j->jpos = pos + j->writing.len;
     }
     e->st_syncs++;
     e->st_sync_ns += t1 - t0;
-    e->st_jbytes += e->writing.len;
-    e->j_written = end;
-    e->j_synced = end;
-    e->j_busy = 0;
-    pthread_cond_broadcast(&e->synced_cv);
-    if (e->j_stop)
-        pthread_cond_broadcast(&e->jcv); /* the journal thread drains what is left, then exits */
+    e->st_jbytes += j->writing.len;
+    j->j_written = end;
+    j->j_synced = end;
+    j->j_busy = 0;
+    pthread_cond_broadcast(&j->synced_cv);
+    if (j->j_stop)
+        pthread_cond_broadcast(&j->jcv); /* the journal thread drains what is left, then exits */
 }
 
 /* Commits what nobody waits for at close; otherwise the waiters commit their own records. */
 void *journal_thread(void *arg)
 {
-    Engine *e = arg;
-    pthread_setname_np(pthread_self(), "bks-journal");
+    Journal *j = arg;
+    Engine *e = j->e;
+    char tn[16];
+    snprintf(tn, sizeof tn, j->k ? "bks-journal%d" : "bks-journal", j->k);
+    pthread_setname_np(pthread_self(), tn);
     pthread_mutex_lock(&e->mu);
     for (;;) {
-        if (e->j_busy || (e->pending.len == 0 && !e->j_stop)) {
-            pthread_cond_wait(&e->jcv, &e->mu);
+        if (j->j_busy || (j->pending.len == 0 && !j->j_stop)) {
+            pthread_cond_wait(&j->jcv, &e->mu);
             continue;
         }
-        if (e->pending.len == 0)
+        if (j->pending.len == 0)
             break; /* stopping, and nothing left */
-        j_commit(e);
+        j_commit(j);
     }
     pthread_mutex_unlock(&e->mu);
     return NULL;
@@ -377,62 +393,65 @@ void *journal_thread(void *arg)
  * block-map update per megabyte-sized group. */
 void *jzero_thread(void *arg)
 {
-    Engine *e = arg;
-    pthread_setname_np(pthread_self(), "bks-jzero");
+    Journal *j = arg;
+    Engine *e = j->e;
+    char tn[16];
+    snprintf(tn, sizeof tn, j->k ? "bks-jzero%d" : "bks-jzero", j->k);
+    pthread_setname_np(pthread_self(), tn);
     void *zb = NULL;
-    if (posix_memalign(&zb, DIO_ALIGN, e->jz_chunk) != 0)
+    if (posix_memalign(&zb, DIO_ALIGN, j->jz_chunk) != 0)
         return NULL;
-    memset(zb, 0, e->jz_chunk);
+    memset(zb, 0, j->jz_chunk);
     int fd = -1;
     uint64_t fid = 0;
     pthread_mutex_lock(&e->mu);
-    while (!e->z_stop) {
-        uint64_t near = e->jw_end + e->jz_gap, from = e->jz_done > near ? e->jz_done : near;
-        uint64_t id = e->jcur_id;
-        int bulk = e->jg_avg >= JZ_BULK; /* big groups: fallocate'd space costs them less */
-        if (e->j_failed) {
-            cond_wait_ns(&e->z_cv, &e->mu, 200000000ull);
+    while (!j->z_stop) {
+        uint64_t near = j->jw_end + j->jz_gap, from = j->jz_done > near ? j->jz_done : near;
+        uint64_t id = j->jcur_id;
+        int bulk = j->jg_avg >= JZ_BULK; /* big groups: fallocate'd space costs them less */
+        if (j->j_failed) {
+            cond_wait_ns(&j->z_cv, &e->mu, 200000000ull);
             continue;
         }
-        if (bulk || from >= e->jw_end + e->jz_ahead || from >= e->jmax_size + e->jz_chunk) {
+        if (bulk || from >= j->jw_end + j->jz_ahead || from >= e->jmax_size + j->jz_chunk) {
             /* nothing to zero in this file now: the next file, once the roll is near */
-            if (e->jw_end + e->jz_ahead < e->jmax_size) {
-                cond_wait_ns(&e->z_cv, &e->mu, 200000000ull);
+            if (j->jw_end + j->jz_ahead < e->jmax_size) {
+                cond_wait_ns(&j->z_cv, &e->mu, 200000000ull);
                 continue;
             }
-            if (e->jn_fd < 0) { /* create the next one: header and directory entry durable */
+            if (j->jn_fd < 0) { /* create the next one: header and directory entry durable */
                 uint64_t t = now_ns();
-                if (t < e->jn_retry_ns) {
-                    cond_wait_ns(&e->z_cv, &e->mu, e->jn_retry_ns - t);
+                if (t < j->jn_retry_ns) {
+                    cond_wait_ns(&j->z_cv, &e->mu, j->jn_retry_ns - t);
                     continue;
                 }
-                uint64_t nid = e->jcur_id + 1;
-                e->jn_creating = 1;
+                uint64_t nid = j->jcur_id + 1;
+                j->jn_creating = 1;
                 pthread_mutex_unlock(&e->mu);
-                int nfd = j_create_file(e, nid, NULL, 1);
+                int nfd = j_create_file(j, nid, NULL, 1);
                 pthread_mutex_lock(&e->mu);
-                e->jn_creating = 0;
-                pthread_cond_broadcast(&e->z_cv); /* a roll waiting for it */
+                j->jn_creating = 0;
+                pthread_cond_broadcast(&j->z_cv); /* a roll waiting for it */
                 if (nfd >= 0) {
-                    e->jn_fd = nfd;
-                    e->jn_id = nid;
-                    e->jn_done = DIO_ALIGN;
+                    j->jn_fd = nfd;
+                    j->jn_id = nid;
+                    j->jn_done = DIO_ALIGN;
                 } else { /* (disk full...): the roll creates it itself; try again later */
-                    e->jn_retry_ns = now_ns() + 1000000000ull;
+                    j->jn_retry_ns = now_ns() + 1000000000ull;
                 }
                 continue;
             }
-            if (bulk || e->jz_done < e->jmax_size || e->jn_done >= jn_target(e) ||
-                e->jn_done >= e->jz_ahead) {
-                cond_wait_ns(&e->z_cv, &e->mu, 200000000ull);
+            if (bulk || j->jz_done < e->jmax_size || j->jn_done >= jn_target(j) ||
+                j->jn_done >= j->jz_ahead) {
+                cond_wait_ns(&j->z_cv, &e->mu, 200000000ull);
                 continue;
             }
-            id = e->jn_id;
-            from = e->jn_done;
+            id = j->jn_id;
+            from = j->jn_done;
         }
-        e->jz_file = id;
-        e->jz_from = from;
-        e->jz_to = from + e->jz_chunk;
+        j->jz_file = id;
+        j->jz_from = from;
+        j->jz_to = from + j->jz_chunk;
         pthread_mutex_unlock(&e->mu);
         int unsupported = 0;
         if (fd >= 0 && fid != id) {
@@ -441,28 +460,28 @@ void *jzero_thread(void *arg)
         }
         if (fd < 0) {
             char p[4200];
-            jpath(e, id, p, sizeof p);
+            jpath(j, id, p, sizeof p);
             fd = open(p, O_WRONLY | O_DIRECT | O_CLOEXEC);
             fid = id;
             unsupported = fd < 0 && errno == EINVAL;
         }
-        int ok = fd >= 0 && pwrite(fd, zb, e->jz_chunk, (off_t)from) == (ssize_t)e->jz_chunk && fdatasync(fd) == 0;
+        int ok = fd >= 0 && pwrite(fd, zb, j->jz_chunk, (off_t)from) == (ssize_t)j->jz_chunk && fdatasync(fd) == 0;
         pthread_mutex_lock(&e->mu);
-        e->jz_to = 0;
-        pthread_cond_broadcast(&e->z_cv); /* a group waiting for this chunk */
-        if (ok && e->jcur_id == id) { /* the current file (perhaps the next one, rolled to meanwhile) */
-            if (e->jz_done != from) /* the zeroed run starts over (a new file, or it fell behind) */
-                e->jz_lo = from;
-            e->jz_done = from + e->jz_chunk;
-        } else if (ok && e->jn_fd >= 0 && e->jn_id == id) {
-            e->jn_done = from + e->jz_chunk;
+        j->jz_to = 0;
+        pthread_cond_broadcast(&j->z_cv); /* a group waiting for this chunk */
+        if (ok && j->jcur_id == id) { /* the current file (perhaps the next one, rolled to meanwhile) */
+            if (j->jz_done != from) /* the zeroed run starts over (a new file, or it fell behind) */
+                j->jz_lo = from;
+            j->jz_done = from + j->jz_chunk;
+        } else if (ok && j->jn_fd >= 0 && j->jn_id == id) {
+            j->jn_done = from + j->jz_chunk;
         }
         if (ok)
-            e->st_jz_bytes += e->jz_chunk;
+            e->st_jz_bytes += j->jz_chunk;
         if (unsupported)
             break;
         if (!ok)
-            cond_wait_ns(&e->z_cv, &e->mu, 1000000000ull);
+            cond_wait_ns(&j->z_cv, &e->mu, 1000000000ull);
     }
     pthread_mutex_unlock(&e->mu);
     if (fd >= 0)
@@ -473,35 +492,36 @@ void *jzero_thread(void *arg)
 
 /* wait (holding mu) until everything enqueued up to seq is durable, committing it on this
  * thread when no commit is running */
-int j_wait(Engine *e, uint64_t seq)
+int j_wait(Journal *j, uint64_t seq)
 {
-    e->j_waiters++;
-    while (e->j_synced < seq && !e->j_failed) {
-        if (!e->j_busy) {
-            j_commit(e);
+    Engine *e = j->e;
+    j->j_waiters++;
+    while (j->j_synced < seq && !j->j_failed) {
+        if (!j->j_busy) {
+            j_commit(j);
             continue;
         }
-        if (e->j_grouping)
-            pthread_cond_signal(&e->gcv); /* this entrant is done: the committer may stop waiting */
-        pthread_cond_wait(&e->synced_cv, &e->mu);
+        if (j->j_grouping)
+            pthread_cond_signal(&j->gcv); /* this entrant is done: the committer may stop waiting */
+        pthread_cond_wait(&j->synced_cv, &e->mu);
     }
-    e->j_waiters--;
-    if (e->j_failed) {
-        seterr(e, "journal failed: %s", strerror(e->j_failed));
+    j->j_waiters--;
+    if (j->j_failed) {
+        seterr(e, "journal failed (%s): %s", j->dir, strerror(j->j_failed));
         return E_IO;
     }
     return E_OK;
 }
 
-void seq_to_mark(Engine *e, uint64_t seq, uint64_t *id, uint64_t *pos)
+void seq_to_mark(Journal *j, uint64_t seq, uint64_t *id, uint64_t *pos)
 {
-    for (size_t i = e->njfiles; i-- > 0;) {
-        if (e->jfiles[i].start_seq <= seq) {
-            *id = e->jfiles[i].id;
-            *pos = J_HDR + (seq - e->jfiles[i].start_seq);
+    for (size_t i = j->njfiles; i-- > 0;) {
+        if (j->jfiles[i].start_seq <= seq) {
+            *id = j->jfiles[i].id;
+            *pos = J_HDR + (seq - j->jfiles[i].start_seq);
             return;
         }
     }
-    *id = e->jfiles[0].id;
+    *id = j->jfiles[0].id;
     *pos = J_HDR;
 }

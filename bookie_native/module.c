@@ -85,17 +85,16 @@ static int get_ledger_id(PyObject *o, uint64_t *out)
 /* ------------------------------------------------------------------ Store */
 static int Store_init(StoreObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"journal_dir", "ledger_dirs", "write_cache_bytes", "group_wait_us", "threshold",
+    static char *kwlist[] = {"journal_dirs", "ledger_dirs", "write_cache_bytes", "group_wait_us", "threshold",
                              "journal_max_size", "max_backups", "sync", "entry_log_max_size", "compaction_threshold",
                              "compaction_max_bytes", "checkpoint_interval_ms", "page_cache", "compaction_rate",
                              "index_cache_bytes", "ledger_cache_entries", NULL};
-    const char *jdir;
-    PyObject *ldirs;
+    PyObject *jdirs, *ldirs;
     unsigned long long wcb = 64ull << 20, gw = 2000, thr = 512 << 10, jmax = 512ull << 20, elmax = 1ull << 30,
                        cmax = 64ull << 20, cint = 10000, crate = 0, icache = 32ull << 20, lcache = 65536;
     int backups = 5, sync = 1, page_cache = 0;
     double cthr = 0.5;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|KKKKipKdKKpKKK", kwlist, &jdir, &ldirs, &wcb, &gw, &thr, &jmax,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|KKKKipKdKKpKKK", kwlist, &jdirs, &ldirs, &wcb, &gw, &thr, &jmax,
                                      &backups, &sync, &elmax, &cthr, &cmax, &cint, &page_cache, &crate, &icache,
                                      &lcache))
         return -1;
@@ -120,13 +119,46 @@ static int Store_init(StoreObject *self, PyObject *args, PyObject *kw)
             return -1;
         }
     }
-    EngineConfig cfg = {jdir, dirs, (int)nd, wcb, gw, thr, jmax, backups, sync, elmax, cthr, cmax, cint, page_cache, crate,
+    /* journal_dirs: a sequence of str (one journal per directory), or one str */
+    const char *jd[64];
+    Py_ssize_t nj = 1;
+    PyObject *jseq = NULL;
+    if (PyUnicode_Check(jdirs)) {
+        jd[0] = PyUnicode_AsUTF8(jdirs);
+        if (!jd[0]) {
+            Py_DECREF(seq);
+            return -1;
+        }
+    } else {
+        jseq = PySequence_Fast(jdirs, "journal_dirs must be a sequence of str");
+        if (!jseq) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        nj = PySequence_Fast_GET_SIZE(jseq);
+        if (nj < 1 || nj > 64) {
+            Py_DECREF(seq);
+            Py_DECREF(jseq);
+            PyErr_SetString(PyExc_ValueError, "journal_dirs needs 1..64 directories");
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < nj; i++) {
+            jd[i] = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(jseq, i));
+            if (!jd[i]) {
+                Py_DECREF(seq);
+                Py_DECREF(jseq);
+                return -1;
+            }
+        }
+    }
+    EngineConfig cfg = {jd, (int)nj, dirs, (int)nd, wcb, gw, thr, jmax, backups, sync, elmax, cthr, cmax, cint, page_cache, crate,
                        icache, lcache};
     char err[600] = "";
     Engine *e = NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS rc = eng_open(&cfg, &e, err, sizeof err);
     Py_END_ALLOW_THREADS Py_DECREF(seq);
+    Py_XDECREF(jseq);
     if (rc != E_OK) {
         PyErr_Format(ExcIO ? ExcIO : PyExc_OSError, "cannot open bookie storage: %s", err);
         return -1;
@@ -800,7 +832,7 @@ static PyObject *Store_stats(StoreObject *self, PyObject *unused)
     eng_stats(e, &c);
     eng_unlock(e);
     BKS_END PyObject *d = Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsi}", "adds", c.adds, "add_bytes", c.add_bytes,
+        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsi}", "adds", c.adds, "add_bytes", c.add_bytes,
         "journal_syncs", c.syncs, "journal_sync_ns_sum", c.sync_ns, "journal_sync_count", c.syncs,
         "journal_bytes", c.jbytes, "cache_bytes", c.cache_bytes, "queue_depth_bytes", c.pending_len,
         "sync_waiters", c.j_waiters, "checkpoints", c.checkpoints, "flushes", c.flushes,
@@ -811,7 +843,7 @@ static PyObject *Store_stats(StoreObject *self, PyObject *unused)
         "background_errors", c.bg_errors, "fences", c.fences, "cache_full_waits", c.cache_waits,
         "journal_zeroed_bytes", c.jz_bytes, "journal_groups_unzeroed", c.jz_behind, "journal_rolls_prepared", c.jn_rolls, "ledgers_cached", c.nledgers,
         "index_cache_bytes", c.index_cache_used, "index_converted_entries", c.converted, "entry_logs", c.nlogs, "entry_log_live_bytes",
-        c.log_live, "entry_log_bytes", c.log_total, "journal_id", c.jcur_id, "journal_pos", c.jpos, "journal_failed",
+        c.log_live, "entry_log_bytes", c.log_total, "journal_id", c.jcur_id, "journal_pos", c.jpos, "journals", c.njournals, "journal_failed",
         c.j_failed);
     if (!d)
         return NULL;

@@ -562,23 +562,25 @@ static int j_torn_tail(const unsigned char *m, size_t off, size_t sz, uint64_t j
     return torn; /* every record intact, yet the group checksum fails: not a tear */
 }
 
-int replay_journals(Engine *e, int have_mark, uint64_t *maxid)
+/* Replay journal j's files from its own LastLogMark (all of them when it has none). */
+int replay_journals(Engine *e, Journal *j, uint64_t *maxid)
 {
     size_t n;
-    uint64_t *ids = list_journals(e, &n);
+    int have_mark = j->have_mark;
+    uint64_t *ids = list_journals(j, &n);
     if (!ids) { /* not "no journals": replaying nothing would lose acknowledged entries */
-        seterr(e, "cannot list journal directory %s: %s", e->journal_dir, strerror(errno));
+        seterr(e, "cannot list journal directory %s: %s", j->dir, strerror(errno));
         return E_IO;
     }
-    *maxid = e->mark_id;
+    *maxid = j->mark_id;
     for (size_t i = 0; i < n; i++) {
         uint64_t id = ids[i];
         if (id > *maxid)
             *maxid = id;
-        if (have_mark && id < e->mark_id)
+        if (have_mark && id < j->mark_id)
             continue;
         char p[4200];
-        jpath(e, id, p, sizeof p);
+        jpath(j, id, p, sizeof p);
         int fd = open(p, O_RDWR | O_CLOEXEC);
         if (fd < 0)
             continue;
@@ -602,7 +604,7 @@ int replay_journals(Engine *e, int have_mark, uint64_t *maxid)
             /* Header never made durable: nothing in it was acknowledged -- unless the file holds
              * a valid group (its header checksum covers the file id, known from the name): groups
              * are written only once the header is synced, so that header was damaged later. */
-            uint64_t mark = have_mark && id == e->mark_id ? e->mark_pos : J_HDR;
+            uint64_t mark = have_mark && id == j->mark_id ? j->mark_pos : J_HDR;
             for (size_t k = next_group(m, J_HDR, sz, id); k < sz;) {
                 size_t gend = k + JG_HDR + get32(m + k + 4);
                 if (gend > mark) {
@@ -623,7 +625,7 @@ int replay_journals(Engine *e, int have_mark, uint64_t *maxid)
         }
         int synced_file = (get32(m + 16) & JF_SYNC) != 0;
         /* records before `mark` are already in the entry logs (`from`: the same within the file) */
-        uint64_t mark = have_mark && id == e->mark_id ? e->mark_pos : J_HDR;
+        uint64_t mark = have_mark && id == j->mark_id ? j->mark_pos : J_HDR;
         size_t from = mark < sz ? (size_t)mark : sz;
         /* Walk the groups from the start (the mark may fall inside a group). Groups are
          * self-delimiting (magic + checksums), so after a bad spot we look for the next valid
@@ -718,12 +720,20 @@ int replay_journals(Engine *e, int have_mark, uint64_t *maxid)
     return E_OK;
 }
 
-int read_lastmark(Engine *e)
+/* The LastLogMark of every journal: the highest valid one over the ledger dirs (none valid: that
+ * journal is replayed whole).  Returns whether any journal has one, or -1 (refuse to start,
+ * errmsg set) when the marks show that the journal count changed: journal 0's lastMark without
+ * a lastMark.<k> of a configured journal k (a checkpoint writes lastMark last), or a lastMark.<k>
+ * for a journal not configured -- a ledger's records would be looked for in the wrong journal.
+ * (The cookie refuses such a configuration first; this guards the engine used directly.) */
+static int read_mark_file(Engine *e, int k, uint64_t *id_out, uint64_t *pos_out)
 {
+    char name[32];
+    mark_name(k, name, sizeof name);
     int have = 0;
     for (int d = 0; d < e->nldirs; d++) {
         char p[4200];
-        snprintf(p, sizeof p, "%s/lastMark", e->ledger_dirs[d]);
+        snprintf(p, sizeof p, "%s/%s", e->ledger_dirs[d], name);
         int fd = open(p, O_RDONLY | O_CLOEXEC);
         if (fd < 0)
             continue;
@@ -733,11 +743,37 @@ int read_lastmark(Engine *e)
         if (!ok)
             continue; /* unusable mark: replaying more journal is always safe */
         uint64_t id = get64(m + 8), pos = get64(m + 16);
-        if (!have || id > e->mark_id || (id == e->mark_id && pos > e->mark_pos)) {
-            e->mark_id = id;
-            e->mark_pos = pos;
+        if (!have || id > *id_out || (id == *id_out && pos > *pos_out)) {
+            *id_out = id;
+            *pos_out = pos;
         }
         have = 1;
     }
     return have;
+}
+
+int read_lastmark(Engine *e)
+{
+    int any = 0;
+    for (int k = 0; k < e->njournals; k++) {
+        Journal *j = e->jn[k];
+        j->have_mark = read_mark_file(e, k, &j->mark_id, &j->mark_pos);
+        any |= j->have_mark;
+    }
+    for (int k = 1; k < e->njournals && e->jn[0]->have_mark; k++) {
+        if (!e->jn[k]->have_mark) {
+            seterr(e, "%s/lastMark exists but no lastMark.%d: this bookie was written with fewer than the %d "
+                      "configured journal directories; refusing to start (configure the journal directories it "
+                      "was written with, in the same order)", e->ledger_dirs[0], k, e->njournals);
+            return -1;
+        }
+    }
+    uint64_t id, pos;
+    if (read_mark_file(e, e->njournals, &id, &pos)) {
+        seterr(e, "found lastMark.%d in the ledger dirs: this bookie was written with more than the %d configured "
+                  "journal directories; refusing to start (configure the journal directories it was written with, "
+                  "in the same order)", e->njournals, e->njournals);
+        return -1;
+    }
+    return any;
 }

@@ -30,6 +30,8 @@ class BookieConfig:
     http_port: int = 0                  # admin endpoint; 0 = pick a free port, -1 = disabled
     # directories
     journal_dir: str = ""
+    journal_dirs: list[str] = field(default_factory=list)  # several journals, one per disk
+                                        # (ledger L -> journal_dirs[L % n]); journal_dir = the first
     ledger_dirs: list[str] = field(default_factory=list)
     # storage engine
     write_cache_mb: int = 64
@@ -74,6 +76,12 @@ class BookieConfig:
             self.metadata_uri = os.environ.get("BKSPARK_METADATA_URI", "")
         if not self.metadata_uri:
             raise BadRequestError("metadata_uri is required (--metadata or BKSPARK_METADATA_URI)")
+        if self.journal_dirs:
+            from bkspark.bookie.storage import journal_dir_list
+            try:
+                self.journal_dir = journal_dir_list(self.journal_dir, self.journal_dirs, "bookie config")[0]
+            except ValueError as exc:
+                raise BadRequestError(str(exc)) from None
         if not self.journal_dir:
             raise BadRequestError("journal_dir is required")
         if not self.ledger_dirs:

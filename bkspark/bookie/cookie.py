@@ -1,10 +1,16 @@
 """Bookie cookies: the identity stamp that ties a bookie id to its disks and its cluster.
 
-A cookie (bookie id, journal dir, ledger dirs, cluster instance id) is written in every
+A cookie (bookie id, journal dir(s), ledger dirs, cluster instance id) is written in every
 directory and in the metadata store at ``/cookies/<bookie-id>`` when a bookie first starts.
 On every later start they must agree: a bookie whose disks were replaced, swapped or
 belong to another cluster refuses to start, because serving "no such entry" for entries it
 once acknowledged could truncate ledgers during recovery.
+
+With several journal directories the cookie also lists them all (``journal_dirs``, in order):
+ledger L's journal records live in journal ``L % len(journal_dirs)``, so a bookie whose list
+changed (count or order) would look for them in the wrong journal -- refused here.  A
+single-journal bookie's cookie has only ``journal_dir`` (as before the list existed); an old
+cookie stands for the list ``[journal_dir]``.
 """
 from __future__ import annotations
 
@@ -21,10 +27,23 @@ class CookieMismatchError(BKError):
     """The bookie's directories or metadata disagree with its identity: refuse to start."""
 
 
+def _journal_dirs(config) -> list[str]:
+    return list(getattr(config, "journal_dirs", None) or [config.journal_dir])
+
+
 def expected_cookie(config, instance_id: str) -> dict:
-    return {"version": 1, "bookie_id": config.bookie_id, "instance_id": instance_id,
-            "journal_dir": os.path.abspath(config.journal_dir),
-            "ledger_dirs": [os.path.abspath(d) for d in config.ledger_dirs]}
+    journals = [os.path.abspath(d) for d in _journal_dirs(config)]
+    cookie = {"version": 1, "bookie_id": config.bookie_id, "instance_id": instance_id,
+              "journal_dir": journals[0],
+              "ledger_dirs": [os.path.abspath(d) for d in config.ledger_dirs]}
+    if len(journals) > 1:
+        cookie["journal_dirs"] = journals
+    return cookie
+
+
+def _cookie_journals(cookie: dict) -> list:
+    """A cookie's journal directories (an old or single-journal cookie: [journal_dir])."""
+    return list(cookie.get("journal_dirs") or [cookie.get("journal_dir")])
 
 
 def _address(config) -> str:
@@ -59,9 +78,12 @@ def _write_local(directory: str, cookie: dict) -> None:
 
 
 def _differences(found: dict, expected: dict) -> list[str]:
-    return [f"{key}: found {found.get(key)!r}, expected {expected.get(key)!r}"
-            for key in ("bookie_id", "instance_id", "journal_dir", "ledger_dirs")
-            if found.get(key) != expected.get(key)]
+    diffs = [f"{key}: found {found.get(key)!r}, expected {expected.get(key)!r}"
+             for key in ("bookie_id", "instance_id", "ledger_dirs")
+             if found.get(key) != expected.get(key)]
+    if _cookie_journals(found) != _cookie_journals(expected):
+        diffs.insert(2, f"journal_dirs: found {_cookie_journals(found)!r}, expected {_cookie_journals(expected)!r}")
+    return diffs
 
 
 def _fix(found: dict, expected: dict) -> str:
@@ -74,8 +96,15 @@ def _fix(found: dict, expected: dict) -> str:
         return (f"the directory belongs to bookie {found.get('bookie_id')}: start it with that "
                 f"identity (--advertised-address {address} --port {port}), or give this bookie "
                 "empty directories")
-    return ("the directories were moved or swapped: start the bookie with the --journal-dir "
-            f"and --ledger-dirs it was made with (journal {found.get('journal_dir')}, ledgers "
+    old, new = _cookie_journals(found), _cookie_journals(expected)
+    if old != new and (len(old) != len(new) or sorted(old) == sorted(new)):
+        return (f"the journal directories changed from {old} to {new}: each ledger's journal "
+                "records are in journal (ledger id mod the number of journal directories), so the "
+                "number and order of journal directories of a bookie cannot change; start it with "
+                f"--journal-dirs {','.join(old)} (the list it was made with), or decommission it "
+                "(bkspark shell decommission) and start it on empty directories")
+    return ("the directories were moved or swapped: start the bookie with the --journal-dir(s) "
+            f"and --ledger-dirs it was made with (journals {','.join(map(str, old))}, ledgers "
             f"{found.get('ledger_dirs')})")
 
 
@@ -90,7 +119,7 @@ def validate_or_create(store, config) -> dict:
     """
     instance_id = registry.instance_id(store)
     expected = expected_cookie(config, instance_id)
-    directories = [config.journal_dir] + list(config.ledger_dirs)
+    directories = _journal_dirs(config) + list(config.ledger_dirs)
     local = {d: _read_local(d) for d in directories}
     try:
         remote, version = registry.read_cookie(store, config.bookie_id)

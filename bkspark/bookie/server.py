@@ -39,7 +39,7 @@ class BookieState:
 
     def __init__(self, config: BookieConfig) -> None:
         self.bookie_id = config.bookie_id
-        self._dirs = [config.journal_dir] + list(config.ledger_dirs)
+        self._dirs = list(config.journal_dirs or [config.journal_dir]) + list(config.ledger_dirs)
         self.manual_read_only = False
         self.disk_read_only = False
         self.running = False
@@ -68,7 +68,7 @@ class BookieState:
 
 def storage_config(config: BookieConfig) -> StorageConfig:
     return StorageConfig(
-        journal_dir=config.journal_dir, ledger_dirs=list(config.ledger_dirs),
+        journal_dir=config.journal_dir, journal_dirs=list(config.journal_dirs), ledger_dirs=list(config.ledger_dirs),
         write_cache_bytes=config.write_cache_mb << 20,
         journal_max_group_wait_ms=config.journal_max_group_wait_ms,
         journal_buffered_writes_threshold=config.journal_buffered_writes_threshold_kb << 10,
@@ -104,7 +104,7 @@ class BookieServer:
 
     def start(self) -> None:
         cfg = self.config
-        for directory in [cfg.journal_dir, *cfg.ledger_dirs]:
+        for directory in [*(cfg.journal_dirs or [cfg.journal_dir]), *cfg.ledger_dirs]:
             os.makedirs(directory, exist_ok=True)
         self.store = open_store(cfg.metadata_uri, session_timeout=cfg.metadata_session_timeout_s,
                                 create=True)    # the first bookie of a cluster creates its store
@@ -161,7 +161,7 @@ class BookieServer:
         log.info("bookie started id=%s address=%s data_port=%s http=%s journal=%s ledgers=%s",
                  cfg.bookie_id, address, self.service.data_port or None,
                  self.http.port if self.http else None,
-                 cfg.journal_dir, ",".join(cfg.ledger_dirs))
+                 ",".join(cfg.journal_dirs or [cfg.journal_dir]), ",".join(cfg.ledger_dirs))
 
     def _spawn(self, target, name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)

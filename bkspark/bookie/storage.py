@@ -36,9 +36,24 @@ log = logging.getLogger(__name__)
 _native.set_exceptions(NoSuchLedgerError, NoSuchEntryError, BookieIOError, BadRequestError)
 
 
+def journal_dir_list(journal_dir: str, journal_dirs, what: str = "StorageConfig") -> list[str]:
+    """The journal directories of a configuration: ``journal_dirs``, or ``[journal_dir]`` when
+    that is empty. ``journal_dir`` given beside ``journal_dirs`` must be ``journal_dirs[0]``.
+    Raises ValueError naming the settings."""
+    dirs = [str(d) for d in (journal_dirs or [])]
+    if not dirs:
+        return [str(journal_dir)] if journal_dir else []
+    if journal_dir and str(journal_dir) != dirs[0]:
+        raise ValueError(f"{what}: journal_dir {str(journal_dir)!r} conflicts with journal_dirs {dirs}: "
+                         "give only journal_dirs, or make journal_dir its first directory")
+    if len(set(dirs)) != len(dirs):
+        raise ValueError(f"{what}: journal_dirs lists a directory twice: {dirs}")
+    return dirs
+
+
 @dataclass
 class StorageConfig:
-    journal_dir: str
+    journal_dir: str = ""               # one journal; or journal_dirs (below)
     ledger_dirs: list[str] = field(default_factory=list)
     write_cache_bytes: int = 64 << 20
     journal_max_group_wait_ms: float = 2.0
@@ -59,6 +74,16 @@ class StorageConfig:
     # index cache + ~16 MiB of memtables + ~200 bytes per cached ledger)
     index_cache_bytes: int = 32 << 20
     ledger_cache_entries: int = 65536
+    # several journals, one per directory (each its own disk): ledger L's records go to
+    # journal_dirs[L % len(journal_dirs)]; empty = [journal_dir].  The number and order of the
+    # directories of an existing store must not change (bookie_native/README.md).
+    journal_dirs: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        journal_dir_list(self.journal_dir, self.journal_dirs)
+
+    def journal_dir_list(self) -> list[str]:
+        return journal_dir_list(self.journal_dir, self.journal_dirs)
 
 
 class Storage:
@@ -67,13 +92,16 @@ class Storage:
     def __init__(self, config: StorageConfig):
         if not config.ledger_dirs:
             raise ValueError("StorageConfig.ledger_dirs needs at least one directory")
+        journal_dirs = config.journal_dir_list()
+        if not journal_dirs:
+            raise ValueError("StorageConfig needs journal_dir or journal_dirs")
         if not config.journal_sync:
             log.warning("bookie storage: journal_sync=False -- BENCHMARK-ONLY MODE, acknowledged "
                         "entries can be lost on a crash")
         self.config = config
         self._close_lock = threading.Lock()
         self._store = _native.Store(
-            str(config.journal_dir),
+            journal_dirs,
             [str(d) for d in config.ledger_dirs],
             write_cache_bytes=int(config.write_cache_bytes),
             group_wait_us=int(config.journal_max_group_wait_ms * 1000),

@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         else:
             default = field.default if field.default is not dataclasses.MISSING else "[]"
             parser.add_argument(*names, dest=field.name, default=None,
-                                help=f"(default {default!r})" + (", comma separated" if field.name == "ledger_dirs" else ""))
+                                help=f"(default {default!r})" + (", comma separated" if field.name in ("ledger_dirs", "journal_dirs") else ""))
 
 
 def config_from_args(args: argparse.Namespace) -> BookieConfig:
