@@ -213,15 +213,15 @@ static Snap *collect_dirty(Engine *e, size_t *ns)
     return v;
 }
 
-/* Hand a flush's results to the index in one atomic batch, then drop the write-cache locations it
- * covers.  The batch holds, in this order: the removal of every ledger deleted since the last batch
+/* Hand a flush's results to the index in one atomic batch, then drop the in-memory locations it
+ * covers (re-pointed from the write cache to the entry logs by flush_cache_slot).  The batch holds, in this order: the removal of every ledger deleted since the last batch
  * (record + all locations), the records of the ledgers changed since (key, fence, explicit LAC,
  * incarnation), the new locations of the flushed entries, and the entry-log table rows that
  * changed.  It is written without syncing the WAL (index_sync does that before a mark moves; until
- * then the journal covers all of it).  Only after it is written are the cache locations dropped, so
- * a reader that misses in memory finds the entry in the index.  Caller holds ckpt_mu (the only
+ * then the journal covers all of it).  Only after it is written are the memory locations dropped,
+ * so a reader that misses in memory finds the entry in the index.  Caller holds ckpt_mu (the only
  * writer of flush batches), not mu. */
-static int index_batch(Engine *e, WItem *w, size_t n, int slot)
+static int index_batch(Engine *e, WItem *w, size_t n)
 {
     KvBatch *b = kvb_new();
     Debits deb = {0};
@@ -253,7 +253,7 @@ static int index_batch(Engine *e, WItem *w, size_t n, int slot)
         if (!l || l->deleted || l->inc != x->inc)
             continue;
         Loc *lc = loc_get_hint(l, x->entry, &hint);
-        if (!lc || lc->where != WHERE_CACHE0 + (uint32_t)slot || lc->off != x->cache_off || lc->len != x->len)
+        if (!lc || lc->where != x->where || lc->off != x->dst_off || lc->len != x->len)
             continue; /* re-added meanwhile: the newer copy goes with the next flush */
         x->state = !l->purge && x->entry <= l->flushed_last ? 2 : 1;
         kvb_put_loc(b, x->ledger, x->entry, x->where, x->len, x->dst_off);
@@ -314,24 +314,30 @@ static int index_batch(Engine *e, WItem *w, size_t n, int slot)
         }
     } else {
         e->index_gen++;
+        /* drop the cache locations the batch covers: marked per ledger, then each ledger's array
+         * compacted once (items are sorted by ledger; removing one at a time was quadratic) */
         l = NULL;
-        for (size_t i = 0; i < n; i++) {
-            WItem *x = &w[i];
-            if (!x->state)
+        for (size_t i = 0; i <= n; i++) {
+            WItem *x = i < n ? &w[i] : NULL;
+            if (x && !x->state)
                 continue;
-            if (!l || l->id != x->ledger) {
+            if (!x || !l || l->id != x->ledger) {
+                if (l)
+                    loc_compact(l);
+                if (!x)
+                    break;
                 l = led_mem(e, x->ledger);
+                if (l && (l->deleted || l->inc != x->inc))
+                    l = NULL;
                 hint = 0;
             }
-            if (!l || l->deleted || l->inc != x->inc)
+            if (!l)
                 continue;
             if (x->entry > l->flushed_last)
                 l->flushed_last = x->entry;
             Loc *lc = loc_get_hint(l, x->entry, &hint);
-            if (lc && lc->where == WHERE_CACHE0 + (uint32_t)slot && lc->off == x->cache_off && lc->len == x->len) {
-                loc_remove_at(l, (size_t)(lc - l->locs));
-                hint = (size_t)(lc - l->locs);
-            }
+            if (lc && lc->where == x->where && lc->off == x->dst_off && lc->len == x->len)
+                lc->where = WHERE_DROPPED;
         }
         for (size_t i = 0; i < ns; i++) {
             Ledger *sl = led_mem(e, snap[i].id);
@@ -350,6 +356,15 @@ static int index_batch(Engine *e, WItem *w, size_t n, int slot)
 }
 
 /* ---------------------------------------------------------------- checkpoint */
+/* The flushed half is free for the adds again (mu held). */
+static void release_slot(Engine *e, int slot)
+{
+    e->flush_failed = 0;
+    cache_reset(&e->cache[slot], e->cache_half);
+    e->flush_pending = 0;
+    pthread_cond_broadcast(&e->cache_cv);
+}
+
 static int flush_cache_slot(Engine *e, int slot, uint64_t pace_budget_ns)
 {
     Cache *c = &e->cache[slot];
@@ -411,8 +426,29 @@ static int flush_cache_slot(Engine *e, int slot, uint64_t pace_budget_ns)
     int rc = n ? write_items(e, w, n, &e->wlog, &created, &ncreated, 1, 0, &pace) : E_OK;
     free(created);
     uint64_t t2 = now_ns();
-    if (rc == E_OK)
-        rc = index_batch(e, w, n, slot);
+    if (rc == E_OK) {
+        /* point the memory locations at the written copies and give the half back to the adds
+         * now: the index batch (the slow part: a RocksDB insert per entry) overlaps the next fill */
+        pthread_mutex_lock(&e->mu);
+        l = NULL;
+        for (size_t i = 0; i < n; i++) {
+            WItem *x = &w[i];
+            if (!l || l->id != x->ledger) {
+                l = led_mem(e, x->ledger);
+                hint = 0;
+            }
+            if (!l || l->deleted || l->inc != x->inc)
+                continue;
+            Loc *lc = loc_get_hint(l, x->entry, &hint);
+            if (lc && lc->where == WHERE_CACHE0 + (uint32_t)slot && lc->off == x->cache_off && lc->len == x->len) {
+                lc->where = x->where;
+                lc->off = x->dst_off;
+            }
+        }
+        release_slot(e, slot);
+        pthread_mutex_unlock(&e->mu);
+        rc = index_batch(e, w, n);
+    }
     if (rc == E_OK)
         crash_point(e, "index-batch-written");
     pthread_mutex_lock(&e->mu);
@@ -469,11 +505,7 @@ int checkpoint_locked(Engine *e, int full, int paced)
         return rc;
     }
     pthread_mutex_lock(&e->mu);
-    e->flush_failed = 0;
-    cache_reset(&e->cache[slot], e->cache_half);
-    e->flush_pending = 0;
-    e->st_flushes++;
-    pthread_cond_broadcast(&e->cache_cv);
+    e->st_flushes++; /* (flush_cache_slot released the half) */
     if (!full && now_ns() - e->last_full_ns < 1000000000ull) {
         pthread_mutex_unlock(&e->mu);
         return E_OK;

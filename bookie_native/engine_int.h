@@ -57,6 +57,7 @@ enum { JR_ADD = 1, JR_MKEY = 2, JR_FENCE = 3, JR_LAC = 4, JR_DELETE = 5 };
 
 #define WHERE_CACHE0 0xFFFFFFF0u
 #define IS_CACHE(w) ((w) >= WHERE_CACHE0)
+#define WHERE_DROPPED 0u /* (no entry log has id 0) a location a flush's batch covers, removed by loc_compact */
 
 typedef struct {
     int64_t entry;
@@ -329,7 +330,7 @@ size_t loc_lower(Ledger *l, int64_t id);
 Loc *loc_get(Ledger *l, int64_t id);
 Loc *loc_get_hint(Ledger *l, int64_t id, size_t *hint);
 int loc_set(Ledger *l, int64_t entry, uint32_t where, uint32_t len, uint64_t off); /* a write-cache location */
-void loc_remove_at(Ledger *l, size_t i);
+void loc_compact(Ledger *l); /* drop the locations marked WHERE_DROPPED */
 
 /* ---------------------------------------------------------------- kv.c (no lock needed) */
 int kv_open(Engine *e, const char *path, int create, Kv **out);

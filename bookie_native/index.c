@@ -352,10 +352,14 @@ int loc_set(Ledger *l, int64_t entry, uint32_t where, uint32_t len, uint64_t off
     return 0;
 }
 
-void loc_remove_at(Ledger *l, size_t i)
+/* remove the locations marked WHERE_DROPPED (one pass) */
+void loc_compact(Ledger *l)
 {
-    memmove(&l->locs[i], &l->locs[i + 1], (l->n - i - 1) * sizeof(Loc));
-    l->n--;
+    size_t k = 0;
+    for (size_t i = 0; i < l->n; i++)
+        if (l->locs[i].where != WHERE_DROPPED)
+            l->locs[k++] = l->locs[i];
+    l->n = k;
     if (l->n == 0) { /* a flushed ledger keeps no array */
         free(l->locs);
         l->locs = NULL;

@@ -272,6 +272,14 @@ int eng_read_range(Engine *e, uint64_t ledger, int64_t first, int64_t last, int6
     for (int64_t want = first; rc == E_OK && want <= last; want += step) {
         Loc here, *lc = loc_get_hint(l, want, &hint);
         LogFile *lf = NULL;
+        if (lc && !IS_CACHE(lc->where) && !(lf = log_find(e, lc->where))) {
+            /* (flushed, its index batch not written yet: the log is in the table until compacted,
+             * and compaction does not take a log a running flush wrote) */
+            seterr(e, "entry %llu:%lld in missing entry log %x", (unsigned long long)ledger, (long long)want,
+                   lc->where);
+            rc = E_IO;
+            break;
+        }
         if (!lc) {
             while (gi < g.n && g.v[gi].entry < want)
                 gi++;
