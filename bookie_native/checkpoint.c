@@ -181,6 +181,7 @@ static int debit_add(Debits *d, uint32_t where, int64_t bytes)
 }
 
 static int debit_loc(void *arg, const Loc *lc) { return debit_add(arg, lc->where, -(int64_t)(LR_HDR + lc->len)); }
+static int debit_bytes(void *arg, uint32_t where, uint32_t bytes) { return debit_add(arg, where, -(int64_t)bytes); }
 
 /* the ledgers with changes the index has not received (mu held); clears their dirty flags */
 static Snap *collect_dirty(Engine *e, size_t *ns)
@@ -256,7 +257,6 @@ static int index_batch(Engine *e, WItem *w, size_t n)
         if (!lc || lc->where != x->where || lc->off != x->dst_off || lc->len != x->len)
             continue; /* re-added meanwhile: the newer copy goes with the next flush */
         x->state = !l->purge && x->entry <= l->flushed_last ? 2 : 1;
-        kvb_put_loc(b, x->ledger, x->entry, x->where, x->len, x->dst_off);
     }
     kvb_put_meta(b, "next_inc", e->next_inc);
     pthread_mutex_unlock(&e->mu);
@@ -266,14 +266,28 @@ static int index_batch(Engine *e, WItem *w, size_t n)
     for (size_t i = 0; i < ns && rc == E_OK; i++)
         if (snap[i].purge && kv_scan_locs(e, snap[i].id, 0, INT64_MAX, debit_loc, &deb) < 0)
             rc = E_IO;
-    for (size_t i = 0; i < n && rc == E_OK; i++) {
-        WItem *x = &w[i];
-        Loc old;
-        int r = x->state == 2 ? kv_get_loc(e, x->ledger, x->entry, &old) : 0;
-        if (r < 0 || (r == 1 && debit_loc(&deb, &old)) ||
-            (x->state && debit_add(&deb, x->where, (int64_t)(LR_HDR + x->len)) < 0))
+    /* the new locations, one ledger at a time (w is sorted by ledger, entry), as runs; where a re-add
+     * may replace indexed copies, the runs holding them are cut and their bytes debited */
+    Loc *lv = n ? malloc(n * sizeof *lv) : NULL;
+    if (n && !lv)
+        rc = E_IO;
+    for (size_t i = 0; i < n && rc == E_OK;) {
+        size_t k = 0;
+        int replace = 0;
+        uint64_t ledger = w[i].ledger;
+        for (; i < n && w[i].ledger == ledger; i++) {
+            WItem *x = &w[i];
+            if (!x->state)
+                continue;
+            replace |= x->state == 2;
+            lv[k++] = (Loc){x->entry, x->where, x->len, x->dst_off};
+            if (debit_add(&deb, x->where, (int64_t)(LR_HDR + x->len)) < 0)
+                rc = E_IO;
+        }
+        if (rc == E_OK && kvb_put_locs(e, b, ledger, lv, k, replace, debit_bytes, &deb) < 0)
             rc = E_IO;
     }
+    free(lv);
     if (rc == E_OK) {
         pthread_mutex_lock(&e->mu);
         for (size_t i = 0; i < deb.n; i++) {

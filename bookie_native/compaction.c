@@ -14,6 +14,19 @@ static int cand_cmp(const void *a, const void *b)
     return x->ratio < y->ratio ? -1 : x->ratio > y->ratio;
 }
 
+typedef struct {
+    uint64_t ledger;
+    Loc loc;
+} MovedLoc;
+
+static int moved_cmp(const void *a, const void *b)
+{
+    const MovedLoc *x = a, *y = b;
+    if (x->ledger != y->ledger)
+        return x->ledger < y->ledger ? -1 : 1;
+    return x->loc.entry < y->loc.entry ? -1 : x->loc.entry > y->loc.entry;
+}
+
 /* Wait until `copied` bytes are due at the compaction rate (from t0), or close aborts the pass;
  * return nonzero if it does. */
 static int compact_pace(Engine *e, uint64_t t0, uint64_t copied)
@@ -222,10 +235,33 @@ int eng_compact(Engine *e, CompactStats *cs)
         int found = kv_get_loc(e, x->ledger, x->entry, &cur);
         if (found < 0)
             rc = E_IO;
-        else if (found && cur.where == (uint32_t)x->cache_off && cur.off == x->off) {
-            kvb_put_loc(b, x->ledger, x->entry, x->where, x->len, x->dst_off);
+        else if (found && cur.where == (uint32_t)x->cache_off && cur.off == x->off)
             x->state = 1;
+    }
+    /* the moved entries' new locations, per ledger in entry order, replacing (cutting) the runs that
+     * held the originals */
+    if (rc == E_OK) {
+        MovedLoc *mv = malloc((wn ? wn : 1) * sizeof *mv);
+        size_t nm = 0;
+        if (!mv)
+            rc = E_IO;
+        for (size_t k = 0; mv && k < wn; k++)
+            if (w[k].state)
+                mv[nm++] = (MovedLoc){w[k].ledger, {w[k].entry, w[k].where, w[k].len, w[k].dst_off}};
+        if (mv)
+            qsort(mv, nm, sizeof *mv, moved_cmp);
+        Loc *lv = mv ? malloc((nm ? nm : 1) * sizeof *lv) : NULL;
+        if (mv && !lv)
+            rc = E_IO;
+        for (size_t k = 0; lv && k < nm && rc == E_OK;) {
+            size_t s0 = k, c = 0;
+            for (; k < nm && mv[k].ledger == mv[s0].ledger; k++)
+                lv[c++] = mv[k].loc;
+            if (kvb_put_locs(e, b, mv[s0].ledger, lv, c, 1, NULL, NULL) < 0)
+                rc = E_IO;
         }
+        free(lv);
+        free(mv);
     }
     if (rc == E_OK) {
         pthread_mutex_lock(&e->mu);

@@ -347,7 +347,8 @@ int kv_get_meta(Engine *e, const char *name, uint64_t *val);
 KvBatch *kvb_new(void);
 void kvb_free(KvBatch *b);
 size_t kvb_count(KvBatch *b);
-void kvb_put_loc(KvBatch *b, uint64_t ledger, int64_t entry, uint32_t where, uint32_t len, uint64_t off);
+int kvb_put_locs(Engine *e, KvBatch *b, uint64_t ledger, const Loc *v, size_t n, int replace,
+                 int (*debit)(void *, uint32_t, uint32_t), void *arg);
 int kvb_put_ledger(KvBatch *b, const Ledger *l);
 void kvb_del_ledger(KvBatch *b, uint64_t ledger);
 void kvb_put_log(KvBatch *b, uint32_t id, uint64_t size, uint64_t idx_size, uint64_t live);

@@ -2,7 +2,7 @@
  * table in RocksDB (README.md "The index"), through RocksDB's C API.
  *
  * Keys (big-endian numbers, so that one ledger's entries are adjacent and in entry order):
- *   'E' u64 ledger  u64 entry  -> u32 log id · u32 body length · u64 record offset        (entry location)
+ *   'E' u64 ledger  u64 entry  -> u32 log id · u32 count · u64 offset · count × u32 length (a run of locations)
  *   'L' u64 ledger             -> u64 incarnation · u8 flags · u16 keylen · key · u32 laclen · lac
  *   'G' u32 log id             -> u64 log size · u64 .idx size · u64 live bytes            (entry-log table)
  *   'M' name                   -> "format" (u32) / "next_inc" (u64)
@@ -195,28 +195,7 @@ static int kv_get(Engine *e, const unsigned char *k, size_t kl, unsigned char *v
     return 1;
 }
 
-static void loc_decode(const unsigned char *v, int64_t entry, Loc *out)
-{
-    out->entry = entry;
-    out->where = get32(v);
-    out->len = get32(v + 4);
-    out->off = get64(v + 8);
-}
 
-int kv_get_loc(Engine *e, uint64_t ledger, int64_t entry, Loc *out)
-{
-    unsigned char k[KV_EKEY], v[16];
-    size_t n = 0;
-    ekey(k, ledger, entry);
-    int r = kv_get(e, k, sizeof k, v, sizeof v, &n, NULL);
-    if (r == 1 && n != 16) {
-        seterr(e, "ledger index: malformed location of %llu:%lld", (unsigned long long)ledger, (long long)entry);
-        return -1;
-    }
-    if (r == 1)
-        loc_decode(v, entry, out);
-    return r;
-}
 
 int kv_get_ledger(Engine *e, uint64_t ledger, Ledger *l)
 {
@@ -288,23 +267,119 @@ static int kv_iter_end(Engine *e, rocksdb_iterator_t *it, rocksdb_readoptions_t 
     return 0;
 }
 
+
+
+/* ---------------------------------------------------------------- entry locations, as runs
+ * A location record covers a *run*: entries first..first+count-1 of one ledger written back to back
+ * into one entry log (as a flush writes a ledger's consecutive entries), value u32 log id · u32
+ * count · u64 offset of the first record · count × u32 body length; entry first+i is at offset +
+ * sum over j < i of (24 + length j).  A flush writes one record per run instead of one per entry
+ * (at most RUN_MAX entries each).  The runs of a ledger never overlap: writing entries that may
+ * already be indexed (a re-add, a compaction's move) first cuts them out of the runs covering them
+ * (kvb_put_locs).  So the run covering entry x, if any, is the last one starting at or before x. */
+#define RUN_MAX 512u
+#define RUN_HDR 16u
+
+typedef struct {
+    int64_t first;
+    uint32_t where, count;
+    uint64_t off;
+    const unsigned char *lens; /* count little-endian u32 */
+} Run;
+
+static int run_decode(const unsigned char *k, size_t kl, const unsigned char *v, size_t vl, uint64_t ledger, Run *r)
+{
+    if (kl != KV_EKEY || k[0] != 'E' || unbe64(k + 1) != ledger || vl < RUN_HDR)
+        return 0;
+    r->first = (int64_t)unbe64(k + 9);
+    r->where = get32(v);
+    r->count = get32(v + 4);
+    r->off = get64(v + 8);
+    r->lens = v + RUN_HDR;
+    return r->count >= 1 && vl == RUN_HDR + 4ull * r->count;
+}
+
+/* location of entry first+i of the run */
+static void run_loc(const Run *r, uint32_t i, uint64_t *off_io, uint32_t *pos_io, Loc *out)
+{
+    /* (*pos_io, *off_io): a cursor, so a walk over the run is linear */
+    while (*pos_io < i) {
+        *off_io += LR_HDR + get32(r->lens + 4ull * *pos_io);
+        (*pos_io)++;
+    }
+    out->entry = r->first + i;
+    out->where = r->where;
+    out->off = *off_io;
+    out->len = get32(r->lens + 4ull * i);
+}
+
+/* the last run of `ledger` starting at or before `entry`: 1 (in *r; the iterator is left on it), none
+ * (0), error (-1) */
+static int run_before(Engine *e, rocksdb_iterator_t *it, uint64_t ledger, int64_t entry, Run *r)
+{
+    unsigned char k[KV_EKEY];
+    ekey(k, ledger, entry);
+    rocksdb_iter_seek_for_prev(it, (const char *)k, sizeof k);
+    if (!rocksdb_iter_valid(it))
+        return 0;
+    size_t kl, vl;
+    const unsigned char *kk = (const unsigned char *)rocksdb_iter_key(it, &kl);
+    const unsigned char *v = (const unsigned char *)rocksdb_iter_value(it, &vl);
+    if (run_decode(kk, kl, v, vl, ledger, r))
+        return 1;
+    if (kl == KV_EKEY && kk[0] == 'E' && unbe64(kk + 1) == ledger) {
+        seterr(e, "ledger index: malformed location record of ledger %llu", (unsigned long long)ledger);
+        return -1;
+    }
+    return 0;
+}
+
+/* the run covering `entry`: 1 (the iterator is left on it), none (0), error (-1) */
+static int run_seek(Engine *e, rocksdb_iterator_t *it, uint64_t ledger, int64_t entry, Run *r)
+{
+    int f = run_before(e, it, ledger, entry, r);
+    return f == 1 ? entry < r->first + (int64_t)r->count : f;
+}
+
+static rocksdb_iterator_t *ledger_iter(Engine *e, uint64_t ledger, unsigned char lo[KV_EKEY],
+                                       unsigned char hi[KV_EKEY], rocksdb_readoptions_t **ro)
+{
+    ekey(lo, ledger, 0);
+    ekey(hi, ledger + 1, 0); /* (ledger ids are < 2^63: no wrap) */
+    *ro = rocksdb_readoptions_create();
+    rocksdb_readoptions_set_iterate_lower_bound(*ro, (const char *)lo, KV_EKEY);
+    rocksdb_readoptions_set_iterate_upper_bound(*ro, (const char *)hi, KV_EKEY);
+    return rocksdb_create_iterator(e->kv->db, *ro);
+}
+
+int kv_get_loc(Engine *e, uint64_t ledger, int64_t entry, Loc *out)
+{
+    unsigned char lo[KV_EKEY], hi[KV_EKEY];
+    rocksdb_readoptions_t *ro;
+    rocksdb_iterator_t *it = ledger_iter(e, ledger, lo, hi, &ro);
+    Run r;
+    int found = run_seek(e, it, ledger, entry, &r);
+    if (found == 1) {
+        uint64_t off = r.off;
+        uint32_t pos = 0;
+        run_loc(&r, (uint32_t)(entry - r.first), &off, &pos, out);
+    }
+    if (kv_iter_end(e, it, ro) < 0)
+        return -1;
+    return found;
+}
+
 int kv_last_entry(Engine *e, uint64_t ledger, int64_t *last)
 {
     unsigned char lo[KV_EKEY], hi[KV_EKEY];
-    ekey(lo, ledger, 0);
-    ekey(hi, ledger, INT64_MAX);
-    rocksdb_readoptions_t *ro = rocksdb_readoptions_create();
-    rocksdb_readoptions_set_iterate_lower_bound(ro, (const char *)lo, sizeof lo);
-    rocksdb_iterator_t *it = rocksdb_create_iterator(e->kv->db, ro);
-    rocksdb_iter_seek_for_prev(it, (const char *)hi, sizeof hi);
-    *last = -1;
-    if (rocksdb_iter_valid(it)) {
-        size_t kl;
-        const unsigned char *k = (const unsigned char *)rocksdb_iter_key(it, &kl);
-        if (kl == KV_EKEY && k[0] == 'E' && unbe64(k + 1) == ledger)
-            *last = (int64_t)unbe64(k + 9);
-    }
-    return kv_iter_end(e, it, ro);
+    rocksdb_readoptions_t *ro;
+    rocksdb_iterator_t *it = ledger_iter(e, ledger, lo, hi, &ro);
+    Run r;
+    int found = run_before(e, it, ledger, INT64_MAX, &r);
+    *last = found == 1 ? r.first + (int64_t)r.count - 1 : -1;
+    if (kv_iter_end(e, it, ro) < 0 || found < 0)
+        return -1;
+    return 0;
 }
 
 /* Call cb for each stored location of `ledger` with from <= entry <= to, in entry order, until it
@@ -312,25 +387,134 @@ int kv_last_entry(Engine *e, uint64_t ledger, int64_t *last)
 int kv_scan_locs(Engine *e, uint64_t ledger, int64_t from, int64_t to, int (*cb)(void *, const Loc *), void *arg)
 {
     unsigned char lo[KV_EKEY], hi[KV_EKEY];
-    ekey(lo, ledger, from);
-    if (to == INT64_MAX)
-        ekey(hi, ledger + 1, 0); /* (ledger ids are < 2^63: no wrap) */
-    else
-        ekey(hi, ledger, to + 1);
     rocksdb_readoptions_t *ro;
-    rocksdb_iterator_t *it = kv_iter(e, hi, sizeof hi, &ro);
-    for (rocksdb_iter_seek(it, (const char *)lo, sizeof lo); rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
+    rocksdb_iterator_t *it = ledger_iter(e, ledger, lo, hi, &ro);
+    Run r;
+    int rc = run_seek(e, it, ledger, from, &r);
+    if (rc == 0) { /* from is in no run: the first run after it */
+        unsigned char k[KV_EKEY];
+        ekey(k, ledger, from);
+        rocksdb_iter_seek(it, (const char *)k, sizeof k);
+    }
+    int stop = rc < 0;
+    for (; !stop && rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
         size_t kl, vl;
         const unsigned char *k = (const unsigned char *)rocksdb_iter_key(it, &kl);
         const unsigned char *v = (const unsigned char *)rocksdb_iter_value(it, &vl);
-        if (kl != KV_EKEY || vl != 16)
+        if (!run_decode(k, kl, v, vl, ledger, &r))
             continue;
-        Loc lc;
-        loc_decode(v, (int64_t)unbe64(k + 9), &lc);
-        if (cb(arg, &lc))
+        if (r.first > to)
             break;
+        uint64_t off = r.off;
+        uint32_t pos = 0;
+        for (uint32_t i = from > r.first ? (uint32_t)(from - r.first) : 0; i < r.count && r.first + i <= to; i++) {
+            Loc lc;
+            run_loc(&r, i, &off, &pos, &lc);
+            if (cb(arg, &lc)) {
+                stop = 1;
+                break;
+            }
+        }
     }
-    return kv_iter_end(e, it, ro);
+    if (kv_iter_end(e, it, ro) < 0 || rc < 0)
+        return -1;
+    return 0;
+}
+
+/* append one run record (n locations of one ledger, consecutive entries and records) */
+static void put_run(KvBatch *b, uint64_t ledger, const Loc *v, size_t n)
+{
+    unsigned char k[KV_EKEY], val[RUN_HDR + 4 * RUN_MAX];
+    ekey(k, ledger, v[0].entry);
+    put32(val, v[0].where);
+    put32(val + 4, (uint32_t)n);
+    put64(val + 8, v[0].off);
+    for (size_t i = 0; i < n; i++)
+        put32(val + RUN_HDR + 4 * i, v[i].len);
+    rocksdb_writebatch_put((rocksdb_writebatch_t *)b, (const char *)k, sizeof k, (const char *)val, RUN_HDR + 4 * n);
+}
+
+/* does v[i] continue the run that v[i - 1] is in? */
+static int continues(const Loc *v, size_t i, size_t runlen)
+{
+    return runlen < RUN_MAX && v[i].entry == v[i - 1].entry + 1 && v[i].where == v[i - 1].where &&
+           v[i].off == v[i - 1].off + LR_HDR + v[i - 1].len;
+}
+
+static void put_runs(KvBatch *b, uint64_t ledger, const Loc *v, size_t n)
+{
+    size_t s = 0;
+    for (size_t i = 1; i <= n; i++)
+        if (i == n || !continues(v, i, i - s)) {
+            put_run(b, ledger, v + s, i - s);
+            s = i;
+        }
+}
+
+/* Index the locations v[0..n) of one ledger (ascending entries).  With `replace` (some may already be
+ * indexed: a re-add, a compaction's move), the runs on disk that cover any of them are first cut:
+ * their other entries are re-written as runs of their own, and debit(arg, log, bytes) is told of
+ * every location replaced.  The batch's order (deletes and remnants before the new runs) keeps the
+ * runs disjoint.  Reads the index as it is before the batch: the caller is its only writer. */
+int kvb_put_locs(Engine *e, KvBatch *b, uint64_t ledger, const Loc *v, size_t n, int replace,
+                 int (*debit)(void *, uint32_t, uint32_t), void *arg)
+{
+    if (!n)
+        return 0;
+    if (!replace) {
+        put_runs(b, ledger, v, n);
+        return 0;
+    }
+    unsigned char lo[KV_EKEY], hi[KV_EKEY];
+    rocksdb_readoptions_t *ro;
+    rocksdb_iterator_t *it = ledger_iter(e, ledger, lo, hi, &ro);
+    Run r;
+    int rc = run_seek(e, it, ledger, v[0].entry, &r);
+    if (rc == 0) {
+        unsigned char k[KV_EKEY];
+        ekey(k, ledger, v[0].entry);
+        rocksdb_iter_seek(it, (const char *)k, sizeof k);
+    }
+    Loc *keep = malloc(RUN_MAX * sizeof *keep);
+    size_t vi = 0;
+    if (!keep)
+        rc = -1;
+    for (; rc >= 0 && rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
+        size_t kl, vl;
+        const unsigned char *k = (const unsigned char *)rocksdb_iter_key(it, &kl);
+        const unsigned char *val = (const unsigned char *)rocksdb_iter_value(it, &vl);
+        if (!run_decode(k, kl, val, vl, ledger, &r))
+            continue;
+        if (r.first > v[n - 1].entry)
+            break;
+        /* this run meets [v[0], v[n-1]]: cut out the entries v holds */
+        uint64_t off = r.off;
+        uint32_t pos = 0;
+        size_t nk = 0, cut = 0;
+        for (uint32_t i = 0; i < r.count; i++) {
+            Loc lc;
+            run_loc(&r, i, &off, &pos, &lc);
+            while (vi < n && v[vi].entry < lc.entry)
+                vi++;
+            if (vi < n && v[vi].entry == lc.entry) {
+                cut++;
+                if (debit && debit(arg, lc.where, LR_HDR + lc.len))
+                    rc = -1;
+            } else {
+                keep[nk++] = lc;
+            }
+        }
+        if (cut) {
+            rocksdb_writebatch_delete((rocksdb_writebatch_t *)b, (const char *)k, kl);
+            put_runs(b, ledger, keep, nk);
+        }
+    }
+    free(keep);
+    if (kv_iter_end(e, it, ro) < 0)
+        rc = -1;
+    if (rc >= 0)
+        put_runs(b, ledger, v, n);
+    return rc < 0 ? -1 : 0;
 }
 
 /* every ledger id in the ledger index, ascending (malloc'ed) */
@@ -406,15 +590,6 @@ void kvb_free(KvBatch *b)
 }
 size_t kvb_count(KvBatch *b) { return (size_t)rocksdb_writebatch_count((rocksdb_writebatch_t *)b); }
 
-void kvb_put_loc(KvBatch *b, uint64_t ledger, int64_t entry, uint32_t where, uint32_t len, uint64_t off)
-{
-    unsigned char k[KV_EKEY], v[16];
-    ekey(k, ledger, entry);
-    put32(v, where);
-    put32(v + 4, len);
-    put64(v + 8, off);
-    rocksdb_writebatch_put((rocksdb_writebatch_t *)b, (const char *)k, sizeof k, (const char *)v, sizeof v);
-}
 
 /* the ledger's record (caller holds mu, or owns l) */
 int kvb_put_ledger(KvBatch *b, const Ledger *l)

@@ -205,7 +205,9 @@ static int convert_v1(Engine *e, const char *state_path, const char *final_path)
                 IdInc key = {get64(r), 0}, *li = bsearch(&key, incs, nled, sizeof *incs, idinc_cmp);
                 if (!li || li->inc != get64(r + 16))
                     continue; /* a deleted incarnation */
-                kvb_put_loc(b, key.id, (int64_t)get64(r + 8), rows[i].id, get32(r + 32), get64(r + 24));
+                Loc lc = {(int64_t)get64(r + 8), rows[i].id, get32(r + 32), get64(r + 24)};
+                kvb_put_locs(e, b, key.id, &lc, 1, 0, NULL, NULL); /* (one-entry runs: a later record for
+                                                                   * the same entry replaces it whole) */
                 e->st_converted++;
                 rc = batch_if_full(e, &b);
             }

@@ -23,8 +23,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def cfg(d, **kw):
     kw.setdefault("checkpoint_interval_s", 3600.0)  # checkpoints only when asked (and at open)
+    kw.setdefault("entry_log_max_size", 256 << 10)
     return StorageConfig(journal_dir=os.path.join(d, "j"), ledger_dirs=[os.path.join(d, "l")],
-                         journal_max_size_mb=1, write_cache_bytes=1 << 20, entry_log_max_size=256 << 10, **kw)
+                         journal_max_size_mb=1, write_cache_bytes=1 << 20, **kw)
 
 
 def body(ledger, entry, gen=0):
@@ -258,5 +259,46 @@ def test_unlisted_entry_logs_are_removed_at_open(tmp_path):
         s.add_entries([(2, 0, b"k", False, b"after")])
         s.checkpoint()
         assert s.read_entry(2, 0) == b"after"
+    finally:
+        s.close()
+
+
+def test_runs_cut_by_re_adds_and_compaction_keep_every_entry_and_exact_live_bytes(tmp_path):
+    # a flush indexes a ledger's consecutive entries as one run record; re-adding entries inside
+    # runs (and compaction moving some) must cut those runs: every entry reads its latest body,
+    # and the live bytes the logs are credited with are exactly the bytes of the current copies
+    d = str(tmp_path)
+    conf = dict(entry_log_max_size=64 << 10, compaction_threshold=0.9, compaction_max_bytes_per_pass=1 << 30,
+                compaction_rate_bytes_per_s=0)
+    s = Storage(cfg(d, **conf))
+    latest = {}
+
+    def add(entries, gen):
+        s.add_entries([(1, e, b"k", False, body(1, e, gen)) for e in entries])
+        latest.update({e: body(1, e, gen) for e in entries})
+
+    def check(st):
+        assert st.list_entries(1) == [(0, max(latest))]
+        assert st.read_range(1, 0, max(latest)) == sorted(latest.items())
+        assert st.stats()["entry_log_live_bytes"] == sum(24 + len(b) for b in latest.values())
+
+    try:
+        add(range(1000), 0)
+        s.checkpoint()
+        add(range(10, 20), 1)            # inside a run
+        add([0, 511, 512, 999], 2)       # run edges (runs hold at most 512 entries)
+        add(range(995, 1010), 3)         # across the last run's end, past it
+        s.checkpoint()
+        check(s)
+        add(range(100, 300), 4)          # leaves older copies behind: compaction moves the rest
+        s.checkpoint()
+        assert s.compact()["logs_compacted"] > 0
+        check(s)
+    finally:
+        s.close()
+    s = Storage(cfg(d, **conf))
+    try:
+        check(s)
+        assert [s.read_entry(1, e) for e in (0, 15, 511, 512, 1009)] == [latest[e] for e in (0, 15, 511, 512, 1009)]
     finally:
         s.close()
