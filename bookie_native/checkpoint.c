@@ -214,6 +214,19 @@ static Snap *collect_dirty(Engine *e, size_t *ns)
     return v;
 }
 
+/* The memory location of a flushed item's entry, if its ledger is still the incarnation it was
+ * written for (mu held); (*l, *hint): a cursor over the items, which are sorted by ledger. */
+static Loc *item_loc(Engine *e, const WItem *x, Ledger **l, size_t *hint)
+{
+    if (!*l || (*l)->id != x->ledger) {
+        *l = led_mem(e, x->ledger);
+        *hint = 0;
+    }
+    if (!*l || (*l)->deleted || (*l)->inc != x->inc)
+        return NULL;
+    return loc_get_hint(*l, x->entry, hint);
+}
+
 /* Hand a flush's results to the index in one atomic batch, then drop the in-memory locations it
  * covers (re-pointed from the write cache to the entry logs by flush_cache_slot).  The batch holds, in this order: the removal of every ledger deleted since the last batch
  * (record + all locations), the records of the ledgers changed since (key, fence, explicit LAC,
@@ -246,16 +259,10 @@ static int index_batch(Engine *e, WItem *w, size_t n)
     size_t hint = 0;
     for (size_t i = 0; i < n; i++) {
         WItem *x = &w[i];
+        Loc *lc = item_loc(e, x, &l, &hint);
         x->state = 0;
-        if (!l || l->id != x->ledger) {
-            l = led_mem(e, x->ledger);
-            hint = 0;
-        }
-        if (!l || l->deleted || l->inc != x->inc)
-            continue;
-        Loc *lc = loc_get_hint(l, x->entry, &hint);
         if (!lc || lc->where != x->where || lc->off != x->dst_off || lc->len != x->len)
-            continue; /* re-added meanwhile: the newer copy goes with the next flush */
+            continue; /* re-added (or deleted) meanwhile: the newer copy goes with the next flush */
         x->state = !l->purge && x->entry <= l->flushed_last ? 2 : 1;
     }
     kvb_put_meta(b, "next_inc", e->next_inc);
@@ -447,13 +454,7 @@ static int flush_cache_slot(Engine *e, int slot, uint64_t pace_budget_ns)
         l = NULL;
         for (size_t i = 0; i < n; i++) {
             WItem *x = &w[i];
-            if (!l || l->id != x->ledger) {
-                l = led_mem(e, x->ledger);
-                hint = 0;
-            }
-            if (!l || l->deleted || l->inc != x->inc)
-                continue;
-            Loc *lc = loc_get_hint(l, x->entry, &hint);
+            Loc *lc = item_loc(e, x, &l, &hint);
             if (lc && lc->where == WHERE_CACHE0 + (uint32_t)slot && lc->off == x->cache_off && lc->len == x->len) {
                 lc->where = x->where;
                 lc->off = x->dst_off;

@@ -14,11 +14,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from bkspark.bookie.storage import Storage, StorageConfig  # noqa: E402
-
-
-def body_for(ledger: int, entry: int) -> bytes:
-    n = (ledger * 7919 + entry * 104729) % 2000
-    return (f"{ledger}:{entry}:".encode() * (n // 6 + 1))[:n + 8]
+from crash_child import body_for  # noqa: E402,F401  (the same bodies; this script's dir is sys.path[0])
 
 
 def config(d: str) -> StorageConfig:

@@ -20,8 +20,9 @@ from crash_child import body_for, config  # noqa: E402
 CHILD = os.path.join(os.path.dirname(__file__), "crash_child.py")
 
 
-def run_child(d, run, seed, delay, early_kill=None):
-    p = subprocess.Popen([sys.executable, CHILD, d, str(run), str(seed)], stdout=subprocess.PIPE,
+def run_child(d, run, seed, delay, early_kill=None, child=CHILD):
+    """Run `child` (a script of crash_child.py's protocol) on d, SIGKILL it after `delay` s; its lines."""
+    p = subprocess.Popen([sys.executable, child, d, str(run), str(seed)], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE)
     if early_kill is not None:  # possibly while it is opening / replaying the previous crash
         time.sleep(early_kill)

@@ -17,6 +17,8 @@ from bkspark.bookie.storage import Storage, StorageConfig
 sys.path.insert(0, os.path.dirname(__file__))
 from jdirs_child import body_for, config as child_config  # noqa: E402
 
+from test_storage_crash import run_child  # noqa: E402
+
 CHILD = os.path.join(os.path.dirname(__file__), "jdirs_child.py")
 KEY = b"k"
 
@@ -204,23 +206,6 @@ def test_config_journal_dir_and_journal_dirs(tmp_path):
     assert sc.journal_dir_list() == [a, b]
 
 
-def _run_child(d, run, seed, delay):
-    p = subprocess.Popen([sys.executable, CHILD, d, str(run), str(seed)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE)
-    line = p.stdout.readline()
-    if line != b"R\n":
-        p.kill()
-        out, err = p.communicate()
-        pytest.fail(f"child failed to start (run {run}): {line!r} {err.decode()[-3000:]}")
-    time.sleep(delay)
-    p.send_signal(signal.SIGKILL)
-    out = p.stdout.read()
-    err = p.stderr.read()
-    p.wait()
-    assert p.returncode == -signal.SIGKILL, err.decode()[-3000:]
-    return (line + out).decode().splitlines()
-
-
 @pytest.mark.timeout(600)
 def test_kill9_with_two_journals_loses_nothing_acknowledged(tmp_path):
     seed0 = random.randrange(1 << 30)
@@ -230,7 +215,7 @@ def test_kill9_with_two_journals_loses_nothing_acknowledged(tmp_path):
     fenced: set[int] = set()
     lac: dict[int, int] = {}
     for run in range(6):
-        for ln in _run_child(d, run, rnd.randrange(1 << 30), rnd.uniform(0.1, 0.6)):
+        for ln in run_child(d, run, rnd.randrange(1 << 30), rnd.uniform(0.1, 0.6), child=CHILD):
             parts = ln.split()
             if parts and parts[0] == "A":
                 lid, a, b = map(int, parts[1:])
