@@ -14,6 +14,54 @@ static int cand_cmp(const void *a, const void *b)
     return x->ratio < y->ratio ? -1 : x->ratio > y->ratio;
 }
 
+/* compaction's gathering: the live locations of one log (kv_scan_locs callback) */
+typedef struct {
+    Engine *e;
+    LogFile *lf;
+    WItem **w;
+    LogFile ***srcs;
+    size_t *wn, *wcap;
+    uint64_t ledger;
+    int oom;
+} Gather;
+
+static int gather_live(void *arg, const Loc *lc)
+{
+    Gather *g = arg;
+    if (lc->where != g->lf->id)
+        return 0; /* (a later copy elsewhere) */
+    if (*g->wn == *g->wcap) {
+        WItem *nw = realloc(*g->w, *g->wcap * 2 * sizeof **g->w);
+        if (nw)
+            *g->w = nw;
+        LogFile **ns = nw ? realloc(*g->srcs, *g->wcap * 2 * sizeof **g->srcs) : NULL;
+        if (ns)
+            *g->srcs = ns;
+        if (!nw || !ns) {
+            g->oom = 1;
+            return 1;
+        }
+        *g->wcap *= 2;
+    }
+    WItem *x = &(*g->w)[*g->wn];
+    (*g->srcs)[(*g->wn)++] = g->lf;
+    memset(x, 0, sizeof *x);
+    x->ledger = g->ledger;
+    x->entry = lc->entry;
+    x->len = lc->len;
+    x->off = lc->off;
+    x->cache_off = g->lf->id; /* source log id */
+    return 0;
+}
+
+static int witem_loc_cmp(const void *a, const void *b)
+{
+    const WItem *x = a, *y = b;
+    if (x->ledger != y->ledger)
+        return x->ledger < y->ledger ? -1 : 1;
+    return x->entry < y->entry ? -1 : x->entry > y->entry;
+}
+
 typedef struct {
     uint64_t ledger;
     Loc loc;
@@ -118,47 +166,39 @@ int eng_compact(Engine *e, CompactStats *cs)
         unsigned char *ib = malloc(isz ? isz : 1);
         if (!ib || read_full(lf->idx_fd, ib, isz, 0) < 0)
             isz = 0; /* unreadable: its entries stay where they are, and so does the log */
+        size_t from_wn = wn;
+        Gather g = {e, lf, &w, &srcs, &wn, &wcap, 0, 0};
         for (size_t off = I_HDR; off + 8 <= isz && !oom;) {
             uint32_t cnt = get32(ib + off);
             size_t bl = (size_t)cnt * IR_SIZE;
             if (cnt == 0 || off + 8 + bl > isz ||
                 get32(ib + off + 4) != bks_crc32c(bks_crc32c(0, ib + off, 4), ib + off + 8, bl))
                 break;
-            for (uint32_t k = 0; k < cnt && !oom; k++) {
+            /* a block lists one flush's records in (ledger, entry) order: one index scan per
+             * ledger of it, over its entry range, keeps the locations still in this log */
+            for (uint32_t k = 0; k < cnt && !oom;) {
                 const unsigned char *r = ib + off + 8 + (size_t)k * IR_SIZE;
-                Loc cur;
-                int found = kv_get_loc(e, get64(r), (int64_t)get64(r + 8), &cur);
-                if (found < 0) {
-                    oom = 1; /* (an index read error: give the pass up) */
-                    break;
+                uint64_t ledger = get64(r);
+                int64_t lo = (int64_t)get64(r + 8), hi = lo;
+                for (k++; k < cnt && get64(ib + off + 8 + (size_t)k * IR_SIZE) == ledger; k++) {
+                    int64_t en = (int64_t)get64(ib + off + 8 + (size_t)k * IR_SIZE + 8);
+                    lo = en < lo ? en : lo;
+                    hi = en > hi ? en : hi;
                 }
-                if (!found || cur.where != lf->id || cur.off != get64(r + 24))
-                    continue; /* dead: deleted, or a later copy elsewhere */
-                if (wn == wcap) {
-                    WItem *nw = realloc(w, wcap * 2 * sizeof *w);
-                    if (nw)
-                        w = nw;
-                    LogFile **nsr = nw ? realloc(srcs, wcap * 2 * sizeof *srcs) : NULL;
-                    if (nsr)
-                        srcs = nsr;
-                    if (!nw || !nsr) {
-                        oom = 1;
-                        break;
-                    }
-                    wcap *= 2;
-                }
-                WItem *x = &w[wn];
-                srcs[wn++] = lf;
-                memset(x, 0, sizeof *x);
-                x->ledger = get64(r);
-                x->entry = cur.entry;
-                x->len = cur.len;
-                x->off = cur.off;
-                x->cache_off = lf->id; /* source log id */
+                g.ledger = ledger;
+                if (kv_scan_locs(e, ledger, lo, hi, gather_live, &g) < 0 || g.oom)
+                    oom = 1; /* (an index read error or no memory: give the pass up) */
             }
             off += 8 + bl;
         }
         free(ib);
+        /* (an entry re-added into the same log is listed by two blocks: keep one) */
+        qsort(w + from_wn, wn - from_wn, sizeof *w, witem_loc_cmp);
+        size_t u = from_wn;
+        for (size_t i = from_wn; i < wn; i++)
+            if (u == from_wn || w[i].ledger != w[u - 1].ledger || w[i].entry != w[u - 1].entry)
+                w[u++] = w[i];
+        wn = u;
     }
     if (oom) {
         pthread_mutex_lock(&e->mu);
