@@ -341,6 +341,7 @@ int kv_get_loc(Engine *e, uint64_t ledger, int64_t entry, Loc *out); /* 1 found,
 int kv_get_ledger(Engine *e, uint64_t ledger, Ledger *l);          /* fills inc, flags, key, lac */
 int kv_last_entry(Engine *e, uint64_t ledger, int64_t *last);
 int kv_scan_locs(Engine *e, uint64_t ledger, int64_t from, int64_t to, int (*cb)(void *, const Loc *), void *arg);
+int kv_scan_runs(Engine *e, uint64_t ledger, int (*cb)(void *, int64_t, int64_t), void *arg);
 int kv_ledger_ids(Engine *e, uint64_t **ids, size_t *n);
 int kv_logs(Engine *e, int (*cb)(void *, uint32_t, uint64_t, uint64_t, uint64_t), void *arg);
 int kv_get_meta(Engine *e, const char *name, uint64_t *val);

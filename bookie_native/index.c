@@ -388,41 +388,50 @@ int eng_ledger_info(Engine *e, uint64_t ledger, LedgerInfo *li)
     return E_OK;
 }
 
+/* a growing list of entry intervals [first, last] */
 typedef struct {
-    int64_t *v;
+    int64_t (*v)[2];
     size_t n, cap;
-} I64s;
+} Spans;
 
-static int i64_push(I64s *a, int64_t x)
+/* append [first, last]; extends the last interval when it continues it */
+static int span_push(Spans *a, int64_t first, int64_t last)
 {
+    if (a->n && a->v[a->n - 1][1] + 1 == first) {
+        a->v[a->n - 1][1] = last;
+        return 0;
+    }
     if (a->n == a->cap) {
         size_t nc = a->cap ? a->cap * 2 : 64;
-        int64_t *p = realloc(a->v, nc * sizeof *p);
+        int64_t(*p)[2] = realloc(a->v, nc * sizeof *p);
         if (!p)
             return -1;
         a->v = p;
         a->cap = nc;
     }
-    a->v[a->n++] = x;
+    a->v[a->n][0] = first;
+    a->v[a->n][1] = last;
+    a->n++;
     return 0;
 }
 
-static int push_loc(void *arg, const Loc *lc) { return i64_push(arg, lc->entry) < 0; }
+static int push_run(void *arg, int64_t first, int64_t last) { return span_push(arg, first, last) < 0; }
 
-static int i64cmp(const void *a, const void *b)
+static int spancmp(const void *a, const void *b)
 {
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    int64_t x = ((const int64_t *)a)[0], y = ((const int64_t *)b)[0];
     return x < y ? -1 : x > y;
 }
 
-/* The ledger's entries as ranges: the write cache's (under mu), then the index's -- in this order,
- * so an entry a flush moves meanwhile is seen at least once (a flush writes the index before it
- * drops the cache location). */
+/* The ledger's entries as ranges: the write cache's (under mu), then the index's runs -- in this
+ * order, so an entry a flush moves meanwhile is seen at least once (a flush writes the index
+ * before it drops the cache location).  Cost: one step per cached entry and per run, not per
+ * indexed entry. */
 int eng_ledger_ranges(Engine *e, uint64_t ledger, int64_t **rgp, size_t *nrp)
 {
     *rgp = NULL;
     *nrp = 0;
-    I64s a = {0};
+    Spans a = {0};
     pthread_mutex_lock(&e->mu);
     Ledger *l;
     int rc = e->closed ? E_CLOSED : led_lookup(e, ledger, &l);
@@ -432,28 +441,27 @@ int eng_ledger_ranges(Engine *e, uint64_t ledger, int64_t **rgp, size_t *nrp)
     if (rc == E_OK) {
         disk = !l->purge && l->flushed_last >= 0;
         for (size_t i = 0; i < l->n && rc == E_OK; i++)
-            if (i64_push(&a, l->locs[i].entry) < 0)
+            if (span_push(&a, l->locs[i].entry, l->locs[i].entry) < 0)
                 rc = E_IO;
     }
     pthread_mutex_unlock(&e->mu);
-    if (rc == E_OK && disk && kv_scan_locs(e, ledger, 0, INT64_MAX, push_loc, &a) < 0)
+    if (rc == E_OK && disk && kv_scan_runs(e, ledger, push_run, &a) < 0)
         rc = E_IO;
     if (rc != E_OK) {
         free(a.v);
         return rc;
     }
-    qsort(a.v, a.n, sizeof *a.v, i64cmp);
+    qsort(a.v, a.n, sizeof *a.v, spancmp);
     size_t nr = 0;
     int64_t *rg = malloc((a.n ? a.n : 1) * 2 * sizeof *rg);
     for (size_t i = 0; rg && i < a.n; i++) {
-        int64_t x = a.v[i];
-        if (nr && rg[2 * nr - 1] >= x)
-            continue; /* (in both) */
-        if (nr && rg[2 * nr - 1] + 1 == x)
-            rg[2 * nr - 1] = x;
-        else {
+        int64_t x = a.v[i][0], y = a.v[i][1];
+        if (nr && rg[2 * nr - 1] + 1 >= x) { /* overlaps (in both) or continues the last range */
+            if (y > rg[2 * nr - 1])
+                rg[2 * nr - 1] = y;
+        } else {
             rg[2 * nr] = x;
-            rg[2 * nr + 1] = x;
+            rg[2 * nr + 1] = y;
             nr++;
         }
     }

@@ -2,7 +2,7 @@
  * table in RocksDB (README.md "The index"), through RocksDB's C API.
  *
  * Keys (big-endian numbers, so that one ledger's entries are adjacent and in entry order):
- *   'E' u64 ledger  u64 entry  -> u32 log id · u32 count · u64 offset · count × u32 length (a run of locations)
+ *   'E' u64 ledger  u64 entry  -> u32 log id · u32 count|form · u64 offset · lengths (a run of locations)
  *   'L' u64 ledger             -> u64 incarnation · u8 flags · u16 keylen · key · u32 laclen · lac
  *   'G' u32 log id             -> u64 log size · u64 .idx size · u64 live bytes            (entry-log table)
  *   'M' name                   -> "format" (u32) / "next_inc" (u64)
@@ -271,46 +271,130 @@ static int kv_iter_end(Engine *e, rocksdb_iterator_t *it, rocksdb_readoptions_t 
 
 /* ---------------------------------------------------------------- entry locations, as runs
  * A location record covers a *run*: entries first..first+count-1 of one ledger written back to back
- * into one entry log (as a flush writes a ledger's consecutive entries), value u32 log id · u32
- * count · u64 offset of the first record · count × u32 body length; entry first+i is at offset +
- * sum over j < i of (24 + length j).  A flush writes one record per run instead of one per entry
- * (at most RUN_MAX entries each).  The runs of a ledger never overlap: writing entries that may
- * already be indexed (a re-add, a compaction's move) first cuts them out of the runs covering them
+ * into one entry log (as a flush writes a ledger's consecutive entries); entry first+i is at
+ * offset + sum over j < i of (24 + length j).  Value: u32 log id · u32 count | form · u64 offset of
+ * the first record · the body lengths, in one of three forms:
+ *   RUN_UNIFORM  one u32: every entry of the run has that length (fixed-size records);
+ *   RUN_VARINT   count LEB128 varints (1 byte below 128, 2 below 16 KiB, 3 below 2 MiB);
+ *   neither      count u32 (written by the first releases of this format; still read).
+ * So the index of 100-byte entries costs ~0.05 byte per entry before compression, and the
+ * records a reader needs stay in the block cache.  A flush writes one record per run (at most
+ * RUN_MAX entries).  The runs of a ledger never overlap: writing entries that may already be
+ * indexed (a re-add, a compaction's move) first cuts them out of the runs covering them
  * (kvb_put_locs).  So the run covering entry x, if any, is the last one starting at or before x. */
 #define RUN_MAX 512u
 #define RUN_HDR 16u
+#define RUN_UNIFORM 0x80000000u
+#define RUN_VARINT 0x40000000u
+#define RUN_COUNT 0x3fffffffu
+#define VARINT_MAX 5u /* bytes of a u32 */
 
 typedef struct {
     int64_t first;
-    uint32_t where, count;
+    uint32_t where, count, form; /* form: RUN_UNIFORM, RUN_VARINT or 0 (u32 lengths) */
     uint64_t off;
-    const unsigned char *lens; /* count little-endian u32 */
+    const unsigned char *lens, *end;
 } Run;
+
+/* a forward cursor over a run's locations: entry first+pos is at off; p: its length's bytes */
+typedef struct {
+    uint32_t pos;
+    uint64_t off;
+    const unsigned char *p;
+} RunCursor;
+
+/* one LEB128 u32 at *p (before end); 0 if malformed */
+static int varint_get(const unsigned char **p, const unsigned char *end, uint32_t *v)
+{
+    uint32_t x = 0;
+    for (unsigned sh = 0; *p < end && sh < 7 * VARINT_MAX; sh += 7) {
+        unsigned char c = *(*p)++;
+        x |= (uint32_t)(c & 0x7f) << sh;
+        if (!(c & 0x80)) {
+            *v = x;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static size_t varint_put(unsigned char *p, uint32_t v)
+{
+    size_t n = 0;
+    for (; v >= 0x80; v >>= 7)
+        p[n++] = (unsigned char)(v | 0x80);
+    p[n++] = (unsigned char)v;
+    return n;
+}
 
 static int run_decode(const unsigned char *k, size_t kl, const unsigned char *v, size_t vl, uint64_t ledger, Run *r)
 {
     if (kl != KV_EKEY || k[0] != 'E' || unbe64(k + 1) != ledger || vl < RUN_HDR)
         return 0;
+    uint32_t c = get32(v + 4);
     r->first = (int64_t)unbe64(k + 9);
     r->where = get32(v);
-    r->count = get32(v + 4);
+    r->count = c & RUN_COUNT;
+    r->form = c & (RUN_UNIFORM | RUN_VARINT);
     r->off = get64(v + 8);
     r->lens = v + RUN_HDR;
-    return r->count >= 1 && vl == RUN_HDR + 4ull * r->count;
+    r->end = v + vl;
+    if (r->count < 1)
+        return 0;
+    if (r->form == RUN_UNIFORM)
+        return vl == RUN_HDR + 4;
+    if (r->form == 0)
+        return vl == RUN_HDR + 4ull * r->count;
+    if (r->form != RUN_VARINT)
+        return 0;
+    const unsigned char *p = r->lens; /* every length well-formed and nothing after the last */
+    for (uint32_t i = 0, x; i < r->count; i++)
+        if (!varint_get(&p, r->end, &x))
+            return 0;
+    return p == r->end;
 }
 
-/* location of entry first+i of the run */
-static void run_loc(const Run *r, uint32_t i, uint64_t *off_io, uint32_t *pos_io, Loc *out)
+static void run_cursor(const Run *r, RunCursor *c)
 {
-    /* (*pos_io, *off_io): a cursor, so a walk over the run is linear */
-    while (*pos_io < i) {
-        *off_io += LR_HDR + get32(r->lens + 4ull * *pos_io);
-        (*pos_io)++;
+    c->pos = 0;
+    c->off = r->off;
+    c->p = r->lens;
+}
+
+/* length of the entry at the cursor (the run is well-formed: run_decode checked it) */
+static uint32_t run_len_at(const Run *r, const RunCursor *c)
+{
+    if (r->form == RUN_UNIFORM)
+        return get32(r->lens);
+    if (r->form == 0)
+        return get32(r->lens + 4ull * c->pos);
+    const unsigned char *p = c->p;
+    uint32_t x = 0;
+    varint_get(&p, r->end, &x);
+    return x;
+}
+
+/* location of entry first+i of the run, moving the cursor forward to it (i >= c->pos), so a walk
+ * over the run is linear and a fixed-size run is reached in one step */
+static void run_loc(const Run *r, uint32_t i, RunCursor *c, Loc *out)
+{
+    if (r->form == RUN_UNIFORM) {
+        c->off += (uint64_t)(i - c->pos) * (LR_HDR + get32(r->lens));
+        c->pos = i;
+    }
+    while (c->pos < i) {
+        uint32_t len = 0;
+        if (r->form == RUN_VARINT)
+            varint_get(&c->p, r->end, &len);
+        else
+            len = run_len_at(r, c);
+        c->off += LR_HDR + len;
+        c->pos++;
     }
     out->entry = r->first + i;
     out->where = r->where;
-    out->off = *off_io;
-    out->len = get32(r->lens + 4ull * i);
+    out->off = c->off;
+    out->len = run_len_at(r, c);
 }
 
 /* the last run of `ledger` starting at or before `entry`: 1 (in *r; the iterator is left on it), none
@@ -360,9 +444,9 @@ int kv_get_loc(Engine *e, uint64_t ledger, int64_t entry, Loc *out)
     Run r;
     int found = run_seek(e, it, ledger, entry, &r);
     if (found == 1) {
-        uint64_t off = r.off;
-        uint32_t pos = 0;
-        run_loc(&r, (uint32_t)(entry - r.first), &off, &pos, out);
+        RunCursor c;
+        run_cursor(&r, &c);
+        run_loc(&r, (uint32_t)(entry - r.first), &c, out);
     }
     if (kv_iter_end(e, it, ro) < 0)
         return -1;
@@ -405,11 +489,11 @@ int kv_scan_locs(Engine *e, uint64_t ledger, int64_t from, int64_t to, int (*cb)
             continue;
         if (r.first > to)
             break;
-        uint64_t off = r.off;
-        uint32_t pos = 0;
+        RunCursor c;
+        run_cursor(&r, &c);
         for (uint32_t i = from > r.first ? (uint32_t)(from - r.first) : 0; i < r.count && r.first + i <= to; i++) {
             Loc lc;
-            run_loc(&r, i, &off, &pos, &lc);
+            run_loc(&r, i, &c, &lc);
             if (cb(arg, &lc)) {
                 stop = 1;
                 break;
@@ -421,17 +505,45 @@ int kv_scan_locs(Engine *e, uint64_t ledger, int64_t from, int64_t to, int (*cb)
     return 0;
 }
 
-/* append one run record (n locations of one ledger, consecutive entries and records) */
+/* Call cb(arg, first, last) for each run of `ledger`, in entry order (runs never overlap; adjacent
+ * ones are not merged), until it returns nonzero.  Returns 0, or -1 on a read error. */
+int kv_scan_runs(Engine *e, uint64_t ledger, int (*cb)(void *, int64_t, int64_t), void *arg)
+{
+    unsigned char lo[KV_EKEY], hi[KV_EKEY];
+    rocksdb_readoptions_t *ro;
+    rocksdb_iterator_t *it = ledger_iter(e, ledger, lo, hi, &ro);
+    rocksdb_iter_seek(it, (const char *)lo, sizeof lo);
+    for (; rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
+        size_t kl, vl;
+        const unsigned char *k = (const unsigned char *)rocksdb_iter_key(it, &kl);
+        const unsigned char *v = (const unsigned char *)rocksdb_iter_value(it, &vl);
+        Run r;
+        if (run_decode(k, kl, v, vl, ledger, &r) && cb(arg, r.first, r.first + (int64_t)r.count - 1))
+            break;
+    }
+    return kv_iter_end(e, it, ro);
+}
+
+/* append one run record (n locations of one ledger, consecutive entries and records): uniform
+ * when every length is the same, else varint lengths */
 static void put_run(KvBatch *b, uint64_t ledger, const Loc *v, size_t n)
 {
-    unsigned char k[KV_EKEY], val[RUN_HDR + 4 * RUN_MAX];
+    unsigned char k[KV_EKEY], val[RUN_HDR + VARINT_MAX * RUN_MAX];
+    size_t i = 1, vl = RUN_HDR;
+    while (i < n && v[i].len == v[0].len)
+        i++;
     ekey(k, ledger, v[0].entry);
     put32(val, v[0].where);
-    put32(val + 4, (uint32_t)n);
+    put32(val + 4, (uint32_t)n | (i == n ? RUN_UNIFORM : RUN_VARINT));
     put64(val + 8, v[0].off);
-    for (size_t i = 0; i < n; i++)
-        put32(val + RUN_HDR + 4 * i, v[i].len);
-    rocksdb_writebatch_put((rocksdb_writebatch_t *)b, (const char *)k, sizeof k, (const char *)val, RUN_HDR + 4 * n);
+    if (i == n) {
+        put32(val + vl, v[0].len);
+        vl += 4;
+    } else {
+        for (i = 0; i < n; i++)
+            vl += varint_put(val + vl, v[i].len);
+    }
+    rocksdb_writebatch_put((rocksdb_writebatch_t *)b, (const char *)k, sizeof k, (const char *)val, vl);
 }
 
 /* does v[i] continue the run that v[i - 1] is in? */
@@ -488,12 +600,12 @@ int kvb_put_locs(Engine *e, KvBatch *b, uint64_t ledger, const Loc *v, size_t n,
         if (r.first > v[n - 1].entry)
             break;
         /* this run meets [v[0], v[n-1]]: cut out the entries v holds */
-        uint64_t off = r.off;
-        uint32_t pos = 0;
+        RunCursor c;
+        run_cursor(&r, &c);
         size_t nk = 0, cut = 0;
         for (uint32_t i = 0; i < r.count; i++) {
             Loc lc;
-            run_loc(&r, i, &off, &pos, &lc);
+            run_loc(&r, i, &c, &lc);
             while (vi < n && v[vi].entry < lc.entry)
                 vi++;
             if (vi < n && v[vi].entry == lc.entry) {

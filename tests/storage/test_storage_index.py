@@ -6,6 +6,7 @@ The kills use the engine's test hook (SIGKILL at a named step): ``Store.set_cras
 the environment variable BKSPARK_STORAGE_CRASH_AT=<step> for steps of the open itself.
 """
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -300,5 +301,30 @@ def test_runs_cut_by_re_adds_and_compaction_keep_every_entry_and_exact_live_byte
     try:
         check(s)
         assert [s.read_entry(1, e) for e in (0, 15, 511, 512, 1009)] == [latest[e] for e in (0, 15, 511, 512, 1009)]
+    finally:
+        s.close()
+
+
+def test_every_run_form_reads_back_each_entry(tmp_path):
+    # runs of equal lengths are stored as one length, others as varints of 1 to 3 bytes: each
+    # entry must read back (point, range, after reopen) whichever form and varint width it got
+    d = str(tmp_path)
+    sizes = [0, 1, 127, 128, 129, 16383, 16384, 16385, 70000, 5, 300]
+    uniform = {e: bytes([e % 251]) * 100 for e in range(1500)}                # three runs of 512 max
+    mixed = {e: bytes([e % 251]) * sizes[e % len(sizes)] for e in range(600)}
+    s = Storage(cfg(d))
+    try:
+        s.add_entries([(1, e, b"k", False, b) for e, b in uniform.items()])
+        s.add_entries([(2, e, b"k", False, b) for e, b in mixed.items()])
+        s.checkpoint()
+    finally:
+        s.close()
+    s = Storage(cfg(d))
+    try:
+        for lid, want in ((1, uniform), (2, mixed)):
+            assert s.list_entries(lid) == [(0, max(want))]
+            assert s.read_range(lid, 0, max(want)) == sorted(want.items())
+            for e in random.Random(lid).sample(sorted(want), 200):
+                assert s.read_entry(lid, e) == want[e]
     finally:
         s.close()
