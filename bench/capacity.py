@@ -66,6 +66,14 @@ point reads 19.2k/s cold, 18.8k/s warm (4 threads); ListEntries 268 calls/s (big
 entries of a ledger come from ~200 runs, then sorted) and 44k calls/s (small); sequential range
 reads 56 MB/s, 560k entries/s; add ratio 81% (4 interleaved rounds; ``bench/storage.py`` alone in
 the same hour: 88% against 83% for the engine before).
+
+With run records that store one length for equal-length runs (varints otherwise) and
+``ListEntries`` from the runs' bounds, same command, 2026-11-24 (load 1.5-2.4): big fill RSS
+152 MB at 10M entries, 195 MB at 50M, 206 MB at 100M, 1.96M entries/s; small fill 255 MB at 10M
+entries in 1M ledgers, 0.85M entries/s; index on disk 8.1 MB (big) and 31 MB (small); reopen
+0.78 s to 56 MB and 0.56 s to 60 MB; random point reads 25.9k/s cold, 25.4k/s warm (4 threads);
+ListEntries 13.4k calls/s (big) and 88k calls/s (small); sequential range reads 76 MB/s, 759k
+entries/s; add ratio 87% at load 2.4 (``bench/storage.py`` alone in the same hour: 93%).
 """
 from __future__ import annotations
 

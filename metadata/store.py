@@ -91,6 +91,16 @@ class Transaction(abc.ABC):
     created path for ``create``, the new version for ``set``, ``None`` otherwise) or raises
     the error of the first failing operation (e.g. :class:`BadVersionError`) having applied
     nothing. Usable as a context manager (commits on a clean exit).
+
+    **A lost answer.** :class:`MetadataConnectionError` from :meth:`commit` means the outcome is
+    unknown: all of it may have been applied, or none of it (never a part). Tell which from what
+    is stored, never by retrying blindly (a retry of an applied transaction fails its checks or
+    creates and could be misread as a conflict): give the transaction one operation only it
+    performs -- a create of a path no other writer creates, or a set whose data carries a token
+    of its own -- and look for it after :meth:`MetadataStore.sync`
+    (:func:`metadata.update.transaction_applied`). Absent means not applied *so far*; a
+    transaction that also checks (or sets at) a version of a record its retry checks too cannot
+    be applied late beside the retry: one of the two fails its check.
     """
 
     def __init__(self):

@@ -188,6 +188,18 @@ def settled_read(store: MetadataStore, path: str) -> tuple[bytes, int]:
     return store.get(path)
 
 
+def transaction_applied(store: MetadataStore, marker: str) -> bool:
+    """Whether a transaction whose answer was lost was applied, told by ``marker``: a path that
+    transaction creates and no other writer does. Transactions are all-or-nothing, so the
+    marker is stored exactly when the rest is; read after :meth:`MetadataStore.sync` (see
+    :class:`metadata.store.Transaction`, "A lost answer").
+
+    :raises MetadataConnectionError: the store did not answer; decide nothing.
+    """
+    store.sync(marker)
+    return store.exists(marker) is not None
+
+
 def prove_absent(store: MetadataStore, path: str, names: Callable[[bytes], Iterable[Any]],
                  candidates: Iterable[Any], *, what: str = "") -> set:
     """Which of ``candidates`` the record at ``path`` does not name, for good.

@@ -462,3 +462,67 @@ def test_data_size_limit(store):
     assert store.get("/big")[0] == big
     with pytest.raises(BadRequestError, match="limit"):
         store.set("/big", big + b"y")
+
+
+def test_racing_transactions_on_one_version_exactly_one_applies(store_factory):
+    # each contender checks the head at version 0, bumps it and creates its own record: one
+    # wins whole, every other fails its check having applied nothing
+    setup = store_factory()
+    setup.create("/race/head", b"0")
+    stores = [store_factory() for _ in range(4)]
+    start, outcome = threading.Barrier(len(stores)), {}
+
+    def contend(i, s):
+        txn = s.transaction()
+        txn.set("/race/head", str(i).encode(), version=0)
+        txn.create(f"/race/mine/{i}", b"")
+        start.wait()
+        try:
+            txn.commit()
+            outcome[i] = "applied"
+        except BadVersionError:
+            outcome[i] = "conflict"
+
+    threads = [threading.Thread(target=contend, args=(i, s)) for i, s in enumerate(stores)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    winners = [i for i, o in outcome.items() if o == "applied"]
+    assert len(outcome) == len(stores) and len(winners) == 1
+    assert setup.get("/race/head") == (str(winners[0]).encode(), 1)
+    assert setup.children("/race/mine") == [str(winners[0])]
+
+
+@pytest.mark.parametrize("applied", [True, False], ids=["applied", "not-applied"])
+def test_transaction_whose_answer_was_lost_is_settled_from_what_is_stored(store_factory, applied):
+    # the commit's answer is lost (after the store applied it, or before it reached the store):
+    # the client tells which by the transaction's marker after a sync, and a retry decided from
+    # that applies the change exactly once
+    from metadata.update import transaction_applied
+    s, other = store_factory(), store_factory()
+    s.create("/lost/head", b"v0")
+
+    def txn(marker):
+        t = s.transaction()
+        t.set("/lost/head", b"v1", version=0)
+        t.create(marker, b"")
+        t.create("/lost/items/a", b"payload")
+        return t
+
+    with mt.lost_answers(s, match="/lost", applied=applied) as lost:
+        with pytest.raises(MetadataError):
+            txn("/lost/commits/c1").commit()
+    assert lost.lost == [("transaction", "/lost/head")]
+    assert transaction_applied(s, "/lost/commits/c1") is applied
+    # all or nothing, as another client sees it too
+    other.sync("/lost")
+    assert other.get("/lost/head") == ((b"v1", 1) if applied else (b"v0", 0))
+    assert (other.exists("/lost/items/a") is not None) is applied
+    if applied:
+        with pytest.raises(BadVersionError):   # a blind retry fails its check: settle, never guess
+            txn("/lost/commits/c1").commit()
+    else:
+        txn("/lost/commits/c1").commit()
+    assert other.get("/lost/head") == (b"v1", 1)
+    assert other.get("/lost/items/a") == (b"payload", 0)
