@@ -12,7 +12,7 @@ so operators find what BookKeeper puts there:
 ``/ledgers/INSTANCEID``, ``LAYOUT``    cluster identity and layout version
 ``/ledgers/idgen``                     ledger-id counter
 ``/ledgers/underreplication/...``      ledgers/, locks/, auditorelection/, disable
-``/ledgers/logs/<name>``               bkspark logs (ledger lists)
+``/ledgers/logs/<name>``               bkspark logs (head; segments/, ledgers/, cursors/)
 =====================================  ===================================================
 
 The ledger hierarchy sits directly under the root, as in BookKeeper; its top-level

@@ -24,6 +24,15 @@ HEADER = b"bkspark-log-metadata"
 FORMAT_VERSION = 1
 
 
+def encode_record(name: str, version: int, fields: dict) -> bytes:
+    """A log record: header, format version, then its fields as canonical JSON."""
+    try:
+        body = json.dumps(fields, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise BadRequestError(f"log {name}: metadata not JSON-serialisable: {e}") from None
+    return HEADER + b"\t" + str(version).encode() + b"\n" + body.encode()
+
+
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -63,13 +72,9 @@ class LogMetadata:
 
     def serialize(self) -> bytes:
         self.validate()
-        try:
-            body = json.dumps({"name": self.name, "ledgers": self.ledgers,
-                               "writers": self.writers, "properties": self.properties},
-                              sort_keys=True, separators=(",", ":"), allow_nan=False)
-        except (TypeError, ValueError) as e:
-            raise BadRequestError(f"log {self.name}: metadata not JSON-serialisable: {e}") from None
-        return HEADER + b"\t" + str(FORMAT_VERSION).encode() + b"\n" + body.encode()
+        return encode_record(self.name, FORMAT_VERSION, {
+            "name": self.name, "ledgers": self.ledgers, "writers": self.writers,
+            "properties": self.properties})
 
     @classmethod
     def deserialize(cls, data: bytes) -> "LogMetadata":

@@ -436,6 +436,16 @@ class SqliteStore(MetadataStore):
             raise NoNodeError(f"no such node: {path}")
         return bytes(row[0]), row[1]
 
+    def get_many(self, paths: list[str]) -> list[tuple[bytes, int] | None]:
+        """All in one read transaction."""
+        paths = [validate_path(p) for p in paths]
+        out: list[tuple[bytes, int] | None] = []
+        with self._read() as c:
+            for path in paths:
+                row = c.execute("SELECT data, version FROM nodes WHERE path=?", (path,)).fetchone()
+                out.append(None if row is None else (bytes(row[0]), row[1]))
+        return out
+
     def exists(self, path: str) -> int | None:
         path = validate_path(path)
         with self._read() as c:

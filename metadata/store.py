@@ -25,7 +25,7 @@ import abc
 import re
 from typing import Callable
 
-from bkspark.errors import BadRequestError
+from bkspark.errors import BadRequestError, NoNodeError
 
 #: ZooKeeper's default maximum znode payload (jute.maxbuffer is 0xfffff minus overhead).
 MAX_DATA_SIZE = 1024 * 1024 - 1024
@@ -231,6 +231,18 @@ class MetadataStore(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """End the session (its ephemeral nodes vanish) and release resources. Idempotent."""
+
+    def get_many(self, paths: list[str]) -> list[tuple[bytes, int] | None]:
+        """``get`` of each path (``None`` where absent), in order; a store may pipeline them
+        (ZooKeeper sends them together). Each read is atomic on its own, not all of them
+        together: read a record that orders them (a log's head) first."""
+        out = []
+        for path in paths:
+            try:
+                out.append(self.get(path))
+            except NoNodeError:
+                out.append(None)
+        return out
 
     # ---- conveniences shared by both implementations ---------------------------------
 

@@ -138,20 +138,32 @@ def update_record(store: MetadataStore, path: str, *, decode: Callable[[bytes], 
             if guard is not None:
                 _check_guard(store, guard, what)
             conflicts += 1
-            if conflicts > max_conflicts:
-                raise MetadataError(f"{what}: {conflicts} conflicting concurrent changes in a "
-                                    "row; gave up (retry later)") from None
-            if conflicts > 3:
-                time.sleep(random.uniform(0, min(0.2, 0.005 * conflicts)))
+            after_conflict(conflicts, what, max_conflicts=max_conflicts)
         except MetadataConnectionError as exc:
             unknowns += 1
             in_doubt = (data, version)
-            log.info("%s: answer lost (%s); re-reading to find out whether it was applied",
-                     what, exc)
-            if unknowns > MAX_UNKNOWN:
-                raise OutcomeUnknownError(
-                    f"{what}: {unknowns} answers lost in a row; whether the last write was "
-                    f"applied is unknown: {exc}") from exc
+            after_lost_answer(unknowns, what, exc)
+
+
+def after_conflict(conflicts: int, what: str, detail: str = "", *,
+                   max_conflicts: int = MAX_CONFLICTS) -> None:
+    """Back off before the ``conflicts``-th retry of a change that lost a race (jittered, from
+    the fourth on); MetadataError once there were more than ``max_conflicts`` in a row."""
+    if conflicts > max_conflicts:
+        raise MetadataError(f"{what}: {conflicts} conflicting concurrent changes in a row; gave "
+                            f"up (retry later){': ' + detail if detail else ''}") from None
+    if conflicts > 3:
+        time.sleep(random.uniform(0, min(0.2, 0.005 * conflicts)))
+
+
+def after_lost_answer(unknowns: int, what: str, exc: Exception) -> None:
+    """Log a write whose answer was lost (the caller re-reads to settle it); after more than
+    MAX_UNKNOWN in a row, OutcomeUnknownError."""
+    log.info("%s: answer lost (%s); re-reading to find out whether it was applied", what, exc)
+    if unknowns > MAX_UNKNOWN:
+        raise OutcomeUnknownError(
+            f"{what}: {unknowns} answers lost in a row; whether the last write was applied is "
+            f"unknown: {exc}") from exc
 
 
 def _check_guard(store: MetadataStore, guard: tuple[str, int], what: str) -> None:

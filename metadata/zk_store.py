@@ -256,6 +256,27 @@ class ZkStore(MetadataStore):
                                 what=f"get {path}")
         return data, stat.version
 
+    def get_many(self, paths: list[str], window: int = 512) -> list[tuple[bytes, int] | None]:
+        """Pipelined: up to ``window`` reads in flight at once (one round trip per window)."""
+        paths = [validate_path(p) for p in paths]
+        out: list[tuple[bytes, int] | None] = []
+
+        def batch(chunk):
+            pending = [self.client.get_async(p) for p in chunk]
+            got = []
+            for p, result in zip(chunk, pending):
+                try:
+                    data, stat = self._sync(result)
+                    got.append((data, stat.version))
+                except kex.NoNodeError:
+                    got.append(None)
+            return got
+        for i in range(0, len(paths), window):
+            chunk = paths[i:i + window]
+            out.extend(self._read(lambda chunk=chunk: batch(chunk), what=f"get of {len(chunk)} nodes "
+                                  f"from {chunk[0]}"))
+        return out
+
     def exists(self, path: str) -> int | None:
         path = validate_path(path)
         stat = self._read(lambda: self._sync(self.client.exists_async(path)),

@@ -112,6 +112,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--entry", type=int, default=None)
     p.add_argument("--limit", type=int, default=1000)
     add("logs", "list logs with their ledgers and cursor lags")
+    p = add("convert-logs", "convert logs kept as one metadata record (format 1) to a head plus "
+                            "one record per ledger (format 2); each log converts on its first "
+                            "write anyway")
+    p.add_argument("log", nargs="*", help="logs to convert (default: every log)")
     p = add("delete-cursor", "delete a log cursor (e.g. of a streaming query given up for good: "
                              "a cursor holds truncation back)")
     p.add_argument("log")
@@ -564,6 +568,21 @@ def cmd_logs(args, out):
               [(d["log"], ", ".join(map(str, d.get("ledgers", []))) or d.get("error", ""),
                 ", ".join(f"{c}={v['lag']}" for c, v in d.get("cursors", {}).items()))
                for d in docs], docs)
+
+
+@command("convert-logs", "convert format-1 logs")
+def cmd_convert_logs(args, out):
+    from bkspark.log import LogStore
+    rows = []
+    with _client(args) as bk:
+        logs = LogStore(bk)
+        known = logs.list_logs()
+        for name in args.log or known:
+            if name not in known:
+                raise BadRequestError(f"no log named {name!r}" + did_you_mean(name, known))
+            rows.append({"log": name, "converted": logs.convert(name)})
+    out.table(f"{sum(r['converted'] for r in rows)} of {len(rows)} logs converted", ["log", "result"],
+              [(r["log"], "converted" if r["converted"] else "format 2 already") for r in rows], rows)
 
 
 @command("delete-cursor", "delete a log cursor")

@@ -1,14 +1,17 @@
-"""Logs: named, ordered lists of ledgers kept in one versioned metadata record.
+"""Logs: named, ordered lists of ledgers, kept as segmented metadata records.
 
-The record (``/logs/<name>``, :class:`metadata.log_metadata.LogMetadata`) is the only
-shared state of a log and changes only by compare-and-set. Every entry of the list is a
-ledger: ``{"ledger_id", "state": "open"|"closed", "last_entry_id", "length", "offset"}`` (the
-end is recorded once the ledger is closed; ledger metadata stays the source of truth), plus
-what a writer knows of its records (the Spark connector's ``min_ts`` / ``max_ts``, record
-timestamps in microseconds, let a seek by time skip ledgers). ``offset`` numbers the log's
-entries in order (:meth:`LogMetadata.offsets`): it is stamped on every change, kept by
-truncation, and an overwrite continues from the replaced list's end, so an offset is never
-given to two entries of one log.
+A log is a small head record (``/logs/<name>``) plus one record per ledger of its list
+(format 2, :mod:`metadata.log_segments`); every change is one metadata transaction that
+sets the head at the version it read, so changes are ordered and atomic and their size does
+not depend on the list's length. Each entry of the list is a ledger: ``{"ledger_id", "state":
+"open"|"closed", "last_entry_id", "length", "offset"}`` (the end is recorded once the ledger is
+closed; ledger metadata stays the source of truth), plus what a writer knows of its records
+(the Spark connector's ``min_ts`` / ``max_ts``, record timestamps in microseconds, let a seek
+by time skip ledgers). ``offset`` numbers the log's entries in order
+(:meth:`LogMetadata.offsets`): it is stamped when a ledger is appended after a closed one,
+kept by truncation, and an overwrite continues from the replaced list's end, so an offset is
+never given to two entries of one log. Logs written as one record (format 1) are read as they
+are and converted on their first change (or ``bkspark shell convert-logs``).
 
 Guarantees (those of "Ledgers to logs" in the protocol seed): ledgers keep their order;
 every non-empty ledger stays in the list until truncated; at most one open ledger, the
@@ -26,9 +29,20 @@ from typing import Callable
 from bkspark import errors
 from bkspark.errors import BadRequestError, BadVersionError, NoNodeError, NodeExistsError, NoSuchLogError
 from bkspark.log.position import EARLIEST, LATEST, Position
+from bkspark.log import segments as seg
 from metadata.layout import LOGS, log_path
 from metadata.log_metadata import LogMetadata
-from metadata.update import NoChange, Updated, prove_absent, settled_read, update_record
+from metadata.log_segments import (
+    FORMAT_VERSION,
+    LogHead,
+    format_version,
+    ledger_index_path,
+    ledgers_index_path,
+    new_stamp,
+    segment_path,
+    segments_path,
+)
+from metadata.update import MAX_CONFLICTS, NoChange, Updated, prove_absent, settled_read
 
 log = logging.getLogger("bkspark.log")
 
@@ -53,10 +67,11 @@ class LogStore:
     ``bk`` is a :class:`bkspark.client.BookKeeper`; new ledgers use the given replication
     settings and ``password``.
 
-    Every change of a log's record goes through :meth:`update` (the metadata update loop of
-    :mod:`metadata.update`): a write whose answer was lost is settled by a synced re-read,
-    never guessed. A ledger is deleted only by :meth:`delete_unreferenced`, once a synced read
-    and a compare-and-set of the record prove the log does not name it.
+    Every change of a log goes through :meth:`update` (the update loop of
+    :func:`bkspark.log.segments.commit_edit`): a change whose answer was lost is settled from
+    the stored head after a sync, never guessed. A ledger is deleted only by
+    :meth:`delete_unreferenced`, once a synced read and a compare-and-set of the head prove
+    the log does not list it.
     """
 
     def __init__(self, bk, *, password: bytes = b"", ensemble_size: int = 3, write_quorum: int = 2,
@@ -66,35 +81,76 @@ class LogStore:
         self.password = password
         self.ledger_options = dict(ensemble_size=ensemble_size, write_quorum=write_quorum,
                                    ack_quorum=ack_quorum, digest=digest, password=password)
+        self._lists = seg.SegmentCache()
 
     # ---- catalog --------------------------------------------------------------------------
 
-    def get(self, name: str) -> tuple[LogMetadata, int]:
-        """(metadata, version) of a log; NoSuchLogError if it does not exist."""
+    def _head(self, name: str, *, settle: bool = False) -> tuple[LogHead | LogMetadata, int]:
+        """The log's head (format 2) or whole record (format 1), and its version."""
         try:
-            data, version = self.store.get(log_path(check_log_name(name)))
+            data, version = seg.read_head(self.store, check_log_name(name), settle=settle)
         except NoNodeError:
             raise NoSuchLogError(f"no log named {name!r}") from None
-        return LogMetadata.deserialize(data), version
+        if format_version(data) != FORMAT_VERSION:
+            return LogMetadata.deserialize(data), version
+        head = LogHead.deserialize(data)
+        if head.properties.get(seg.DELETED):
+            raise seg.LogDeletedError(f"no log named {name!r} (it is being deleted)")
+        return head, version
+
+    def get(self, name: str) -> tuple[LogMetadata, int]:
+        """The whole list of a log as (metadata, head version); NoSuchLogError if it does not
+        exist. The list comes from this store's copy, brought up to date from the head (one
+        read, plus the segments that changed)."""
+        head, version = self._head(name)
+        if isinstance(head, LogMetadata):
+            return head, version
+        entries = self._lists.entries(self.store, name, head)
+        return LogMetadata(name=name, ledgers=[{k: v for k, v in e.items() if k != "seq"} for e in entries],
+                           writers={w: k["seq"] for w, k in head.writers.items()},
+                           properties=dict(head.properties)), version
+
+    def segments(self, name: str, start: int | None = None, stop: int | None = None) -> list[dict]:
+        """The list entries of segments ``start .. stop-1`` (default: all listed), each with
+        its ``seq``, read without reading the rest of the list."""
+        head, _ = self._head(name)
+        if isinstance(head, LogMetadata):
+            return [dict(e, seq=i) for i, e in enumerate(head.with_offsets().ledgers)][start:stop]
+        lo = head.first if start is None else max(head.first, start)
+        hi = head.next if stop is None else min(head.next, stop)
+        return [e for e in seg.read_segments(self.store, name, lo, hi) if seg.listed(e)]
 
     def exists(self, name: str) -> bool:
-        return self.store.exists(log_path(check_log_name(name))) is not None
+        try:
+            self._head(name)
+            return True
+        except NoSuchLogError:
+            return False
 
     def create(self, name: str) -> LogMetadata:
         """Create an empty log if it does not exist yet; return its metadata. A create whose
         answer was lost is settled by a synced read (the log exists or it does not)."""
-        md = LogMetadata(name=check_log_name(name))
+        check_log_name(name)
+        head = LogHead(name=name, uid=new_stamp(), stamp=new_stamp())
+        txn = self.store.transaction()
+        txn.create(log_path(name), head.serialize())
+        txn.create(segments_path(name), b"")
+        txn.create(ledgers_index_path(name), b"")
         try:
-            self.store.create(log_path(name), md.serialize())
-            return md
+            txn.commit()
+            return LogMetadata(name=name)
         except NodeExistsError:
-            return self.get(name)[0]
+            pass
         except errors.MetadataConnectionError:
             try:
-                data, _ = settled_read(self.store, log_path(name))
+                settled_read(self.store, log_path(name))
             except NoNodeError:
                 return self.create(name)
-            return LogMetadata.deserialize(data)
+        try:
+            return self.get(name)[0]
+        except seg.LogDeletedError:
+            self._finish_delete(name)
+            return self.create(name)
 
     def list_logs(self) -> list[str]:
         try:
@@ -102,92 +158,177 @@ class LogStore:
         except NoNodeError:
             return []
 
+    def lists(self, name: str, ledger_id: int) -> bool:
+        """Whether the log lists ``ledger_id`` (one or two reads: the ledger index)."""
+        head, _ = self._head(name)
+        if isinstance(head, LogMetadata):
+            return ledger_id in head.ledger_ids()
+        return seg.lookup(self.store, name, head, ledger_id) is not None
+
     def logs_listing(self, ledger_id: int) -> list[str]:
-        """The logs whose list names ``ledger_id`` (a scan of every log's record)."""
+        """The logs whose list names ``ledger_id`` (a ledger-index lookup in every log)."""
         names = []
         for name in self.list_logs():
             try:
-                md, _ = self.get(name)
+                if self.lists(name, ledger_id):
+                    names.append(name)
             except NoSuchLogError:
                 continue
-            if ledger_id in md.ledger_ids():
-                names.append(name)
         return names
 
     def unlist_ledger(self, name: str, ledger_id: int) -> None:
         """Remove ``ledger_id`` from the log's list (its entries are no longer part of the
         log); the ledger itself is left as it is."""
-        def change(md: LogMetadata) -> LogMetadata:
-            if ledger_id not in md.ledger_ids():
+        def change(edit: seg.LogEdit) -> None:
+            if not edit.lists(ledger_id):
                 raise NoChange
-            return md.without_ledgers([ledger_id])
-        self.update(name, change, done=lambda md: ledger_id not in md.ledger_ids())
+            edit.unlist(ledger_id)
+        self.update(name, change, done=lambda edit: not edit.lists(ledger_id))
+
+    def convert(self, name: str) -> bool:
+        """Convert a format-1 log to format 2 now (it happens anyway at its first change);
+        False if it was converted already."""
+        head, _ = self._head(name)
+        if not isinstance(head, LogMetadata):
+            return False
+        def nothing(edit: seg.LogEdit) -> None:
+            raise NoChange()
+        self.update(name, nothing)
+        return True
 
     def delete(self, name: str) -> None:
-        """Delete a log: its record, its cursors, then its ledgers (once the record is gone no
-        write can add to it, so the ledgers it named are unreferenced)."""
-        md, version = self.get(name)
-        for cursor in self._cursor_names(name):
+        """Delete a log: mark its head deleted (no change can be committed to it from then
+        on), remove its records and cursors, the head, then its ledgers (no list names them
+        any more)."""
+        head, _ = self._head(name)
+        if not isinstance(head, LogMetadata):
+            def mark(edit: seg.LogEdit) -> None:
+                edit.properties[seg.DELETED] = True
             try:
-                self.store.delete(cursor_path(name, cursor))
-            except NoNodeError:
-                pass
+                self.update(name, mark)
+            except seg.LogDeletedError:
+                pass                    # marked already (by another delete, or a lost answer)
+        self._finish_delete(name)
+
+    def _finish_delete(self, name: str) -> None:
+        path = log_path(name)
         try:
-            self.store.delete(f"{log_path(name)}/cursors")
-        except (NoNodeError, errors.NotEmptyError):
-            pass
+            data, version = settled_read(self.store, path)
+        except NoNodeError:
+            return
+        ids: list[int] = []
+        if format_version(data) != FORMAT_VERSION:
+            ids = LogMetadata.deserialize(data).ledger_ids()
+        else:
+            head = LogHead.deserialize(data)
+            if not head.properties.get(seg.DELETED):
+                raise BadRequestError(f"log {name} is not being deleted")
+            gone = seg.read_segments(self.store, name, head.gc, head.next)
+            ids = [e["ledger_id"] for e in gone if e["seq"] >= head.first and seg.listed(e)]
+            for e in gone:
+                self._delete_node(segment_path(name, e["seq"]))
+                self._delete_node(ledger_index_path(name, e["ledger_id"]))
+        for parent in (segments_path(name), ledgers_index_path(name)):
+            self._delete_tree(parent)       # (and leftovers of an interrupted conversion)
+        for cursor in self._cursor_names(name):
+            self._delete_node(cursor_path(name, cursor))
+        self._delete_tree(f"{path}/cursors")
         try:
-            self.store.delete(log_path(name), version=version)
+            self.store.delete(path, version=version)
         except errors.MetadataConnectionError:
-            self.store.sync(log_path(name))
-            if self.store.exists(log_path(name)) is not None:
+            self.store.sync(path)
+            if self.store.exists(path) is not None:
                 raise
-        self._delete_ledgers(md.ledger_ids())
+        except NoNodeError:
+            pass
+        self._delete_ledgers(ids)
 
-    def update(self, name: str, change: Callable[[LogMetadata], LogMetadata], *,
-               create: bool = False, done: Callable[[LogMetadata], bool] | None = None,
-               guard: tuple[str, int] | None = None) -> Updated[LogMetadata]:
-        """Change the log's record through the metadata update loop (:func:`update_record`):
-        ``change`` is re-run on the latest record after a conflict or a lost answer, may raise
-        :class:`NoChange` to leave it as it is or any error to abort; ``done`` tells whether
-        the change is already there (a lost answer's write applied). ``create``: create a
-        missing log first, else NoSuchLogError. ``guard``: ``(path, version)`` of a record that
-        must be unchanged when the change is stored (:class:`GuardChangedError` otherwise).
+    def _delete_node(self, path: str) -> None:
+        try:
+            self.store.delete(path)
+        except NoNodeError:
+            pass
 
-        :raises OutcomeUnknownError: an answer was lost and the record could not be re-read;
+    def _delete_tree(self, path: str) -> None:
+        try:
+            children = self.store.children(path)
+        except NoNodeError:
+            return
+        for child in children:
+            self._delete_tree(f"{path}/{child}")
+        self._delete_node(path)
+
+    def update(self, name: str, change: Callable[[seg.LogEdit], None], *,
+               create: bool = False, done: Callable[[seg.LogEdit], bool] | None = None,
+               guard: tuple[str, int] | None = None) -> Updated[seg.LogEdit]:
+        """Change the log through the update loop (:func:`bkspark.log.segments.commit_edit`):
+        ``change`` edits a :class:`~bkspark.log.segments.LogEdit` (it is re-run on the latest
+        head after a conflict or a lost answer), may raise :class:`NoChange` to leave the log
+        as it is or any error to abort; ``done`` tells whether the change is already there (a
+        lost answer's write applied). ``create``: create a missing log first, else
+        NoSuchLogError. ``guard``: ``(path, version)`` of a record that must be unchanged when
+        the change is stored (:class:`GuardChangedError` otherwise). A format-1 log is
+        converted first.
+
+        :raises OutcomeUnknownError: an answer was lost and the log could not be re-read;
             the change may or may not be stored.
         """
-        path = log_path(check_log_name(name))
+        check_log_name(name)
 
-        def transform(md: LogMetadata) -> LogMetadata:
-            # offsets are stamped before the change (a truncation keeps the survivors') and
-            # after it (appended ledgers get theirs)
-            return change(md.with_offsets()).with_offsets()
+        def on_v1(data: bytes, version: int) -> None:
+            seg.convert_v1(self.store, name, data, version)
         while True:
             try:
-                return update_record(self.store, path, decode=LogMetadata.deserialize,
-                                     encode=LogMetadata.serialize, transform=transform, done=done,
-                                     what=f"log {name}", guard=guard)
+                return seg.commit_edit(self.store, name, change, done=done, guard=guard, on_v1=on_v1)
             except NoNodeError:
+                if self.store.exists(log_path(name)) is not None:
+                    raise
                 if not create:
                     raise NoSuchLogError(f"no log named {name!r}") from None
                 self.create(name)
 
     def delete_unreferenced(self, name: str | list[str], ledger_ids) -> list[int]:
         """Delete those of ``ledger_ids`` that the log (each of the logs, given a list) does
-        not name, proven by a synced read and a compare-and-set of its record
-        (:func:`prove_absent`); return their ids. Ledgers a log names are kept, whatever the
-        caller believed.
+        not name, proven by a synced read and a compare-and-set of its head; return their
+        ids. Ledgers a log names are kept, whatever the caller believed.
 
         :raises MetadataConnectionError: the store did not answer: nothing was deleted.
         """
         absent = set(ledger_ids)
         for each in [name] if isinstance(name, str) else name:
-            absent = prove_absent(self.store, log_path(check_log_name(each)),
-                                  lambda data: LogMetadata.deserialize(data).ledger_ids(),
-                                  absent, what=f"log {each}: cleanup of unlisted ledgers")
+            absent = self._prove_absent(check_log_name(each), absent)
         self._delete_ledgers(sorted(absent))
         return sorted(absent)
+
+    def _prove_absent(self, name: str, candidates: set) -> set:
+        """Which of ``candidates`` the log does not list, for good: read after a sync, then
+        compare-and-set the head's bytes at the version read -- any change issued before (a
+        lost answer's included) can no longer pass its version check."""
+        path = log_path(name)
+        if not candidates:
+            return set()
+        for _ in range(MAX_CONFLICTS):
+            try:
+                data, version = settled_read(self.store, path)
+            except NoNodeError:
+                return candidates
+            if format_version(data) != FORMAT_VERSION:
+                return prove_absent(self.store, path,
+                                    lambda d: LogMetadata.deserialize(d).ledger_ids(), candidates,
+                                    what=f"log {name}: cleanup of unlisted ledgers")
+            head = LogHead.deserialize(data)
+            absent = {lid for lid in candidates if seg.lookup(self.store, name, head, lid) is None}
+            if not absent:
+                return absent
+            try:
+                self.store.set(path, data, version=version)
+                return absent
+            except BadVersionError:
+                continue
+            except NoNodeError:
+                return candidates
+        raise errors.MetadataError(f"log {name}: cleanup of unlisted ledgers: the log kept "
+                                   "changing; decided nothing")
 
     # ---- batch primitives -----------------------------------------------------------------
 
@@ -206,25 +347,29 @@ class LogStore:
             e.update((info or {}).get(e["ledger_id"], {}))
         return entries
 
-    def _seal_open_tail(self, md: LogMetadata) -> LogMetadata:
-        """Recover (fence) every ledger of the list still marked open and record its end."""
-        ledgers = []
-        for entry in md.ledgers:
+    def _seal_open_tail(self, edit: seg.LogEdit) -> None:
+        """Recover (fence) every ledger at the end of the list still marked open and record its
+        end (only the last two can be open: a writer may still write the second-to-last while
+        listing the last)."""
+        for entry in edit.ledgers:
             if entry.get("state") != CLOSED:
-                entry = self.closed_ledger_entry(entry["ledger_id"])
-            ledgers.append(entry)
-        return md.copy(ledgers=ledgers)
+                sealed = self.closed_ledger_entry(entry["ledger_id"])
+                edit.update(entry["ledger_id"], **{k: v for k, v in sealed.items() if k != "ledger_id"})
 
     def append_ledgers(self, name: str, ledger_ids: list[int], writer_id: str | None = None,
                        sequence: int | None = None, epoch: int | None = None,
                        guard: tuple[str, int] | None = None,
-                       info: dict[int, dict] | None = None) -> bool:
-        """Append closed ledgers to a log in one CAS; False if ``(writer_id, sequence)`` was applied.
+                       info: dict[int, dict] | None = None, writer_started_ms: int | None = None) -> bool:
+        """Append closed ledgers to a log in one transaction; False if ``(writer_id, sequence)``
+        was applied.
 
         The ledgers must be closed (they are recovered if not). Empty ledgers are left out of
         the list and deleted. A log tail still open (a streaming writer) is fenced first: a
         batch commit takes the log over. With ``epoch``, a commit from an owner older than the
         last committed epoch of ``writer_id`` is refused with LogFencedError (split brain).
+        ``writer_started_ms``: when the writer started (wall clock, ms, taken before its first
+        commit attempt): a writer the log does not know is refused without it once any
+        idempotency key has expired (:class:`~metadata.log_segments.WriterKeyExpiredError`).
 
         A lost answer is settled from the stored list: the commit took effect exactly when its
         ledgers are listed. When an earlier commit of ``(writer_id, sequence)`` holds the place,
@@ -238,28 +383,27 @@ class LogStore:
             raise BadRequestError("writer_id and sequence go together")
         entries = self._closed_entries(ledger_ids, info)
         keep = [e for e in entries if e["last_entry_id"] >= 0]
-        keep_ids = {e["ledger_id"] for e in keep}
+        keep_ids = [e["ledger_id"] for e in keep]
 
-        def listed(md: LogMetadata) -> bool:
-            return bool(keep_ids) and keep_ids <= set(md.ledger_ids())
+        def listed(edit: seg.LogEdit) -> bool:
+            edit.prefetch(keep_ids)
+            return bool(keep_ids) and all(edit.lists(lid) for lid in keep_ids)
 
-        def change(md: LogMetadata) -> LogMetadata:
+        def change(edit: seg.LogEdit) -> None:
             if writer_id is not None:
-                if epoch is not None and md.properties.get(f"epoch:{writer_id}", -1) > epoch:
+                last_epoch = edit.head.writer_epoch(writer_id)
+                if epoch is not None and last_epoch is not None and last_epoch > epoch:
                     raise errors.LogFencedError(
                         f"log {name}: writer {writer_id} epoch {epoch} was superseded")
-                if md.writers.get(writer_id, -1) >= sequence:
+                if edit.writer_seq(writer_id) >= sequence:
                     raise NoChange()
-            present = set(md.ledger_ids())
-            md = self._seal_open_tail(md)
+            self._seal_open_tail(edit)
+            edit.prefetch(keep_ids)
             for entry in keep:
-                if entry["ledger_id"] not in present:
-                    md = md.with_ledger(entry["ledger_id"], **{k: v for k, v in entry.items() if k != "ledger_id"})
+                if not edit.lists(entry["ledger_id"]):
+                    edit.append(entry["ledger_id"], **{k: v for k, v in entry.items() if k != "ledger_id"})
             if writer_id is not None:
-                md = md.with_writer_sequence(writer_id, sequence)
-                if epoch is not None:
-                    md.properties[f"epoch:{writer_id}"] = epoch
-            return md
+                edit.set_writer(writer_id, sequence, epoch, started_ms=writer_started_ms)
 
         result = self.update(name, change, create=True, done=listed, guard=guard)
         if not result.changed:
@@ -272,35 +416,42 @@ class LogStore:
 
     def overwrite(self, name: str, ledger_ids: list[int], writer_id: str | None = None,
                   sequence: int | None = None, guard: tuple[str, int] | None = None,
-                  info: dict[int, dict] | None = None) -> bool:
-        """Replace the whole ledger list in one CAS; the old ledgers are deleted afterwards
-        (once proven unlisted). The new ledgers' offsets continue from the old list's end. A
-        lost answer is settled as in :meth:`append_ledgers`."""
+                  info: dict[int, dict] | None = None, writer_started_ms: int | None = None) -> bool:
+        """Replace the whole ledger list in one transaction (the old segments are truncated,
+        their records removed in batches by later changes); the old ledgers are deleted
+        afterwards (once proven unlisted). The new ledgers' offsets continue from the old
+        list's end. A lost answer is settled as in :meth:`append_ledgers`."""
         entries = self._closed_entries(ledger_ids, info)
-        keep_ids = {e["ledger_id"] for e in entries if e["last_entry_id"] >= 0}
+        keep = [e for e in entries if e["last_entry_id"] >= 0]
+        keep_ids = [e["ledger_id"] for e in keep]
         replaced: set[int] = set()
 
-        def listed(md: LogMetadata) -> bool:
-            return bool(keep_ids) and keep_ids <= set(md.ledger_ids())
+        def listed(edit: seg.LogEdit) -> bool:
+            return bool(keep_ids) and all(edit.lists(lid) for lid in keep_ids)
 
-        def change(md: LogMetadata) -> LogMetadata:
-            if writer_id is not None and md.writers.get(writer_id, -1) >= sequence:
+        def change(edit: seg.LogEdit) -> None:
+            if writer_id is not None and edit.writer_seq(writer_id) >= sequence:
                 raise NoChange()
-            replaced.update(lid for lid in md.ledger_ids() if lid not in keep_ids)
-            new = [dict(e) for e in entries if e["last_entry_id"] >= 0]
-            if new and md.ledgers and md.ledgers[-1].get("offset") is not None:
-                tail = md.ledgers[-1]
-                new[0]["offset"] = tail["offset"] + self.ledger_end(tail) + 1
-            md = md.copy(ledgers=new)
+            old = seg.read_segments(self.store, name, edit.head.first, edit.head.next)
+            replaced.update(e["ledger_id"] for e in old if seg.listed(e))
+            tail = edit.last()
+            start = None if tail is None or tail.get("offset") is None \
+                else tail["offset"] + self.ledger_end(tail) + 1
+            edit.truncate_before(edit.head.next)
+            edit.prefetch(keep_ids)
+            for i, entry in enumerate(keep):
+                extra = {k: v for k, v in entry.items() if k != "ledger_id"}
+                if i == 0 and start is not None:
+                    extra["offset"] = start
+                edit.append(entry["ledger_id"], **extra)
             if writer_id is not None:
-                md = md.with_writer_sequence(writer_id, sequence)
-            return md.validate()
+                edit.set_writer(writer_id, sequence, started_ms=writer_started_ms)
 
         result = self.update(name, change, create=True, done=listed, guard=guard)
         if not result.changed:
             self.delete_unreferenced(name, ledger_ids)
             return False
-        self.delete_unreferenced(name, replaced)
+        self.delete_unreferenced(name, replaced - set(keep_ids))
         # empty ledgers: left out of every list this commit wrote, so no list names them
         self._delete_ledgers([e["ledger_id"] for e in entries if e["last_entry_id"] < 0])
         return True
@@ -311,25 +462,26 @@ class LogStore:
 
         Refuses (BadRequestError) to pass the slowest durable cursor unless ``force``.
         """
-        removed: list[int] = []
         candidates: dict[int, None] = {}        # in list order
 
-        def change(md: LogMetadata) -> LogMetadata:
-            ids = md.ledger_ids()
-            if before.ledger_id not in ids:
+        def change(edit: seg.LogEdit) -> None:
+            target = edit.entry(before.ledger_id)
+            if target is None:
                 raise BadRequestError(f"log {name} has no ledger {before.ledger_id}")
-            cut = ids.index(before.ledger_id)
+            cut = target["seq"]
             if not force:
                 for cursor, position in self.cursors(name).items():
-                    if position.ledger_id in ids and ids.index(position.ledger_id) < cut:
+                    at = edit.entry(position.ledger_id)
+                    if at is not None and at["seq"] < cut:
                         raise BadRequestError(
                             f"truncating log {name} before {before} would pass cursor {cursor!r} at "
                             f"{position}; move the cursor or use force=True")
-            removed[:] = ids[:cut]
+            removed = [e["ledger_id"] for e in seg.read_segments(self.store, name, edit.head.first, cut)
+                       if seg.listed(e)]
             candidates.update(dict.fromkeys(removed))
-            if not removed:
+            if cut == edit.head.first:
                 raise NoChange()
-            return md.without_ledgers(removed)
+            edit.truncate_before(cut)
 
         self.update(name, change)
         # what an attempt removed, also one whose answer was lost before a later attempt

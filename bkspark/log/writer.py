@@ -10,8 +10,8 @@ the ledger acknowledged them (Qa bookies, LAC order). If another writer took the
 the current ledger is fenced and the next append raises :class:`LogFencedError`; nothing
 this writer was told succeeded is lost (the new owner recovered it).
 
-Rolling (by size or age): stop, close the current ledger, then in one CAS record its end
-and append a fresh ledger. A CAS that finds the list no longer ending with our ledger means
+Rolling (by size or age): stop, close the current ledger, then in one metadata transaction
+record its end and append a fresh ledger. A CAS that finds the list no longer ending with our ledger means
 we lost ownership. Every list change goes through :meth:`LogStore.update`: a change whose
 answer was lost is settled from the stored list (the new ledger is listed or it is not),
 and a new ledger is deleted only once proven unlisted (:meth:`LogStore.delete_unreferenced`).
@@ -74,22 +74,20 @@ class LogWriter:
         handle = logs.bk.create_ledger(**logs.ledger_options)
         sealed: dict[int, dict] = {}            # ledgers recovered by this open (stay closed)
 
-        def change(md):
-            new = md
-            for entry in md.ledgers[-self.fence_last:] if self.fence_last else []:
+        def change(edit):
+            for entry in edit.ledgers[-self.fence_last:] if self.fence_last else []:
                 lid = entry["ledger_id"]
                 if entry.get("state") != CLOSED:
                     if lid not in sealed:
                         sealed[lid] = {k: v for k, v in logs.closed_ledger_entry(lid).items()
                                        if k != "ledger_id"}
-                    new = new.with_ledger_updated(lid, **sealed[lid])
-            epoch = int(new.properties.get("writer_epoch", 0)) + 1
-            new = new.with_ledger(handle.ledger_id, state=OPEN)
-            new.properties["writer_epoch"] = epoch
-            return new
+                    edit.update(lid, **sealed[lid])
+            epoch = int(edit.properties.get("writer_epoch", 0)) + 1
+            edit.append(handle.ledger_id, state=OPEN)
+            edit.properties["writer_epoch"] = epoch
 
-        def listed(md):
-            return handle.ledger_id in md.ledger_ids()
+        def listed(edit):
+            return edit.lists(handle.ledger_id)
 
         try:
             result = logs.update(self.name, change, done=listed)
@@ -103,10 +101,10 @@ class LogWriter:
         log.info("log %s: writer epoch %d writes ledger %d", self.name, self.epoch,
                  handle.ledger_id)
 
-    def _check_owner(self, md) -> None:
+    def _check_owner(self, edit) -> None:
         """LogFencedError unless the list ends with this writer's ledger, still open: it was
         listed (through a lost answer) and another writer has taken over since."""
-        last = md.ledgers[-1] if md.ledgers else None
+        last = edit.last()
         if last is None or last["ledger_id"] != self._handle.ledger_id \
                 or last.get("state") == CLOSED:
             self._fenced = LogFencedError(
@@ -202,15 +200,15 @@ class LogWriter:
             handle = self._roll_in_doubt or self.logs.bk.create_ledger(**self.logs.ledger_options)
             self._roll_in_doubt = None
 
-            def change(md):
-                ids = md.ledger_ids()
-                if not ids or ids[-1] != old.ledger_id:
+            def change(edit):
+                last = edit.last()
+                if last is None or last["ledger_id"] != old.ledger_id:
                     raise self._lost("another writer took over")
-                md = _with_end(md, old.ledger_id, end)
-                return md.with_ledger(handle.ledger_id, state=OPEN)
+                _with_end(edit, old.ledger_id, end)
+                edit.append(handle.ledger_id, state=OPEN)
 
-            def listed(md):
-                return handle.ledger_id in md.ledger_ids()
+            def listed(edit):
+                return edit.lists(handle.ledger_id)
 
             try:
                 result = self.logs.update(self.name, change, done=listed)
@@ -274,10 +272,11 @@ class LogWriter:
             except (*_LOST, LogFencedError):
                 return      # the new owner records this ledger's end
 
-            def change(md):
-                if handle.ledger_id not in md.ledger_ids():
+            def change(edit):
+                entry = edit.entry(handle.ledger_id)
+                if entry is None or entry.get("state") == CLOSED:
                     raise NoChange()
-                return _with_end(md, handle.ledger_id, end)
+                _with_end(edit, handle.ledger_id, end)
 
             self.logs.update(self.name, change)
 
@@ -288,13 +287,12 @@ class LogWriter:
         self.close()
 
 
-def _with_end(md, ledger_id: int, end: dict):
+def _with_end(edit, ledger_id: int, end: dict) -> None:
     """Record a closed ledger's end in the list, unless the list already records one (a new
     owner that sealed the ledger wrote it first; both come from the same CLOSED metadata)."""
-    for entry in md.ledgers:
-        if entry["ledger_id"] == ledger_id and entry.get("state") == CLOSED:
-            return md
-    return md.with_ledger_updated(ledger_id, **end)
+    entry = edit.entry(ledger_id)
+    if entry is not None and entry.get("state") != CLOSED:
+        edit.update(ledger_id, **end)
 
 
 def _path(name: str) -> str:

@@ -193,6 +193,7 @@ class BookKeeperBatchWriter(importguard.Guarded, DataSourceArrowWriter):
         self.overwrite = overwrite
         self.schema_json = codec.schema_json(schema)
         self.job = f"batch-{uuid.uuid4().hex}"
+        self.started_ms = int(time.time() * 1000)       # (before any commit of this job)
 
     def write(self, iterator):
         if os.environ.get(conn.PROFILE_ENV):
@@ -210,8 +211,11 @@ class BookKeeperBatchWriter(importguard.Guarded, DataSourceArrowWriter):
     def commit(self, messages):
         logs = conn.log_store(self.opts)
         ids = _ledger_ids(messages)
+        # a writer id the log no longer remembers may start a new key only with sequence 0
+        # (metadata.log_segments: a later sequence could retry a commit already applied)
+        started = self.started_ms if self.opts.writer_sequence == 0 else None
         kw = dict(writer_id=self.opts.writer_id, sequence=self.opts.writer_sequence,
-                  info=_ledger_info(messages))
+                  info=_ledger_info(messages), writer_started_ms=started)
         try:
             kw["guard"] = pending.begin_commit(logs.store, self.job, ids)
             if self.overwrite:
@@ -333,9 +337,11 @@ class BookKeeperStreamWriter(importguard.Guarded, DataSourceStreamArrowWriter):
     def _commit_once(self, logs, store, wid, run, ids, info, batch_id, fault):
         latest = store.latest()
         owner, superseded = None, []
+        since = int(time.time() * 1000)     # when this query started committing (kept below)
         if latest is not None:
             payload = latest[1] or {}
             owner, superseded = payload.get("run"), list(payload.get("superseded", []))
+            since = payload.get("since", 0)
         if run in superseded:
             raise LogFencedError(f"streaming query {wid}: this run ({run}) was superseded by a "
                                  f"newer run ({owner}) of the same query; it may not commit")
@@ -350,11 +356,11 @@ class BookKeeperStreamWriter(importguard.Guarded, DataSourceStreamArrowWriter):
                 f"is committing batch {batch_id}: the query's checkpoint was reset or belongs to "
                 "another query; use a new checkpointLocation together with a new 'queryId'")
         store.commit(batch_id, {"run": run, "superseded": superseded, "log": self.log_name,
-                                "ledgers": ids})
+                                "ledgers": ids, "since": since})
         if fault.get("failCommitBeforeAppend") == batch_id:
             raise InjectedFault(f"_testFault: sink commit of batch {batch_id} fails before append")
         applied = logs.append_ledgers(self.log_name, ids, writer_id=wid, sequence=batch_id,
-                                      epoch=store.epoch, info=info)
+                                      epoch=store.epoch, info=info, writer_started_ms=since)
         if not applied:
             log.info("sink %s: batch %d was already in log %s; nothing appended twice",
                      wid, batch_id, self.log_name)

@@ -225,6 +225,30 @@ def test_logs(cluster, capsys):
         assert logs.cursors("shell-log") == {}
 
 
+def test_convert_logs(cluster, capsys):
+    # a log kept as one record by the format-1 code, converted by the shell; the rest untouched
+    from metadata.layout import log_path
+    from metadata.log_metadata import LogMetadata
+    from metadata.log_segments import format_version
+    with BookKeeper(cluster.metadata_uri) as bk:
+        logs = LogStore(bk, password=PW)
+        lh = bk.create_ledger(3, 2, 2, password=PW)
+        lh.append(b"v1")
+        lh.close()
+        v1 = LogMetadata("old-log").with_ledger(lh.ledger_id, state="closed", last_entry_id=0, length=2)
+        bk.store.create(log_path("old-log"), v1.serialize())
+        logs.create("new-log")
+        code, out, err = sh(capsys, cluster, "convert-logs", "old-lg")
+        assert code == 1 and "no log named 'old-lg'" in err and "old-log" in err
+        code, doc, _ = sh(capsys, cluster, "convert-logs", "old-log", "new-log", as_json=True)
+        assert code == 0 and doc == [{"log": "old-log", "converted": True},
+                                     {"log": "new-log", "converted": False}]
+        assert format_version(bk.store.get(log_path("old-log"))[0]) == 2
+        assert logs.get("old-log")[0].ledger_ids() == [lh.ledger_id]
+        with logs.open_reader("old-log", "earliest", tail=False) as reader:
+            assert [r.data for r in reader] == [b"v1"]
+
+
 def test_usage_errors_and_subprocess(cluster):
     env = dict(os.environ, BKSPARK_METADATA_URI=cluster.metadata_uri)
     r = subprocess.run([sys.executable, "-m", "bkspark.cli.main", "shell", "listbookies",

@@ -95,8 +95,8 @@ def test_new_writer_fences_the_last_two_ledgers(logs, bk, log_name):
     newer = bk.create_ledger(3, 2, 2, password=b"pw")
     older.append(b"old-0")
     newer.append(b"new-0")
-    logs.update(log_name, lambda md: md.with_ledger(older.ledger_id, state="open")
-                .with_ledger(newer.ledger_id, state="open"))
+    logs.update(log_name, lambda edit: (edit.append(older.ledger_id, state="open"),
+                                        edit.append(newer.ledger_id, state="open")))
     writer = logs.open_writer(log_name)
     for handle in (older, newer):
         with pytest.raises((errors.FencedError, errors.LedgerClosedError)):

@@ -9,6 +9,7 @@ replaced by a connection error.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -17,7 +18,7 @@ from bkspark import errors
 from bkspark.client import BookKeeper
 from bkspark.log import EARLIEST, CheckpointStore, LogStore
 from metadata.layout import ledger_path, log_path
-from metadata.log_metadata import LogMetadata
+from metadata.log_segments import LogHead, encode_segment, ledger_index_path, segment_path
 from metadata.testing import lost_answers
 from metadata.update import OutcomeUnknownError
 
@@ -51,7 +52,7 @@ def test_roll_whose_answer_was_lost_keeps_the_log_readable(bk, logs, log_name, a
     old_ledger = writer.ledger_id
     with lost_answers(bk.store, log_path(log_name), applied=applied) as injected:
         writer.roll()
-    assert injected.lost == [("set", log_path(log_name))]
+    assert injected.lost == [("transaction", log_path(log_name))]
     assert writer.ledger_id != old_ledger
     second = [b"b%d" % i for i in range(3)]
     for d in second:
@@ -85,7 +86,7 @@ def test_open_writer_whose_answer_was_lost_writes_its_listed_ledger(bk, logs, lo
     logs.create(log_name)
     with lost_answers(bk.store, log_path(log_name)) as injected:
         writer = logs.open_writer(log_name)
-    assert injected.lost == [("set", log_path(log_name))]
+    assert injected.lost == [("transaction", log_path(log_name))]
     md, _ = logs.get(log_name)
     assert md.ledger_ids() == [writer.ledger_id], "one open, one listed ledger"
     writer.append(b"x")
@@ -113,7 +114,7 @@ def test_commit_whose_answer_was_lost_is_applied_exactly_once(bk, logs, log_name
     logs.create(log_name)
     with lost_answers(bk.store, log_path(log_name)) as injected:
         assert logs.append_ledgers(log_name, [first], writer_id="job", sequence=0) is True
-    assert injected.lost == [("set", log_path(log_name))]
+    assert injected.lost == [("transaction", log_path(log_name))]
     # Spark re-runs the tasks (new ledgers) and commits the same sequence again
     retry = closed_ledger(bk, [b"r1", b"r2"])
     assert logs.append_ledgers(log_name, [retry], writer_id="job", sequence=0) is False
@@ -145,11 +146,15 @@ def test_a_write_issued_before_a_cleanup_cannot_list_what_it_deleted(bk, logs, l
     logs.create(log_name)
     lid = closed_ledger(bk, [b"late"])
     data, version = bk.store.get(log_path(log_name))
-    late_write = LogMetadata.deserialize(data).with_ledger(
-        lid, state="closed", last_entry_id=0, length=4).serialize()
+    head = LogHead.deserialize(data)
+    late_write = bk.store.transaction()             # an append of lid, built on that head
+    late_write.set(log_path(log_name), dataclasses.replace(head, next=head.next + 1).serialize(),
+                   version=version)
+    late_write.create(segment_path(log_name, head.next), encode_segment({"ledger_id": lid}))
+    late_write.create(ledger_index_path(log_name, lid), str(head.next).encode())
     assert logs.delete_unreferenced(log_name, [lid]) == [lid]
     with pytest.raises(errors.BadVersionError):
-        bk.store.set(log_path(log_name), late_write, version=version)
+        late_write.commit()
     assert_every_listed_ledger_exists(bk, logs, log_name)
 
 
@@ -159,7 +164,7 @@ def test_log_delete_whose_answer_was_lost(bk, logs, log_name):
     path = log_path(log_name)
     with lost_answers(bk.store, lambda op, p: p == path) as injected:
         logs.delete(log_name)
-    assert injected.lost == [("delete", log_path(log_name))]
+    assert injected.lost == [("transaction", log_path(log_name))]
     assert not logs.exists(log_name)
     with pytest.raises(errors.NoSuchLedgerError):
         bk.ledger_metadata(lid)

@@ -1,0 +1,453 @@
+"""Reading and changing a log's segmented metadata (:mod:`metadata.log_segments`).
+
+* :class:`LogEdit` -- what a change sees and does: the head, the last few segments (loaded
+  when asked for), lookups of any ledger through the ledger index, and edits (append, seal,
+  unlist, truncate, writer keys, properties) that become one transaction.
+* :func:`commit_edit` -- the update loop: read the head, run the change, commit head + edits
+  in one transaction conditional on the head's version; conflicts re-run the change, a lost
+  answer is settled from the head's bytes (each write stamps it) after a sync.
+* :class:`SegmentCache` -- a LogStore's copies of whole lists, brought up to date from the
+  head (new segments, a re-read of the last one) instead of re-read whole.
+* :func:`convert_v1` -- turns a format-1 record into format 2, crash-safe: segment and index
+  records are written first (a format-1 reader ignores them), then one compare-and-set of the
+  record at the version the conversion read makes it a head; a change of the format-1 record
+  meanwhile fails that set and the conversion starts over.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+from bkspark import errors
+from bkspark.errors import (
+    BadRequestError,
+    BadVersionError,
+    MetadataConnectionError,
+    MetadataError,
+    NodeExistsError,
+    NoNodeError,
+)
+from metadata.layout import log_path
+from metadata.log_metadata import LogMetadata
+from metadata.log_segments import (
+    FORMAT_VERSION,
+    GC_BATCH,
+    LogHead,
+    WriterKeyExpiredError,
+    decode_segment,
+    encode_segment,
+    expire_writers,
+    may_be_expired,
+    format_version,
+    ledger_index_path,
+    ledgers_index_path,
+    new_stamp,
+    next_offset,
+    now_ms,
+    segment_path,
+    segments_path,
+)
+from metadata.update import NoChange, OutcomeUnknownError, Updated, after_conflict, after_lost_answer
+
+log = logging.getLogger("bkspark.log")
+
+#: segments a change sees at the end of the list without asking (a writer fences the last two)
+TAIL = 4
+#: segments at the end of a list that may still change (be sealed) once listed
+OPEN_TAIL = 2
+DELETED = "__deleted"   # head property of a log being deleted
+
+
+class LogDeletedError(errors.NoSuchLogError):
+    """The log is being deleted (its head says so)."""
+
+
+def read_head(store, name: str, *, settle: bool = False) -> tuple[bytes, int]:
+    path = log_path(name)
+    if settle:
+        store.sync(path)
+    return store.get(path)
+
+
+def read_segments(store, name: str, start: int, stop: int) -> list[dict]:
+    """The segment records ``start .. stop-1`` (all must exist: callers read within a head's
+    bounds after reading the head)."""
+    if stop <= start:
+        return []
+    got = store.get_many([segment_path(name, s) for s in range(start, stop)])
+    out = []
+    for seq, item in zip(range(start, stop), got):
+        if item is None:
+            raise MetadataError(f"log {name}: segment {seq} is missing though the head lists "
+                                f"{start}..{stop - 1} (metadata damaged)")
+        out.append(decode_segment(item[0], seq))
+    return out
+
+
+def listed(entry: dict) -> bool:
+    return not entry.get("unlisted")
+
+
+class LogEdit:
+    """One attempt of a change of a log (see the module docstring). ``ledgers`` is the *end*
+    of the list -- the last :data:`TAIL` listed segments plus what this edit appended -- not the
+    whole list: ask :meth:`lists` / :meth:`entry` about any other ledger."""
+
+    def __init__(self, store, name: str, head: LogHead, version: int):
+        self.store, self.name, self.version = store, name, version
+        self.head = head
+        self.properties = head.properties
+        self._tail: list[dict] | None = None
+        self._looked: dict[int, dict | None] = {}      # ledger id -> its listed entry
+        self._appended: list[dict] = []
+        self._appended_ids: dict[int, dict] = {}
+        self._index: dict[int, tuple[bytes, int] | None] = {}   # ledger-index records read
+        self._changed: dict[int, dict] = {}            # seq -> entry (listed before this edit)
+        self._unlisted: list[dict] = []
+        self._index_versions: dict[int, int] = {}      # leftover index records to overwrite
+
+    # ---- what is listed ---------------------------------------------------------------
+    @property
+    def ledgers(self) -> list[dict]:
+        if self._tail is None:
+            start = max(self.head.first, self.head.next - TAIL)
+            self._tail = [e for e in read_segments(self.store, self.name, start, self.head.next)
+                          if listed(e)]
+        return [e for e in self._tail if e["seq"] >= self.head.first and listed(e)] + self._appended
+
+    def last(self) -> dict | None:
+        tail = self.ledgers
+        return tail[-1] if tail else None
+
+    def prefetch(self, ledger_ids) -> None:
+        """Read the ledger-index records of ``ledger_ids`` together (one pipelined round), for
+        the :meth:`lists` / :meth:`append` calls about them that follow."""
+        todo = [lid for lid in dict.fromkeys(ledger_ids) if lid not in self._index]
+        for lid, item in zip(todo, self.store.get_many([ledger_index_path(self.name, lid) for lid in todo])):
+            self._index[lid] = item
+
+    def _index_record(self, ledger_id: int) -> tuple[bytes, int] | None:
+        if ledger_id not in self._index:
+            self.prefetch([ledger_id])
+        return self._index[ledger_id]
+
+    def entry(self, ledger_id: int) -> dict | None:
+        """The listed entry of ``ledger_id`` (None if the log does not list it)."""
+        if ledger_id in self._appended_ids:
+            return self._appended_ids[ledger_id]
+        for e in self.ledgers:
+            if e["ledger_id"] == ledger_id:
+                return e
+        if ledger_id not in self._looked:
+            self._looked[ledger_id] = lookup(self.store, self.name, self.head, ledger_id,
+                                             self._index_record(ledger_id))
+        e = self._looked[ledger_id]
+        return None if e is None or e["seq"] < self.head.first or not listed(e) else e
+
+    def lists(self, ledger_id: int) -> bool:
+        return self.entry(ledger_id) is not None
+
+    def writer_seq(self, writer_id: str) -> int:
+        return self.head.writer_seq(writer_id)
+
+    # ---- edits --------------------------------------------------------------------------
+    def append(self, ledger_id: int, **info) -> dict:
+        """List ``ledger_id`` at the end; its offset is stamped when the previous ledger's end
+        is known. BadRequestError if it is listed already."""
+        if self.lists(ledger_id):
+            raise BadRequestError(f"log {self.name}: ledger {ledger_id} listed twice")
+        prev = self.last()
+        entry = {"ledger_id": ledger_id, **info, "seq": self.head.next}
+        offset = next_offset(prev)
+        if offset is not None and "offset" not in info:
+            entry["offset"] = offset
+        index = self._index_record(ledger_id)
+        if index is not None:
+            self._index_versions[ledger_id] = index[1]     # a leftover: overwritten
+        self.head.next += 1
+        self._appended.append(entry)
+        self._appended_ids[ledger_id] = entry
+        return entry
+
+    def update(self, ledger_id: int, **info) -> dict:
+        """Change a listed ledger's entry (sealing it: state, end); BadRequestError if it is not
+        listed. Only the last segment may change this way (the rule of the format)."""
+        entry = self.entry(ledger_id)
+        if entry is None:
+            raise BadRequestError(f"log {self.name} has no ledger {ledger_id}")
+        entry.update(info)
+        if any(e is entry for e in self._appended):
+            return entry
+        if entry["seq"] < self.head.next - len(self._appended) - OPEN_TAIL:
+            self.head.rev += 1          # not among the last two: copies must be re-read whole
+        self._changed[entry["seq"]] = entry
+        return entry
+
+    def unlist(self, ledger_id: int) -> None:
+        """Remove one ledger from anywhere in the list (its entries leave the log)."""
+        entry = self.entry(ledger_id)
+        if entry is None:
+            raise BadRequestError(f"log {self.name} has no ledger {ledger_id}")
+        if any(e is entry for e in self._appended):
+            raise BadRequestError(f"log {self.name}: ledger {ledger_id} is being appended by "
+                                  "this change; leave it out instead")
+        entry["unlisted"] = True
+        self._unlisted.append(entry)
+        self.head.rev += 1
+
+    def truncate_before(self, seq: int) -> None:
+        """Unlist the segments before ``seq`` (their records are removed in batches)."""
+        if not self.head.first <= seq <= self.head.next:
+            raise BadRequestError(f"log {self.name}: cannot truncate before segment {seq} "
+                                  f"(the list is {self.head.first}..{self.head.next - 1})")
+        self.head.first = seq
+
+    def set_writer(self, writer_id: str, seq: int, epoch: int | None = None, *,
+                   started_ms: int | None = None) -> None:
+        """Record ``writer_id``'s last committed sequence (and owner epoch); ``started_ms``:
+        when the writer started, for a writer the log does not know (module docstring of
+        :mod:`metadata.log_segments`)."""
+        if may_be_expired(self.head, writer_id, started_ms):
+            raise WriterKeyExpiredError(
+                f"log {self.name}: writer {writer_id!r} is not known to the log and "
+                f"{self.head.expired['count']} idempotency key(s) have expired since it may "
+                "have started (keys idle for 7 days, or beyond the 1,000 most recently used, "
+                "expire): this commit could repeat one already applied, so it is refused. "
+                "Commit under a new writer id (Spark: a new queryId / writerId).")
+        key = {"seq": seq, "t": now_ms(),
+               "epoch": epoch if epoch is not None else self.head.writer_epoch(writer_id)}
+        self.head.writers[writer_id] = key
+        expire_writers(self.head, key["t"], keep=writer_id)
+
+    # ---- the transaction --------------------------------------------------------------
+    def operations(self) -> list[tuple]:
+        """The transaction's operations after the head's set, in order."""
+        ops: list[tuple] = []
+        for seq, entry in sorted(self._changed.items()):
+            ops.append(("set", segment_path(self.name, seq), encode_segment(entry)))
+        for entry in self._unlisted:
+            ops.append(("set", segment_path(self.name, entry["seq"]), encode_segment(entry)))
+            ops.append(("delete", ledger_index_path(self.name, entry["ledger_id"])))
+        for entry in self._appended:
+            ops.append(("create", segment_path(self.name, entry["seq"]), encode_segment(entry)))
+            idx = ledger_index_path(self.name, entry["ledger_id"])
+            data = str(entry["seq"]).encode()
+            if entry["ledger_id"] in self._index_versions:
+                ops.append(("set", idx, data, self._index_versions[entry["ledger_id"]]))
+            else:
+                ops.append(("create", idx, data))
+        ops.extend(self._collect_leftovers())
+        return ops
+
+    def _collect_leftovers(self) -> list[tuple]:
+        """Remove up to GC_BATCH records of truncated segments (and their index records where
+        they still point at them)."""
+        head = self.head
+        stop = min(head.first, head.gc + GC_BATCH)
+        if head.gc >= stop:
+            return []
+        ops = []
+        gone = read_segments(self.store, self.name, head.gc, stop)
+        idx = self.store.get_many([ledger_index_path(self.name, e["ledger_id"]) for e in gone])
+        appended = {e["ledger_id"] for e in self._appended}
+        for entry, item in zip(gone, idx):
+            ops.append(("delete", segment_path(self.name, entry["seq"])))
+            if item is not None and item[0] == str(entry["seq"]).encode() \
+                    and entry["ledger_id"] not in appended:
+                ops.append(("delete", ledger_index_path(self.name, entry["ledger_id"]), item[1]))
+        head.gc = stop
+        return ops
+
+
+def lookup(store, name: str, head: LogHead, ledger_id: int,
+           index: tuple[bytes, int] | None | bool = False) -> dict | None:
+    """The segment listing ``ledger_id`` through the ledger index (None: not listed).
+    ``index``: its index record as already read (``None``: absent), else it is read here."""
+    if index is False:
+        index = store.get_many([ledger_index_path(name, ledger_id)])[0]
+    if index is None:
+        return None
+    try:
+        seq = int(index[0])
+    except ValueError:
+        raise errors.MetadataFormatError(f"log {name}: corrupt ledger index record of ledger "
+                                         f"{ledger_id}: {index[0][:40]!r}") from None
+    if not head.first <= seq < head.next:
+        return None
+    try:
+        entry = decode_segment(store.get(segment_path(name, seq))[0], seq)
+    except NoNodeError:
+        return None
+    return entry if entry["ledger_id"] == ledger_id and listed(entry) else None
+
+
+def _apply(store, name: str, edit: LogEdit, guard) -> None:
+    """Commit the edit: [guard check,] set head at the version read, then its operations."""
+    ops = edit.operations()             # (may move the head's gc bound: before serialising)
+    edit.head.stamp = new_stamp()
+    data = edit.head.serialize()
+    txn = store.transaction()
+    if guard is not None:
+        txn.check(guard[0], guard[1])
+    txn.set(log_path(name), data, version=edit.version)
+    for op in ops:
+        if op[0] == "create":
+            txn.create(op[1], op[2], makepath=False)
+        elif op[0] == "set":
+            txn.set(op[1], op[2], version=op[3] if len(op) > 3 else -1)
+        else:
+            txn.delete(op[1], version=op[2] if len(op) > 2 else -1)
+    txn.commit()
+
+
+def commit_edit(store, name: str, change: Callable[[LogEdit], None], *,
+                done: Callable[[LogEdit], bool] | None = None,
+                guard: tuple[str, int] | None = None,
+                on_v1: Callable[[bytes, int], None] | None = None) -> Updated[LogEdit]:
+    """The update loop of a format-2 log (module docstring). ``change`` edits a
+    :class:`LogEdit` in place or raises NoChange; ``done`` tells whether the change is already
+    stored (a lost answer's write applied). ``on_v1(data, version)`` converts a format-1
+    record met on the way. ``guard`` as in :func:`metadata.update.update_record`.
+
+    :raises NoNodeError: the log does not exist. :raises OutcomeUnknownError: an answer was
+        lost and the head could not be re-read.
+    """
+    from metadata.update import _check_guard
+    what = f"log {name}"
+    conflicts = unknowns = 0
+    in_doubt: tuple[bytes, int] | None = None
+    while True:
+        try:
+            data, version = read_head(store, name, settle=in_doubt is not None)
+        except MetadataConnectionError as exc:
+            if in_doubt is None:
+                raise
+            raise OutcomeUnknownError(
+                f"{what}: the answer to a change was lost and the log cannot be re-read, so "
+                f"whether it was applied is unknown (retry once the metadata store answers): "
+                f"{exc}") from exc
+        if format_version(data) != FORMAT_VERSION:
+            if on_v1 is None:
+                raise errors.MetadataFormatError(f"{what}: format-1 record met where none may be")
+            on_v1(data, version)
+            continue
+        head = LogHead.deserialize(data)
+        edit = LogEdit(store, name, head, version)
+        if in_doubt is not None and (data, version) == (in_doubt[0], in_doubt[1] + 1):
+            log.info("%s: the change whose answer was lost had been applied", what)
+            return Updated(edit, version, True)
+        if head.properties.get(DELETED):
+            raise LogDeletedError(f"no log named {name!r} (it is being deleted)")
+        if done is not None and done(edit):
+            return Updated(edit, version, True)
+        try:
+            change(edit)
+        except NoChange:
+            return Updated(edit, version, False)
+        try:
+            _apply(store, name, edit, guard)
+            edit.version = version + 1
+            return Updated(edit, version + 1, True)
+        except (BadVersionError, NodeExistsError, NoNodeError) as exc:
+            # another change came first (the head moved, or a record it adds or removes is
+            # there or gone): re-read and decide again
+            if guard is not None:
+                _check_guard(store, guard, what)
+            conflicts += 1
+            after_conflict(conflicts, what, str(exc))
+        except MetadataConnectionError as exc:
+            unknowns += 1
+            in_doubt = (edit.head.serialize(), version)   # as _apply wrote it (its stamp)
+            after_lost_answer(unknowns, what, exc)
+
+
+# ---- whole lists, kept up to date --------------------------------------------------------
+
+@dataclass
+class _Copy:
+    uid: str
+    rev: int
+    first: int
+    next: int
+    entries: list          # listed entries of segments first .. next-1 (unlisted left out)
+
+
+class SegmentCache:
+    """Copies of whole lists, per log: brought up to date from the head -- the segments
+    appended since, a re-read of the copy's last two (they may have been sealed) -- or re-read
+    whole when the head says a middle segment changed (``rev``) or the log is another one
+    (``uid``). Bounded: at most ``max_logs`` lists (least recently used dropped)."""
+
+    def __init__(self, max_logs: int = 64):
+        self.max_logs = max_logs
+        self._lock = threading.Lock()
+        self._copies: dict[str, _Copy] = {}
+
+    def entries(self, store, name: str, head: LogHead) -> list[dict]:
+        with self._lock:
+            old = self._copies.pop(name, None)
+        if old is None or old.uid != head.uid or old.rev != head.rev or old.first > head.first \
+                or old.next > head.next or old.next <= head.first:
+            entries = read_segments(store, name, head.first, head.next)
+        else:
+            again = max(head.first, old.next - OPEN_TAIL)      # (may have been sealed since)
+            keep = [e for e in old.entries if head.first <= e["seq"] < again]
+            entries = keep + read_segments(store, name, again, head.next)
+        entries = [e for e in entries if listed(e)]
+        with self._lock:
+            self._copies[name] = _Copy(head.uid, head.rev, head.first, head.next, entries)
+            while len(self._copies) > self.max_logs:
+                self._copies.pop(next(iter(self._copies)))
+        return entries
+
+
+# ---- format 1 -> format 2 -------------------------------------------------------------------
+
+def convert_v1(store, name: str, data: bytes, version: int) -> None:
+    """Convert a format-1 record read at ``version`` (module docstring). Returns once the
+    record is a head (this conversion's or another's); a change of the format-1 record
+    meanwhile makes the caller read it again and come back."""
+    v1 = LogMetadata.deserialize(data).with_offsets()
+    for parent in (segments_path(name), ledgers_index_path(name)):
+        try:
+            store.create(parent, b"")
+        except NodeExistsError:
+            pass
+    entries = [dict(e, seq=i) for i, e in enumerate(v1.ledgers)]
+    for i in range(0, len(entries), 200):
+        _put_records(store, name, entries[i:i + 200])
+    # leftovers of an earlier attempt beyond this list (it was longer then)
+    seq = len(entries)
+    while True:
+        try:
+            store.delete(segment_path(name, seq))
+            seq += 1
+        except NoNodeError:
+            break
+    props = dict(v1.properties)
+    t = now_ms()
+    writers = {wid: {"seq": s, "t": t, "epoch": props.pop(f"epoch:{wid}", None)}
+               for wid, s in v1.writers.items()}
+    head = LogHead(name=name, uid=new_stamp(), first=0, next=len(entries), gc=0, rev=0,
+                   writers=writers, properties=props, stamp=new_stamp())
+    try:
+        store.set(log_path(name), head.serialize(), version=version)
+        log.info("log %s converted from format 1 (one record, %d ledgers) to format 2 (head + "
+                 "one record per ledger)", name, len(entries))
+    except (BadVersionError, NoNodeError):
+        pass                    # changed (or converted, or deleted) meanwhile: read again
+    except MetadataConnectionError:
+        pass                    # settled by the caller's next read (a head, or format 1)
+
+
+def _put_records(store, name: str, entries: list[dict]) -> None:
+    """Write segment and index records (create, or overwrite a leftover), idempotently."""
+    for entry in entries:
+        for path, data in ((segment_path(name, entry["seq"]), encode_segment(entry)),
+                           (ledger_index_path(name, entry["ledger_id"]), str(entry["seq"]).encode())):
+            try:
+                store.create(path, data, makepath=False)
+            except NodeExistsError:
+                store.set(path, data)

@@ -1,0 +1,239 @@
+"""Segmented log metadata (format 2): a small head record and one record per ledger.
+
+A log's ledger list used to be one record (format 1, :mod:`metadata.log_metadata`), rewritten
+whole by every change: ZooKeeper's 1 MB record limit capped a log at ~13,000 ledgers and each
+commit cost as much as the list was long. Format 2 keeps, as DistributedLog does, one record
+per ledger ("segment") under the log and a head that stays small::
+
+    /logs/<name>                    head: b"bkspark-log-metadata\\t2\\n" + JSON (below)
+    /logs/<name>/segments/<seq>     one ledger of the list (its list entry, JSON); seq = %012d
+    /logs/<name>/ledgers/<id>       the seq of the segment that lists ledger <id> (ascii)
+    /logs/<name>/cursors/<cursor>   cursor positions (unchanged)
+
+Head fields: ``uid`` -- a fresh id per log created (a log deleted and created again under the
+same name is another log); ``first`` / ``next`` -- the list is the segments ``first .. next-1``, contiguous, in
+order; ``gc`` -- segments ``gc .. first-1`` were truncated and their records are being removed
+(in batches, by later changes); ``rev`` -- grows when a segment other than the last changes
+(a ledger unlisted from the middle), so a reader's copy of the list knows to reload it; ``writers`` -- idempotency keys, ``writer id -> {"seq", "epoch",
+"t"}`` (last committed sequence, owner epoch, commit time in ms); ``expired`` -- how many keys
+expired and the newest ``t`` among them; ``properties``; ``stamp`` -- a fresh token per write,
+so a write whose answer was lost is recognised by the head's bytes alone.
+
+Rules (every reader and writer relies on them):
+
+* **Every change is one transaction that sets the head at the version it read** (plus the
+  segment and index records it creates, sets or deletes). The head's version therefore orders
+  all changes, a conflict is a failed head check, and nothing changes a segment without
+  changing the head. A transaction's size depends on what it changes (the ledgers appended,
+  at most :data:`GC_BATCH` leftovers removed), never on how long the list is.
+* Only the last two segments of the list can be open (a writer may still write the
+  second-to-last while listing the last), so only they change after being listed (sealed:
+  state, end); any other change of a listed segment (an unlist) raises ``rev``.
+* A ledger index record exists for every listed segment; one whose seq is outside
+  ``first .. next-1``, or whose segment names another ledger, is a leftover: the ledger is not
+  listed.
+
+Idempotency keys are bounded (:func:`expire_writers`): a key is kept while it is among the
+:data:`WRITER_KEYS_MAX` most recently used and younger than :data:`WRITER_KEY_MAX_AGE_MS`
+(Kafka's producer-id expiry); ``expired.t`` is the newest commit time of any key that expired.
+A commit from a writer id the head does not know is applied only if the writer says when it
+started (``started_ms``, taken before its first commit attempt) and that is later than
+``expired.t`` + :data:`CLOCK_SKEW_MS`: such a writer cannot own an expired key. Otherwise --
+it may be the retry of an expired writer's commit, which could then apply twice -- it is
+refused with :class:`WriterKeyExpiredError`. While no key has expired, every writer id is new.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+
+from bkspark.errors import BadRequestError, BKError, MetadataFormatError
+from metadata.layout import log_path
+from metadata.log_metadata import HEADER, encode_record
+
+FORMAT_VERSION = 2
+#: leftover segment records (truncated) removed by one change, at most
+GC_BATCH = 64
+#: idempotency keys a head keeps at most (the least recently used expire first)
+WRITER_KEYS_MAX = 1000
+#: idempotency keys idle for longer expire (Kafka's transactional.id.expiration.ms default)
+WRITER_KEY_MAX_AGE_MS = 7 * 24 * 3600 * 1000
+#: clocks of the clients that stamp keys and start writers may disagree by this much
+CLOCK_SKEW_MS = 60 * 1000
+
+_HEAD_FIELDS = {"name", "uid", "first", "next", "gc", "rev", "writers", "expired", "properties", "stamp"}
+
+
+class WriterKeyExpiredError(BKError):
+    """A commit with an idempotency key from a writer the log does not remember and that
+    cannot show it started after the last key expired: it could be the retry of a commit
+    already applied. Refused; commit under a new writer id -- see :mod:`metadata.log_segments`."""
+
+
+def segments_path(name: str) -> str:
+    return f"{log_path(name)}/segments"
+
+
+def segment_path(name: str, seq: int) -> str:
+    return f"{log_path(name)}/segments/{seq:012d}"
+
+
+def ledgers_index_path(name: str) -> str:
+    return f"{log_path(name)}/ledgers"
+
+
+def ledger_index_path(name: str, ledger_id: int) -> str:
+    return f"{log_path(name)}/ledgers/{ledger_id}"
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def new_stamp() -> str:
+    return os.urandom(8).hex()
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def format_version(data: bytes) -> int:
+    """The format version a log head record declares (1: the single-record list)."""
+    head, nl, _ = bytes(data).partition(b"\n")
+    magic, tab, ver = head.partition(b"\t")
+    if not nl or magic != HEADER or not tab or not ver.isdigit() or len(ver) > 6:
+        raise MetadataFormatError(f"corrupt log metadata: unknown header {head[:60]!r}")
+    return int(ver)
+
+
+@dataclass
+class LogHead:
+    """The head record of a format-2 log (see the module docstring)."""
+
+    name: str
+    uid: str = ""
+    first: int = 0
+    next: int = 0
+    gc: int = 0
+    rev: int = 0
+    writers: dict = field(default_factory=dict)
+    expired: dict = field(default_factory=lambda: {"count": 0, "t": 0})
+    properties: dict = field(default_factory=dict)
+    stamp: str = ""
+
+    def validate(self) -> "LogHead":
+        if not isinstance(self.name, str) or not self.name:
+            raise BadRequestError(f"log name must be a non-empty str, got {self.name!r}")
+        if not (_is_int(self.gc) and _is_int(self.first) and _is_int(self.next)
+                and 0 <= self.gc <= self.first <= self.next):
+            raise BadRequestError(f"log {self.name}: bad segment bounds gc={self.gc!r} "
+                                  f"first={self.first!r} next={self.next!r}")
+        if not isinstance(self.uid, str) or not _is_int(self.rev):
+            raise BadRequestError(f"log {self.name}: bad uid {self.uid!r} or rev {self.rev!r}")
+        if not isinstance(self.writers, dict) or not all(
+                isinstance(k, str) and isinstance(v, dict) and _is_int(v.get("seq"))
+                and _is_int(v.get("t")) and (v.get("epoch") is None or _is_int(v.get("epoch")))
+                for k, v in self.writers.items()):
+            raise BadRequestError(f"log {self.name}: writers must map str -> "
+                                  "{seq: int, t: int, epoch: int|None}")
+        if not isinstance(self.expired, dict) or not _is_int(self.expired.get("count")) \
+                or not _is_int(self.expired.get("t")):
+            raise BadRequestError(f"log {self.name}: bad expired-keys summary {self.expired!r}")
+        if not isinstance(self.properties, dict) or not all(isinstance(k, str) for k in self.properties):
+            raise BadRequestError(f"log {self.name}: properties must be a dict with str keys")
+        return self
+
+    def serialize(self) -> bytes:
+        self.validate()
+        return encode_record(self.name, FORMAT_VERSION, {
+            "name": self.name, "uid": self.uid, "first": self.first, "next": self.next,
+            "gc": self.gc, "rev": self.rev, "writers": self.writers, "expired": self.expired,
+            "properties": self.properties, "stamp": self.stamp})
+
+    @classmethod
+    def deserialize(cls, data: bytes) -> "LogHead":
+        version = format_version(data)
+        if version != FORMAT_VERSION:
+            raise MetadataFormatError(f"log head of format version {version}, expected "
+                                      f"{FORMAT_VERSION}")
+        body = bytes(data).partition(b"\n")[2]
+        try:
+            obj = json.loads(body.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise MetadataFormatError(f"corrupt log head: bad JSON body: {e}") from None
+        if not isinstance(obj, dict) or set(obj) != _HEAD_FIELDS:
+            raise MetadataFormatError(f"corrupt log head: expected exactly the fields "
+                                      f"{', '.join(sorted(_HEAD_FIELDS))}")
+        try:
+            return cls(**obj).validate()
+        except BadRequestError as e:
+            raise MetadataFormatError(f"corrupt log head: {e}") from None
+
+    def writer_seq(self, writer_id: str) -> int:
+        key = self.writers.get(writer_id)
+        return -1 if key is None else key["seq"]
+
+    def writer_epoch(self, writer_id: str) -> int | None:
+        key = self.writers.get(writer_id)
+        return None if key is None else key.get("epoch")
+
+
+def encode_segment(entry: dict) -> bytes:
+    body = {k: v for k, v in entry.items() if k != "seq"}
+    if not _is_int(body.get("ledger_id")) or body["ledger_id"] < 0:
+        raise BadRequestError(f"bad log segment {entry!r} (needs an int ledger_id >= 0)")
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def decode_segment(data: bytes, seq: int) -> dict:
+    try:
+        entry = json.loads(bytes(data).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise MetadataFormatError(f"corrupt log segment {seq}: {e}") from None
+    if not isinstance(entry, dict) or not _is_int(entry.get("ledger_id")):
+        raise MetadataFormatError(f"corrupt log segment {seq}: {entry!r}")
+    entry["seq"] = seq
+    return entry
+
+
+def entry_count(entry: dict) -> int | None:
+    """Entries of a listed ledger once closed (None while open)."""
+    if entry.get("state") == "closed" and _is_int(entry.get("last_entry_id")):
+        return entry["last_entry_id"] + 1
+    return None
+
+
+def next_offset(entry: dict | None) -> int | None:
+    """The log offset of the entry after ``entry``'s ledger (0 for an empty list); None
+    while it cannot be known (the ledger is open, or its offset is unknown)."""
+    if entry is None:
+        return 0
+    count = entry_count(entry)
+    if count is None or not _is_int(entry.get("offset")):
+        return None
+    return entry["offset"] + count
+
+
+def may_be_expired(head: LogHead, writer_id: str, started_ms: int | None) -> bool:
+    """Whether a commit of ``writer_id`` could be an expired writer's (module docstring)."""
+    if writer_id in head.writers or not head.expired["count"]:
+        return False
+    return started_ms is None or started_ms <= head.expired["t"] + CLOCK_SKEW_MS
+
+
+def expire_writers(head: LogHead, now: int, keep: str | None = None) -> None:
+    """Expire idempotency keys beyond the bounds (module docstring); ``keep``: a key being
+    written now, never expired by its own commit."""
+    keys = sorted(head.writers.items(), key=lambda kv: (kv[0] != keep, -kv[1]["t"]))
+    survivors = {}
+    for wid, key in keys:
+        young = now - key["t"] <= WRITER_KEY_MAX_AGE_MS
+        if wid == keep or (young and len(survivors) < WRITER_KEYS_MAX):
+            survivors[wid] = key
+        else:
+            head.expired = {"count": head.expired["count"] + 1,
+                            "t": max(head.expired["t"], key["t"])}
+    head.writers = survivors

@@ -1,0 +1,232 @@
+"""Segmented log metadata (issue 30): a head plus one record per ledger, changed by transactions
+whose size does not depend on the list's length; format-1 logs converted; bounded writer keys.
+On both metadata stores (``cluster`` is parametrized), with real bookies where ledgers are read."""
+from __future__ import annotations
+
+import contextlib
+import itertools
+
+import pytest
+
+from bkspark import errors
+from bkspark.log import EARLIEST, Position
+from bkspark.log import segments as seg
+from metadata import log_segments as ls
+from metadata.layout import log_path
+from metadata.log_metadata import LogMetadata
+
+
+def closed(lid, n=1):
+    return dict(state="closed", last_entry_id=n - 1, length=n)
+
+
+def append_fake(logs, name, ids):
+    """List ledger ids through the public update API (metadata only: no bookie is asked)."""
+    def change(edit):
+        edit.prefetch(ids)
+        for lid in ids:
+            edit.append(lid, **closed(lid))
+    logs.update(name, change, create=True)
+
+
+@contextlib.contextmanager
+def counted(store):
+    """Count the operations of every transaction and the records read, while inside."""
+    seen = {"txn_ops": [], "reads": 0}
+    commit, get, get_many = store._commit, store.get, store.get_many
+
+    def count_commit(ops):
+        seen["txn_ops"].append(len(ops))
+        return commit(ops)
+
+    def count_get(path):
+        seen["reads"] += 1
+        return get(path)
+
+    def count_get_many(paths, *a, **k):
+        seen["reads"] += len(paths)
+        return get_many(paths, *a, **k)
+    store._commit, store.get, store.get_many = count_commit, count_get, count_get_many
+    try:
+        yield seen
+    finally:
+        for attr in ("_commit", "get", "get_many"):
+            store.__dict__.pop(attr, None)
+
+
+def test_a_long_log_costs_each_change_and_read_what_it_touches(logs, bk, log_name):
+    # 50,000 segments built through the public API; then an append, a range read and a
+    # refresh of a reader's copy each cost a few records, and the head stays small
+    n = 50_000
+    logs.create(log_name)
+    for start in range(0, n, 1000):
+        append_fake(logs, log_name, range(10_000 + start, 10_000 + start + 1000))
+    head_data, _ = bk.store.get(log_path(log_name))
+    assert len(head_data) < 1024
+    md, _ = logs.get(log_name)                      # the whole list, once
+    assert len(md.ledgers) == n and md.ledger_ids()[:2] == [10_000, 10_001]
+    assert [e["offset"] for e in md.ledgers[:3]] == [0, 1, 2] and md.ledgers[-1]["offset"] == n - 1
+    with counted(bk.store) as seen:
+        append_fake(logs, log_name, [99])
+    assert seen["txn_ops"] == [1 + 2]               # head + segment + ledger index record
+    assert seen["reads"] <= 2 + ls.GC_BATCH          # the head, the tail the change looks at
+    with counted(bk.store) as seen:
+        md, _ = logs.get(log_name)                  # this store's copy, brought up to date
+    assert md.ledger_ids()[-2:] == [10_000 + n - 1, 99] and md.ledgers[-1]["offset"] == n
+    assert seen["reads"] <= 1 + seg.OPEN_TAIL + 1
+    with counted(bk.store) as seen:
+        part = logs.segments(log_name, 25_000, 25_010)
+    assert [e["ledger_id"] for e in part] == list(range(35_000, 35_010))
+    assert seen["reads"] == 1 + 10
+    assert logs.lists(log_name, 40_000) and not logs.lists(log_name, 7)
+    assert len(bk.store.get(log_path(log_name))[0]) == len(head_data)
+
+
+def test_truncation_is_one_small_change_and_its_records_go_in_batches(logs, bk, log_name):
+    logs.create(log_name)
+    append_fake(logs, log_name, range(1000, 1300))
+    with counted(bk.store) as seen:
+        logs.update(log_name, lambda edit: edit.truncate_before(edit.entry(1250)["seq"]))
+    assert len(seen["txn_ops"]) == 1 and seen["txn_ops"][0] <= 1 + 2 * ls.GC_BATCH
+    md, _ = logs.get(log_name)
+    assert md.ledger_ids() == list(range(1250, 1300))
+    assert [e["offset"] for e in md.ledgers[:2]] == [250, 251]       # offsets are kept
+    assert not logs.lists(log_name, 1000) and logs.lists(log_name, 1250)
+    store = bk.store
+    left = lambda: len(store.children(ls.segments_path(log_name)))  # noqa: E731
+    assert left() == 300 - ls.GC_BATCH
+    for _ in range(3):                              # later changes remove the rest
+        append_fake(logs, log_name, [next_id(logs, log_name)])
+    head = ls.LogHead.deserialize(store.get(log_path(log_name))[0])
+    assert head.gc == head.first == 250 and head.next == 303
+    assert left() == 53 and len(store.children(ls.ledgers_index_path(log_name))) == 53
+
+
+_fake_ids = itertools.count(5000)
+
+
+def next_id(logs, name):
+    return next(_fake_ids)
+
+
+def test_format1_log_is_read_as_is_and_converted_on_first_write(logs, bk, log_name):
+    # a record written by the single-record code (format 1), with writer keys and epochs
+    lids = [closed_ledger(bk, [b"a%d" % i for i in range(3)]) for _ in range(3)]
+    v1 = LogMetadata(log_name, writers={"q1": 7}, properties={"epoch:q1": 2, "writer_epoch": 4})
+    for lid in lids:
+        v1 = v1.with_ledger(lid, state="closed", last_entry_id=2, length=6)
+    bk.store.create(log_path(log_name), v1.with_offsets().serialize())
+    md, _ = logs.get(log_name)                      # read without converting
+    assert md.ledger_ids() == lids and md.writers == {"q1": 7}
+    assert ls.format_version(bk.store.get(log_path(log_name))[0]) == 1
+    assert read_all(logs, log_name) == [b"a%d" % i for i in range(3)] * 3
+    # an old writer's retried commit is still recognised, and an old owner epoch still fences
+    assert logs.append_ledgers(log_name, [closed_ledger(bk, [b"dup"])], writer_id="q1", sequence=7) is False
+    with pytest.raises(errors.LogFencedError):
+        logs.append_ledgers(log_name, [closed_ledger(bk, [b"old"])], writer_id="q1", sequence=8, epoch=1)
+    new = closed_ledger(bk, [b"b"])
+    assert logs.append_ledgers(log_name, [new], writer_id="q1", sequence=8, epoch=2)
+    head = ls.LogHead.deserialize(bk.store.get(log_path(log_name))[0])
+    assert (head.first, head.next) == (0, 4) and head.properties == {"writer_epoch": 4}
+    assert head.writers["q1"]["seq"] == 8 and head.writers["q1"]["epoch"] == 2
+    md, _ = logs.get(log_name)
+    assert md.ledger_ids() == lids + [new] and [e["offset"] for e in md.ledgers] == [0, 3, 6, 9]
+    assert read_all(logs, log_name) == [b"a%d" % i for i in range(3)] * 3 + [b"b"]
+
+
+def test_conversion_interrupted_before_the_head_is_set_is_redone(logs, bk, log_name):
+    store = bk.store
+    v1 = LogMetadata(log_name)
+    for lid in range(700, 705):
+        v1 = v1.with_ledger(lid, **closed(lid))
+    store.create(log_path(log_name), v1.serialize())
+    data, version = store.get(log_path(log_name))
+    # the first attempt wrote every record, then died before the head's compare-and-set
+    seg.convert_v1(store, log_name, data, version + 7)          # (its set fails: a wrong version)
+    assert len(store.children(ls.segments_path(log_name))) == 5
+    assert ls.format_version(store.get(log_path(log_name))[0]) == 1
+    # meanwhile an old client truncates the format-1 list
+    store.set(log_path(log_name), v1.without_ledgers([700, 701]).serialize(), version=version)
+    assert logs.get(log_name)[0].ledger_ids() == [702, 703, 704]
+    assert logs.convert(log_name) is True
+    assert logs.get(log_name)[0].ledger_ids() == [702, 703, 704]
+    assert len(store.children(ls.segments_path(log_name))) == 3        # leftovers removed
+    assert not logs.lists(log_name, 700) and logs.lists(log_name, 704)
+    assert logs.convert(log_name) is False
+    append_fake(logs, log_name, [705])
+    assert logs.get(log_name)[0].ledger_ids() == [702, 703, 704, 705]
+
+
+def test_expired_writer_keys_never_let_a_retried_commit_apply_twice(logs, bk, log_name, monkeypatch):
+    logs.create(log_name)
+    now = [1_000_000_000_000]
+    monkeypatch.setattr(ls, "now_ms", lambda: now[0])
+    monkeypatch.setattr(seg, "now_ms", lambda: now[0])
+    assert logs.append_ledgers(log_name, [closed_ledger(bk, [b"1"])], writer_id="old", sequence=1)
+    started_new = now[0] + 1
+    now[0] += ls.WRITER_KEY_MAX_AGE_MS + 1
+    # another writer's commit expires the idle key
+    assert logs.append_ledgers(log_name, [closed_ledger(bk, [b"2"])], writer_id="w", sequence=0,
+                               writer_started_ms=now[0])
+    head = ls.LogHead.deserialize(bk.store.get(log_path(log_name))[0])
+    assert set(head.writers) == {"w"} and head.expired["count"] == 1
+    # the expired writer retries its commit: refused, not applied a second time
+    with pytest.raises(ls.WriterKeyExpiredError, match="new writer id"):
+        logs.append_ledgers(log_name, [closed_ledger(bk, [b"1 again"])], writer_id="old", sequence=1)
+    with pytest.raises(ls.WriterKeyExpiredError):    # started before the expiry: still unsure
+        logs.append_ledgers(log_name, [closed_ledger(bk, [b"1 again"])], writer_id="old", sequence=1,
+                            writer_started_ms=started_new)
+    # a writer that started after the expired key's last commit cannot own it
+    assert logs.append_ledgers(log_name, [closed_ledger(bk, [b"3"])], writer_id="fresh", sequence=0,
+                               writer_started_ms=now[0])
+    assert read_all(logs, log_name) == [b"1", b"2", b"3"]
+
+
+def test_writer_keys_are_bounded_by_count(monkeypatch):
+    monkeypatch.setattr(ls, "WRITER_KEYS_MAX", 3)
+    head = ls.LogHead("x")
+    for i in range(5):
+        head.writers[f"w{i}"] = {"seq": i, "t": 100 + i, "epoch": None}
+    ls.expire_writers(head, 200, keep="w0")
+    assert set(head.writers) == {"w0", "w4", "w3"}
+    assert head.expired == {"count": 2, "t": 102}
+    assert ls.may_be_expired(head, "w1", None) and ls.may_be_expired(head, "w9", 102)
+    assert not ls.may_be_expired(head, "w9", 102 + ls.CLOCK_SKEW_MS + 1)
+    assert not ls.may_be_expired(head, "w3", None)
+
+
+def test_delete_removes_every_record_and_ledger(logs, bk, log_name):
+    append_fake(logs, log_name, [6001, 6002])
+    logs.update(log_name, lambda edit: edit.truncate_before(edit.entry(6002)["seq"]))
+    lid = closed_ledger(bk, [b"x"])
+    logs.append_ledgers(log_name, [lid])
+    logs.commit_cursor(log_name, "c", Position(6002, 0))
+    logs.delete(log_name)
+    assert not logs.exists(log_name)
+    assert bk.store.exists(log_path(log_name)) is None
+    with pytest.raises(errors.NoSuchLedgerError):
+        bk.ledger_metadata(lid)
+    logs.create(log_name)                           # the name is free again, a new log
+    assert logs.get(log_name)[0].ledgers == []
+
+
+def test_unlisting_a_middle_ledger_refreshes_every_copy(logs, bk, log_name):
+    logs.create(log_name)
+    append_fake(logs, log_name, [7001, 7002, 7003, 7004])
+    assert logs.get(log_name)[0].ledger_ids() == [7001, 7002, 7003, 7004]
+    logs.unlist_ledger(log_name, 7002)
+    assert logs.get(log_name)[0].ledger_ids() == [7001, 7003, 7004]
+    assert not logs.lists(log_name, 7002) and logs.logs_listing(7003) == [log_name]
+
+
+def closed_ledger(bk, datas):
+    lh = bk.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2, password=b"pw")
+    for d in datas:
+        lh.append(d)
+    lh.close()
+    return lh.ledger_id
+
+
+def read_all(logs, name):
+    with logs.open_reader(name, EARLIEST, tail=False) as reader:
+        return [r.data for r in reader]
