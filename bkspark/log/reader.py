@@ -9,7 +9,10 @@ beyond the LAC this reader saw: its read handle, opened while the ledger was OPE
 refreshed, the entries up to the closed end are returned, and the reader moves on to the next
 ledger of the list. All readers see the same sequence.
 
-A tailing reader watches the log's record while it waits: a roll or a takeover changes it,
+A reader follows the list segment by segment (:mod:`metadata.log_segments`): each batch reads
+the log's head and the current ledger's segment, whatever the list's length.
+
+A tailing reader watches the log's head record while it waits: a roll or a takeover changes it,
 which ends a long poll at once (bookies do not answer a long poll for a close).
 """
 from __future__ import annotations
@@ -52,6 +55,8 @@ class LogReader:
         self._handle_ledger = None
         self._watch: _ListWatch | None = None
         self._unwatch = None
+        self._seq: int | None = None        # segment of self.next's ledger, when known
+        self._end_seq: int | None = None    # segment of end's ledger (-1: not listed)
 
     def close(self) -> None:
         self._drop_handle()
@@ -77,36 +82,55 @@ class LogReader:
             self._handle_ledger = ledger_id
         return self._handle
 
+    def _locate(self, first: int, nxt: int) -> dict | None:
+        """The listed entry of the ledger of ``self.next`` (with its ``seq``), or None: read
+        at the segment this reader knows it at (one record), else found through the log's
+        ledger index -- never by reading the list."""
+        if self._seq is not None and first <= self._seq < nxt:
+            got = self.logs.segments(self.name, self._seq, self._seq + 1)
+            if got and got[0]["ledger_id"] == self.next.ledger_id:
+                return got[0]
+        entry = self.logs.entry_of(self.name, self.next.ledger_id)
+        self._seq = None if entry is None else entry["seq"]
+        return entry
+
     def _reached_end(self) -> bool:
         if self.end is None:
             return False
-        ids = self.logs.get(self.name)[0].ledger_ids()
-        if self.end.ledger_id not in ids or self.next.ledger_id not in ids:
-            return self.next.ledger_id == self.end.ledger_id and self.next.entry_id >= self.end.entry_id
-        a, b = ids.index(self.next.ledger_id), ids.index(self.end.ledger_id)
-        return a > b or (a == b and self.next.entry_id >= self.end.entry_id)
+        if self.next.ledger_id == self.end.ledger_id:
+            return self.next.entry_id >= self.end.entry_id
+        if self._end_seq is None:
+            end = self.logs.entry_of(self.name, self.end.ledger_id)
+            self._end_seq = -1 if end is None else end["seq"]
+        if self._seq is None and self.next.ledger_id != -1:
+            self._locate(*self.logs.bounds(self.name))
+        return self._end_seq >= 0 and self._seq is not None and self._seq > self._end_seq
 
     def read_batch(self, max_entries: int | None = None, timeout: float | None = None) -> list[LogRecord]:
         """Up to ``max_entries`` records from the current position; waits up to ``timeout``
-        for new data at the tail (returns [] if none came)."""
+        for new data at the tail (returns [] if none came). Reads the head and the current
+        ledger's segment, whatever the length of the list."""
         max_entries = max_entries or self.batch_size
         deadline = time.monotonic() + (self.poll_timeout_s if timeout is None else timeout)
         while True:
             if self._reached_end():
                 return []
-            md, version = self.logs.get(self.name)
-            ids = md.ledger_ids()
-            if self.next.ledger_id == -1 and ids:            # the log was empty when we started
-                self.next = Position(ids[0], 0)
-            if self.next.ledger_id not in ids:
-                if not ids:
+            first, nxt, version = self.logs.view(self.name)
+            if self.next.ledger_id == -1:                    # the log was empty when we started
+                edge = self.logs.next_listed(self.name, first - 1)
+                if edge is None:
+                    if not self._wait(deadline, version):
+                        return []
+                    continue
+                self.next, self._seq = Position(edge["ledger_id"], 0), edge["seq"]
+            entry = self._locate(first, nxt)
+            if entry is None:
+                if first == nxt:
                     if not self._wait(deadline, version):
                         return []
                     continue
                 raise errors.BKError(f"log {self.name}: position {self.next} is no longer in the log "
                                      "(truncated)")
-            index = ids.index(self.next.ledger_id)
-            entry = md.ledgers[index]
             lid = entry["ledger_id"]
             # the cached handle of this ledger, if any (refreshed if the list says CLOSED);
             # a ledger not listed CLOSED is read through one, to follow its LAC
@@ -122,15 +146,16 @@ class LogReader:
                 self.next = Position(lid, upto + 1)
                 return records
             if final:
-                if index + 1 < len(ids):
-                    self.next = Position(ids[index + 1], 0)
+                later = self.logs.next_listed(self.name, entry["seq"])
+                if later is not None:
+                    self.next, self._seq = Position(later["ledger_id"], 0), later["seq"]
                     continue
                 # closed and last: its writer closed it and has not listed the next one yet
                 # (or the log is not written any more); the list changes when it does
                 if not self.tail or not self._wait(deadline, version, step=1.0):
                     return []
                 continue
-            if index + 1 < len(ids):
+            if entry["seq"] + 1 < nxt:
                 # not closed but a later ledger is listed: a writer is closing it
                 # (recovering it); its metadata shows the end first
                 if self._open(lid).refresh():

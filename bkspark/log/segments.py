@@ -178,12 +178,28 @@ class LogEdit:
         if entry is None:
             raise BadRequestError(f"log {self.name} has no ledger {ledger_id}")
         entry.update(info)
+        self._changed_entry(entry)
+        self._stamp_offsets()
+        return entry
+
+    def _changed_entry(self, entry: dict) -> None:
         if any(e is entry for e in self._appended):
-            return entry
+            return
         if entry["seq"] < self.head.next - len(self._appended) - OPEN_TAIL:
             self.head.rev += 1          # not among the last two: copies must be re-read whole
         self._changed[entry["seq"]] = entry
-        return entry
+
+    def _stamp_offsets(self) -> None:
+        """Give the ledgers at the end of the list the offsets that sealing the ones before
+        them made known (a ledger listed after one still open had none)."""
+        prev = None
+        for e in self.ledgers:
+            if prev is not None and e.get("offset") is None:
+                offset = next_offset(prev)
+                if offset is not None:
+                    e["offset"] = offset
+                    self._changed_entry(e)
+            prev = e
 
     def unlist(self, ledger_id: int) -> None:
         """Remove one ledger from anywhere in the list (its entries leave the log)."""

@@ -120,6 +120,50 @@ class LogStore:
         hi = head.next if stop is None else min(head.next, stop)
         return [e for e in seg.read_segments(self.store, name, lo, hi) if seg.listed(e)]
 
+    def view(self, name: str) -> tuple[int, int, int]:
+        """``(first, next, version)``: the list is the segments ``first .. next-1`` (some may
+        be unlisted ledgers, which :meth:`segments` leaves out) as of the head's ``version``."""
+        head, version = self._head(name)
+        if isinstance(head, LogMetadata):
+            return 0, len(head.ledgers), version
+        return head.first, head.next, version
+
+    def bounds(self, name: str) -> tuple[int, int]:
+        return self.view(name)[:2]
+
+    def next_listed(self, name: str, after: int) -> dict | None:
+        """The first listed entry after segment ``after`` (None: none yet), reading segments
+        in chunks that double (unlisted ones are skipped), never the whole list."""
+        first, nxt = self.bounds(name)
+        lo, step = max(first, after + 1), 1
+        while lo < nxt:
+            chunk = self.segments(name, lo, min(nxt, lo + step))
+            if chunk:
+                return chunk[0]
+            lo, step = lo + step, min(step * 2, 256)
+        return None
+
+    def last_listed(self, name: str) -> dict | None:
+        """The last listed entry (None: the list is empty), read from the end the same way."""
+        first, nxt = self.bounds(name)
+        hi, step = nxt, 1
+        while hi > first:
+            chunk = self.segments(name, max(first, hi - step), hi)
+            if chunk:
+                return chunk[-1]
+            hi, step = hi - step, min(step * 2, 256)
+        return None
+
+    def entry_of(self, name: str, ledger_id: int) -> dict | None:
+        """The list entry of ``ledger_id`` with its ``seq`` (None if the log does not list
+        it): two reads, whatever the list's length."""
+        head, _ = self._head(name)
+        if isinstance(head, LogMetadata):
+            ids = head.ledger_ids()
+            return dict(head.with_offsets().ledgers[ids.index(ledger_id)], seq=ids.index(ledger_id)) \
+                if ledger_id in ids else None
+        return seg.lookup(self.store, name, head, ledger_id)
+
     def exists(self, name: str) -> bool:
         try:
             self._head(name)
@@ -542,17 +586,16 @@ class LogStore:
         return self.readable_end(entry)[0]
 
     def resolve(self, name: str, where) -> Position:
-        """Turn EARLIEST / LATEST / a Position into the position of the next entry to read."""
-        md, _ = self.get(name)
+        """Turn EARLIEST / LATEST / a Position into the position of the next entry to read
+        (an empty log: ``Position(-1, 0)``), reading the list's ends, not all of it."""
         if isinstance(where, Position):
             return where
         if where == EARLIEST:
-            return Position(md.ledgers[0]["ledger_id"], 0) if md.ledgers else Position(-1, 0)
+            edge = self.next_listed(name, -1)
+            return Position(-1, 0) if edge is None else Position(edge["ledger_id"], 0)
         if where == LATEST:
-            if not md.ledgers:
-                return Position(-1, 0)
-            last = md.ledgers[-1]
-            return Position(last["ledger_id"], self.ledger_end(last) + 1)
+            edge = self.last_listed(name)
+            return Position(-1, 0) if edge is None else Position(edge["ledger_id"], self.ledger_end(edge) + 1)
         raise BadRequestError(f"a start position is 'earliest', 'latest' or a Position, got {where!r}")
 
     def entry_counts(self, name: str) -> list[tuple[int, int]]:

@@ -58,16 +58,20 @@ class BookKeeperDataSource(importguard.Guarded, DataSource,
         self.opts.require_logs()
         logs = conn.log_store(self.opts)
         names = self.opts.matching_logs(logs.list_logs())
+        def newest_first(name):
+            newest = logs.last_listed(name)     # usually it: the whole list only if not
+            if newest is not None:
+                yield newest
+                yield from reversed(logs.get(name)[0].ledgers[:-1])
         for name in names:
             try:
-                md, _ = logs.get(name)
+                for entry in newest_first(name):
+                    custom = logs.bk.ledger_metadata(entry["ledger_id"]).custom_metadata
+                    js = codec.ledger_spark_schema_json(custom)
+                    if js:
+                        return StructType.fromJson(json.loads(js))
             except NoSuchLogError:
                 continue
-            for entry in reversed(md.ledgers):
-                custom = logs.bk.ledger_metadata(entry["ledger_id"]).custom_metadata
-                js = codec.ledger_spark_schema_json(custom)
-                if js:
-                    return StructType.fromJson(json.loads(js))
         if required:
             raise BadRequestError(
                 f"entryFormat=arrow: cannot infer the schema of {names or self.opts.log_pattern!r}: "
@@ -155,11 +159,11 @@ class BookKeeperDataSource(importguard.Guarded, DataSource,
         reader opens every ledger of a log with the password it is given)."""
         logs = conn.log_store(self.opts)
         try:
-            md, _ = logs.get(name)
+            last = logs.last_listed(name)
         except NoSuchLogError:
             return
-        if md.ledgers:
-            newest = logs.bk.ledger_metadata(md.ledgers[-1]["ledger_id"])
+        if last is not None:
+            newest = logs.bk.ledger_metadata(last["ledger_id"])
             if newest.password != self.opts.password:
                 raise BadRequestError(
                     f"log {name!r} holds ledgers written with another password than option "

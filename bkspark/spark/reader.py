@@ -60,40 +60,40 @@ def ledger_last(logs, entry: dict) -> int:
     return logs.ledger_end(entry)
 
 
-def spans(logs, name: str, md, start: Position, end: Position | None, fail_on_data_loss: bool,
+def spans(logs, name: str, start: Position, end: Position | None, fail_on_data_loss: bool,
           ledger_ok=None) -> list[tuple[int, int, int, dict]]:
     """(ledger_id, first, last, list entry) for the entries of ``name`` in [start, end); each
-    list entry carries its ``offset``."""
-    md = md.with_offsets()
-    ids = md.ledger_ids()
-    if not ids or (end is not None and end.ledger_id == -1):
+    list entry carries its ``offset``. Reads the segments from ``start``'s ledger to ``end``'s
+    (the end of the log without one), not the rest of the list."""
+    first_seq, next_seq = logs.bounds(name)
+    if first_seq == next_seq or (end is not None and end.ledger_id == -1):
         return []
-    if start.ledger_id == -1:
-        start = Position(ids[0], 0)
-    elif start.ledger_id not in ids:
+    at = None if start.ledger_id == -1 else logs.entry_of(name, start.ledger_id)
+    if start.ledger_id != -1 and at is None:
         msg = (f"log {name!r}: ledger {start.ledger_id} of position {tuple(start)} is no longer in "
                "the log (truncated or overwritten)")
         if fail_on_data_loss:
             raise DataLossError(msg + "; set failOnDataLoss=false to continue from the log's start")
         log.warning("%s; continuing from the start of the log", msg)
-        start = Position(ids[0], 0)
-    si = ids.index(start.ledger_id)
+    si = first_seq if at is None else at["seq"]
+    start_entry = 0 if at is None else start.entry_id
     if end is None:
-        ei = len(ids) - 1
-    elif end.ledger_id in ids:
-        ei = ids.index(end.ledger_id)
+        ei = next_seq - 1
     else:
-        raise DataLossError(f"log {name!r}: ledger {end.ledger_id} of end position {tuple(end)} is "
-                            "not in the log")
+        stop = logs.entry_of(name, end.ledger_id)
+        if stop is None:
+            raise DataLossError(f"log {name!r}: ledger {end.ledger_id} of end position {tuple(end)} "
+                                "is not in the log")
+        ei = stop["seq"]
     out = []
-    for i in range(si, ei + 1):
-        entry = md.ledgers[i]
+    entries = logs.segments(name, si, ei + 1)
+    for entry in entries:
         lid = entry["ledger_id"]
         if ledger_ok is not None and not ledger_ok(lid):
             continue
-        first = start.entry_id if i == si else 0
+        first = start_entry if entry["seq"] == si else 0
         last = ledger_last(logs, entry)
-        if end is not None and i == ei:
+        if end is not None and entry["seq"] == ei:
             last = min(last, end.entry_id - 1)
         if first <= last:
             out.append((lid, first, last, entry))
@@ -107,7 +107,9 @@ def resolve_start(logs, name: str, where, *, fail_on_data_loss: bool = True,
     stamped at or after it; when there is none, ``no_match`` says: ``"error"``, or
     ``"latest"``, the log's end -- what an ending time means)."""
     try:
-        md, _ = logs.get(name)
+        # (by offset or time: the whole list; a start or end position: two reads)
+        md = logs.get(name)[0] if isinstance(where, (AtOffset, AtTime)) else None
+        logs.bounds(name)
     except NoSuchLogError:
         return EMPTY
     if isinstance(where, AtOffset):
@@ -122,17 +124,17 @@ def resolve_start(logs, name: str, where, *, fail_on_data_loss: bool = True,
                 "epoch: set startingOffsetsByTimestampStrategy=latest to start at its end")
         where = LATEST
     if isinstance(where, Position):
-        if where.ledger_id not in md.ledger_ids():
+        if logs.entry_of(name, where.ledger_id) is None:
             raise BadRequestError(f"log {name!r} has no ledger {where.ledger_id} (offset {tuple(where)})")
         return where
-    if not md.ledgers:
+    if where not in (EARLIEST, LATEST):
+        raise BadRequestError(f"bad offset {where!r}")
+    edge = logs.last_listed(name) if where == LATEST else logs.next_listed(name, -1)
+    if edge is None:
         return EMPTY
     if where == EARLIEST:
-        return Position(md.ledgers[0]["ledger_id"], 0)
-    if where == LATEST:
-        last = md.ledgers[-1]
-        return Position(last["ledger_id"], ledger_last(logs, last) + 1)
-    raise BadRequestError(f"bad offset {where!r}")
+        return Position(edge["ledger_id"], 0)
+    return Position(edge["ledger_id"], ledger_last(logs, edge) + 1)
 
 
 def position_of_offset(logs, name: str, md, offset: int, fail_on_data_loss: bool) -> Position:
@@ -386,11 +388,9 @@ class BookKeeperBatchReader(importguard.Guarded, DataSourceReader):
         for name in names:
             if not self.pushed.log_ok(name):
                 continue
-            try:
-                md, _ = logs.get(name)
-            except NoSuchLogError:
+            if not logs.exists(name):
                 if opts.log_pattern is None:
-                    raise BadRequestError(f"option 'log': no log named {name!r}") from None
+                    raise BadRequestError(f"option 'log': no log named {name!r}")
                 continue
             start = resolve_start(logs, name, offset_for(opts.starting, name, EARLIEST),
                                   fail_on_data_loss=opts.fail_on_data_loss,
@@ -398,7 +398,7 @@ class BookKeeperBatchReader(importguard.Guarded, DataSourceReader):
             end_spec = offset_for(opts.ending, name, LATEST)
             end = None if end_spec == LATEST else resolve_start(
                 logs, name, end_spec, fail_on_data_loss=opts.fail_on_data_loss, no_match=LATEST)
-            for lid, first, last, entry in spans(logs, name, md, start, end, opts.fail_on_data_loss,
+            for lid, first, last, entry in spans(logs, name, start, end, opts.fail_on_data_loss,
                                                  self.pushed.ledger_ok):
                 first, last = self.pushed.clip(first, last)
                 for lid2, lo, hi in split_span(opts, lid, first, last, entry, self.fmt):

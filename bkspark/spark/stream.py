@@ -149,10 +149,9 @@ class BookKeeperStreamReader(importguard.Guarded, DataSourceStreamReader,
 
     def _available(self, logs, name: str, start: Position, end: Position | None):
         try:
-            md, _ = logs.get(name)
+            return spans(logs, name, start, end, self.opts.fail_on_data_loss)
         except NoSuchLogError:
             return []
-        return spans(logs, name, md, start, end, self.opts.fail_on_data_loss)
 
     def _cursor(self, offset: dict | None) -> str:
         return self.opts.query_id or (offset or {}).get(CURSOR_KEY) or LEGACY_CURSOR

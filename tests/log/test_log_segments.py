@@ -80,6 +80,21 @@ def test_a_long_log_costs_each_change_and_read_what_it_touches(logs, bk, log_nam
     assert seen["reads"] == 1 + 10
     assert logs.lists(log_name, 40_000) and not logs.lists(log_name, 7)
     assert len(bk.store.get(log_path(log_name))[0]) == len(head_data)
+    # a streaming micro-batch's planning: from a position to the end, reading only that range
+    from bkspark.spark.reader import resolve_start, spans
+    with counted(bk.store) as seen:
+        got = spans(logs, log_name, Position(10_000 + n - 1, 0), None, True)
+        latest = resolve_start(logs, log_name, "latest")
+    assert [(lid, first, last) for lid, first, last, _ in got] == [(10_000 + n - 1, 0, 0), (99, 0, 0)]
+    assert got[-1][3]["offset"] == n and latest == Position(99, 1)
+    assert seen["reads"] <= 12
+    # a reader from a position near the end reads the head and its segments, not the list
+    real = closed_ledger(bk, [b"r0", b"r1"])
+    logs.append_ledgers(log_name, [real])
+    with counted(bk.store) as seen:
+        with logs.open_reader(log_name, Position(real, 0), tail=False) as reader:
+            assert [r.data for r in reader] == [b"r0", b"r1"]
+    assert seen["reads"] <= 25
 
 
 def test_truncation_is_one_small_change_and_its_records_go_in_batches(logs, bk, log_name):
@@ -230,3 +245,18 @@ def closed_ledger(bk, datas):
 def read_all(logs, name):
     with logs.open_reader(name, EARLIEST, tail=False) as reader:
         return [r.data for r in reader]
+
+
+def test_sealing_a_ledger_stamps_the_offsets_listed_after_it(logs, log_name):
+    # a writer may list a new ledger while the one before is still open: the new one's offset
+    # is unknown until that one is sealed, and is stored then
+    logs.create(log_name)
+    append_fake(logs, log_name, [8001])
+    logs.update(log_name, lambda edit: (edit.append(8002, state="open"), edit.append(8003, state="open")))
+    assert [e.get("offset") for e in logs.segments(log_name)] == [0, 1, None]
+    logs.update(log_name, lambda edit: edit.update(8002, **closed(8002, 5)))
+    assert [e.get("offset") for e in logs.segments(log_name)] == [0, 1, 6]
+    append_fake(logs, log_name, [8004])         # (8003 is open: 8004's offset waits for it)
+    logs.update(log_name, lambda edit: edit.update(8003, **closed(8003, 2)))
+    assert [e.get("offset") for e in logs.segments(log_name)] == [0, 1, 6, 8]
+    assert [e["offset"] for e in logs.get(log_name)[0].ledgers] == [0, 1, 6, 8]

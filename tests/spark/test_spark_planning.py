@@ -26,6 +26,25 @@ class FakeLogs:
             raise NoSuchLogError(name)
         return LogMetadata(name, ledgers=self.lists[name]), 0
 
+    def exists(self, name):
+        return name in self.lists
+
+    def bounds(self, name):
+        return 0, len(self.get(name)[0].ledgers)
+
+    def segments(self, name, start=None, stop=None):
+        md = self.get(name)[0].with_offsets()
+        return [dict(e, seq=i) for i, e in enumerate(md.ledgers)][start:stop]
+
+    def next_listed(self, name, after):
+        return next(iter(self.segments(name, after + 1)), None)
+
+    def last_listed(self, name):
+        return next(iter(self.segments(name)[-1:]), None)
+
+    def entry_of(self, name, ledger_id):
+        return next((e for e in self.segments(name) if e["ledger_id"] == ledger_id), None)
+
     def ledger_end(self, entry):
         if entry["state"] == "closed":
             return entry["last_entry_id"]
@@ -45,19 +64,17 @@ def opened(lid):
 
 def test_spans_cross_ledgers_and_stop_at_end():
     logs = FakeLogs({"a": [closed(1, 5), closed(2, 0), opened(3)]}, lac={3: 6})
-    md, _ = logs.get("a")
-    assert [s[:3] for s in spans(logs, "a", md, Position(1, 3), None, True)] == [(1, 3, 4), (3, 0, 6)]
-    assert [s[:3] for s in spans(logs, "a", md, Position(-1, 0), Position(3, 2), True)] == \
+    assert [s[:3] for s in spans(logs, "a", Position(1, 3), None, True)] == [(1, 3, 4), (3, 0, 6)]
+    assert [s[:3] for s in spans(logs, "a", Position(-1, 0), Position(3, 2), True)] == \
         [(1, 0, 4), (3, 0, 1)]
-    assert spans(logs, "a", md, Position(3, 7), None, True) == []
+    assert spans(logs, "a", Position(3, 7), None, True) == []
 
 
 def test_spans_data_loss():
     logs = FakeLogs({"a": [closed(4, 2)]})
-    md, _ = logs.get("a")
     with pytest.raises(DataLossError, match="failOnDataLoss"):
-        spans(logs, "a", md, Position(1, 0), None, True)
-    assert [s[:3] for s in spans(logs, "a", md, Position(1, 0), None, False)] == [(4, 0, 1)]
+        spans(logs, "a", Position(1, 0), None, True)
+    assert [s[:3] for s in spans(logs, "a", Position(1, 0), None, False)] == [(4, 0, 1)]
 
 
 @pytest.fixture

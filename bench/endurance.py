@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""A log under a streaming-like commit load for a long time: does any cost climb with age?
+
+Prints figures, not pass/fail (issue 30, item 5). A real ZooKeeper and 3 real bookies are
+started in a temp dir; ``--writers`` threads each commit, in a loop, 1-4 new closed ledgers
+of a few small entries to one log with ``LogStore.append_ledgers`` under an idempotency key
+(writer id, sequence) -- what each micro-batch of a streaming query does. A retention rule
+keeps the last ``--keep-minutes`` of commits: every ``--retention-every`` seconds the log is
+truncated (``LogStore.truncate(force=True)``) before the oldest ledger committed within that
+window, and the truncated ledgers are deleted, so the log's length, the bookies' data and
+ZooKeeper's data should stop growing once it starts cutting.
+
+Printed per 10% of the commits: commit latency p50/p99 (the ``append_ledgers`` call: closed
+ledgers' metadata reads, one metadata transaction), the log head record's size, the log's
+metadata records (segments + ledger-index records), the bookies' RSS (sum) and disk use,
+ZooKeeper's data directory size, and the load average. Targets (issue 30): commit p99 of the
+last 10% within 1.2x of the first 10%; head size constant; bookie disk and RAM flat once
+retention cuts.
+
+    python3 bench/endurance.py                          # 200,000 commits (hours on 2 vCPUs)
+    python3 bench/endurance.py --commits 20000 --keep-minutes 1
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bkspark.client import BookKeeper  # noqa: E402
+from bkspark.log import LogStore, Position  # noqa: E402
+from bkspark.localcluster import LocalCluster  # noqa: E402
+from metadata import log_segments  # noqa: E402
+from metadata.layout import log_path  # noqa: E402
+from metadata.testing import ZooKeeperServer, unique_root  # noqa: E402
+
+
+def rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def du(path: str) -> int:
+    out = subprocess.run(["du", "-sb", path], capture_output=True, text=True)
+    return int(out.stdout.split()[0]) if out.returncode == 0 and out.stdout else 0
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    v = sorted(values)
+    return v[min(len(v) - 1, int(q * len(v)))]
+
+
+class Run:
+    def __init__(self, args, logs: LogStore, bk: BookKeeper):
+        self.args, self.logs, self.bk = args, logs, bk
+        self.lock = threading.Lock()
+        self.done = 0
+        self.latencies: list[float] = []            # of the current tenth
+        self.committed: deque = deque()              # (commit time, ledger id), in log order
+        self.errors: list[str] = []
+        self.stop = threading.Event()
+
+    def writer(self, w: int) -> None:
+        rng = random.Random(w)
+        started = int(time.time() * 1000)
+        seq = 0
+        while not self.stop.is_set():
+            with self.lock:
+                if self.done >= self.args.commits:
+                    return
+            ids = []
+            for _ in range(rng.randint(1, 4)):
+                lh = self.bk.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2, password=b"")
+                for i in range(rng.randint(2, 5)):
+                    lh.append(b"w%d-s%d-e%d-" % (w, seq, i) + b"x" * self.args.entry_size)
+                lh.close()
+                ids.append(lh.ledger_id)
+            t0 = time.perf_counter()
+            try:
+                self.logs.append_ledgers(self.args.log, ids, writer_id=f"writer-{w}", sequence=seq,
+                                         writer_started_ms=started)
+            except Exception as exc:  # noqa: BLE001 - reported at the end
+                self.errors.append(f"writer {w} seq {seq}: {type(exc).__name__}: {exc}")
+                self.stop.set()
+                return
+            dt = time.perf_counter() - t0
+            now = time.monotonic()
+            with self.lock:
+                self.done += 1
+                self.latencies.append(dt)
+                self.committed.extend((now, lid) for lid in ids)
+            seq += 1
+
+    def retention(self) -> None:
+        keep = self.args.keep_minutes * 60
+        while not self.stop.wait(self.args.retention_every):
+            horizon = time.monotonic() - keep
+            with self.lock:
+                cut = None
+                while len(self.committed) > 1 and self.committed[0][0] < horizon:
+                    self.committed.popleft()
+                    cut = self.committed[0][1]
+            if cut is None:
+                continue
+            try:
+                self.logs.truncate(self.args.log, Position(cut, 0), force=True)
+            except Exception as exc:  # noqa: BLE001
+                self.errors.append(f"retention: {type(exc).__name__}: {exc}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--commits", type=int, default=200_000)
+    ap.add_argument("--writers", type=int, default=4)
+    ap.add_argument("--entry-size", type=int, default=64)
+    ap.add_argument("--keep-minutes", type=float, default=5.0)
+    ap.add_argument("--retention-every", type=float, default=10.0)
+    ap.add_argument("--log", default="endurance")
+    ap.add_argument("--dir", default=None, help="parent of the temp dir (default $TMPDIR or /tmp)")
+    args = ap.parse_args()
+    root = tempfile.mkdtemp(prefix="bks-endurance-", dir=args.dir)
+    zk = ZooKeeperServer()
+    zk.start()
+    uri = zk.uri(unique_root("endurance"))
+    print(f"bkspark endurance: {args.commits:,} commits of 1-4 ledgers x 2-5 entries of "
+          f"{args.entry_size} B, {args.writers} writers (idempotency keys), retention keeps "
+          f"{args.keep_minutes:g} min (cut every {args.retention_every:g} s); ZooKeeper "
+          f"{zk.address}, 3 bookies, E=3 Qw=2 Qa=2; cpus={os.cpu_count()}", flush=True)
+    try:
+        with LocalCluster(uri, 3, os.path.join(root, "bookies")) as cluster, BookKeeper(uri) as bk:
+            logs = LogStore(bk)
+            logs.create(args.log)
+            run = Run(args, logs, bk)
+            threads = [threading.Thread(target=run.writer, args=(w,), daemon=True) for w in range(args.writers)]
+            cutter = threading.Thread(target=run.retention, daemon=True)
+            for t in threads + [cutter]:
+                t.start()
+            t_start = time.monotonic()
+            print(f"{'done':>8} {'elapsed':>8} {'p50 ms':>8} {'p99 ms':>8} {'head B':>7} "
+                  f"{'records':>8} {'ledgers':>8} {'bookie RSS MB':>13} {'bookie disk MB':>14} "
+                  f"{'zk data MB':>10}  load", flush=True)
+            step = max(1, args.commits // 10)
+            mark = step
+            while any(t.is_alive() for t in threads):
+                time.sleep(0.5)
+                with run.lock:
+                    done = run.done
+                if done < mark and any(t.is_alive() for t in threads):
+                    continue
+                with run.lock:
+                    lat, run.latencies = run.latencies, []
+                mark += step
+                head, _ = bk.store.get(log_path(args.log))
+                records = len(bk.store.children(log_segments.segments_path(args.log))) + \
+                    len(bk.store.children(log_segments.ledgers_index_path(args.log)))
+                first, nxt = logs.bounds(args.log)
+                rss = sum(rss_bytes(b.proc.pid) for b in cluster.bookies if b.alive)
+                disk = sum(du(b.dir) for b in cluster.bookies)
+                print(f"{done:>8,} {time.monotonic() - t_start:>7.0f}s {pct(lat, .5) * 1e3:>8.1f} "
+                      f"{pct(lat, .99) * 1e3:>8.1f} {len(head):>7} {records:>8,} {nxt - first:>8,} "
+                      f"{rss / 1e6:>13.0f} {disk / 1e6:>14.0f} {du(zk.dir) / 1e6:>10.1f}  "
+                      f"{os.getloadavg()[0]:.1f}", flush=True)
+            run.stop.set()
+            cutter.join(30)
+            if run.errors:
+                print("errors:", *run.errors[:10], sep="\n  ")
+    finally:
+        zk.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
