@@ -71,19 +71,44 @@ def read_head(store, name: str, *, settle: bool = False) -> tuple[bytes, int]:
     return store.get(path)
 
 
-def read_segments(store, name: str, start: int, stop: int) -> list[dict]:
-    """The segment records ``start .. stop-1`` (all must exist: callers read within a head's
-    bounds after reading the head)."""
+class ListChangedError(BadVersionError):
+    """Segment records a reader expected from the head it read are gone: a change committed
+    since (a truncation, whose leftovers were removed) -- read the head again. (A
+    BadVersionError, so the update loop takes it as the conflict it is.)"""
+
+
+def read_segments(store, name: str, start: int, stop: int, *, missing_ok: bool = False) -> list[dict]:
+    """The segment records ``start .. stop-1``, which the head the caller read lists
+    (``missing_ok``: those still there).
+
+    :raises ListChangedError: some are gone (removed by a change since that head)."""
     if stop <= start:
         return []
     got = store.get_many([segment_path(name, s) for s in range(start, stop)])
     out = []
     for seq, item in zip(range(start, stop), got):
+        if item is None and missing_ok:
+            continue
         if item is None:
-            raise MetadataError(f"log {name}: segment {seq} is missing though the head lists "
-                                f"{start}..{stop - 1} (metadata damaged)")
+            raise ListChangedError(f"log {name}: segment {seq} is gone though the head read "
+                                   f"lists {start}..{stop - 1}: the log changed meanwhile")
         out.append(decode_segment(item[0], seq))
     return out
+
+
+def reread(fn: Callable, attempts: int = 20):
+    """``fn()``, again while the list changes under it (:class:`ListChangedError`); after
+    ``attempts`` the records are taken to be damaged."""
+    for _ in range(attempts - 1):
+        try:
+            return fn()
+        except ListChangedError:
+            continue
+    try:
+        return fn()
+    except ListChangedError as exc:
+        raise MetadataError(f"{exc} -- still after {attempts} re-reads: the log's metadata is "
+                            "damaged (a segment record the head lists is missing)") from None
 
 
 def listed(entry: dict) -> bool:

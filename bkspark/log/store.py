@@ -102,10 +102,14 @@ class LogStore:
         """The whole list of a log as (metadata, head version); NoSuchLogError if it does not
         exist. The list comes from this store's copy, brought up to date from the head (one
         read, plus the segments that changed)."""
-        head, version = self._head(name)
+        def read():
+            head, version = self._head(name)
+            if isinstance(head, LogMetadata):
+                return head, version, None
+            return head, version, self._lists.entries(self.store, name, head)
+        head, version, entries = seg.reread(read)
         if isinstance(head, LogMetadata):
             return head, version
-        entries = self._lists.entries(self.store, name, head)
         return LogMetadata(name=name, ledgers=[{k: v for k, v in e.items() if k != "seq"} for e in entries],
                            writers={w: k["seq"] for w, k in head.writers.items()},
                            properties=dict(head.properties)), version
@@ -113,12 +117,14 @@ class LogStore:
     def segments(self, name: str, start: int | None = None, stop: int | None = None) -> list[dict]:
         """The list entries of segments ``start .. stop-1`` (default: all listed), each with
         its ``seq``, read without reading the rest of the list."""
-        head, _ = self._head(name)
-        if isinstance(head, LogMetadata):
-            return [dict(e, seq=i) for i, e in enumerate(head.with_offsets().ledgers)][start:stop]
-        lo = head.first if start is None else max(head.first, start)
-        hi = head.next if stop is None else min(head.next, stop)
-        return [e for e in seg.read_segments(self.store, name, lo, hi) if seg.listed(e)]
+        def read():
+            head, _ = self._head(name)
+            if isinstance(head, LogMetadata):
+                return [dict(e, seq=i) for i, e in enumerate(head.with_offsets().ledgers)][start:stop]
+            lo = head.first if start is None else max(head.first, start)
+            hi = head.next if stop is None else min(head.next, stop)
+            return [e for e in seg.read_segments(self.store, name, lo, hi) if seg.listed(e)]
+        return seg.reread(read)
 
     def view(self, name: str) -> tuple[int, int, int]:
         """``(first, next, version)``: the list is the segments ``first .. next-1`` (some may
@@ -267,8 +273,11 @@ class LogStore:
             head = LogHead.deserialize(data)
             if not head.properties.get(seg.DELETED):
                 raise BadRequestError(f"log {name} is not being deleted")
-            gone = seg.read_segments(self.store, name, head.gc, head.next)
+            # (an interrupted deletion may have removed some already; its ledgers went first)
+            gone = seg.read_segments(self.store, name, head.gc, head.next, missing_ok=True)
             ids = [e["ledger_id"] for e in gone if e["seq"] >= head.first and seg.listed(e)]
+            self._delete_ledgers(ids)
+            ids = []
             for e in gone:
                 self._delete_node(segment_path(name, e["seq"]))
                 self._delete_node(ledger_index_path(name, e["ledger_id"]))

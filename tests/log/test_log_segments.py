@@ -260,3 +260,25 @@ def test_sealing_a_ledger_stamps_the_offsets_listed_after_it(logs, log_name):
     logs.update(log_name, lambda edit: edit.update(8003, **closed(8003, 2)))
     assert [e.get("offset") for e in logs.segments(log_name)] == [0, 1, 6, 8]
     assert [e["offset"] for e in logs.get(log_name)[0].ledgers] == [0, 1, 6, 8]
+
+
+def test_a_read_racing_a_truncation_reads_the_head_again(logs, bk, log_name):
+    # the reader read the head, then a truncation committed and removed the records it was
+    # about to read: it reads the head again instead of calling the metadata damaged
+    from bkspark.log import LogStore
+    logs.create(log_name)
+    append_fake(logs, log_name, range(9000, 9100))
+    other, store, fired = LogStore(bk, password=b"pw"), bk.store, []
+    original = store.get_many
+
+    def racing(paths, *a, **k):
+        if not fired and any("/segments/" in p for p in paths):
+            fired.append(paths[0])
+            other.update(log_name, lambda edit: edit.truncate_before(edit.entry(9090)["seq"]))
+        return original(paths, *a, **k)
+    store.get_many = racing
+    try:
+        md, _ = LogStore(bk, password=b"pw").get(log_name)
+    finally:
+        store.__dict__.pop("get_many", None)
+    assert fired and md.ledger_ids() == list(range(9090, 9100))
