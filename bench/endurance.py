@@ -119,7 +119,8 @@ class Run:
             if cut is None:
                 continue
             try:
-                self.logs.truncate(self.args.log, Position(cut, 0), force=True)
+                removed = self.logs.truncate(self.args.log, Position(cut, 0), force=True)
+                print(f"  retention: cut before ledger {cut}: {len(removed)} ledgers", flush=True)
             except Exception as exc:  # noqa: BLE001
                 self.errors.append(f"retention: {type(exc).__name__}: {exc}")
 

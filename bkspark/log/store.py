@@ -370,7 +370,12 @@ class LogStore:
                                     lambda d: LogMetadata.deserialize(d).ledger_ids(), candidates,
                                     what=f"log {name}: cleanup of unlisted ledgers")
             head = LogHead.deserialize(data)
-            absent = {lid for lid in candidates if seg.lookup(self.store, name, head, lid) is None}
+            # (their index records in one pipelined read: an attempt must be quick, or commits
+            # racing for the head starve it)
+            ids = sorted(candidates)
+            index = self.store.get_many([ledger_index_path(name, lid) for lid in ids])
+            absent = {lid for lid, item in zip(ids, index)
+                      if seg.lookup(self.store, name, head, lid, item) is None}
             if not absent:
                 return absent
             try:
@@ -515,25 +520,31 @@ class LogStore:
 
         Refuses (BadRequestError) to pass the slowest durable cursor unless ``force``.
         """
+        # what the change needs is read once, before it: under a steady stream of commits an
+        # attempt must be as quick as theirs or it keeps losing the race for the head
+        target = self.entry_of(name, before.ledger_id)
+        if target is None:
+            raise BadRequestError(f"log {name} has no ledger {before.ledger_id}")
+        cut = target["seq"]
+        if not force:
+            for cursor, position in self.cursors(name).items():
+                at = self.entry_of(name, position.ledger_id)
+                if at is not None and at["seq"] < cut:
+                    raise BadRequestError(
+                        f"truncating log {name} before {before} would pass cursor {cursor!r} at "
+                        f"{position}; move the cursor or use force=True")
         candidates: dict[int, None] = {}        # in list order
+        known: dict[int, int | None] = {}       # seq -> its listed ledger (None: unlisted)
 
         def change(edit: seg.LogEdit) -> None:
-            target = edit.entry(before.ledger_id)
-            if target is None:
-                raise BadRequestError(f"log {name} has no ledger {before.ledger_id}")
-            cut = target["seq"]
-            if not force:
-                for cursor, position in self.cursors(name).items():
-                    at = edit.entry(position.ledger_id)
-                    if at is not None and at["seq"] < cut:
-                        raise BadRequestError(
-                            f"truncating log {name} before {before} would pass cursor {cursor!r} at "
-                            f"{position}; move the cursor or use force=True")
-            removed = [e["ledger_id"] for e in seg.read_segments(self.store, name, edit.head.first, cut)
-                       if seg.listed(e)]
-            candidates.update(dict.fromkeys(removed))
-            if cut == edit.head.first:
+            if cut <= edit.head.first:
                 raise NoChange()
+            todo = [q for q in range(edit.head.first, cut) if q not in known]
+            if todo:
+                for e in seg.read_segments(self.store, name, todo[0], todo[-1] + 1):
+                    known[e["seq"]] = e["ledger_id"] if seg.listed(e) else None
+            candidates.update(dict.fromkeys(known[q] for q in range(edit.head.first, cut)
+                                            if known.get(q) is not None))
             edit.truncate_before(cut)
 
         self.update(name, change)
@@ -542,14 +553,18 @@ class LogStore:
         deleted = set(self.delete_unreferenced(name, candidates))
         return [lid for lid in candidates if lid in deleted]
 
-    def _delete_ledgers(self, ledger_ids) -> None:
-        for lid in ledger_ids:
-            try:
-                self.bk.delete_ledger(lid)
-            except errors.NoSuchLedgerError:
-                pass
-            except errors.BKError as exc:   # the bookies' GC removes data of deleted metadata
-                log.warning("could not delete ledger %d: %s", lid, exc)
+    def _delete_ledgers(self, ledger_ids, window: int = 32) -> None:
+        """Delete ledgers (their metadata: the bookies' GC removes the data), ``window`` at a
+        time -- each is a metadata write of its own, and a truncation may cut thousands."""
+        ids = list(ledger_ids)
+        for i in range(0, len(ids), window):
+            for lid, future in [(lid, self.bk.delete_ledger_async(lid)) for lid in ids[i:i + window]]:
+                try:
+                    future.result()
+                except errors.NoSuchLedgerError:
+                    pass
+                except errors.BKError as exc:
+                    log.warning("could not delete ledger %d: %s", lid, exc)
 
     # ---- positions ------------------------------------------------------------------------
 
