@@ -448,47 +448,66 @@ class SegmentCache:
 
 def convert_v1(store, name: str, data: bytes, version: int) -> None:
     """Convert a format-1 record read at ``version`` (module docstring). Returns once the
-    record is a head (this conversion's or another's); a change of the format-1 record
-    meanwhile makes the caller read it again and come back."""
+    record is a head (this conversion's or another's), or when the format-1 record changed
+    meanwhile (the caller reads it again and comes back). Every record is written by a
+    transaction that also checks the format-1 record is still at ``version``: a conversion
+    that read an older record (another client's, slower) can never overwrite or remove what
+    a newer one wrote."""
     v1 = LogMetadata.deserialize(data).with_offsets()
+    path = log_path(name)
     for parent in (segments_path(name), ledgers_index_path(name)):
         try:
             store.create(parent, b"")
         except NodeExistsError:
             pass
     entries = [dict(e, seq=i) for i, e in enumerate(v1.ledgers)]
-    for i in range(0, len(entries), 200):
-        _put_records(store, name, entries[i:i + 200])
-    # leftovers of an earlier attempt beyond this list (it was longer then)
-    seq = len(entries)
-    while True:
-        try:
-            store.delete(segment_path(name, seq))
-            seq += 1
-        except NoNodeError:
-            break
-    props = dict(v1.properties)
-    t = now_ms()
-    writers = {wid: {"seq": s, "t": t, "epoch": props.pop(f"epoch:{wid}", None)}
-               for wid, s in v1.writers.items()}
-    head = LogHead(name=name, uid=new_stamp(), first=0, next=len(entries), gc=0, rev=0,
-                   writers=writers, properties=props, stamp=new_stamp())
     try:
-        store.set(log_path(name), head.serialize(), version=version)
+        for i in range(0, len(entries), 100):
+            _put_records(store, path, version, name, entries[i:i + 100])
+        _remove_leftovers(store, path, version, name, len(entries))
+        props = dict(v1.properties)
+        t = now_ms()
+        writers = {wid: {"seq": s, "t": t, "epoch": props.pop(f"epoch:{wid}", None)}
+                   for wid, s in v1.writers.items()}
+        head = LogHead(name=name, uid=new_stamp(), first=0, next=len(entries), gc=0, rev=0,
+                       writers=writers, properties=props, stamp=new_stamp())
+        store.set(path, head.serialize(), version=version)
         log.info("log %s converted from format 1 (one record, %d ledgers) to format 2 (head + "
                  "one record per ledger)", name, len(entries))
-    except (BadVersionError, NoNodeError):
-        pass                    # changed (or converted, or deleted) meanwhile: read again
-    except MetadataConnectionError:
-        pass                    # settled by the caller's next read (a head, or format 1)
+    except (BadVersionError, NoNodeError, NodeExistsError, MetadataConnectionError):
+        pass    # changed, converted or deleted meanwhile, or no answer: the caller reads again
 
 
-def _put_records(store, name: str, entries: list[dict]) -> None:
-    """Write segment and index records (create, or overwrite a leftover), idempotently."""
+def _put_records(store, path: str, version: int, name: str, entries: list[dict]) -> None:
+    """Write segment and index records (create, or overwrite a leftover of an earlier
+    attempt) in one transaction checking the format-1 record at ``version``."""
+    records = []
     for entry in entries:
-        for path, data in ((segment_path(name, entry["seq"]), encode_segment(entry)),
-                           (ledger_index_path(name, entry["ledger_id"]), str(entry["seq"]).encode())):
-            try:
-                store.create(path, data, makepath=False)
-            except NodeExistsError:
-                store.set(path, data)
+        records.append((segment_path(name, entry["seq"]), encode_segment(entry)))
+        records.append((ledger_index_path(name, entry["ledger_id"]), str(entry["seq"]).encode()))
+    there = store.get_many([p for p, _ in records])
+    txn = store.transaction()
+    txn.check(path, version)
+    for (p, data), old in zip(records, there):
+        if old is None:
+            txn.create(p, data, makepath=False)
+        else:
+            txn.set(p, data, version=old[1])
+    txn.commit()
+
+
+def _remove_leftovers(store, path: str, version: int, name: str, start: int) -> None:
+    """Remove segment records from ``start`` on (an earlier attempt's, when the list was
+    longer), checking the format-1 record at ``version``."""
+    while True:
+        chunk = list(range(start, start + 100))
+        there = [q for q, old in zip(chunk, store.get_many([segment_path(name, q) for q in chunk]))
+                 if old is not None]
+        if not there:
+            return
+        txn = store.transaction()
+        txn.check(path, version)
+        for q in there:
+            txn.delete(segment_path(name, q))
+        txn.commit()
+        start += 100

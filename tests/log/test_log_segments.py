@@ -14,6 +14,7 @@ from bkspark.log import segments as seg
 from metadata import log_segments as ls
 from metadata.layout import log_path
 from metadata.log_metadata import LogMetadata
+from metadata.testing import lost_answers
 
 
 def closed(lid, n=1):
@@ -157,8 +158,9 @@ def test_conversion_interrupted_before_the_head_is_set_is_redone(logs, bk, log_n
     store.create(log_path(log_name), v1.serialize())
     data, version = store.get(log_path(log_name))
     # the first attempt wrote every record, then died before the head's compare-and-set
-    seg.convert_v1(store, log_name, data, version + 7)          # (its set fails: a wrong version)
-    assert len(store.children(ls.segments_path(log_name))) == 5
+    with lost_answers(store, lambda op, p: op == "set" and p == log_path(log_name), applied=False) as lost:
+        seg.convert_v1(store, log_name, data, version)
+    assert lost.lost and len(store.children(ls.segments_path(log_name))) == 5
     assert ls.format_version(store.get(log_path(log_name))[0]) == 1
     # meanwhile an old client truncates the format-1 list
     store.set(log_path(log_name), v1.without_ledgers([700, 701]).serialize(), version=version)
@@ -282,3 +284,21 @@ def test_a_read_racing_a_truncation_reads_the_head_again(logs, bk, log_name):
     finally:
         store.__dict__.pop("get_many", None)
     assert fired and md.ledger_ids() == list(range(9090, 9100))
+
+
+def test_a_stale_conversion_changes_nothing_a_newer_one_wrote(logs, bk, log_name):
+    # two clients convert: B read the format-1 record before it changed, A after; A converts
+    # first, then B runs -- every write of B checks its (old) version, so none lands
+    store = bk.store
+    v1 = LogMetadata(log_name)
+    for lid in range(710, 715):
+        v1 = v1.with_ledger(lid, **closed(lid))
+    store.create(log_path(log_name), v1.serialize())
+    stale, stale_version = store.get(log_path(log_name))
+    store.set(log_path(log_name), v1.without_ledgers([710, 711]).serialize(), version=stale_version)
+    assert logs.convert(log_name) is True                                  # A
+    seg.convert_v1(store, log_name, stale, stale_version)                  # B
+    assert logs.get(log_name)[0].ledger_ids() == [712, 713, 714]
+    assert len(store.children(ls.segments_path(log_name))) == 3
+    append_fake(logs, log_name, [715])
+    assert logs.get(log_name)[0].ledger_ids() == [712, 713, 714, 715]
