@@ -150,12 +150,18 @@ def test_format1_log_is_read_as_is_and_converted_on_first_write(logs, bk, log_na
     assert read_all(logs, log_name) == [b"a%d" % i for i in range(3)] * 3 + [b"b"]
 
 
+def write_format1(store, name, ids):
+    """A log record as the format-1 code writes it, listing closed fake ledgers ``ids``."""
+    v1 = LogMetadata(name)
+    for lid in ids:
+        v1 = v1.with_ledger(lid, **closed(lid))
+    store.create(log_path(name), v1.serialize())
+    return v1
+
+
 def test_conversion_interrupted_before_the_head_is_set_is_redone(logs, bk, log_name):
     store = bk.store
-    v1 = LogMetadata(log_name)
-    for lid in range(700, 705):
-        v1 = v1.with_ledger(lid, **closed(lid))
-    store.create(log_path(log_name), v1.serialize())
+    v1 = write_format1(store, log_name, range(700, 705))
     data, version = store.get(log_path(log_name))
     # the first attempt wrote every record, then died before the head's compare-and-set
     with lost_answers(store, lambda op, p: op == "set" and p == log_path(log_name), applied=False) as lost:
@@ -290,10 +296,7 @@ def test_a_stale_conversion_changes_nothing_a_newer_one_wrote(logs, bk, log_name
     # two clients convert: B read the format-1 record before it changed, A after; A converts
     # first, then B runs -- every write of B checks its (old) version, so none lands
     store = bk.store
-    v1 = LogMetadata(log_name)
-    for lid in range(710, 715):
-        v1 = v1.with_ledger(lid, **closed(lid))
-    store.create(log_path(log_name), v1.serialize())
+    v1 = write_format1(store, log_name, range(710, 715))
     stale, stale_version = store.get(log_path(log_name))
     store.set(log_path(log_name), v1.without_ledgers([710, 711]).serialize(), version=stale_version)
     assert logs.convert(log_name) is True                                  # A
