@@ -115,7 +115,7 @@ class BookieProcess:
 
     def __init__(self, index: int, metadata_uri: str, data_dir: str, extra_args: list[str],
                  address: str = "127.0.0.1", launcher: list[str] | None = None,
-                 listen_all: bool = False):
+                 listen_all: bool = False, retention_interval: float = 0.0):
         self.index = index
         self.ever_ready = False
         self.address = address
@@ -267,7 +267,7 @@ class LocalCluster:
     def __init__(self, metadata_uri: str | None = None, num_bookies: int = 3,
                  data_dir: str = "./data", extra_args: list[str] | None = None,
                  start_timeout: float = 60.0, publish: bool = False, placement=None,
-                 listen_all: bool = False):
+                 listen_all: bool = False, retention_interval: float = 0.0):
         self.data_dir = os.path.abspath(data_dir)
         os.makedirs(self.data_dir, exist_ok=True)
         self.records = ClusterDir(self.data_dir)
@@ -280,6 +280,9 @@ class LocalCluster:
         self._is_default = False
         self.placement = placement or (lambda i: ("127.0.0.1", []))
         self.listen_all = listen_all
+        self.retention_interval = retention_interval
+        self.retention = None           # the RetentionService while the cluster runs
+        self._retention_bk = None
         self.bookies = [self._bookie(i) for i in range(num_bookies)]
 
     def _bookie(self, i: int) -> BookieProcess:
@@ -321,11 +324,29 @@ class LocalCluster:
             self.records.release()
             raise
         self.records.publish(self.metadata_uri, self.bookie_ids)
+        if self.retention_interval > 0:
+            self._start_retention()
         if self.publish:
             self.default_elsewhere = claim_default(self.records)
             self._is_default = self.default_elsewhere is None
 
+    def _start_retention(self) -> None:
+        from bkspark.client import BookKeeper
+        from bkspark.recovery.retention import RetentionService
+        self._retention_bk = BookKeeper(self.metadata_uri)
+        self.retention = RetentionService(self._retention_bk, f"localcluster:{os.getpid()}",
+                                          self.retention_interval).start()
+
+    def _stop_retention(self) -> None:
+        if self.retention is not None:
+            self.retention.stop()
+            self.retention = None
+        if self._retention_bk is not None:
+            self._retention_bk.close()
+            self._retention_bk = None
+
     def stop_all(self) -> None:
+        self._stop_retention()
         for bookie in self.bookies:
             bookie.signal(signal.SIGCONT)
             bookie.signal(signal.SIGTERM)

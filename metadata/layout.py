@@ -13,6 +13,7 @@ so operators find what BookKeeper puts there:
 ``/ledgers/idgen``                     ledger-id counter
 ``/ledgers/underreplication/...``      ledgers/, locks/, auditorelection/, disable
 ``/ledgers/logs/<name>``               bkspark logs (head; segments/, ledgers/, cursors/)
+``/ledgers/logs-retention/election``   the process applying logs' retention policies
 =====================================  ===================================================
 
 The ledger hierarchy sits directly under the root, as in BookKeeper; its top-level
@@ -38,6 +39,8 @@ UR_LOCKS = UNDERREPLICATION + "/locks"
 AUDITOR_ELECTION = UNDERREPLICATION + "/auditorelection"
 UR_DISABLE = UNDERREPLICATION + "/disable"
 LOST_BOOKIE_RECOVERY_DELAY = UNDERREPLICATION + "/lostBookieRecoveryDelay"
+#: election of the one process that applies logs' retention policies
+RETENTION_ELECTION = LOGS + "-retention/election"
 #: where the ledger hierarchy starts ("" = directly under the store root, like BookKeeper)
 LEDGERS_ROOT = ""
 
@@ -46,7 +49,8 @@ LAYOUT_NODES = (AVAILABLE, READONLY, COOKIES, LOGS, UNDERREPLICATION, UR_LEDGERS
                 AUDITOR_ELECTION)
 #: node names directly under the root that are not part of the ledger hierarchy
 RESERVED_NAMES = frozenset(p.strip("/").split("/")[0] for p in (
-    AVAILABLE, COOKIES, INSTANCEID, LAYOUT, IDGEN, LOGS, UNDERREPLICATION)) | {"idgen-long"}
+    AVAILABLE, COOKIES, INSTANCEID, LAYOUT, IDGEN, LOGS, UNDERREPLICATION,
+    RETENTION_ELECTION)) | {"idgen-long"}
 
 SHORT_ID_LIMIT = 10 ** 10
 MAX_LEDGER_ID = 2 ** 63 - 1

@@ -33,6 +33,14 @@ Rules (every reader and writer relies on them):
   ``first .. next-1``, or whose segment names another ledger, is a leftover: the ledger is not
   listed.
 
+Stamps of a segment (set by the change that lists it or seals it, never changed after):
+``offset`` -- the log offset of its first entry; ``byte_offset`` -- the sum of the byte
+lengths of the ledgers listed before it (only differences between two segments of one list
+mean anything: a list whose older segments predate the stamp starts a new base at 0);
+``closed_ms`` -- when the list first recorded it closed (wall clock, ms). They make a log's
+size, entry count and the age of its oldest ledgers two reads away, whatever its length
+(:mod:`bkspark.log.retention`).
+
 Idempotency keys are bounded (:func:`expire_writers`): a key is kept while it is among the
 :data:`WRITER_KEYS_MAX` most recently used and younger than :data:`WRITER_KEY_MAX_AGE_MS`
 (Kafka's producer-id expiry); ``expired.t`` is the newest commit time of any key that expired.
@@ -215,6 +223,25 @@ def next_offset(entry: dict | None) -> int | None:
     if count is None or not _is_int(entry.get("offset")):
         return None
     return entry["offset"] + count
+
+
+def next_byte_offset(entry: dict | None) -> int | None:
+    """The ``byte_offset`` of the ledger listed after ``entry`` (0 for an empty list); None
+    while ``entry`` is open. After a closed segment without the stamp (listed before stamps
+    existed) a new base starts at 0."""
+    if entry is None:
+        return 0
+    if entry.get("state") != "closed" or not _is_int(entry.get("length")):
+        return None
+    if not _is_int(entry.get("byte_offset")):
+        return 0
+    return entry["byte_offset"] + entry["length"]
+
+
+def stamp_closed(entry: dict, now: int) -> None:
+    """Record when the list first holds ``entry`` closed (its ``closed_ms``)."""
+    if entry.get("state") == "closed" and "closed_ms" not in entry:
+        entry["closed_ms"] = now
 
 
 def may_be_expired(head: LogHead, writer_id: str, started_ms: int | None) -> bool:

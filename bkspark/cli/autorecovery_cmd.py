@@ -28,6 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--retry-backoff", type=float, default=5.0)
     parser.add_argument("--session-timeout", type=float, default=10.0,
                         help="metadata session timeout: a dead auditor is replaced after it")
+    parser.add_argument("--retention-interval", type=float, default=60.0,
+                        help="seconds between passes applying the logs' retention policies "
+                             "(default 60; 0 = not in this process). One process of the "
+                             "cluster applies them (elected)")
     parser.add_argument("--no-auditor", action="store_true", help="run only the worker")
     parser.add_argument("--no-worker", action="store_true", help="run only the auditor")
     parser.add_argument("--id", default=None, help="identifier shown by `shell whoisauditor`")
@@ -38,7 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args):
     """The AutoRecoveryConfig of the flags (BadRequestError naming a bad client setting)."""
+    from bkspark.errors import BadRequestError
     from bkspark.recovery.service import AutoRecoveryConfig
+    if args.retention_interval < 0:
+        raise BadRequestError(f"--retention-interval {args.retention_interval}: give seconds "
+                              "between passes, or 0 to leave retention to another process")
     return AutoRecoveryConfig(
         lost_bookie_recovery_delay=args.lost_bookie_recovery_delay,
         audit_interval=args.audit_interval,
@@ -46,6 +54,7 @@ def config_from_args(args):
         open_ledger_grace=args.open_ledger_grace, worker_threads=args.worker_threads,
         retry_backoff=args.retry_backoff, session_timeout=args.session_timeout,
         run_auditor=not args.no_auditor, run_worker=not args.no_worker,
+        retention_interval=args.retention_interval,
         client=client_args.client_settings(args))
 
 

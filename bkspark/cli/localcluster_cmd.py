@@ -25,6 +25,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", default="./bkspark-data",
                         help="where the cluster keeps its data; starting again on the same "
                              "directory restarts the same bookies (same ids and ports)")
+    parser.add_argument("--retention-interval", type=float, default=60.0,
+                        help="seconds between passes applying the logs' retention policies "
+                             "(default 60; 0 = none here, e.g. when `bkspark autorecovery` "
+                             "runs against this cluster)")
     parser.add_argument("--bookie-arg", action="append", default=[],
                         help="extra flag passed to every bookie, e.g. --bookie-arg=--write-cache-mb=32")
     mode = parser.add_mutually_exclusive_group()
@@ -73,6 +77,7 @@ def _argv(args: argparse.Namespace) -> list[str]:
     argv = ["localcluster", "--bookies", str(args.bookies), "--data-dir", args.data_dir]
     if args.metadata:
         argv += ["--metadata", args.metadata]
+    argv += ["--retention-interval", str(args.retention_interval)]
     return argv + [f"--bookie-arg={a}" for a in args.bookie_arg]
 
 
@@ -101,11 +106,16 @@ def run(args: argparse.Namespace) -> int:
     if args.bookies < 1:
         print("bkspark localcluster: --bookies must be at least 1", file=sys.stderr)
         return 2
+    if args.retention_interval < 0:
+        print("bkspark localcluster: --retention-interval must be >= 0 seconds (0: no "
+              "retention service)", file=sys.stderr)
+        return 2
     if args.stop:
         return _stop(args)
     if args.background:
         return _background(args)
-    cluster = LocalCluster(args.metadata, args.bookies, args.data_dir, args.bookie_arg, publish=True)
+    cluster = LocalCluster(args.metadata, args.bookies, args.data_dir, args.bookie_arg, publish=True,
+                           retention_interval=args.retention_interval)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

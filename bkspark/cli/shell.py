@@ -19,6 +19,7 @@ import time
 
 from bkspark.cli import client_args
 from bkspark.errors import BadRequestError, BKError, did_you_mean
+from bkspark.log.retention import RetentionPolicy
 
 COMMANDS = {}
 
@@ -111,7 +112,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--ledger", type=int, default=None)
     p.add_argument("--entry", type=int, default=None)
     p.add_argument("--limit", type=int, default=1000)
-    add("logs", "list logs with their ledgers and cursor lags")
+    p = add("logs", "list logs: segments, entries, size, retention, cursor lags")
+    p.add_argument("log", nargs="*", help="only these logs (default: every log)")
+    p.add_argument("--ledgers", action="store_true", help="also list each log's ledger ids "
+                                                           "(reads every segment record)")
+    p = add("set-retention", "set a log's retention policy (applied by the retention service "
+                             "of `bkspark autorecovery` / `bkspark localcluster`)")
+    p.add_argument("log")
+    p.add_argument("--time", default=None, metavar="AGE",
+                   help="keep ledgers closed within this time (7d, 12h, 30m, or ms)")
+    p.add_argument("--size", default=None, metavar="BYTES",
+                   help="keep about this many bytes (10GiB, 500MB, or bytes)")
+    p.add_argument("--pass-cursors", action="store_true",
+                   help="remove data cursors have not read (Kafka); default: keep what the "
+                        "slowest active cursor has not read (Pulsar)")
+    p.add_argument("--cursor-active", default=None, metavar="AGE",
+                   help="a cursor idle for longer holds nothing back (default 7d)")
+    p.add_argument("--keep-everything", action="store_true", help="remove the policy")
+    p = add("apply-retention", "apply logs' retention policies now (what the retention "
+                               "service does every pass)")
+    p.add_argument("log", nargs="*", help="only these logs (default: every log)")
     p = add("convert-logs", "convert logs kept as one metadata record (format 1) to a head plus "
                             "one record per ledger (format 2); each log converts on its first "
                             "write anyway")
@@ -554,20 +574,92 @@ def cmd_logs(args, out):
     docs = []
     with _client(args) as bk:
         logs = LogStore(bk)
-        for name in logs.list_logs():
+        for name in _chosen_logs(logs, args.log):
             try:
-                md, _ = logs.get(name)
-                ledgers = _log_ledgers(md)
-                lags = {c: {"position": str(pos), "lag": lag}
-                        for c, (pos, lag) in logs.cursor_lags(name).items()}
-                docs.append({"log": name, "ledgers": ledgers, "cursors": lags,
-                             "ledger_details": list(md.ledgers)})
+                doc = {"log": name, **logs.stats(name)}
+                doc["cursors"] = {c: {"position": str(pos), "lag": lag}
+                                  for c, (pos, lag) in logs.cursor_lags(name).items()}
+                if args.ledgers:
+                    doc["ledgers"] = _log_ledgers(logs.get(name)[0])
+                docs.append(doc)
             except BKError as exc:
                 docs.append({"log": name, "error": str(exc)})
-    out.table(f"{len(docs)} logs", ["log", "ledgers", "cursors (lag)"],
-              [(d["log"], ", ".join(map(str, d.get("ledgers", []))) or d.get("error", ""),
-                ", ".join(f"{c}={v['lag']}" for c, v in d.get("cursors", {}).items()))
-               for d in docs], docs)
+    columns = ["log", "segments", "entries", "size", "retention", "cursors (lag)"]
+    rows = []
+    for d in docs:
+        if "error" in d:
+            rows.append((d["log"], "", "", "", "", d["error"]))
+            continue
+        policy = RetentionPolicy.from_property(d["retention"])
+        rows.append((d["log"], d["segments"], d["entries"], _human_size(d["bytes"]),
+                     policy.describe() if policy else "keep everything",
+                     ", ".join(f"{c}={v['lag']}" for c, v in d["cursors"].items())))
+    if args.ledgers:
+        columns.append("ledgers")
+        rows = [r + (", ".join(map(str, d.get("ledgers", []))),) for r, d in zip(rows, docs)]
+    out.table(f"{len(docs)} logs", columns, rows, docs)
+
+
+def _chosen_logs(logs, names) -> list[str]:
+    known = logs.list_logs()
+    for name in names or ():
+        if name not in known:
+            raise BadRequestError(f"no log named {name!r}" + did_you_mean(name, known))
+    return list(names) if names else known
+
+
+def _human_size(n: int) -> str:
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+@command("set-retention", "set a log's retention policy")
+def cmd_set_retention(args, out):
+    from bkspark.log import LogStore
+    from bkspark.log.retention import parse_duration_ms, parse_size_bytes
+    if args.keep_everything and (args.time or args.size or args.pass_cursors or args.cursor_active):
+        raise BadRequestError("--keep-everything removes the policy: give it alone")
+    if not args.keep_everything and args.time is None and args.size is None:
+        raise BadRequestError("give --time and/or --size (or --keep-everything to remove the "
+                              "policy)")
+    with _client(args) as bk:
+        logs = LogStore(bk)
+        _chosen_logs(logs, [args.log])
+        policy = None
+        if not args.keep_everything:
+            extra = {} if args.cursor_active is None else \
+                {"cursor_active_ms": parse_duration_ms(args.cursor_active, "--cursor-active")}
+            policy = RetentionPolicy(
+                ms=None if args.time is None else parse_duration_ms(args.time, "--time"),
+                bytes=None if args.size is None else parse_size_bytes(args.size, "--size"),
+                pass_cursors=args.pass_cursors, **extra)
+        logs.set_retention(args.log, policy)
+        stored = logs.retention(args.log)
+    out.table("retention set", ["log", "retention"],
+              [(args.log, stored.describe() if stored else "keep everything")],
+              {"log": args.log, "retention": stored.to_property() if stored else None})
+
+
+@command("apply-retention", "apply retention policies now")
+def cmd_apply_retention(args, out):
+    from bkspark.log import LogStore
+    from bkspark.log.retention import enforce
+    rows = []
+    with _client(args) as bk:
+        logs = LogStore(bk)
+        for name in _chosen_logs(logs, args.log):
+            policy = logs.retention(name)
+            cut = enforce(logs, name) if policy else None
+            rows.append({"log": name, "retention": policy.to_property() if policy else None,
+                         "removed": cut.removed if cut else [],
+                         "held_by_cursor": cut.held_by if cut else None})
+    out.table(f"{sum(len(r['removed']) for r in rows)} ledgers removed",
+              ["log", "retention", "ledgers removed", "held by cursor"],
+              [(r["log"], RetentionPolicy.from_property(r["retention"]).describe()
+                if r["retention"] else "keep everything", len(r["removed"]),
+                r["held_by_cursor"] or "") for r in rows], rows)
 
 
 @command("convert-logs", "convert format-1 logs")

@@ -44,10 +44,12 @@ from metadata.log_segments import (
     ledger_index_path,
     ledgers_index_path,
     new_stamp,
+    next_byte_offset,
     next_offset,
     now_ms,
     segment_path,
     segments_path,
+    stamp_closed,
 )
 from metadata.update import NoChange, OutcomeUnknownError, Updated, after_conflict, after_lost_answer
 
@@ -179,15 +181,14 @@ class LogEdit:
 
     # ---- edits --------------------------------------------------------------------------
     def append(self, ledger_id: int, **info) -> dict:
-        """List ``ledger_id`` at the end; its offset is stamped when the previous ledger's end
-        is known. BadRequestError if it is listed already."""
+        """List ``ledger_id`` at the end; its offsets are stamped when the previous ledger's
+        end is known (:mod:`metadata.log_segments`). BadRequestError if it is listed already."""
         if self.lists(ledger_id):
             raise BadRequestError(f"log {self.name}: ledger {ledger_id} listed twice")
         prev = self.last()
         entry = {"ledger_id": ledger_id, **info, "seq": self.head.next}
-        offset = next_offset(prev)
-        if offset is not None and "offset" not in info:
-            entry["offset"] = offset
+        self._stamp(prev, entry)
+        stamp_closed(entry, now_ms())
         index = self._index_record(ledger_id)
         if index is not None:
             self._index_versions[ledger_id] = index[1]     # a leftover: overwritten
@@ -203,6 +204,8 @@ class LogEdit:
         if entry is None:
             raise BadRequestError(f"log {self.name} has no ledger {ledger_id}")
         entry.update(info)
+        if "state" in info:
+            stamp_closed(entry, now_ms())
         self._changed_entry(entry)
         self._stamp_offsets()
         return entry
@@ -214,16 +217,24 @@ class LogEdit:
             self.head.rev += 1          # not among the last two: copies must be re-read whole
         self._changed[entry["seq"]] = entry
 
+    @staticmethod
+    def _stamp(prev: dict | None, entry: dict) -> bool:
+        """Stamp the offsets of ``entry`` that ``prev`` (the ledger listed before) makes
+        known; whether any was stamped."""
+        stamped = False
+        for key, value in (("offset", next_offset(prev)), ("byte_offset", next_byte_offset(prev))):
+            if value is not None and entry.get(key) is None:
+                entry[key] = value
+                stamped = True
+        return stamped
+
     def _stamp_offsets(self) -> None:
         """Give the ledgers at the end of the list the offsets that sealing the ones before
         them made known (a ledger listed after one still open had none)."""
         prev = None
         for e in self.ledgers:
-            if prev is not None and e.get("offset") is None:
-                offset = next_offset(prev)
-                if offset is not None:
-                    e["offset"] = offset
-                    self._changed_entry(e)
+            if prev is not None and self._stamp(prev, e):
+                self._changed_entry(e)
             prev = e
 
     def unlist(self, ledger_id: int) -> None:

@@ -30,15 +30,19 @@ from bkspark import errors
 from bkspark.errors import BadRequestError, BadVersionError, NoNodeError, NodeExistsError, NoSuchLogError
 from bkspark.log.position import EARLIEST, LATEST, Position
 from bkspark.log import segments as seg
+from bkspark.log import retention as ret
+from bkspark.log.retention import RetentionPolicy
 from metadata.layout import LOGS, log_path
 from metadata.log_metadata import LogMetadata
 from metadata.log_segments import (
     FORMAT_VERSION,
     LogHead,
+    entry_count,
     format_version,
     ledger_index_path,
     ledgers_index_path,
     new_stamp,
+    now_ms,
     segment_path,
     segments_path,
 )
@@ -177,11 +181,14 @@ class LogStore:
         except NoSuchLogError:
             return False
 
-    def create(self, name: str) -> LogMetadata:
-        """Create an empty log if it does not exist yet; return its metadata. A create whose
-        answer was lost is settled by a synced read (the log exists or it does not)."""
+    def create(self, name: str, retention: RetentionPolicy | None = None) -> LogMetadata:
+        """Create an empty log if it does not exist yet (with ``retention``, its policy:
+        :mod:`bkspark.log.retention`; default keep everything); return its metadata. An
+        existing log is returned as it is. A create whose answer was lost is settled by a
+        synced read (the log exists or it does not)."""
         check_log_name(name)
-        head = LogHead(name=name, uid=new_stamp(), stamp=new_stamp())
+        props = {} if retention is None else {ret.PROPERTY: retention.to_property()}
+        head = LogHead(name=name, uid=new_stamp(), stamp=new_stamp(), properties=props)
         txn = self.store.transaction()
         txn.create(log_path(name), head.serialize())
         txn.create(segments_path(name), b"")
@@ -195,12 +202,78 @@ class LogStore:
             try:
                 settled_read(self.store, log_path(name))
             except NoNodeError:
-                return self.create(name)
+                return self.create(name, retention)
         try:
             return self.get(name)[0]
         except seg.LogDeletedError:
             self._finish_delete(name)
-            return self.create(name)
+            return self.create(name, retention)
+
+    def retention(self, name: str) -> RetentionPolicy | None:
+        """The log's retention policy (None: none set, everything is kept)."""
+        head, _ = self._head(name)
+        return RetentionPolicy.from_property(head.properties.get(ret.PROPERTY))
+
+    def set_retention(self, name: str, policy: RetentionPolicy | None) -> None:
+        """Set (None: remove) the log's retention policy; the retention service applies it
+        from its next pass (:mod:`bkspark.log.retention`)."""
+        def change(edit: seg.LogEdit) -> None:
+            now = edit.properties.get(ret.PROPERTY)
+            if policy is None and now is None or policy is not None and now == policy.to_property():
+                raise NoChange()
+            if policy is None:
+                edit.properties.pop(ret.PROPERTY)
+            else:
+                edit.properties[ret.PROPERTY] = policy.to_property()
+        self.update(name, change)
+
+    def writer_sequence(self, name: str, writer_id: str) -> int:
+        """The last sequence committed under ``writer_id`` (-1: none the log remembers); one
+        read of the head."""
+        head, _ = self._head(name)
+        if isinstance(head, LogMetadata):
+            return head.writers.get(writer_id, -1)
+        return head.writer_seq(writer_id)
+
+    def _tail(self, name: str) -> tuple[dict | None, list[dict]]:
+        """The first listed entry and the listed entries among the last few segments."""
+        first, nxt = self.bounds(name)
+        return self.next_listed(name, first - 1), self.segments(name, max(first, nxt - seg.TAIL), nxt)
+
+    def closed_bytes(self, name: str) -> int:
+        """Bytes of the log's closed ledgers: two reads from the ``byte_offset`` stamps of its
+        ends (:mod:`metadata.log_segments`); a list whose oldest segments predate the stamps
+        is summed whole. (An unlisted ledger between the ends is counted.)"""
+        head, tail = self._tail(name)
+        stamped = [e for e in tail if e.get("state") == CLOSED and isinstance(e.get("byte_offset"), int)]
+        if head is not None and stamped and isinstance(head.get("byte_offset"), int) \
+                and head["byte_offset"] <= stamped[-1]["byte_offset"]:
+            return stamped[-1]["byte_offset"] + stamped[-1].get("length", 0) - head["byte_offset"]
+        return sum(e.get("length", 0) for e in self.segments(name) if e.get("state") == CLOSED)
+
+    def offset_range(self, name: str) -> tuple[int, int] | None:
+        """``(first, end)``: the log offsets of its first entry and of the entry after its last
+        readable one (open ledgers: up to their LAC), from the stamps of its ends; None where a
+        stamp is missing (format-1 logs before their first commit)."""
+        head, tail = self._tail(name)
+        if head is None:
+            return None
+        base = max((i for i, e in enumerate(tail) if isinstance(e.get("offset"), int)), default=None)
+        if base is None or not isinstance(head.get("offset"), int):
+            return None
+        end = tail[base]["offset"] + sum(self.ledger_end(e) + 1 for e in tail[base:])
+        return head["offset"], end
+
+    def stats(self, name: str) -> dict:
+        """What the shell shows of a log: segments, entries, bytes (of closed ledgers),
+        offsets, retention -- a few reads, whatever the log's length."""
+        first, nxt = self.bounds(name)
+        span = self.offset_range(name)
+        entries = span[1] - span[0] if span else sum(n for _, n in self.entry_counts(name))
+        policy = self.retention(name)
+        return {"segments": nxt - first, "entries": entries, "bytes": self.closed_bytes(name),
+                "first_offset": span[0] if span else None, "end_offset": span[1] if span else None,
+                "retention": policy.to_property() if policy else None}
 
     def list_logs(self) -> list[str]:
         try:
@@ -533,6 +606,13 @@ class LogStore:
                     raise BadRequestError(
                         f"truncating log {name} before {before} would pass cursor {cursor!r} at "
                         f"{position}; move the cursor or use force=True")
+        return self.truncate_segments(name, cut)
+
+    def truncate_segments(self, name: str, cut: int) -> list[int]:
+        """Unlist the segments before ``cut`` in one transaction (nothing if the list starts
+        there already), then delete their ledgers once proven unlisted; returns their ids.
+        Cursors are not consulted (:meth:`truncate` and :mod:`bkspark.log.retention` decide
+        that)."""
         candidates: dict[int, None] = {}        # in list order
         known: dict[int, int | None] = {}       # seq -> its listed ledger (None: unlisted)
 
@@ -552,6 +632,18 @@ class LogStore:
         # found nothing left to remove
         deleted = set(self.delete_unreferenced(name, candidates))
         return [lid for lid in candidates if lid in deleted]
+
+    def collect_truncated(self, name: str) -> int:
+        """Remove the records of truncated segments now, :data:`GC_BATCH` per transaction
+        (each change also removes a batch: this spares the writers of a log that was just
+        cut); returns the transactions committed."""
+        def change(edit: seg.LogEdit) -> None:
+            if edit.head.gc >= edit.head.first:
+                raise NoChange()
+        done = 0
+        while self.update(name, change).changed:
+            done += 1
+        return done
 
     def _delete_ledgers(self, ledger_ids, window: int = 32) -> None:
         """Delete ledgers (their metadata: the bookies' GC removes the data), ``window`` at a
@@ -636,11 +728,12 @@ class LogStore:
             return []
 
     def commit_cursor(self, name: str, cursor: str, position: Position) -> None:
-        """Durably record ``cursor``'s position (the next entry it will read)."""
+        """Durably record ``cursor``'s position (the next entry it will read), and when it
+        moved (``t``, ms: a cursor idle for long holds retention back no more)."""
         import json
-        data = json.dumps(position.to_json()).encode()
+        data = json.dumps({**position.to_json(), "t": now_ms()}).encode()
         path = cursor_path(name, cursor)
-        self.get(name)
+        self._head(name)
         while True:
             try:
                 _, version = self.store.get(path)
@@ -664,11 +757,19 @@ class LogStore:
         return Position.from_json(data.decode())
 
     def cursors(self, name: str) -> dict[str, Position]:
+        return {c: position for c, (position, _) in self.cursor_records(name).items()}
+
+    def cursor_records(self, name: str) -> dict[str, tuple[Position, int | None]]:
+        """Each cursor's position and when it last moved (ms; None: recorded before cursors
+        carried the time), in one pipelined read."""
+        import json
+        names = self._cursor_names(name)
         found = {}
-        for cursor in self._cursor_names(name):
-            position = self.cursor(name, cursor)
-            if position is not None:
-                found[cursor] = position
+        for cursor, item in zip(names, self.store.get_many([cursor_path(name, c) for c in names])):
+            if item is not None:
+                obj = json.loads(item[0].decode())
+                t = obj.get("t") if isinstance(obj, dict) else None
+                found[cursor] = (Position.from_json(obj), t if isinstance(t, int) else None)
         return found
 
     def delete_cursor(self, name: str, cursor: str) -> None:
@@ -678,7 +779,24 @@ class LogStore:
             pass
 
     def cursor_lags(self, name: str) -> dict[str, tuple[Position, int]]:
-        """Each cursor's position and lag: entries from the cursor to the end of the log."""
+        """Each cursor's position and lag: entries from the cursor to the end of the log (a
+        cursor whose ledger is not listed any more: the whole log). From the offset stamps,
+        a few reads per cursor; a log without them is read whole."""
+        cursors = self.cursors(name)
+        span = self.offset_range(name) if cursors else None
+        if span is not None:
+            result = {}
+            for cursor, position in cursors.items():
+                at = self.entry_of(name, position.ledger_id)
+                if at is not None and isinstance(at.get("offset"), int):
+                    read = max(0, position.entry_id)
+                    if entry_count(at) is not None:
+                        read = min(read, entry_count(at))
+                    lag = span[1] - min(span[1], at["offset"] + read)
+                else:
+                    lag = span[1] - span[0]
+                result[cursor] = (position, lag)
+            return result
         counts = self.entry_counts(name)
         ids = [lid for lid, _ in counts]
         result = {}

@@ -1,4 +1,5 @@
-"""Auditor election: exactly one leader among the autorecovery processes.
+"""Leader elections: exactly one auditor among the autorecovery processes (and one retention
+enforcer, :mod:`.retention`, at its own path).
 
 * On ZooKeeper: kazoo's ``Election`` recipe (a lock of ephemeral-sequential znodes under
   ``/underreplication/auditorelection``; each contender watches its predecessor). Losing the
@@ -37,12 +38,13 @@ def _kazoo_client(store):
 
 class LeaderElection:
     def __init__(self, store, identifier: str, lead, path: str = AUDITOR_ELECTION,
-                 poll_interval: float = 0.5):
+                 poll_interval: float = 0.5, role: str = "auditor"):
         self.store = store
         self.identifier = identifier
         self.lead = lead
         self.path = path
         self.poll_interval = poll_interval
+        self.role = role            # what the leader is, in logs and the thread's name
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.is_leader = False
@@ -53,7 +55,7 @@ class LeaderElection:
     def start(self) -> None:
         self.store.ensure_path(self.path)
         target = self._run_kazoo if self._kz is not None else self._run_lease
-        self._thread = threading.Thread(target=target, daemon=True, name="auditor-election")
+        self._thread = threading.Thread(target=target, daemon=True, name=f"{self.role}-election")
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -91,7 +93,7 @@ class LeaderElection:
                     self._election.run(elected)
                 except Exception as exc:  # noqa: BLE001 - connection trouble: try again
                     if not self._stop.is_set():
-                        log.warning("auditor election on ZooKeeper failed: %s; retrying", exc)
+                        log.warning("%s election on ZooKeeper failed: %s; retrying", self.role, exc)
                         self._stop.wait(1.0)
         finally:
             try:
@@ -119,7 +121,7 @@ class LeaderElection:
                         return bool(c) and self.path + "/" + c[0][0] == mine
                     self._lead(still_leader)
             except BKError as exc:
-                log.warning("auditor election: %s", exc)
+                log.warning("%s election: %s", self.role, exc)
             self._stop.wait(self.poll_interval)
         if mine is not None:
             try:
@@ -129,12 +131,12 @@ class LeaderElection:
 
     def _lead(self, still_leader):
         self.is_leader = True
-        log.info("elected auditor: %s", self.identifier)
+        log.info("elected %s: %s", self.role, self.identifier)
         try:
             self.lead(still_leader)
         except Exception:  # noqa: BLE001
-            log.exception("auditor crashed; stepping down")
+            log.exception("%s crashed; stepping down", self.role)
             time.sleep(1.0)
         finally:
             self.is_leader = False
-            log.info("no longer the auditor: %s", self.identifier)
+            log.info("no longer the %s: %s", self.role, self.identifier)

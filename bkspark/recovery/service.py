@@ -1,4 +1,5 @@
-"""AutoRecovery: the auditor (elected) and a replication worker in one process.
+"""AutoRecovery: the auditor (elected), a replication worker and the retention service
+(elected: :mod:`.retention`) in one process.
 
 ``bkspark autorecovery`` runs it standalone; ``bkspark bookie --autorecovery`` runs it inside
 the bookie process. It uses its own metadata session, so its election record and worker
@@ -36,6 +37,8 @@ class AutoRecoveryConfig:
     rpc_timeout: float = 10.0
     run_auditor: bool = True
     run_worker: bool = True
+    retention_interval: float = 60.0    # seconds between retention passes (0: no retention
+                                        # service in this process)
     client: dict = field(default_factory=dict)  # ClientConfig fields of its client (TLS
                                                 # bookies: tls_ca_file); they override
                                                 # rpc_timeout's add/read timeouts
@@ -53,6 +56,7 @@ class AutoRecovery:
         self.auditor = None
         self.election = None
         self.worker = None
+        self.retention = None
         self._stopped = threading.Event()
 
     def start(self) -> "AutoRecovery":
@@ -75,6 +79,9 @@ class AutoRecovery:
                 threads=c.worker_threads, open_ledger_grace=c.open_ledger_grace,
                 retry_backoff=c.retry_backoff), self.identifier)
             self.worker.start()
+        if c.retention_interval > 0:
+            from .retention import RetentionService
+            self.retention = RetentionService(self.bk, self.identifier, c.retention_interval).start()
         log.info("autorecovery started id=%s metadata=%s auditor=%s worker=%s", self.identifier,
                  self.metadata_uri, c.run_auditor, c.run_worker)
         return self
@@ -91,6 +98,8 @@ class AutoRecovery:
             self.election.stop()
         if self.worker is not None:
             self.worker.stop()
+        if self.retention is not None:
+            self.retention.stop()
         if self.bk is not None:
             self.bk.close()
         if self.store is not None:

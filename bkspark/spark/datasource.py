@@ -108,6 +108,7 @@ class BookKeeperDataSource(importguard.Guarded, DataSource,
                 raise BadRequestError(f"option {opt!r} is for reads, not writes")
         self._check_cluster_fits()
         self._reclaim_abandoned(name)
+        self._apply_retention(name)
         if not overwrite:
             self._check_password(name)
         if self.opts.entry_format == RECORD:
@@ -153,6 +154,23 @@ class BookKeeperDataSource(importguard.Guarded, DataSource,
                                 job.deleted, job.key)
         except BKError as exc:
             log.warning("log %s: abandoned write jobs not reclaimed now: %s", name, exc)
+
+    def _apply_retention(self, name: str) -> None:
+        """Options retentionTime/retentionSize: the policy of a log this write creates (it
+        is created now, with it); a log that exists must have that policy already."""
+        policy = self.opts.retention
+        if policy is None:
+            return
+        logs = conn.log_store(self.opts)
+        logs.create(name, retention=policy)
+        current = logs.retention(name)
+        if current != policy:
+            raise BadRequestError(
+                f"log {name!r} exists with retention "
+                f"'{current.describe() if current else 'keep everything'}', not "
+                f"'{policy.describe()}' as the retention options say: they apply when a write "
+                f"creates the log. Change an existing log's policy with `bkspark shell "
+                f"set-retention {name} ...`, or leave the options out")
 
     def _check_password(self, name: str) -> None:
         """An append must use the password of the log's ledgers: one log, one password (a

@@ -42,6 +42,12 @@ entriesPerPartition      reads: split a ledger into ranges of this many entries 
                          per partition for arrow, 100000 entries for record)
 minPartitions            reads: at least this many partitions (as Kafka's): the largest ranges
                          are halved until there are (default: one per ledger or range)
+retentionTime            writes: retention of a log the write creates -- keep ledgers closed
+                         within this time (``7d``, ``12h``, milliseconds; Kafka's retention.ms)
+retentionSize            ... keep about this many bytes (``10GiB``; Kafka's retention.bytes)
+retentionPassCursors     ... remove what cursors have not read (false: keep it for the slowest
+                         active cursor). A log that exists keeps its policy (a different one
+                         fails the write: change it with ``bkspark shell set-retention``)
 reclaimAbandonedAfter    writes: seconds a write job of the log with no live task stays silent
                          before its leftover ledgers are reclaimed at planning (600)
 client.<setting>         a ``ClientConfig`` field (``client.tlsCaFile``, ``client.addTimeout``)
@@ -65,6 +71,7 @@ from dataclasses import dataclass, field
 from bkspark.errors import BadRequestError, did_you_mean
 from bkspark.spark.pending import DEFAULT_GRACE_S
 from bkspark.log.position import EARLIEST, LATEST, Position
+from bkspark.log.retention import RetentionPolicy, parse_duration_ms, parse_size_bytes
 
 FORMAT_NAME = "bookkeeper"
 RECORD, ARROW = "record", "arrow"
@@ -78,7 +85,7 @@ KNOWN_OPTIONS = (
     "reclaimAbandonedAfter", "maxBytesPerTrigger", "minEntriesPerTrigger", "maxTriggerDelay",
     "startingTimestamp", "startingOffsetsByTimestamp", "endingTimestamp",
     "endingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy", "schema",
-    "includeHeaders",
+    "includeHeaders", "retentionTime", "retentionSize", "retentionPassCursors",
     "_testFault",        # test-only fault injection (see bkspark.spark.writer)
 )
 #: Spark's Kafka source and sink option names, and the option each one is here
@@ -91,6 +98,8 @@ _CANON.update({alias.lower(): name for alias, name in KAFKA_ALIASES.items()})
 _KAFKA_ONLY = {
     "kafka.bootstrap.servers": "option 'metadataServiceUri' (the bookies are found through "
                                "the metadata service)",
+    "retention.ms": "option 'retentionTime' (set when the write creates the log)",
+    "retention.bytes": "option 'retentionSize' (set when the write creates the log)",
     "kafka.group.id": "option 'queryId' (the name of the log cursor a query moves)",
     "groupidprefix": "option 'queryId' (the name of the log cursor a query moves)",
     "fetchoffset.numretries": "nothing: reads retry other bookies themselves (tune with "
@@ -136,6 +145,7 @@ class ConnectorOptions:
     entries_per_partition: int | None = None
     min_partitions: int | None = None
     reclaim_after: float = DEFAULT_GRACE_S   # seconds; see bkspark.spark.pending
+    retention: RetentionPolicy | None = None  # of a log the write creates
     max_bytes_per_trigger: int | None = None
     min_entries_per_trigger: int | None = None
     max_trigger_delay: float = 15 * 60.0    # seconds
@@ -506,6 +516,16 @@ def parse_options(options, *, default_uri=None) -> ConnectorOptions:
                                   "codec; use compression=none or another codec")
     if "reclaimAbandonedAfter" in raw:
         o.reclaim_after = float(_int("reclaimAbandonedAfter", raw["reclaimAbandonedAfter"], 0))
+    if "retentionTime" in raw or "retentionSize" in raw:
+        o.retention = RetentionPolicy(
+            ms=parse_duration_ms(raw["retentionTime"], "option 'retentionTime'")
+            if "retentionTime" in raw else None,
+            bytes=parse_size_bytes(raw["retentionSize"], "option 'retentionSize'")
+            if "retentionSize" in raw else None,
+            pass_cursors=_bool("retentionPassCursors", raw.get("retentionPassCursors", "false")))
+    elif "retentionPassCursors" in raw:
+        raise BadRequestError("option 'retentionPassCursors' goes with 'retentionTime' and/or "
+                              "'retentionSize'")
     o.test_fault = raw.get("_testFault") or None
     from bkspark.client.settings import client_settings
     o.client_settings = client_settings(client, prefix=CLIENT_PREFIX, camel_case=True,

@@ -124,9 +124,14 @@ def resolve_start(logs, name: str, where, *, fail_on_data_loss: bool = True,
                 "epoch: set startingOffsetsByTimestampStrategy=latest to start at its end")
         where = LATEST
     if isinstance(where, Position):
-        if logs.entry_of(name, where.ledger_id) is None:
-            raise BadRequestError(f"log {name!r} has no ledger {where.ledger_id} (offset {tuple(where)})")
-        return where
+        if logs.entry_of(name, where.ledger_id) is not None:
+            return where
+        msg = (f"log {name!r} has no ledger {where.ledger_id} (offset {tuple(where)}): it was "
+               "removed (retention, truncation, overwrite) or never was in the log")
+        if fail_on_data_loss:
+            raise DataLossError(msg + "; set failOnDataLoss=false to start at the log's start")
+        log.warning("%s; starting at the log's start", msg)
+        where = EARLIEST
     if where not in (EARLIEST, LATEST):
         raise BadRequestError(f"bad offset {where!r}")
     edge = logs.last_listed(name) if where == LATEST else logs.next_listed(name, -1)

@@ -39,7 +39,7 @@ from pyspark.sql.datasource import (
 )
 
 from bkspark import errors
-from bkspark.errors import BadRequestError, LogFencedError
+from bkspark.errors import BadRequestError, LogFencedError, NoSuchLogError
 from bkspark.spark import codec, conn, importguard, pending
 from bkspark.spark.options import ARROW
 from metadata.update import GuardChangedError
@@ -348,8 +348,10 @@ class BookKeeperStreamWriter(importguard.Guarded, DataSourceStreamArrowWriter):
         if owner is not None and owner != run:
             superseded = (superseded + [owner])[-32:]
             log.info("sink %s: run %s takes over from run %s", wid, run, owner)
-        md, _ = logs.get(self.log_name) if logs.exists(self.log_name) else (None, None)
-        done = md.writers.get(wid, -1) if md is not None else -1
+        try:
+            done = logs.writer_sequence(self.log_name, wid)     # (the head only)
+        except NoSuchLogError:
+            done = -1
         if batch_id < done:
             raise BadRequestError(
                 f"log {self.log_name!r} already holds batch {done} of query {wid!r}, but Spark "

@@ -178,3 +178,27 @@ def test_every_entry_point_honours_BKSPARK_METADATA_URI(home, monkeypatch):
     r = subprocess.run([sys.executable, "-m", "bkspark.cli.main", "shell", "listbookies", "--json"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and json.loads(r.stdout) == [], r.stderr
+
+
+def test_the_local_cluster_applies_log_retention_policies(home):
+    from bkspark.log import LogStore
+    from bkspark.log.retention import RetentionPolicy
+    cluster = Running("--retention-interval", "0.5")
+    try:
+        with BookKeeper() as bk:
+            logs = LogStore(bk, password=PW, ensemble_size=1, write_quorum=1, ack_quorum=1)
+            ids = []
+            for i in range(4):
+                lh = bk.create_ledger(1, 1, 1, password=PW)
+                lh.append(b"x" * 100)
+                lh.close()
+                logs.append_ledgers("kept-small", [lh.ledger_id])
+                ids.append(lh.ledger_id)
+            logs.set_retention("kept-small", RetentionPolicy(bytes=200))
+            deadline = time.monotonic() + 30
+            while logs.get("kept-small")[0].ledger_ids() != ids[2:]:
+                assert time.monotonic() < deadline, "localcluster did not apply the policy"
+                time.sleep(0.2)
+            assert not set(ids[:2]) & set(bk.list_ledgers())
+    finally:
+        cluster.stop()

@@ -211,10 +211,11 @@ def test_logs(cluster, capsys):
                 w.append(b"r%d" % i)
         first = logs.get("shell-log")[0].ledgers[0]["ledger_id"]
         logs.commit_cursor("shell-log", "c1", Position(first, 1))
-        code, doc, _ = sh(capsys, cluster, "logs", as_json=True)
+        code, doc, _ = sh(capsys, cluster, "logs", "--ledgers", as_json=True)
         assert code == 0
         (entry,) = [d for d in doc if d["log"] == "shell-log"]
         assert entry["ledgers"] == [first] and entry["cursors"]["c1"]["lag"] == 4
+        assert entry["entries"] == 5 and entry["segments"] == 1 and entry["retention"] is None
         code, out, _ = sh(capsys, cluster, "logs")
         assert code == 0 and "shell-log" in out and "c1=4" in out
         # a cursor of a query given up for good: deleted by name
@@ -223,6 +224,40 @@ def test_logs(cluster, capsys):
         code, doc, _ = sh(capsys, cluster, "delete-cursor", "shell-log", "c1", as_json=True)
         assert code == 0 and doc["cursor"] == "c1"
         assert logs.cursors("shell-log") == {}
+
+
+def test_retention_commands(cluster, capsys):
+    with BookKeeper(cluster.metadata_uri) as bk:
+        logs = LogStore(bk, password=PW)
+        ids = []
+        for i in range(3):
+            lh = bk.create_ledger(3, 2, 2, password=PW)
+            lh.append(b"y" * 100)
+            lh.close()
+            logs.append_ledgers("shell-retained", [lh.ledger_id])
+            ids.append(lh.ledger_id)
+        code, out, err = sh(capsys, cluster, "set-retention", "shell-retained")
+        assert code != 0 and "give --time and/or --size" in err
+        code, out, err = sh(capsys, cluster, "set-retention", "shell-retaind", "--size", "1k")
+        assert code != 0 and "did you mean 'shell-retained'" in err
+        code, out, err = sh(capsys, cluster, "set-retention", "shell-retained", "--time", "soon")
+        assert code != 0 and "--time 'soon'" in err
+        code, doc, _ = sh(capsys, cluster, "set-retention", "shell-retained", "--size", "100",
+                          "--time", "7d", "--pass-cursors", as_json=True)
+        assert code == 0 and doc["retention"]["bytes"] == 100 and doc["retention"]["pass_cursors"]
+        code, out, _ = sh(capsys, cluster, "logs", "shell-retained")
+        assert code == 0 and "shell-retained" in out and "300 B" in out
+        assert logs.retention("shell-retained").describe() == "1w, 100B, passes cursors"
+        code, doc, _ = sh(capsys, cluster, "apply-retention", "shell-retained", as_json=True)
+        assert code == 0 and doc == [{"log": "shell-retained", "removed": ids[:2],
+                                      "held_by_cursor": None,
+                                      "retention": logs.retention("shell-retained").to_property()}]
+        code, (d,), _ = sh(capsys, cluster, "logs", "shell-retained", as_json=True)
+        assert (d["segments"], d["entries"], d["bytes"]) == (1, 1, 100)
+        code, doc, _ = sh(capsys, cluster, "set-retention", "shell-retained", "--keep-everything",
+                          as_json=True)
+        assert code == 0 and doc["retention"] is None and logs.retention("shell-retained") is None
+        logs.delete("shell-retained")       # (the autorecovery tests count ledgers)
 
 
 def test_convert_logs(cluster, capsys):

@@ -120,7 +120,7 @@ def test_writer_losing_its_ledger_mid_recovery_records_no_end(logs, bk, log_name
         writer.roll()
     writer.close()                          # lost: leaves the list alone
     entry = logs.get(log_name)[0].ledgers[-1]
-    assert entry == {"ledger_id": lid, "state": "open", "offset": 0}
+    assert entry == {"ledger_id": lid, "state": "open", "offset": 0, "byte_offset": 0}
     with pytest.raises(errors.FencedError):  # a failed close stays failed
         writer._handle.close()
     with logs.open_writer(log_name) as new:   # recovers the ledger at its real end

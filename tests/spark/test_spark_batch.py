@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from bkspark.log import Position
 from bkspark.spark.pending import PENDING_ROOT
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
@@ -200,6 +201,27 @@ def test_overwrite_replaces_and_writer_key_is_idempotent(spark, uri, log_name, l
         wr(spark.createDataFrame([("d",)], "value string"), uri,
            writerId="daily-etl", writerSequence="20240101").save(log_name)
     assert sorted(r.value for r in rd(spark, uri).load(log_name).collect()) == [b"c", b"d"]
+
+
+def test_retention_set_by_the_first_write_and_readers_behind_its_cut(spark, uri, log_name, logs):
+    from bkspark.log.retention import RetentionPolicy, enforce
+    df = spark.range(0, 30, numPartitions=3).selectExpr("cast(id as string) as value")
+    wr(df, uri, retentionSize="20", retentionPassCursors="true").save(log_name)
+    assert logs.retention(log_name) == RetentionPolicy(bytes=20, pass_cursors=True)
+    # appends with the same policy are fine; another policy fails, naming the fix
+    wr(spark.createDataFrame([("x",)], "value string"), uri, retentionSize="20",
+       retentionPassCursors="true").save(log_name)
+    with pytest.raises(Exception, match="shell set-retention"):
+        wr(spark.createDataFrame([("y",)], "value string"), uri, retentionTime="7d").save(log_name)
+    ids = logs.get(log_name)[0].ledger_ids()
+    assert len(ids) == 4
+    logs.commit_cursor(log_name, "behind", Position(ids[0], 0))
+    assert enforce(logs, log_name).removed == ids[:2]          # passes the cursor
+    behind = json.dumps({log_name: {"ledger": ids[0], "entry": 3}})
+    with pytest.raises(Exception, match="failOnDataLoss"):
+        rd(spark, uri, startingOffsets=behind).load(log_name).collect()
+    rows = rd(spark, uri, startingOffsets=behind, failOnDataLoss="false").load(log_name).collect()
+    assert sorted(r.value for r in rows) == sorted([str(i).encode() for i in range(20, 30)] + [b"x"])
 
 
 def test_pushdown_offsets_and_multi_log_reads(spark, uri, log_name, logs):

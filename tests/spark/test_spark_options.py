@@ -21,6 +21,20 @@ def test_defaults_and_case_insensitive_names():
     assert (o.ensemble_size, o.write_quorum, o.ack_quorum, o.digest) == (3, 2, 2, "crc32c")
 
 
+def test_retention_options_of_the_log_a_write_creates():
+    from bkspark.log.retention import RetentionPolicy
+    assert parse(log="a", retentionTime="7d").retention == RetentionPolicy(ms=7 * 86_400_000)
+    assert parse(log="a", retentionSize="1GiB", retentionPassCursors="true").retention == \
+        RetentionPolicy(bytes=1 << 30, pass_cursors=True)
+    assert parse(log="a").retention is None
+    with pytest.raises(BadRequestError, match="option 'retentionTime' 'a week'"):
+        parse(log="a", retentionTime="a week")
+    with pytest.raises(BadRequestError, match="'retentionPassCursors' goes with"):
+        parse(log="a", retentionPassCursors="true")
+    with pytest.raises(BadRequestError, match="retentionSize"):
+        parse(log="a", **{"retention.bytes": "100"})
+
+
 def test_unknown_option_is_named():
     with pytest.raises(BadRequestError, match="unknown option 'subscriber'.*did you mean "
                                               "'subscribe'"):

@@ -1,0 +1,252 @@
+"""Automatic retention of logs: a per-log policy by age and by size, applied from the head.
+
+A log's policy is its head property ``retention`` (:class:`RetentionPolicy`; no property:
+keep everything). :func:`enforce` applies it to one log; the background service that calls
+it for every log (:mod:`bkspark.recovery.retention`) runs in ``bkspark autorecovery``, in a
+bookie started with ``--autorecovery`` and in ``bkspark localcluster``.
+
+Rules of one pass (those of Kafka's ``retention.ms`` / ``retention.bytes``, cursors as in
+Pulsar):
+
+* Whole ledgers leave from the head of the list, oldest first. A ledger goes when it was
+  closed more than ``ms`` ago (its segment's ``closed_ms``; a segment listed before that stamp
+  existed: its ledger's creation time), or while the log without it still holds at least
+  ``bytes`` bytes (so the log stays within one ledger of the limit; bytes of closed ledgers).
+  The scan stops at the first ledger to keep, so a pass reads the segments it removes plus a
+  few.
+* Never the last listed ledger (the log's offsets continue from it), never one still open.
+* Cursors: by default the cut stops at the ledger of the slowest cursor that moved within
+  ``cursor_active_ms`` (Pulsar's backlog: what a live consumer has not read stays; a cursor
+  idle for longer holds nothing, and a cursor record without a time -- written before cursors
+  carried one -- counts as active). The cursor's own ledger stays even once read to its end
+  (where it sits in the list is known only while it is listed); a cursor whose ledger the log
+  does not list (cut by a forced truncation, or before it) holds everything while active: its
+  reader starts over from the log's start. With ``pass_cursors`` (Kafka's semantics) cursors hold nothing: a
+  reader behind the cut finds its position gone, and a Spark query fails with
+  ``failOnDataLoss`` (or, with ``failOnDataLoss=false``, continues from the log's start).
+* The cut is one truncation (:meth:`LogStore.truncate_segments`): one transaction on the
+  head whatever it removes; the ledgers are then deleted (32 at a time, each once proven
+  unlisted), and the truncated segment records removed in batches. A pass removes at most
+  ``max_ledgers`` ledgers; the next pass goes on.
+
+A cursor created while a pass runs is not seen by it (cursors are separate records): a
+consumer starting at the head of a log that retention is cutting may find its start gone.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import asdict, dataclass, field
+
+from bkspark.errors import BadRequestError, NoSuchLedgerError
+
+log = logging.getLogger("bkspark.log.retention")
+
+PROPERTY = "retention"          # the head property holding a log's policy
+#: cursors that moved within this time hold retention back, by default (7 days)
+DEFAULT_CURSOR_ACTIVE_MS = 7 * 24 * 3600 * 1000
+#: ledgers one pass removes at most (the next pass goes on)
+MAX_LEDGERS_PER_PASS = 10_000
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d|w)?\s*$", re.I)
+_DURATION_MS = {None: 1, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000,
+                "d": 86_400_000, "w": 7 * 86_400_000}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(b|k|kb|kib|m|mb|mib|g|gb|gib|t|tb|tib)?\s*$", re.I)
+_SIZE_BYTES = {None: 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20,
+               "mb": 1000 ** 2, "mib": 1 << 20, "g": 1 << 30, "gb": 1000 ** 3, "gib": 1 << 30,
+               "t": 1 << 40, "tb": 1000 ** 4, "tib": 1 << 40}
+
+
+def parse_duration_ms(text, what: str = "retention time") -> int:
+    """``"7d"``, ``"12h"``, ``"90s"``, ``"500ms"`` or a number of milliseconds -> ms."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value, unit = text, None
+    else:
+        m = _DURATION.match(str(text))
+        if not m:
+            raise BadRequestError(f"{what} {text!r}: give milliseconds or a number with a unit "
+                                  "(500ms, 90s, 30m, 12h, 7d, 2w)")
+        value, unit = float(m.group(1)), (m.group(2) or "").lower() or None
+    ms = int(value * _DURATION_MS[unit])
+    if ms <= 0:
+        raise BadRequestError(f"{what} {text!r} must be more than 0")
+    return ms
+
+
+def parse_size_bytes(text, what: str = "retention size") -> int:
+    """``"10GiB"``, ``"500MB"``, ``"64k"`` or a number of bytes -> bytes."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value, unit = text, None
+    else:
+        m = _SIZE.match(str(text))
+        if not m:
+            raise BadRequestError(f"{what} {text!r}: give bytes or a number with a unit "
+                                  "(64KiB, 500MB, 10GiB, 1TiB)")
+        value, unit = float(m.group(1)), (m.group(2) or "").lower() or None
+    size = int(value * _SIZE_BYTES[unit])
+    if size <= 0:
+        raise BadRequestError(f"{what} {text!r} must be more than 0")
+    return size
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    """How much of a log to keep (None: no limit of that kind; both None: keep everything).
+
+    ``ms`` -- keep ledgers closed within this many milliseconds (Kafka's ``retention.ms``);
+    ``bytes`` -- keep about this many bytes (Kafka's ``retention.bytes``); ``pass_cursors`` --
+    remove data cursors have not read (Kafka) instead of keeping it for the slowest active
+    cursor (Pulsar, the default); ``cursor_active_ms`` -- a cursor that has not moved for
+    longer holds nothing back."""
+
+    ms: int | None = None
+    bytes: int | None = None
+    pass_cursors: bool = False
+    cursor_active_ms: int = DEFAULT_CURSOR_ACTIVE_MS
+
+    def __post_init__(self):
+        for key in ("ms", "bytes"):
+            v = getattr(self, key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+                raise BadRequestError(f"retention {key} must be a positive int or None, got {v!r}")
+        if not isinstance(self.pass_cursors, bool):
+            raise BadRequestError(f"retention pass_cursors must be a bool, got {self.pass_cursors!r}")
+        v = self.cursor_active_ms
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise BadRequestError(f"retention cursor_active_ms must be a positive int, got {v!r}")
+
+    @property
+    def keeps_everything(self) -> bool:
+        return self.ms is None and self.bytes is None
+
+    def to_property(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_property(cls, value) -> "RetentionPolicy | None":
+        """The policy a head property holds (None: none set)."""
+        if value is None:
+            return None
+        if not isinstance(value, dict) or not set(value) <= set(cls.__dataclass_fields__):
+            raise BadRequestError(f"bad retention property {value!r}")
+        return cls(**value)
+
+    def describe(self) -> str:
+        if self.keeps_everything:
+            return "keep everything"
+        parts = []
+        if self.ms is not None:
+            parts.append(f"{_human_ms(self.ms)}")
+        if self.bytes is not None:
+            parts.append(f"{_human_bytes(self.bytes)}")
+        parts.append("passes cursors" if self.pass_cursors
+                     else f"keeps cursors active within {_human_ms(self.cursor_active_ms)}")
+        return ", ".join(parts)
+
+
+def _human_ms(ms: int) -> str:
+    for unit in ("w", "d", "h", "min", "s"):
+        if ms % _DURATION_MS[unit] == 0:
+            return f"{ms // _DURATION_MS[unit]}{unit}"
+    return f"{ms}ms"
+
+
+def _human_bytes(n: int) -> str:
+    for unit in ("TiB", "GiB", "MiB", "KiB"):
+        if n % _SIZE_BYTES[unit.lower()] == 0:
+            return f"{n // _SIZE_BYTES[unit.lower()]}{unit}"
+    return f"{n}B"
+
+
+@dataclass
+class Cut:
+    """What one pass decided: truncate before segment ``before`` (None: nothing to remove)."""
+
+    before: int | None = None
+    by_age: int = 0                 # ledgers removed because they are older than the policy
+    by_size: int = 0                # ... because the log is over its size
+    held_by: str | None = None      # the cursor that stopped the cut short
+    removed: list = field(default_factory=list)     # ledger ids deleted
+
+
+def plan(logs, name: str, policy: RetentionPolicy, now_ms: int | None = None,
+         max_ledgers: int = MAX_LEDGERS_PER_PASS) -> Cut:
+    """Where a pass of ``policy`` cuts log ``name`` (module docstring); reads the segments it
+    would remove, the log's two ends and its cursors."""
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    cut = Cut()
+    if policy.keeps_everything:
+        return cut
+    first, _ = logs.bounds(name)
+    last = logs.last_listed(name)
+    if last is None:
+        return cut
+    excess = None
+    if policy.bytes is not None:
+        excess = logs.closed_bytes(name) - policy.bytes
+    reasons: list[tuple[int, str]] = []     # (seq, "age" | "size") of each ledger to remove
+    lo, step = first, 64
+    while lo < last["seq"] and len(reasons) < max_ledgers:
+        chunk = logs.segments(name, lo, min(last["seq"], lo + step))
+        for entry in chunk:
+            if entry.get("state") != "closed" or len(reasons) >= max_ledgers:
+                break
+            closed_at = _closed_at(logs, entry) if policy.ms is not None else None
+            if closed_at is not None and closed_at <= now - policy.ms:
+                reasons.append((entry["seq"], "age"))
+            elif excess is not None and excess - entry.get("length", 0) >= 0:
+                reasons.append((entry["seq"], "size"))
+            else:
+                break
+            if excess is not None:
+                excess -= entry.get("length", 0)
+        else:
+            lo, step = lo + step, min(step * 2, 1024)
+            continue
+        break
+    if not reasons:
+        return cut
+    cut.before = reasons[-1][0] + 1
+    if not policy.pass_cursors:
+        for cursor, (position, moved_ms) in logs.cursor_records(name).items():
+            if moved_ms is not None and now - moved_ms > policy.cursor_active_ms:
+                continue
+            at = logs.entry_of(name, position.ledger_id) if position.ledger_id >= 0 else None
+            hold = first if at is None else at["seq"]
+            if hold < cut.before:
+                cut.before, cut.held_by = hold, cursor
+    kept = [why for seq, why in reasons if seq < cut.before]
+    cut.by_age, cut.by_size = kept.count("age"), kept.count("size")
+    if not kept:
+        cut.before = None
+    return cut
+
+
+def _closed_at(logs, entry: dict) -> int | None:
+    """When ``entry``'s ledger was closed in the list (ms); for a segment listed before the
+    stamp existed, its ledger's creation time (None if that is unknown too)."""
+    if isinstance(entry.get("closed_ms"), int):
+        return entry["closed_ms"]
+    try:
+        return logs.bk.ledger_metadata(entry["ledger_id"]).ctime_ms or None
+    except NoSuchLedgerError:
+        return None
+
+
+def enforce(logs, name: str, now_ms: int | None = None,
+            max_ledgers: int = MAX_LEDGERS_PER_PASS) -> Cut:
+    """Apply the log's policy once (module docstring): plan the cut, truncate, delete the
+    ledgers, collect the truncated records. A log without a policy is left alone."""
+    policy = logs.retention(name)
+    if policy is None:
+        return Cut()
+    cut = plan(logs, name, policy, now_ms, max_ledgers)
+    if cut.before is not None:
+        cut.removed = logs.truncate_segments(name, cut.before)
+        if cut.removed:
+            log.info("log %s: retention (%s) removed %d ledgers (%d by age, %d by size)%s", name,
+                     policy.describe(), len(cut.removed), cut.by_age, cut.by_size,
+                     f"; held at cursor {cut.held_by!r}" if cut.held_by else "")
+    logs.collect_truncated(name)
+    return cut

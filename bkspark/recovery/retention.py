@@ -1,0 +1,89 @@
+"""The retention service: applies every log's retention policy in the background.
+
+One process in the cluster applies them (a :class:`~.election.LeaderElection` at
+``/logs-retention/election``); it runs in ``bkspark autorecovery``, in a bookie started with
+``--autorecovery`` and in ``bkspark localcluster``, so a deployment that repairs its ledgers
+also keeps its logs within their policies. Every ``interval`` seconds the leader lists the
+logs, reads each head (one read: a log without a policy costs nothing more) and applies the
+policy of each that has one (:func:`bkspark.log.retention.enforce`). A log that fails (its
+metadata unreachable, being deleted) is logged and retried at the next pass; a change the
+service makes is the same conditional truncation a user's would be, so two enforcers at
+once (a leader that does not know yet it was replaced) cannot remove more than the policy
+allows.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from bkspark.errors import BKError, NoSuchLogError
+from bkspark.log import LogStore
+from bkspark.log.retention import enforce
+from metadata.layout import RETENTION_ELECTION
+
+from .election import LeaderElection
+
+log = logging.getLogger("bkspark.recovery.retention")
+
+#: seconds between passes, by default
+DEFAULT_INTERVAL = 60.0
+
+
+class RetentionService:
+    """Elected background enforcement of logs' retention (module docstring). ``bk``: the
+    client whose metadata store and ledgers it uses (closed by its owner, not here)."""
+
+    def __init__(self, bk, identifier: str, interval: float = DEFAULT_INTERVAL):
+        if interval <= 0:
+            raise ValueError("the retention interval must be > 0 seconds")
+        self.logs = LogStore(bk)
+        self.identifier = identifier
+        self.interval = interval
+        self.passes = 0                 # completed passes (status, tests)
+        self.removed = 0                # ledgers removed so far
+        self._stop = threading.Event()
+        self._election = LeaderElection(bk.store, identifier, self._lead,
+                                        path=RETENTION_ELECTION, role="retention enforcer")
+
+    @property
+    def is_leader(self) -> bool:
+        return self._election.is_leader
+
+    def start(self) -> "RetentionService":
+        self._election.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._election.stop()
+
+    def _lead(self, still_leader) -> None:
+        while still_leader() and not self._stop.is_set():
+            started = time.monotonic()
+            self.run_once(still_leader)
+            self._stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
+
+    def run_once(self, still_leader=lambda: True) -> dict[str, list[int]]:
+        """One pass over every log; returns the ledgers removed per log."""
+        removed: dict[str, list[int]] = {}
+        try:
+            names = self.logs.list_logs()
+        except BKError as exc:
+            log.warning("retention: cannot list logs: %s", exc)
+            return removed
+        for name in names:
+            if not still_leader() or self._stop.is_set():
+                break
+            try:
+                cut = enforce(self.logs, name)
+            except NoSuchLogError:
+                continue                # deleted meanwhile
+            except BKError as exc:
+                log.warning("retention: log %s: %s (retried at the next pass)", name, exc)
+                continue
+            if cut.removed:
+                removed[name] = cut.removed
+                self.removed += len(cut.removed)
+        self.passes += 1
+        return removed
