@@ -4,11 +4,12 @@
 Prints figures, not pass/fail (issue 30, item 5). A real ZooKeeper and 3 real bookies are
 started in a temp dir; ``--writers`` threads each commit, in a loop, 1-4 new closed ledgers
 of a few small entries to one log with ``LogStore.append_ledgers`` under an idempotency key
-(writer id, sequence) -- what each micro-batch of a streaming query does. A retention rule
-keeps the last ``--keep-minutes`` of commits: every ``--retention-every`` seconds the log is
-truncated (``LogStore.truncate(force=True)``) before the oldest ledger committed within that
-window, and the truncated ledgers are deleted, so the log's length, the bookies' data and
-ZooKeeper's data should stop growing once it starts cutting.
+(writer id, sequence) -- what each micro-batch of a streaming query does. The log is created
+with a retention policy keeping ``--keep-minutes`` (``RetentionPolicy(ms=...)``), applied by
+the retention service the local cluster runs (:mod:`bkspark.recovery.retention`, a pass every
+``--retention-every`` seconds: the expired ledgers leave the list in one transaction and are
+deleted), so the log's length, the bookies' data and ZooKeeper's data should stop growing once
+it starts cutting.
 
 Printed per 10% of the commits: commit latency p50/p99 (the ``append_ledgers`` call: closed
 ledgers' metadata reads, one metadata transaction), the log head record's size, the log's
@@ -23,6 +24,7 @@ retention cuts.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import random
 import shutil
@@ -31,12 +33,12 @@ import sys
 import tempfile
 import threading
 import time
-from collections import deque
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bkspark.client import BookKeeper  # noqa: E402
-from bkspark.log import LogStore, Position  # noqa: E402
+from bkspark.log import LogStore  # noqa: E402
+from bkspark.log.retention import RetentionPolicy  # noqa: E402
 from bkspark.localcluster import LocalCluster  # noqa: E402
 from metadata import log_segments  # noqa: E402
 from metadata.layout import log_path  # noqa: E402
@@ -72,7 +74,6 @@ class Run:
         self.lock = threading.Lock()
         self.done = 0
         self.latencies: list[float] = []            # of the current tenth
-        self.committed: deque = deque()              # (commit time, ledger id), in log order
         self.errors: list[str] = []
         self.stop = threading.Event()
 
@@ -100,29 +101,10 @@ class Run:
                 self.stop.set()
                 return
             dt = time.perf_counter() - t0
-            now = time.monotonic()
             with self.lock:
                 self.done += 1
                 self.latencies.append(dt)
-                self.committed.extend((now, lid) for lid in ids)
             seq += 1
-
-    def retention(self) -> None:
-        keep = self.args.keep_minutes * 60
-        while not self.stop.wait(self.args.retention_every):
-            horizon = time.monotonic() - keep
-            with self.lock:
-                cut = None
-                while len(self.committed) > 1 and self.committed[0][0] < horizon:
-                    self.committed.popleft()
-                    cut = self.committed[0][1]
-            if cut is None:
-                continue
-            try:
-                removed = self.logs.truncate(self.args.log, Position(cut, 0), force=True)
-                print(f"  retention: cut before ledger {cut}: {len(removed)} ledgers", flush=True)
-            except Exception as exc:  # noqa: BLE001
-                self.errors.append(f"retention: {type(exc).__name__}: {exc}")
 
 
 def main() -> None:
@@ -135,6 +117,8 @@ def main() -> None:
     ap.add_argument("--log", default="endurance")
     ap.add_argument("--dir", default=None, help="parent of the temp dir (default $TMPDIR or /tmp)")
     args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="  %(asctime)s %(name)s: %(message)s")
+    logging.getLogger("bkspark.log.retention").setLevel(logging.INFO)   # each cut
     root = tempfile.mkdtemp(prefix="bks-endurance-", dir=args.dir)
     zk = ZooKeeperServer()
     zk.start()
@@ -144,18 +128,18 @@ def main() -> None:
           f"{args.keep_minutes:g} min (cut every {args.retention_every:g} s); ZooKeeper "
           f"{zk.address}, 3 bookies, E=3 Qw=2 Qa=2; cpus={os.cpu_count()}", flush=True)
     try:
-        with LocalCluster(uri, 3, os.path.join(root, "bookies")) as cluster, BookKeeper(uri) as bk:
+        with LocalCluster(uri, 3, os.path.join(root, "bookies"),
+                          retention_interval=args.retention_every) as cluster, BookKeeper(uri) as bk:
             logs = LogStore(bk)
-            logs.create(args.log)
+            logs.create(args.log, retention=RetentionPolicy(ms=int(args.keep_minutes * 60_000)))
             run = Run(args, logs, bk)
             threads = [threading.Thread(target=run.writer, args=(w,), daemon=True) for w in range(args.writers)]
-            cutter = threading.Thread(target=run.retention, daemon=True)
-            for t in threads + [cutter]:
+            for t in threads:
                 t.start()
             t_start = time.monotonic()
             print(f"{'done':>8} {'elapsed':>8} {'p50 ms':>8} {'p99 ms':>8} {'head B':>7} "
                   f"{'records':>8} {'ledgers':>8} {'bookie RSS MB':>13} {'bookie disk MB':>14} "
-                  f"{'zk data MB':>10}  load", flush=True)
+                  f"{'zk data MB':>10} {'cut':>7}  load", flush=True)
             step = max(1, args.commits // 10)
             mark = step
             while any(t.is_alive() for t in threads):
@@ -175,10 +159,10 @@ def main() -> None:
                 disk = sum(du(b.dir) for b in cluster.bookies)
                 print(f"{done:>8,} {time.monotonic() - t_start:>7.0f}s {pct(lat, .5) * 1e3:>8.1f} "
                       f"{pct(lat, .99) * 1e3:>8.1f} {len(head):>7} {records:>8,} {nxt - first:>8,} "
-                      f"{rss / 1e6:>13.0f} {disk / 1e6:>14.0f} {du(zk.dir) / 1e6:>10.1f}  "
+                      f"{rss / 1e6:>13.0f} {disk / 1e6:>14.0f} {du(zk.dir) / 1e6:>10.1f} "
+                      f"{cluster.retention.removed:>7,}  "
                       f"{os.getloadavg()[0]:.1f}", flush=True)
             run.stop.set()
-            cutter.join(30)
             if run.errors:
                 print("errors:", *run.errors[:10], sep="\n  ")
     finally:

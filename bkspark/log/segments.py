@@ -134,6 +134,7 @@ class LogEdit:
         self._changed: dict[int, dict] = {}            # seq -> entry (listed before this edit)
         self._unlisted: list[dict] = []
         self._index_versions: dict[int, int] = {}      # leftover index records to overwrite
+        self._first_read = head.first     # leftovers: truncated by earlier changes only
 
     # ---- what is listed ---------------------------------------------------------------
     @property
@@ -294,10 +295,12 @@ class LogEdit:
         return ops
 
     def _collect_leftovers(self) -> list[tuple]:
-        """Remove up to GC_BATCH records of truncated segments (and their index records where
-        they still point at them)."""
+        """Remove up to GC_BATCH records of segments truncated by earlier changes (and their
+        index records where they still point at them). Not those this change truncates: their
+        reads would lengthen the attempt, and a truncation racing a stream of commits for the
+        head must be as quick as theirs."""
         head = self.head
-        stop = min(head.first, head.gc + GC_BATCH)
+        stop = min(self._first_read, head.gc + GC_BATCH)
         if head.gc >= stop:
             return []
         ops = []

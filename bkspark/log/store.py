@@ -627,22 +627,35 @@ class LogStore:
                                             if known.get(q) is not None))
             edit.truncate_before(cut)
 
-        self.update(name, change)
-        # what an attempt removed, also one whose answer was lost before a later attempt
-        # found nothing left to remove
+        if self.update(name, change).changed:
+            # this change's compare-and-set is the proof: no change built on an older head
+            # can be applied after it, and a ledger is listed once, so none of these (all
+            # before ``cut``) is listed from then on -- no second proof (which commits racing
+            # for the head would starve) is needed
+            self._delete_ledgers(list(candidates))
+            return list(candidates)
+        # nothing left to remove: maybe an attempt whose answer was lost removed them, maybe
+        # another truncation did -- delete what a proof shows unlisted
         deleted = set(self.delete_unreferenced(name, candidates))
         return [lid for lid in candidates if lid in deleted]
 
     def collect_truncated(self, name: str) -> int:
         """Remove the records of truncated segments now, :data:`GC_BATCH` per transaction
         (each change also removes a batch: this spares the writers of a log that was just
-        cut); returns the transactions committed."""
+        cut); returns the transactions committed. Gives up quietly when commits keep winning
+        the head (they collect the rest)."""
         def change(edit: seg.LogEdit) -> None:
             if edit.head.gc >= edit.head.first:
                 raise NoChange()
         done = 0
-        while self.update(name, change).changed:
-            done += 1
+        try:
+            while self.update(name, change).changed:
+                done += 1
+        except errors.MetadataError as exc:
+            if isinstance(exc, errors.MetadataConnectionError):
+                raise
+            # commits kept winning the head: they remove a batch each, the next pass goes on
+            log.info("log %s: collection of truncated records paused: %s", name, exc)
         return done
 
     def _delete_ledgers(self, ledger_ids, window: int = 32) -> None:
