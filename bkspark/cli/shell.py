@@ -668,10 +668,7 @@ def cmd_convert_logs(args, out):
     rows = []
     with _client(args) as bk:
         logs = LogStore(bk)
-        known = logs.list_logs()
-        for name in args.log or known:
-            if name not in known:
-                raise BadRequestError(f"no log named {name!r}" + did_you_mean(name, known))
+        for name in _chosen_logs(logs, args.log):
             rows.append({"log": name, "converted": logs.convert(name)})
     out.table(f"{sum(r['converted'] for r in rows)} of {len(rows)} logs converted", ["log", "result"],
               [(r["log"], "converted" if r["converted"] else "format 2 already") for r in rows], rows)

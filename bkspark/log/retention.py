@@ -58,36 +58,30 @@ _SIZE_BYTES = {None: 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1
                "t": 1 << 40, "tb": 1000 ** 4, "tib": 1 << 40}
 
 
-def parse_duration_ms(text, what: str = "retention time") -> int:
-    """``"7d"``, ``"12h"``, ``"90s"``, ``"500ms"`` or a number of milliseconds -> ms."""
+def _quantity(text, what: str, pattern, units: dict, hint: str) -> int:
     if isinstance(text, int) and not isinstance(text, bool):
         value, unit = text, None
     else:
-        m = _DURATION.match(str(text))
+        m = pattern.match(str(text))
         if not m:
-            raise BadRequestError(f"{what} {text!r}: give milliseconds or a number with a unit "
-                                  "(500ms, 90s, 30m, 12h, 7d, 2w)")
+            raise BadRequestError(f"{what} {text!r}: give {hint}")
         value, unit = float(m.group(1)), (m.group(2) or "").lower() or None
-    ms = int(value * _DURATION_MS[unit])
-    if ms <= 0:
+    amount = int(value * units[unit])
+    if amount <= 0:
         raise BadRequestError(f"{what} {text!r} must be more than 0")
-    return ms
+    return amount
+
+
+def parse_duration_ms(text, what: str = "retention time") -> int:
+    """``"7d"``, ``"12h"``, ``"90s"``, ``"500ms"`` or a number of milliseconds -> ms."""
+    return _quantity(text, what, _DURATION, _DURATION_MS,
+                     "milliseconds or a number with a unit (500ms, 90s, 30m, 12h, 7d, 2w)")
 
 
 def parse_size_bytes(text, what: str = "retention size") -> int:
     """``"10GiB"``, ``"500MB"``, ``"64k"`` or a number of bytes -> bytes."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        value, unit = text, None
-    else:
-        m = _SIZE.match(str(text))
-        if not m:
-            raise BadRequestError(f"{what} {text!r}: give bytes or a number with a unit "
-                                  "(64KiB, 500MB, 10GiB, 1TiB)")
-        value, unit = float(m.group(1)), (m.group(2) or "").lower() or None
-    size = int(value * _SIZE_BYTES[unit])
-    if size <= 0:
-        raise BadRequestError(f"{what} {text!r} must be more than 0")
-    return size
+    return _quantity(text, what, _SIZE, _SIZE_BYTES,
+                     "bytes or a number with a unit (64KiB, 500MB, 10GiB, 1TiB)")
 
 
 @dataclass(frozen=True)
