@@ -149,6 +149,39 @@ def delete_ledger(store: MetadataStore, ledger_id: int, version: int = -1) -> No
         raise NoSuchLedgerError(f"no such ledger: {ledger_id}") from None
 
 
+#: ledger records one :func:`delete_ledgers` transaction removes, at most
+DELETE_BATCH = 128
+
+
+def delete_ledgers(store: MetadataStore, ledger_ids, batch: int = DELETE_BATCH) -> None:
+    """Delete many ledgers' records, ``batch`` per transaction (one metadata write for the
+    batch instead of one each: a retention cut removes thousands). Ledgers already gone are
+    skipped: a batch that fails because one is missing, or whose answer was lost, is deleted
+    record by record. On return none of ``ledger_ids`` exists.
+
+    :raises MetadataConnectionError: a batch's answer was lost and the store did not answer
+        again: the batches before it were deleted, it may have been, the later ones were not.
+    """
+    ids = list(ledger_ids)
+    for i in range(0, len(ids), batch):
+        chunk = ids[i:i + batch]
+        txn = store.transaction()
+        for lid in chunk:
+            txn.delete(ledger_path(lid))
+        try:
+            txn.commit()
+            continue
+        except NoNodeError:
+            pass                        # one is gone already: the batch applied nothing
+        except MetadataConnectionError:
+            store.sync()                # all of it or nothing was applied: once answered,
+        for lid in chunk:               # record by record says which
+            try:
+                delete_ledger(store, lid)
+            except NoSuchLedgerError:
+                pass
+
+
 def ledger_exists(store: MetadataStore, ledger_id: int) -> bool:
     return store.exists(ledger_path(ledger_id)) is not None
 

@@ -11,13 +11,15 @@ per ledger ("segment") under the log and a head that stays small::
     /logs/<name>/cursors/<cursor>   cursor positions (unchanged)
 
 Head fields: ``uid`` -- a fresh id per log created (a log deleted and created again under the
-same name is another log); ``first`` / ``next`` -- the list is the segments ``first .. next-1``, contiguous, in
-order; ``gc`` -- segments ``gc .. first-1`` were truncated and their records are being removed
-(in batches, by later changes); ``rev`` -- grows when a segment other than the last changes
-(a ledger unlisted from the middle), so a reader's copy of the list knows to reload it; ``writers`` -- idempotency keys, ``writer id -> {"seq", "epoch",
-"t"}`` (last committed sequence, owner epoch, commit time in ms); ``expired`` -- how many keys
-expired and the newest ``t`` among them; ``properties``; ``stamp`` -- a fresh token per write,
-so a write whose answer was lost is recognised by the head's bytes alone.
+same name is another log); ``first`` / ``next`` -- the list is the segments ``first ..
+next-1``, contiguous, in order; ``gc`` -- segments ``gc .. first-1`` were truncated and their
+records are being removed (in batches, by the truncating caller:
+:meth:`bkspark.log.LogStore.collect_truncated`); ``rev`` -- grows when a segment other than the
+last changes (a ledger unlisted from the middle), so a reader's copy of the list knows to
+reload it; ``writers`` -- idempotency keys, ``writer id -> {"seq", "epoch", "t"}`` (last
+committed sequence, owner epoch, commit time in ms); ``expired`` -- how many keys expired and
+the newest ``t`` among them; ``properties``; ``stamp`` -- a fresh token per write, so a write
+whose answer was lost is recognised by the head's bytes alone.
 
 Rules (every reader and writer relies on them):
 
@@ -25,7 +27,7 @@ Rules (every reader and writer relies on them):
   segment and index records it creates, sets or deletes). The head's version therefore orders
   all changes, a conflict is a failed head check, and nothing changes a segment without
   changing the head. A transaction's size depends on what it changes (the ledgers appended,
-  at most :data:`GC_BATCH` leftovers removed), never on how long the list is.
+  or :data:`GC_BATCH` leftovers removed), never on how long the list is.
 * Only the last two segments of the list can be open (a writer may still write the
   second-to-last while listing the last), so only they change after being listed (sealed:
   state, end); any other change of a listed segment (an unlist) raises ``rev``.

@@ -377,6 +377,12 @@ class BookKeeper:
         self._check_open()
         _ledgers.delete_ledger(self.store, ledger_id)
 
+    def delete_ledgers(self, ledger_ids) -> None:
+        """Delete many ledgers' metadata, in batches of one metadata transaction each
+        (bookies garbage-collect the entries); those already gone are skipped."""
+        self._check_open()
+        _ledgers.delete_ledgers(self.store, ledger_ids)
+
     def delete_ledger_async(self, ledger_id: int) -> Future:
         return self._executor.submit(self.delete_ledger, ledger_id)
 

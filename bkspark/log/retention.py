@@ -236,11 +236,12 @@ def enforce(logs, name: str, now_ms: int | None = None,
     if policy is None:
         return Cut()
     cut = plan(logs, name, policy, now_ms, max_ledgers)
-    if cut.before is not None:
-        cut.removed = logs.truncate_segments(name, cut.before)
-        if cut.removed:
-            log.info("log %s: retention (%s) removed %d ledgers (%d by age, %d by size)%s", name,
-                     policy.describe(), len(cut.removed), cut.by_age, cut.by_size,
-                     f"; held at cursor {cut.held_by!r}" if cut.held_by else "")
-    logs.collect_truncated(name)
+    if cut.before is None:
+        logs.collect_truncated(name)    # what an earlier cut left (its collection paused)
+        return cut
+    cut.removed = logs.truncate_segments(name, cut.before)
+    if cut.removed:
+        log.info("log %s: retention (%s) removed %d ledgers (%d by age, %d by size)%s", name,
+                 policy.describe(), len(cut.removed), cut.by_age, cut.by_size,
+                 f"; held at cursor {cut.held_by!r}" if cut.held_by else "")
     return cut

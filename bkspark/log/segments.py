@@ -134,7 +134,7 @@ class LogEdit:
         self._changed: dict[int, dict] = {}            # seq -> entry (listed before this edit)
         self._unlisted: list[dict] = []
         self._index_versions: dict[int, int] = {}      # leftover index records to overwrite
-        self._first_read = head.first     # leftovers: truncated by earlier changes only
+        self._collected: list[tuple] = []              # deletes of truncated segments' records
 
     # ---- what is listed ---------------------------------------------------------------
     @property
@@ -291,29 +291,48 @@ class LogEdit:
                 ops.append(("set", idx, data, self._index_versions[entry["ledger_id"]]))
             else:
                 ops.append(("create", idx, data))
-        ops.extend(self._collect_leftovers())
+        ops.extend(self._collected)
         return ops
 
-    def _collect_leftovers(self) -> list[tuple]:
-        """Remove up to GC_BATCH records of segments truncated by earlier changes (and their
-        index records where they still point at them). Not those this change truncates: their
-        reads would lengthen the attempt, and a truncation racing a stream of commits for the
-        head must be as quick as theirs."""
+    def collect(self, leftovers: "Leftovers") -> None:
+        """Remove the records of truncated segments that ``leftovers`` read (their index records
+        too where they still point at them: deleted at the version read, so one that an
+        append re-pointed meanwhile fails the transaction instead). NoChange when another
+        change removed them first."""
         head = self.head
-        stop = min(self._first_read, head.gc + GC_BATCH)
-        if head.gc >= stop:
-            return []
-        ops = []
-        gone = read_segments(self.store, self.name, head.gc, stop)
-        idx = self.store.get_many([ledger_index_path(self.name, e["ledger_id"]) for e in gone])
-        appended = {e["ledger_id"] for e in self._appended}
-        for entry, item in zip(gone, idx):
-            ops.append(("delete", segment_path(self.name, entry["seq"])))
-            if item is not None and item[0] == str(entry["seq"]).encode() \
-                    and entry["ledger_id"] not in appended:
-                ops.append(("delete", ledger_index_path(self.name, entry["ledger_id"]), item[1]))
-        head.gc = stop
-        return ops
+        if head.gc != leftovers.start:
+            raise NoChange()
+        for entry, item in zip(leftovers.segments, leftovers.index):
+            self._collected.append(("delete", segment_path(self.name, entry["seq"])))
+            if item is not None and item[0] == str(entry["seq"]).encode():
+                self._collected.append(("delete", ledger_index_path(self.name, entry["ledger_id"]),
+                                        item[1]))
+        head.gc = leftovers.stop
+
+
+@dataclass
+class Leftovers:
+    """Records of truncated segments ``start .. stop-1`` and their index records, read before
+    the change that removes them (:meth:`LogEdit.collect`): they no longer change, so the
+    attempt that races commits for the head reads nothing but the head."""
+    start: int
+    stop: int
+    segments: list
+    index: list
+
+
+def read_leftovers(store, name: str, batch: int = GC_BATCH) -> Leftovers | None:
+    """The next ``batch`` records of truncated segments of the log (None: none left)."""
+    data, _ = read_head(store, name)
+    if format_version(data) != FORMAT_VERSION:
+        return None
+    head = LogHead.deserialize(data)
+    stop = min(head.first, head.gc + batch)
+    if head.gc >= stop:
+        return None
+    gone = read_segments(store, name, head.gc, stop, missing_ok=True)
+    index = store.get_many([ledger_index_path(name, e["ledger_id"]) for e in gone])
+    return Leftovers(head.gc, stop, gone, index)
 
 
 def lookup(store, name: str, head: LogHead, ledger_id: int,

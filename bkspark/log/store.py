@@ -549,8 +549,8 @@ class LogStore:
                   sequence: int | None = None, guard: tuple[str, int] | None = None,
                   info: dict[int, dict] | None = None, writer_started_ms: int | None = None) -> bool:
         """Replace the whole ledger list in one transaction (the old segments are truncated,
-        their records removed in batches by later changes); the old ledgers are deleted
-        afterwards (once proven unlisted). The new ledgers' offsets continue from the old
+        their records removed in batches afterwards); the old ledgers are deleted afterwards
+        (once proven unlisted). The new ledgers' offsets continue from the old
         list's end. A lost answer is settled as in :meth:`append_ledgers`."""
         entries = self._closed_entries(ledger_ids, info)
         keep = [e for e in entries if e["last_entry_id"] >= 0]
@@ -585,6 +585,7 @@ class LogStore:
         self.delete_unreferenced(name, replaced - set(keep_ids))
         # empty ledgers: left out of every list this commit wrote, so no list names them
         self._delete_ledgers([e["ledger_id"] for e in entries if e["last_entry_id"] < 0])
+        self.collect_truncated(name)
         return True
 
     def truncate(self, name: str, before: Position, force: bool = False) -> list[int]:
@@ -610,7 +611,8 @@ class LogStore:
 
     def truncate_segments(self, name: str, cut: int) -> list[int]:
         """Unlist the segments before ``cut`` in one transaction (nothing if the list starts
-        there already), then delete their ledgers once proven unlisted; returns their ids.
+        there already), then delete their ledgers once proven unlisted and remove their
+        records (:meth:`collect_truncated`); returns their ids.
         Cursors are not consulted (:meth:`truncate` and :mod:`bkspark.log.retention` decide
         that)."""
         candidates: dict[int, None] = {}        # in list order
@@ -633,43 +635,48 @@ class LogStore:
             # before ``cut``) is listed from then on -- no second proof (which commits racing
             # for the head would starve) is needed
             self._delete_ledgers(list(candidates))
-            return list(candidates)
-        # nothing left to remove: maybe an attempt whose answer was lost removed them, maybe
-        # another truncation did -- delete what a proof shows unlisted
-        deleted = set(self.delete_unreferenced(name, candidates))
-        return [lid for lid in candidates if lid in deleted]
+            removed = list(candidates)
+        else:
+            # nothing left to remove: maybe an attempt whose answer was lost removed them,
+            # maybe another truncation did -- delete what a proof shows unlisted
+            deleted = set(self.delete_unreferenced(name, candidates))
+            removed = [lid for lid in candidates if lid in deleted]
+        self.collect_truncated(name)
+        return removed
 
     def collect_truncated(self, name: str) -> int:
-        """Remove the records of truncated segments now, :data:`GC_BATCH` per transaction
-        (each change also removes a batch: this spares the writers of a log that was just
-        cut); returns the transactions committed. Gives up quietly when commits keep winning
-        the head (they collect the rest)."""
-        def change(edit: seg.LogEdit) -> None:
-            if edit.head.gc >= edit.head.first:
-                raise NoChange()
+        """Remove the records of truncated segments, :data:`GC_BATCH` per transaction; returns
+        the transactions committed. A truncation only moves the head's bounds (its transaction
+        must be as quick as the commits racing it), so its records are removed here, by the
+        truncating caller and by every retention pass -- not by commits, whose attempts would
+        lengthen and collide. Each batch is read before its transaction (those records no
+        longer change): an attempt reads the head only. Gives up quietly (logged) while
+        commits keep winning the head; the next truncation or pass goes on from there."""
         done = 0
         try:
-            while self.update(name, change).changed:
-                done += 1
+            while (leftovers := seg.read_leftovers(self.store, name)) is not None:
+                if self.update(name, lambda edit: edit.collect(leftovers)).changed:
+                    done += 1
+        except (NoNodeError, NoSuchLogError, seg.LogDeletedError):
+            pass                        # the log is gone (deleted meanwhile)
         except errors.MetadataError as exc:
             if isinstance(exc, errors.MetadataConnectionError):
                 raise
-            # commits kept winning the head: they remove a batch each, the next pass goes on
             log.info("log %s: collection of truncated records paused: %s", name, exc)
         return done
 
-    def _delete_ledgers(self, ledger_ids, window: int = 32) -> None:
-        """Delete ledgers (their metadata: the bookies' GC removes the data), ``window`` at a
-        time -- each is a metadata write of its own, and a truncation may cut thousands."""
+    def _delete_ledgers(self, ledger_ids) -> None:
+        """Delete ledgers no list names any more (their metadata, in batched transactions:
+        the bookies' GC removes the data); a store that stops answering leaves the rest
+        undeleted, logged."""
         ids = list(ledger_ids)
-        for i in range(0, len(ids), window):
-            for lid, future in [(lid, self.bk.delete_ledger_async(lid)) for lid in ids[i:i + window]]:
-                try:
-                    future.result()
-                except errors.NoSuchLedgerError:
-                    pass
-                except errors.BKError as exc:
-                    log.warning("could not delete ledger %d: %s", lid, exc)
+        if not ids:
+            return
+        try:
+            self.bk.delete_ledgers(ids)
+        except errors.BKError as exc:
+            log.warning("could not delete %d ledgers (%d..%d): %s", len(ids), min(ids),
+                        max(ids), exc)
 
     # ---- positions ------------------------------------------------------------------------
 

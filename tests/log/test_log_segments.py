@@ -111,8 +111,12 @@ def test_truncation_is_one_small_change_and_its_records_go_in_batches(logs, bk, 
     store = bk.store
     left = lambda: len(store.children(ls.segments_path(log_name)))  # noqa: E731
     assert left() == 300                            # (the truncation itself reads nothing more)
-    for _ in range(4):                              # later changes remove them, a batch each
+    for _ in range(4):                              # commits leave them alone (quick attempts)
         append_fake(logs, log_name, [next_id(logs, log_name)])
+    assert left() == 304
+    with counted(bk.store) as seen:                 # the truncating caller removes them
+        assert logs.collect_truncated(log_name) == 4            # 250 records, a batch each
+    assert all(n <= 1 + 2 * ls.GC_BATCH for n in seen["txn_ops"])
     head = ls.LogHead.deserialize(store.get(log_path(log_name))[0])
     assert head.gc == head.first == 250 and head.next == 304
     assert left() == 54 and len(store.children(ls.ledgers_index_path(log_name))) == 54

@@ -54,6 +54,17 @@ def test_ledger_lifecycle(store):
         ledgers.write_ledger(store, closed, 0)
 
 
+@pytest.mark.parametrize("applied", [True, False])
+def test_delete_ledgers_in_batches_skips_those_gone_and_settles_a_lost_answer(store, applied):
+    ids = [ledgers.create_ledger(store, new_md()).ledger_id for _ in range(7)]
+    ledgers.delete_ledger(store, ids[3])                    # gone already: its batch falls back
+    with mt.lost_answers(store, lambda op, path: op == "transaction", applied=applied) as lost:
+        ledgers.delete_ledgers(store, ids, batch=3)
+    assert lost.lost and lost.lost[0][0] == "transaction"   # the first batch's answer was lost
+    assert not any(ledgers.ledger_exists(store, lid) for lid in ids)
+    ledgers.delete_ledgers(store, ids)                      # all gone: nothing to do
+
+
 def test_create_ledger_rejects_invalid_metadata(store):
     bad = new_md().copy(write_quorum=4)
     with pytest.raises(BadRequestError, match="write_quorum"):

@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""A Spark streaming query writing one log for thousands of micro-batches: does a batch get
+slower as the log ages?
+
+Prints figures, not pass/fail (issue 30, item 5). A real ZooKeeper and 3 real bookies are
+started in a temp dir (the local cluster runs the retention service, a pass every
+``--retention-every`` seconds). A structured streaming query reads Spark's ``rate`` source
+(``--rows-per-second`` rows over 8 partitions) and writes ``format("bookkeeper")`` to one log
+with ``Trigger.ProcessingTime("200 milliseconds")``: every micro-batch's 8 tasks each write a
+ledger of their own and the sink commits the batch's ledgers to the log in one metadata
+transaction keyed by (query, batch) -- so the log gains 8 ledgers a batch. The log is created
+by the query with ``retentionTime`` = ``--keep-minutes`` (0: keep everything).
+
+Printed per 10% of ``--batches``: micro-batch duration (Spark's ``triggerExecution``) mean,
+p50 and p99, the ledgers committed so far and those still listed, the log head record's size,
+the bookies' RSS (sum) and disk use, the driver JVM's and this process's RSS. At the end:
+the mean duration of the last 500 batches over the first 500 (target: <= 1.2x), and the
+exactly-once check: after the query stops, the log's rows (the rate source's ``value``) must
+be distinct and contiguous up to the last one written -- from 0, or, with retention, from
+the first value of the oldest ledger still listed.
+
+    python3 bench/streaming.py                        # 5,000 micro-batches
+    python3 bench/streaming.py --batches 600 --keep-minutes 0
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+_pp = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+if REPO not in _pp:
+    os.environ["PYTHONPATH"] = os.pathsep.join([REPO] + _pp)
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ.pop("PYSPARK_DRIVER_PYTHON", None)
+
+from endurance import du, pct, rss_bytes  # noqa: E402  (bench/ is sys.path[0])
+
+from bkspark.client import BookKeeper  # noqa: E402
+from bkspark.localcluster import LocalCluster  # noqa: E402
+from bkspark.log import LogStore  # noqa: E402
+from metadata.layout import log_path  # noqa: E402
+from metadata.testing import ZooKeeperServer, unique_root  # noqa: E402
+
+PARTITIONS = 8
+
+
+def spark_session(master: str):
+    from pyspark.sql import SparkSession
+    spark = (SparkSession.builder.master(master).appName("bkspark-streaming-endurance")
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", str(PARTITIONS))
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def progress_listener(batches: list, lock: threading.Lock):
+    """A listener appending ``(batch id, triggerExecution ms, input rows)`` per micro-batch."""
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    class Progress(StreamingQueryListener):
+        def onQueryStarted(self, event):
+            pass
+
+        def onQueryProgress(self, event):
+            p = event.progress
+            with lock:
+                batches.append((p.batchId, p.durationMs.get("triggerExecution", 0),
+                                p.numInputRows))
+
+        def onQueryIdle(self, event):
+            pass
+
+        def onQueryTerminated(self, event):
+            pass
+    return Progress()
+
+
+def driver_jvm_pid(spark) -> int:
+    try:
+        name = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getName()
+        return int(name.split("@")[0])
+    except Exception:  # noqa: BLE001 - a figure only
+        return 0
+
+
+def check_exactly_once(spark, uri: str, log: str) -> str:
+    """The log's rows against the rate source's numbering (module docstring)."""
+    from pyspark.sql import functions as F
+    values = (spark.read.format("bookkeeper").option("metadataServiceUri", uri).load(log)
+              .select(F.col("value").cast("string").cast("long").alias("v")))
+    n, distinct, lo, hi = values.agg(F.count("v"), F.countDistinct("v"), F.min("v"),
+                                     F.max("v")).first()
+    ok = n == distinct == (hi - lo + 1 if n else 0)
+    return (f"{'OK' if ok else 'FAILED'}: {n:,} rows, {distinct:,} distinct, values {lo}..{hi}"
+            f"{'' if ok else ' (duplicates or gaps)'}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batches", type=int, default=5000)
+    ap.add_argument("--rows-per-second", type=int, default=400)
+    ap.add_argument("--keep-minutes", type=float, default=5.0,
+                    help="the log's retentionTime (0: keep everything)")
+    ap.add_argument("--retention-every", type=float, default=10.0)
+    ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--log", default="stream-endurance")
+    ap.add_argument("--dir", default=None, help="parent of the temp dir (default $TMPDIR or /tmp)")
+    args = ap.parse_args()
+    window = min(500, max(1, args.batches // 10))
+    root = tempfile.mkdtemp(prefix="bks-streaming-", dir=args.dir)
+    zk = ZooKeeperServer()
+    zk.start()
+    uri = zk.uri(unique_root("streaming"))
+    print(f"bkspark streaming endurance: {args.batches:,} micro-batches, rate source "
+          f"{args.rows_per_second} rows/s over {PARTITIONS} partitions -> format('bookkeeper') "
+          f"log {args.log!r}, Trigger.ProcessingTime('200 milliseconds'), {args.master}; "
+          f"retentionTime {args.keep_minutes:g} min (service pass every "
+          f"{args.retention_every:g} s); ZooKeeper {zk.address}, 3 bookies; "
+          f"cpus={os.cpu_count()}", flush=True)
+    try:
+        with LocalCluster(uri, 3, os.path.join(root, "bookies"),
+                          retention_interval=args.retention_every) as cluster, \
+                BookKeeper(uri) as bk:
+            logs = LogStore(bk)
+            spark = spark_session(args.master)
+            jvm = driver_jvm_pid(spark)
+            batches: list = []
+            lock = threading.Lock()
+            spark.streams.addListener(progress_listener(batches, lock))
+            from pyspark.sql import functions as F
+            rows = (spark.readStream.format("rate").option("rowsPerSecond", args.rows_per_second)
+                    .option("numPartitions", PARTITIONS).load()
+                    .select(F.col("value").cast("string").alias("value"), "timestamp"))
+            writer = (rows.writeStream.format("bookkeeper").option("metadataServiceUri", uri)
+                      .option("log", args.log)
+                      .option("checkpointLocation", os.path.join(root, "checkpoint")))
+            if args.keep_minutes > 0:
+                writer = writer.option("retentionTime", f"{int(args.keep_minutes * 60_000)}")
+            query = writer.trigger(processingTime="200 milliseconds").start()
+            print(f"{'batches':>8} {'elapsed':>8} {'mean ms':>8} {'p50 ms':>7} {'p99 ms':>7} "
+                  f"{'rows':>6} {'committed':>9} {'listed':>7} {'head B':>7} "
+                  f"{'bookie RSS MB':>13} {'bookie disk MB':>14} {'JVM RSS MB':>10} "
+                  f"{'py RSS MB':>9}  load", flush=True)
+            t0 = time.monotonic()
+            step = max(1, args.batches // 10)
+            mark = step
+            durations: list[float] = []
+            while True:
+                time.sleep(0.5)
+                if query.exception() is not None:
+                    print(f"query failed: {query.exception()}")
+                    break
+                with lock:
+                    durations = [d for _, d, _ in batches]
+                    rows_in = sum(r for _, _, r in batches)
+                if len(durations) < mark:
+                    continue
+                tenth = durations[mark - step:mark]
+                first, nxt = logs.bounds(args.log)
+                head, _ = bk.store.get(log_path(args.log))
+                print(f"{mark:>8,} {time.monotonic() - t0:>7.0f}s "
+                      f"{statistics.fmean(tenth):>8.0f} {pct(tenth, .5):>7.0f} "
+                      f"{pct(tenth, .99):>7.0f} {rows_in:>6,} {nxt:>9,} {nxt - first:>7,} "
+                      f"{len(head):>7} "
+                      f"{sum(rss_bytes(b.proc.pid) for b in cluster.bookies) / 1e6:>13.0f} "
+                      f"{sum(du(b.dir) for b in cluster.bookies) / 1e6:>14.0f} "
+                      f"{rss_bytes(jvm) / 1e6:>10.0f} {rss_bytes(os.getpid()) / 1e6:>9.0f}  "
+                      f"{os.getloadavg()[0]:.1f}", flush=True)
+                mark += step
+                if len(durations) >= args.batches:
+                    break
+            query.stop()
+            if len(durations) >= 2 * window:
+                head_mean = statistics.fmean(durations[:window])
+                tail_mean = statistics.fmean(durations[-window:])
+                print(f"micro-batch duration, mean of the last {window} over the first {window}: "
+                      f"{tail_mean:.0f} / {head_mean:.0f} ms = {tail_mean / head_mean:.2f}x "
+                      f"(target <= 1.2x); ledgers committed to the log: "
+                      f"{logs.bounds(args.log)[1]:,}")
+            print("exactly once:", check_exactly_once(spark, uri, args.log), flush=True)
+            spark.stop()
+    finally:
+        zk.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
