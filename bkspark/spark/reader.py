@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
-from bkspark.errors import BadRequestError, BKError, NoSuchLogError
+from bkspark.errors import BadRequestError, BKError, NoSuchLedgerError, NoSuchLogError
 from bkspark.log.position import EARLIEST, LATEST, Position
 from bkspark.spark import codec, conn, importguard
 from bkspark.spark.options import ARROW, RECORD, AtOffset, AtTime
@@ -336,7 +336,11 @@ def read_range(opts, fmt: str, schema, part: LedgerRange):
     conn.freeze_worker_heap()
     target = to_arrow_schema(schema, timezone="UTC")
     bk = conn.bookkeeper(opts.metadata_uri, opts.client_settings)
-    rh = bk.open_ledger(part.ledger_id, password=opts.password, recovery=False)
+    try:
+        rh = bk.open_ledger(part.ledger_id, password=opts.password, recovery=False)
+    except NoSuchLedgerError:
+        removed_since_planning(opts, part)
+        return
     try:
         if part.last <= rh.last_add_confirmed:
             entries = rh.read(part.first, part.last)
@@ -374,6 +378,20 @@ def read_range(opts, fmt: str, schema, part: LedgerRange):
                 yield to_batch(chunk)
     finally:
         rh.close()
+
+
+def removed_since_planning(opts, part: LedgerRange) -> None:
+    """A planned ledger is gone: the log's retention (or a truncation) removed it after the
+    query planned this read -- a log deletes a ledger only once no list names it. Kafka's
+    rule for offsets deleted under a query: DataLossError, or with failOnDataLoss=false a
+    warning and nothing read from it."""
+    msg = (f"log {part.log!r}: ledger {part.ledger_id} (entries {part.first}..{part.last}) was "
+           "removed from the log after this read was planned (by its retention policy or a "
+           "truncation), so its entries are lost to this read")
+    if opts.fail_on_data_loss:
+        raise DataLossError(msg + "; set failOnDataLoss=false to skip what was removed, or "
+                            "read again (a new plan starts at the log's start)")
+    log.warning("%s; skipped (failOnDataLoss=false)", msg)
 
 
 class BookKeeperBatchReader(importguard.Guarded, DataSourceReader):
