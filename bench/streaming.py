@@ -22,14 +22,17 @@ exactly-once check: after the query stops, no row of the log may appear twice an
 micro-batch from the oldest the log still holds to the newest must be there whole
 (:func:`check_exactly_once`).
 
-    python3 bench/streaming.py                        # 5,000 micro-batches
+    python3 bench/streaming.py                        # 5,000 micro-batches (over an hour)
     python3 bench/streaming.py --batches 600 --keep-minutes 0
+
+Ctrl-C (or SIGTERM) stops the query early; the summary and the check still run.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -172,8 +175,14 @@ def main() -> None:
             step = max(1, args.batches // 10)
             mark = step
             durations: list[float] = []
+            interrupted = threading.Event()     # Ctrl-C / SIGTERM: stop, then sum up
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, lambda *_: interrupted.set())
             while True:
                 time.sleep(0.5)
+                if interrupted.is_set():
+                    print(f"stopped early, after {len(durations):,} micro-batches", flush=True)
+                    break
                 if query.exception() is not None:
                     print(f"query failed: {query.exception()}")
                     break

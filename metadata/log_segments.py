@@ -64,7 +64,7 @@ from metadata.layout import log_path
 from metadata.log_metadata import HEADER, encode_record
 
 FORMAT_VERSION = 2
-#: leftover segment records (truncated) removed by one change, at most
+#: records of truncated segments removed by one transaction, at most
 GC_BATCH = 64
 #: idempotency keys a head keeps at most (the least recently used expire first)
 WRITER_KEYS_MAX = 1000

@@ -21,13 +21,15 @@ Pulsar):
   carried one -- counts as active). The cursor's own ledger stays even once read to its end
   (where it sits in the list is known only while it is listed); a cursor whose ledger the log
   does not list (cut by a forced truncation, or before it) holds everything while active: its
-  reader starts over from the log's start. With ``pass_cursors`` (Kafka's semantics) cursors hold nothing: a
-  reader behind the cut finds its position gone, and a Spark query fails with
-  ``failOnDataLoss`` (or, with ``failOnDataLoss=false``, continues from the log's start).
+  reader starts over from the log's start. With ``pass_cursors`` (Kafka's semantics) cursors
+  hold nothing: a reader behind the cut finds its position gone, and a Spark query fails with
+  ``failOnDataLoss`` (or, with ``failOnDataLoss=false``, continues from the log's start); so
+  does a Spark task whose ledger a cut removed after its read was planned.
 * The cut is one truncation (:meth:`LogStore.truncate_segments`): one transaction on the
-  head whatever it removes; the ledgers are then deleted (32 at a time, each once proven
-  unlisted), and the truncated segment records removed in batches. A pass removes at most
-  ``max_ledgers`` ledgers; the next pass goes on.
+  head whatever it removes; the ledgers are then deleted (that transaction proves them
+  unlisted; their records go in batched transactions) and the truncated segment records
+  removed in batches, each batch read before its transaction so that commits racing for the
+  head are not slowed. A pass removes at most ``max_ledgers`` ledgers; the next pass goes on.
 
 A cursor created while a pass runs is not seen by it (cursors are separate records): a
 consumer starting at the head of a log that retention is cutting may find its start gone.

@@ -549,7 +549,7 @@ class LogStore:
                   sequence: int | None = None, guard: tuple[str, int] | None = None,
                   info: dict[int, dict] | None = None, writer_started_ms: int | None = None) -> bool:
         """Replace the whole ledger list in one transaction (the old segments are truncated,
-        their records removed in batches afterwards); the old ledgers are deleted afterwards
+        their records removed in batches afterwards); the old ledgers are deleted too
         (once proven unlisted). The new ledgers' offsets continue from the old
         list's end. A lost answer is settled as in :meth:`append_ledgers`."""
         entries = self._closed_entries(ledger_ids, info)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import threading
+import time
 
 import pytest
 
@@ -120,6 +122,50 @@ def test_truncation_is_one_small_change_and_its_records_go_in_batches(logs, bk, 
     head = ls.LogHead.deserialize(store.get(log_path(log_name))[0])
     assert head.gc == head.first == 250 and head.next == 304
     assert left() == 54 and len(store.children(ls.ledgers_index_path(log_name))) == 54
+
+
+def test_a_truncation_and_its_collection_finish_under_a_stream_of_commits(logs, bk, log_name):
+    """What the retention service meets: writers committing back to back while it cuts. The
+    cut and the removal of its records must win the head between commits (their attempts
+    read nothing but the head), and the commits must stay the size of what they append."""
+    logs.create(log_name)
+    append_fake(logs, log_name, range(20_000, 20_300))
+    stop = threading.Event()
+    errors_seen: list = []
+    sizes: list[int] = []
+    commit = bk.store._commit
+
+    def counting(ops):
+        sizes.append(len(ops))
+        return commit(ops)
+
+    ids = itertools.count(10**9)            # (apart from every other test's fake ids)
+
+    def writer(w):
+        try:
+            while not stop.is_set():
+                append_fake(logs, log_name, [next(ids)])
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors_seen.append(exc)
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(0.2)
+        removed = logs.truncate_segments(log_name, logs.entry_of(log_name, 20_250)["seq"])
+        bk.store._commit = counting
+        time.sleep(0.3)                             # commits after the cut
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        bk.store.__dict__.pop("_commit", None)
+    assert not errors_seen
+    assert removed == list(range(20_000, 20_250))
+    head = ls.LogHead.deserialize(bk.store.get(log_path(log_name))[0])
+    assert head.gc == head.first                    # every truncated record removed
+    assert len(bk.store.children(ls.segments_path(log_name))) == head.next - head.first
+    assert sizes and max(sizes) <= 4                # head + segment + index (+ a parent)
 
 
 _fake_ids = itertools.count(5000)
