@@ -61,6 +61,15 @@ def du(path: str) -> int:
     return int(out.stdout.split()[0]) if out.returncode == 0 and out.stdout else 0
 
 
+def scratch_zookeeper(prefix: str, parent: str | None):
+    """A temp dir (under ``parent``) and a fresh ZooKeeper with a root of its own:
+    ``(dir, server, metadata URI)``; the caller stops the server and removes the dir."""
+    root = tempfile.mkdtemp(prefix=f"bks-{prefix}-", dir=parent)
+    zk = ZooKeeperServer()
+    zk.start()
+    return root, zk, zk.uri(unique_root(prefix))
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -119,10 +128,7 @@ def main() -> None:
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="  %(asctime)s %(name)s: %(message)s")
     logging.getLogger("bkspark.log.retention").setLevel(logging.INFO)   # each cut
-    root = tempfile.mkdtemp(prefix="bks-endurance-", dir=args.dir)
-    zk = ZooKeeperServer()
-    zk.start()
-    uri = zk.uri(unique_root("endurance"))
+    root, zk, uri = scratch_zookeeper("endurance", args.dir)
     print(f"bkspark endurance: {args.commits:,} commits of 1-4 ledgers x 2-5 entries of "
           f"{args.entry_size} B, {args.writers} writers (idempotency keys), retention keeps "
           f"{args.keep_minutes:g} min (cut every {args.retention_every:g} s); ZooKeeper "

@@ -35,7 +35,6 @@ import shutil
 import signal
 import statistics
 import sys
-import tempfile
 import threading
 import time
 
@@ -47,13 +46,12 @@ if REPO not in _pp:
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ.pop("PYSPARK_DRIVER_PYTHON", None)
 
-from endurance import du, pct, rss_bytes  # noqa: E402  (bench/ is sys.path[0])
+from endurance import du, pct, rss_bytes, scratch_zookeeper  # noqa: E402  (bench/ on sys.path)
 
 from bkspark.client import BookKeeper  # noqa: E402
 from bkspark.localcluster import LocalCluster  # noqa: E402
 from bkspark.log import LogStore  # noqa: E402
 from metadata.layout import log_path  # noqa: E402
-from metadata.testing import ZooKeeperServer, unique_root  # noqa: E402
 
 PARTITIONS = 8
 
@@ -136,10 +134,7 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="parent of the temp dir (default $TMPDIR or /tmp)")
     args = ap.parse_args()
     window = min(500, max(1, args.batches // 10))
-    root = tempfile.mkdtemp(prefix="bks-streaming-", dir=args.dir)
-    zk = ZooKeeperServer()
-    zk.start()
-    uri = zk.uri(unique_root("streaming"))
+    root, zk, uri = scratch_zookeeper("streaming", args.dir)
     print(f"bkspark streaming endurance: {args.batches:,} micro-batches, rate source "
           f"{args.rows_per_batch} rows a batch over {PARTITIONS} partitions -> format('bookkeeper') "
           f"log {args.log!r}, Trigger.ProcessingTime('200 milliseconds'), {args.master}; "
