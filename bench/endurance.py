@@ -125,6 +125,10 @@ def main() -> None:
     ap.add_argument("--retention-every", type=float, default=10.0)
     ap.add_argument("--log", default="endurance")
     ap.add_argument("--dir", default=None, help="parent of the temp dir (default $TMPDIR or /tmp)")
+    ap.add_argument("--bookie-args", default="",
+                    help="flags of the bookies, e.g. '--entry-log-max-size-mb 16' (an entry log "
+                         "is compacted only once rolled: at the default 1 GiB, disk use of a "
+                         "short run keeps growing whatever retention deletes)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="  %(asctime)s %(name)s: %(message)s")
     logging.getLogger("bkspark.log.retention").setLevel(logging.INFO)   # each cut
@@ -132,10 +136,12 @@ def main() -> None:
     print(f"bkspark endurance: {args.commits:,} commits of 1-4 ledgers x 2-5 entries of "
           f"{args.entry_size} B, {args.writers} writers (idempotency keys), retention keeps "
           f"{args.keep_minutes:g} min (cut every {args.retention_every:g} s); ZooKeeper "
-          f"{zk.address}, 3 bookies, E=3 Qw=2 Qa=2; cpus={os.cpu_count()}", flush=True)
+          f"{zk.address}, 3 bookies {args.bookie_args or '(default flags)'}, E=3 Qw=2 Qa=2; "
+          f"cpus={os.cpu_count()}", flush=True)
     try:
         with LocalCluster(uri, 3, os.path.join(root, "bookies"),
-                          retention_interval=args.retention_every) as cluster, BookKeeper(uri) as bk:
+                          retention_interval=args.retention_every,
+                          extra_args=args.bookie_args.split()) as cluster, BookKeeper(uri) as bk:
             logs = LogStore(bk)
             logs.create(args.log, retention=RetentionPolicy(ms=int(args.keep_minutes * 60_000)))
             run = Run(args, logs, bk)

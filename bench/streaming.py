@@ -132,18 +132,24 @@ def main() -> None:
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--log", default="stream-endurance")
     ap.add_argument("--dir", default=None, help="parent of the temp dir (default $TMPDIR or /tmp)")
+    ap.add_argument("--bookie-args", default="",
+                    help="flags of the bookies, e.g. '--entry-log-max-size-mb 16' (an entry log "
+                         "is compacted only once rolled: at the default 1 GiB, disk use of a "
+                         "short run keeps growing whatever retention deletes)")
     args = ap.parse_args()
     window = min(500, max(1, args.batches // 10))
     root, zk, uri = scratch_zookeeper("streaming", args.dir)
-    print(f"bkspark streaming endurance: {args.batches:,} micro-batches, rate source "
+    print(f"bkspark streaming endurance: {args.batches:,} micro-batches, rate-micro-batch source "
           f"{args.rows_per_batch} rows a batch over {PARTITIONS} partitions -> format('bookkeeper') "
           f"log {args.log!r}, Trigger.ProcessingTime('200 milliseconds'), {args.master}; "
           f"retentionTime {args.keep_minutes:g} min (service pass every "
-          f"{args.retention_every:g} s); ZooKeeper {zk.address}, 3 bookies; "
+          f"{args.retention_every:g} s); ZooKeeper {zk.address}, 3 bookies "
+          f"{args.bookie_args or '(default flags)'}; "
           f"cpus={os.cpu_count()}", flush=True)
     try:
         with LocalCluster(uri, 3, os.path.join(root, "bookies"),
-                          retention_interval=args.retention_every) as cluster, \
+                          retention_interval=args.retention_every,
+                          extra_args=args.bookie_args.split()) as cluster, \
                 BookKeeper(uri) as bk:
             logs = LogStore(bk)
             spark = spark_session(args.master)
