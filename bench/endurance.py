@@ -61,6 +61,15 @@ def du(path: str) -> int:
     return int(out.stdout.split()[0]) if out.returncode == 0 and out.stdout else 0
 
 
+def add_cluster_arguments(ap: argparse.ArgumentParser) -> None:
+    """``--dir`` and ``--bookie-args``: where the scratch cluster lives and its bookies' flags."""
+    ap.add_argument("--dir", default=None, help="parent of the temp dir (default $TMPDIR or /tmp)")
+    ap.add_argument("--bookie-args", default="",
+                    help="flags of the bookies, e.g. '--entry-log-max-size-mb 16' (an entry log "
+                         "is compacted only once rolled: at the default 1 GiB, disk use of a "
+                         "short run keeps growing whatever retention deletes)")
+
+
 def scratch_zookeeper(prefix: str, parent: str | None):
     """A temp dir (under ``parent``) and a fresh ZooKeeper with a root of its own:
     ``(dir, server, metadata URI)``; the caller stops the server and removes the dir."""
@@ -124,11 +133,7 @@ def main() -> None:
     ap.add_argument("--keep-minutes", type=float, default=5.0)
     ap.add_argument("--retention-every", type=float, default=10.0)
     ap.add_argument("--log", default="endurance")
-    ap.add_argument("--dir", default=None, help="parent of the temp dir (default $TMPDIR or /tmp)")
-    ap.add_argument("--bookie-args", default="",
-                    help="flags of the bookies, e.g. '--entry-log-max-size-mb 16' (an entry log "
-                         "is compacted only once rolled: at the default 1 GiB, disk use of a "
-                         "short run keeps growing whatever retention deletes)")
+    add_cluster_arguments(ap)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="  %(asctime)s %(name)s: %(message)s")
     logging.getLogger("bkspark.log.retention").setLevel(logging.INFO)   # each cut

@@ -46,7 +46,8 @@ if REPO not in _pp:
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ.pop("PYSPARK_DRIVER_PYTHON", None)
 
-from endurance import du, pct, rss_bytes, scratch_zookeeper  # noqa: E402  (bench/ on sys.path)
+from endurance import (add_cluster_arguments, du, pct, rss_bytes,  # noqa: E402
+                       scratch_zookeeper)
 
 from bkspark.client import BookKeeper  # noqa: E402
 from bkspark.localcluster import LocalCluster  # noqa: E402
@@ -131,11 +132,7 @@ def main() -> None:
     ap.add_argument("--retention-every", type=float, default=10.0)
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--log", default="stream-endurance")
-    ap.add_argument("--dir", default=None, help="parent of the temp dir (default $TMPDIR or /tmp)")
-    ap.add_argument("--bookie-args", default="",
-                    help="flags of the bookies, e.g. '--entry-log-max-size-mb 16' (an entry log "
-                         "is compacted only once rolled: at the default 1 GiB, disk use of a "
-                         "short run keeps growing whatever retention deletes)")
+    add_cluster_arguments(ap)
     args = ap.parse_args()
     window = min(500, max(1, args.batches // 10))
     root, zk, uri = scratch_zookeeper("streaming", args.dir)
