@@ -383,9 +383,6 @@ class BookKeeper:
         self._check_open()
         _ledgers.delete_ledgers(self.store, ledger_ids)
 
-    def delete_ledger_async(self, ledger_id: int) -> Future:
-        return self._executor.submit(self.delete_ledger, ledger_id)
-
     def list_ledgers(self) -> list[int]:
         return sorted(_ledgers.list_ledgers(self.store))
 
