@@ -61,13 +61,22 @@ def du(path: str) -> int:
     return int(out.stdout.split()[0]) if out.returncode == 0 and out.stdout else 0
 
 
+#: bookie flags that let a run of minutes reach its steady state of disk use (see --bookie-args)
+STEADY_STATE_BOOKIE_ARGS = ("--journal-max-size-mb 16 --journal-max-backups 1 "
+                            "--entry-log-max-size-mb 8 --gc-interval-s 10")
+
+
 def add_cluster_arguments(ap: argparse.ArgumentParser) -> None:
     """``--dir`` and ``--bookie-args``: where the scratch cluster lives and its bookies' flags."""
     ap.add_argument("--dir", default=None, help="parent of the temp dir (default $TMPDIR or /tmp)")
-    ap.add_argument("--bookie-args", default="",
-                    help="flags of the bookies, e.g. '--entry-log-max-size-mb 16' (an entry log "
-                         "is compacted only once rolled: at the default 1 GiB, disk use of a "
-                         "short run keeps growing whatever retention deletes)")
+    ap.add_argument("--bookie-args", default=STEADY_STATE_BOOKIE_ARGS,
+                    help="flags of the bookies (default: %(default)r). A bookie's disk use is "
+                         "bounded by its journal (--journal-max-size-mb x (1 + "
+                         "--journal-max-backups), 512 MiB x 6 by default) and its entry logs "
+                         "(the data retention keeps, plus the current log: an entry log is "
+                         "compacted only once rolled, at --entry-log-max-size-mb, 1 GiB by "
+                         "default); small files reach that bound within a run of minutes, the "
+                         "defaults only after tens of GB. '' runs the bookies' defaults")
 
 
 def scratch_zookeeper(prefix: str, parent: str | None):
