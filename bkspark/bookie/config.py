@@ -67,6 +67,8 @@ class BookieConfig:
     autorecovery: bool = False          # run auditor + replication worker in-process
     client_config: str = ""             # client settings (KEY = VALUE lines, as `bkspark
                                         # autorecovery --client-config`) of its autorecovery
+    autorecovery_rate_mb_per_s: float = 100.0   # its copy rate limit (0: unlimited); the
+                                        # default is recovery.throttle.DEFAULT_DAEMON_MB_PER_S
     log_format: str = "text"            # "text" or "json"
     log_level: str = "INFO"
 

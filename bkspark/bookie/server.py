@@ -156,6 +156,7 @@ class BookieServer:
             self.autorecovery = AutoRecovery(
                 cfg.metadata_uri, AutoRecoveryConfig(
                     session_timeout=cfg.metadata_session_timeout_s,
+                    replication_rate_mb_per_s=cfg.autorecovery_rate_mb_per_s,
                     client=cfg.client_settings()),
                 identifier=f"{cfg.bookie_id}:{os.getpid()}").start()
         log.info("bookie started id=%s address=%s data_port=%s http=%s journal=%s ledgers=%s",

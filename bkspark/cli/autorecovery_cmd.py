@@ -6,6 +6,7 @@ import sys
 
 from bkspark.cli import client_args
 from bkspark.errors import BKError
+from bkspark.recovery.throttle import DEFAULT_DAEMON_MB_PER_S
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,6 +26,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "fencing the ledger (default 30)")
     parser.add_argument("--worker-threads", type=int, default=2,
                         help="ledgers re-replicated at once by this process (default 2)")
+    parser.add_argument("--rate", type=float, default=DEFAULT_DAEMON_MB_PER_S, metavar="MB/S",
+                        help="re-replication rate limit of this process, MB/s of entries "
+                             f"copied (default {DEFAULT_DAEMON_MB_PER_S:g}; 0 = unlimited): "
+                             "lower it to keep foreground latency, raise it to shorten the "
+                             "time data is under-replicated")
+    parser.add_argument("--rate-entries", type=float, default=0.0, metavar="ENTRIES/S",
+                        help="re-replication rate limit in entries/s (default 0 = unlimited)")
     parser.add_argument("--retry-backoff", type=float, default=5.0)
     parser.add_argument("--session-timeout", type=float, default=10.0,
                         help="metadata session timeout: a dead auditor is replaced after it")
@@ -44,6 +52,8 @@ def config_from_args(args):
     """The AutoRecoveryConfig of the flags (BadRequestError naming a bad client setting)."""
     from bkspark.errors import BadRequestError
     from bkspark.recovery.service import AutoRecoveryConfig
+    if args.rate < 0 or args.rate_entries < 0:
+        raise BadRequestError("--rate / --rate-entries: give a limit > 0, or 0 for unlimited")
     if args.retention_interval < 0:
         raise BadRequestError(f"--retention-interval {args.retention_interval}: give seconds "
                               "between passes, or 0 to leave retention to another process")
@@ -55,6 +65,7 @@ def config_from_args(args):
         retry_backoff=args.retry_backoff, session_timeout=args.session_timeout,
         run_auditor=not args.no_auditor, run_worker=not args.no_worker,
         retention_interval=args.retention_interval,
+        replication_rate_mb_per_s=args.rate, replication_rate_entries_per_s=args.rate_entries,
         client=client_args.client_settings(args))
 
 

@@ -51,6 +51,14 @@ def _common() -> argparse.ArgumentParser:
     return p
 
 
+def _rate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rate", type=float, default=0.0, metavar="MB/S",
+                   help="copy at most this many MB/s (default 0 = unlimited: the shortest "
+                        "time under-replicated, the most added to foreground latency)")
+    p.add_argument("--rate-entries", type=float, default=0.0, metavar="ENTRIES/S",
+                   help="copy at most this many entries/s (default 0 = unlimited)")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     common = _common()
     parser.add_argument("--metadata", default=argparse.SUPPRESS,
@@ -152,8 +160,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--skip-open-ledgers", action="store_true",
                    help="do not fence open ledgers whose last fragment uses the bookie")
     p.add_argument("--parallel", type=int, default=4, help="ledgers at once (default 4)")
+    _rate_arguments(p)
     p = add("decommission", "retire a bookie safely (read-only, migrate, delete cookie)")
     p.add_argument("bookie")
+    _rate_arguments(p)
     p.add_argument("--open-ledger-grace", type=float, default=30.0,
                    help="seconds open ledgers on the bookie get to move on before they are "
                         "fenced (default 30)")
@@ -782,6 +792,13 @@ def _summary_out(out, what, summary):
                          + "; ".join(f"{k}: {v}" for k, v in list(summary.failed.items())[:5]))
 
 
+def _throttle(args):
+    from bkspark.recovery.throttle import Throttle
+    if args.rate < 0 or args.rate_entries < 0:
+        raise ShellError("--rate / --rate-entries: give a limit > 0, or 0 for unlimited")
+    return Throttle(args.rate, args.rate_entries)
+
+
 @command("recover", "manual recovery")
 def cmd_recover(args, out):
     from bkspark.recovery.manual import recover_bookie
@@ -790,7 +807,7 @@ def cmd_recover(args, out):
     with _client(args) as bk, _Progress(not out.as_json) as prog:
         summary = recover_bookie(bk, args.bookie, target=args.to,
                                  fence_open=not args.skip_open_ledgers, progress=prog,
-                                 parallel=args.parallel)
+                                 parallel=args.parallel, throttle=_throttle(args))
     _summary_out(out, "recovered", summary)
 
 
@@ -801,5 +818,6 @@ def cmd_decommission(args, out):
     check_bookie_id(args.bookie)
     with _client(args) as bk, _Progress(not out.as_json) as prog:
         summary = decommission_bookie(bk, args.bookie, progress=prog,
-                                      open_ledger_grace=args.open_ledger_grace)
+                                      open_ledger_grace=args.open_ledger_grace,
+                                      throttle=_throttle(args))
     _summary_out(out, "decommissioned", summary)

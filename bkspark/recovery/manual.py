@@ -96,10 +96,11 @@ def require_known(store, bookie: str) -> None:
 
 def recover_bookie(bk, bookie: str, *, target: str | None = None, fence_open: bool = True,
                    read_from_bookie: bool = False, progress=None,
-                   parallel: int = 4) -> RecoverySummary:
+                   parallel: int = 4, throttle=None) -> RecoverySummary:
     """Re-replicate everything that was on ``bookie`` (see the module docstring).
 
-    ``parallel``: ledgers re-replicated at once. ``progress``: an object with ``start(ledgers, entries, bytes)``, ``advance(entries,
+    ``parallel``: ledgers re-replicated at once. ``throttle``: the run's rate limit
+    (:class:`~.throttle.Throttle`, shared by those ledgers; default unlimited). ``progress``: an object with ``start(ledgers, entries, bytes)``, ``advance(entries,
     bytes)`` and ``ledger_done()`` (the shell's progress bar), or None.
     """
     t0 = time.monotonic()
@@ -117,7 +118,8 @@ def recover_bookie(bk, bookie: str, *, target: str | None = None, fence_open: bo
     summary.ledgers = [lid for lid, _, _ in plan]
     if progress is not None:
         progress.start(len(plan), sum(n for _, n, _ in plan), sum(b for _, _, b in plan))
-    rep = LedgerReplicator(bk, progress=(progress.advance if progress is not None else None))
+    rep = LedgerReplicator(bk, progress=(progress.advance if progress is not None else None),
+                           throttle=throttle)
 
     def one(lid):
         try:
@@ -172,11 +174,11 @@ def set_read_only(info: dict, bookie: str, value: bool = True, timeout: float = 
 
 
 def decommission_bookie(bk, bookie: str, *, progress=None, wait_readonly: float = 30.0,
-                        delete_cookie: bool = True,
-                        open_ledger_grace: float = 30.0) -> RecoverySummary:
+                        delete_cookie: bool = True, open_ledger_grace: float = 30.0,
+                        throttle=None) -> RecoverySummary:
     """Retire ``bookie`` safely (see the module docstring). Open ledgers whose last
     fragment uses the bookie get ``open_ledger_grace`` seconds to move on before they are
-    fenced.
+    fenced. ``throttle``: the copy's rate limit (default unlimited).
 
     :raises RecoveryFailedError: some ledger still uses the bookie afterwards.
     """
@@ -195,13 +197,14 @@ def decommission_bookie(bk, bookie: str, *, progress=None, wait_readonly: float 
     # open ledgers are left to their writers for a grace period (a writer's next add to the
     # read-only/dead bookie fails and it moves to a new fragment); only then fenced
     summary = recover_bookie(bk, bookie, fence_open=open_ledger_grace <= 0,
-                             read_from_bookie=alive, progress=progress)
+                             read_from_bookie=alive, progress=progress, throttle=throttle)
     deadline = time.monotonic() + max(0.0, open_ledger_grace)
     while summary.skipped_open:
         fence = time.monotonic() >= deadline
         if not fence:
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-        again = recover_bookie(bk, bookie, fence_open=fence, read_from_bookie=alive)
+        again = recover_bookie(bk, bookie, fence_open=fence, read_from_bookie=alive,
+                               throttle=throttle)
         summary.entries += again.entries
         summary.bytes += again.bytes
         summary.replicated = sorted(set(summary.replicated) | set(again.replicated))

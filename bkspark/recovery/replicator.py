@@ -30,6 +30,7 @@ entry) need no copy: the member is swapped directly.
 from __future__ import annotations
 
 import bisect
+import heapq
 import logging
 import random
 import threading
@@ -49,7 +50,16 @@ from metadata import ledgers as ledger_store
 from metadata import registry
 from metadata.ledger_metadata import LedgerState
 
+from .throttle import UNLIMITED, Throttle
+
 log = logging.getLogger("bkspark.recovery")
+
+#: an arithmetic run of fewer entries is read entry by entry (a stream costs a request)
+MIN_STREAM = 4
+#: bytes a ranged read of a copy asks for at once (then the next piece, on the same
+#: connection); entries per piece at most
+PIECE_BYTES = 8 << 20
+MAX_PIECE_ENTRIES = 4096
 
 
 # ---- fragments -------------------------------------------------------------------------------
@@ -116,6 +126,19 @@ class EntryRanges:
         return sum(b - a + 1 for a, b in self.ranges)
 
 
+def _arithmetic_runs(entries: list[int], step: int) -> list[tuple[int, int]]:
+    """``[(first, count)]``: ``entries`` (ascending) as runs ``first, first+step, ...`` of
+    one residue class mod ``step``, in order of their first entry."""
+    runs: dict[int, list[list[int]]] = {}
+    for x in entries:
+        mine = runs.setdefault(x % step, [])
+        if mine and mine[-1][0] + mine[-1][1] * step == x:
+            mine[-1][1] += 1
+        else:
+            mine.append([x, 1])
+    return sorted((first, count) for per_class in runs.values() for first, count in per_class)
+
+
 def list_entries(bk, bookie_id: str, ledger_id: int, timeout: float = 10.0) -> EntryRanges:
     """What ``bookie_id`` holds for the ledger (empty if it does not know the ledger).
 
@@ -179,12 +202,16 @@ class LedgerReplicator:
     """Re-replicates the fragments of ledgers (see the module docstring).
 
     ``bk``: a :class:`bkspark.client.BookKeeper` (its bookie connections and metadata store).
-    ``window``: reads and writes in flight per fragment. ``rng`` picks replacements.
+    ``window``: single-entry reads and unstreamed writes in flight per fragment. ``rng``
+    picks replacements. ``progress``: called with (entries, bytes) as entries are copied.
+    ``throttle``: the run's rate limit (:class:`~.throttle.Throttle`, shared by the threads
+    of a run; default none).
     """
 
     def __init__(self, bk, *, window: int = 128, timeout: float = 30.0, rng=None,
-                 progress=None):
+                 progress=None, throttle: Throttle | None = None):
         self.bk = bk
+        self.throttle = throttle or UNLIMITED
         self.store = bk.store
         self.window = max(1, window)
         self.timeout = timeout
@@ -418,7 +445,9 @@ class LedgerReplicator:
             _Writer(self.bk, target, lid, mk, self.window, self.timeout)
         copied = nbytes = 0
         try:
-            for x, body in self._fetch(lid, entries, candidates, digest):
+            for x, body in self._fetch(lid, entries, candidates, digest, e,
+                                       self._piece(md)):
+                self.throttle.acquire(len(body))
                 writer.put(x, body)
                 copied += 1
                 nbytes += len(body)
@@ -429,55 +458,100 @@ class LedgerReplicator:
             writer.abandon()
         return copied, nbytes
 
-    def _fetch(self, lid, entries, candidates, digest):
-        """Yield ``(entry_id, body)`` in order, digest-checked, falling over replicas."""
-        client = self.bk._pool
-        # runs of consecutive entries whose first candidate is the same bookie: streamed
-        runs = []
-        for x in entries:
-            c = candidates(x)
-            if not c:
-                raise ReplicationError(f"ledger {lid} entry {x}: no surviving replica to read "
-                                       "it from")
-            src = c[0]
-            if runs and runs[-1][0] == src and runs[-1][2] == x - 1 \
-                    and runs[-1][2] - runs[-1][1] < 1023:      # streams of <= 1024 entries
-                runs[-1][2] = x
-            else:
-                runs.append([src, x, x])
+    def _piece(self, md) -> int:
+        """Entries a ranged read asks for at once: about :data:`PIECE_BYTES` of the ledger's
+        average entry, fewer under a byte rate limit (one piece must arrive well within the
+        read timeout at that rate)."""
+        avg = md.length / (md.last_entry_id + 1) if md.last_entry_id >= 0 and md.length else 0
+        budget = PIECE_BYTES
+        at_rate = self.throttle.seconds_for(PIECE_BYTES)
+        if at_rate is not None and at_rate > self.timeout / 4:
+            budget = int(PIECE_BYTES * (self.timeout / 4) / at_rate)
+        return max(MIN_STREAM, min(MAX_PIECE_ENTRIES, int(budget // max(avg, 1))))
+
+    def _fetch(self, lid, entries, candidates, digest, step: int, piece: int):
+        """Yield ``(entry_id, body)`` for ``entries`` in order, each digest-checked.
+
+        A bookie holds the entries of a fragment in residue classes mod E (entry ``x`` is
+        written to the write set that starts at member ``x mod E``), so ``entries`` are cut
+        into arithmetic runs ``x, x+E, x+2E, ...`` of one class (``step`` = E) and each run
+        is streamed with ranged reads (``ReadRange`` with that step, over the bookie's data
+        port: the Spark reader's path) from a surviving member of its write set; the runs
+        are spread over those members so that every surviving bookie sends at once. A
+        stream that stops (an error, a gap, a digest mismatch) continues on the class's next
+        member, and what no member streamed is read entry by entry from any replica. The
+        streams are merged in entry order, each pulled as the writes consume it, so at most
+        a range chunk of each is held."""
+        load: dict[str, int] = {}
+        streams = []
+        singles: list[int] = []
+        for first, count in _arithmetic_runs(entries, step):
+            cands = candidates(first)
+            if not cands:
+                raise ReplicationError(f"ledger {lid} entry {first}: no surviving replica to "
+                                       "read it from")
+            if count < MIN_STREAM:
+                singles.extend(range(first, first + count * step, step))
+                continue
+            members = sorted(cands, key=lambda b: (load.get(b, 0), cands.index(b)))
+            load[members[0]] = load.get(members[0], 0) + 1
+            streams.append(self._stream(lid, first, count, members, candidates, digest, step,
+                                        piece))
+        if singles:
+            streams.append(self._singles(lid, sorted(singles), candidates, digest))
+        try:
+            yield from heapq.merge(*streams, key=lambda item: item[0])
+        finally:
+            for stream in streams:
+                stream.close()
+
+    def _stream(self, lid, first, count, members, candidates, digest, step, piece):
+        """``(x, body)`` for ``first, first+step, ...`` (``count`` entries): ranged reads of
+        at most ``piece`` entries from ``members[0]``, going on from the next member where
+        one stops; the rest, if every member stopped, entry by entry."""
+        last = first + (count - 1) * step
+        nxt = first
+        for bookie in members:
+            try:
+                while nxt <= last:
+                    hi = min(last, nxt + (piece - 1) * step)
+                    start = nxt
+                    for x, body in self.bk._pool.get(bookie).read_range(
+                            lid, nxt, hi, step=step, timeout=self.timeout):
+                        if x != nxt:
+                            raise DigestMismatchError(f"sent entry {x}, expected {nxt}")
+                        digest.verify(body, x)
+                        yield x, body
+                        nxt += step
+                    if nxt == start:
+                        raise ReplicationError(f"range {start}..{hi} came back empty")
+                return
+            except BKError as exc:
+                log.info("ledger %d: range read of entries %d..%d (step %d) from %s stopped at "
+                         "%d: %s", lid, first, last, step, bookie, nxt, exc)
+        yield from self._singles(lid, list(range(nxt, last + 1, step)), candidates, digest)
+
+    def _singles(self, lid, entries, candidates, digest):
+        """``(x, body)`` for ``entries`` read one by one (``window`` in flight), each from its
+        first candidate, falling over to the others."""
         pending: deque = deque()
-
-        def drain(limit):
-            while len(pending) > limit:
-                x, fut = pending.popleft()
-                yield x, self._await_read(lid, x, fut, candidates(x), digest)
-
-        for src, lo, hi in runs:
-            if hi - lo >= 7:
-                yield from drain(0)
-                got = lo
-                try:
-                    for x, body in client.get(src).read_range(lid, lo, hi, timeout=self.timeout):
-                        if x != got:
-                            break
-                        try:
-                            digest.verify(body, x)
-                        except DigestMismatchError as exc:
-                            log.warning("ledger %d entry %d on %s: %s", lid, x, src, exc)
-                            break
-                        yield x, bytes(body)
-                        got += 1
-                except BKError as exc:
-                    log.info("ledger %d: range %d..%d from %s stopped at %d: %s", lid, lo, hi,
-                             src, got, exc)
-                for x in range(got, hi + 1):      # the rest one by one, any replica
-                    pending.append((x, self._read(src, lid, x)))
-                    yield from drain(self.window)
-            else:
-                for x in range(lo, hi + 1):
-                    pending.append((x, self._read(src, lid, x)))
-                    yield from drain(self.window)
-        yield from drain(0)
+        try:
+            for x in entries:
+                cands = candidates(x)
+                if not cands:
+                    raise ReplicationError(f"ledger {lid} entry {x}: no surviving replica to "
+                                           "read it from")
+                pending.append((x, cands, self._read(cands[0], lid, x)))
+                while len(pending) > self.window:
+                    x0, c0, fut = pending.popleft()
+                    yield x0, self._await_read(lid, x0, fut, c0, digest)
+            while pending:
+                x0, c0, fut = pending.popleft()
+                yield x0, self._await_read(lid, x0, fut, c0, digest)
+        finally:
+            for _, _, fut in pending:
+                if not isinstance(fut, _Failed):
+                    fut.cancel()
 
     def _read(self, bookie, lid, x):
         """A raw gRPC future of one entry read (cheaper than the client's wrapped futures;
@@ -585,7 +659,7 @@ class _Writer:
         self.pending: deque = deque()
 
     def put(self, x, body):
-        self.pending.append((x, self.client.add(self.lid, x, body, self.mk,
+        self.pending.append((x, self.client.add(self.lid, x, bytes(body), self.mk,
                                                 flags=wire.RECOVERY_ADD, timeout=self.timeout)))
         while len(self.pending) > self.window:
             self._check(*self.pending.popleft())

@@ -20,6 +20,7 @@ from metadata.layout import AUDITOR_ELECTION, UR_LEDGERS, UR_LOCKS
 
 from .auditor import Auditor, AuditorConfig
 from .election import LeaderElection
+from .throttle import DEFAULT_DAEMON_MB_PER_S
 from .worker import ReplicationWorker, WorkerConfig
 
 log = logging.getLogger("bkspark.recovery")
@@ -32,6 +33,9 @@ class AutoRecoveryConfig:
     periodic_check_interval: float = 3600.0
     open_ledger_grace: float = 30.0
     worker_threads: int = 2
+    replication_rate_mb_per_s: float | None = DEFAULT_DAEMON_MB_PER_S   # the worker's copy
+    replication_rate_entries_per_s: float | None = None                 # rate limits (None:
+                                                                        # unlimited)
     retry_backoff: float = 5.0
     session_timeout: float = 10.0
     rpc_timeout: float = 10.0
@@ -77,13 +81,15 @@ class AutoRecovery:
         if c.run_worker:
             self.worker = ReplicationWorker(self.bk, WorkerConfig(
                 threads=c.worker_threads, open_ledger_grace=c.open_ledger_grace,
-                retry_backoff=c.retry_backoff), self.identifier)
+                retry_backoff=c.retry_backoff, rate_mb_per_s=c.replication_rate_mb_per_s,
+                rate_entries_per_s=c.replication_rate_entries_per_s), self.identifier)
             self.worker.start()
         if c.retention_interval > 0:
             from .retention import RetentionService
             self.retention = RetentionService(self.bk, self.identifier, c.retention_interval).start()
-        log.info("autorecovery started id=%s metadata=%s auditor=%s worker=%s", self.identifier,
-                 self.metadata_uri, c.run_auditor, c.run_worker)
+        log.info("autorecovery started id=%s metadata=%s auditor=%s worker=%s "
+                 "(copy rate limit: %s)", self.identifier, self.metadata_uri, c.run_auditor,
+                 c.run_worker, self.worker.throttle.describe() if self.worker else "-")
         return self
 
     @property

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from bkspark.errors import NoSuchLedgerError
 
 from .replicator import FULL, OPEN, LedgerReplicator, Stats
+from .throttle import DEFAULT_DAEMON_MB_PER_S, Throttle
 from .urm import UnderReplicationManager
 
 log = logging.getLogger("bkspark.recovery.worker")
@@ -33,6 +34,8 @@ class WorkerConfig:
     open_ledger_grace: float = 30.0     # BookKeeper's openLedgerRereplicationGracePeriod
     retry_backoff: float = 5.0
     poll_interval: float = 1.0
+    rate_mb_per_s: float | None = DEFAULT_DAEMON_MB_PER_S   # copy rate limit of all threads
+    rate_entries_per_s: float | None = None                 # (None or <= 0: unlimited)
 
 
 class ReplicationWorker:
@@ -42,7 +45,9 @@ class ReplicationWorker:
         self.identifier = identifier
         self.urm = UnderReplicationManager(bk.store, identifier)
         self.stats = Stats()
-        self.replicator = LedgerReplicator(bk, progress=lambda n, b: self.stats.add(n, b))
+        self.throttle = Throttle(self.config.rate_mb_per_s, self.config.rate_entries_per_s)
+        self.replicator = LedgerReplicator(bk, progress=lambda n, b: self.stats.add(n, b),
+                                           throttle=self.throttle)
         self.ledgers_replicated = 0
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []

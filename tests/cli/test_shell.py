@@ -15,6 +15,7 @@ from bkspark.cli.main import main
 from bkspark.client import BookKeeper
 from bkspark.log import LogStore
 from bkspark.testing.cluster import BookieCluster
+from metadata import registry
 
 pytestmark = [pytest.mark.integration]
 PW = b"pw"
@@ -151,6 +152,15 @@ def test_recover_or_decommission_of_an_unknown_bookie_is_an_error(cluster, capsy
     assert code == 1, out
     assert "bookie 127.0.0.1:1 is not known to this cluster" in err
     assert all(b in err for b in cluster.bookie_ids)      # names the bookies it does know
+
+
+@pytest.mark.parametrize("command", ["recover", "decommission"])
+def test_a_negative_copy_rate_is_refused_before_anything_moves(cluster, capsys, command):
+    code, out, err = sh(capsys, cluster, command, cluster.bookie_ids[0], "--rate", "-5")
+    assert code == 1, out
+    assert "--rate" in err and "0 for unlimited" in err, err
+    with BookKeeper(cluster.metadata_uri) as bk:        # still writable: nothing was started
+        assert cluster.bookie_ids[0] in registry.list_bookies(bk.store)
 
 
 def test_autorecovery_commands(cluster, capsys):

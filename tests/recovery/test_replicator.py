@@ -22,7 +22,9 @@ from bkspark.client import quorum
 from bkspark.proto import bookie_pb2 as pb
 from bkspark.proto import bookie_pb2_grpc as pb_grpc
 from bkspark.recovery.auditor import Auditor, AuditorConfig
-from bkspark.recovery.replicator import (FULL, OPEN, LedgerReplicator, fragments, list_entries)
+from bkspark.recovery.replicator import (FULL, OPEN, PARTIAL, LedgerReplicator, fragments,
+                                         list_entries)
+from bkspark.recovery.throttle import BURST_S, Throttle
 from bkspark.recovery.urm import UnderReplicationManager
 from bkspark.recovery.worker import ReplicationWorker, WorkerConfig
 from bkspark.testing.cluster import BookieCluster
@@ -123,17 +125,17 @@ def test_copy_to_a_bookie_that_has_the_ledger_fenced_uses_recovery_adds(c, bk):
     read_back(bk, lh.ledger_id, payloads)
 
 
-def _manual_ledger(bk, ensemble, n, skip):
+def _manual_ledger(bk, ensemble, n, skip, qw=2):
     """A CLOSED ledger written entry by entry to its write sets, skipping ``skip`` =
     {(entry, bookie)} -- entries that a live bookie should hold but lacks."""
-    md = ledger_store.create_ledger(bk.store, LedgerMetadata.new(ensemble, 2, 2, password=PW))
+    md = ledger_store.create_ledger(bk.store, LedgerMetadata.new(ensemble, qw, 2, password=PW))
     dm = DigestManager(md.ledger_id, md.digest_type, PW)
     length = 0
     for e in range(n):
         payload = b"m%04d" % e
         length += len(payload)
         body = dm.frame(e, e - 1, length, payload)
-        for b in quorum.write_set_bookies(e, ensemble, 2):
+        for b in quorum.write_set_bookies(e, ensemble, qw):
             if (e, b) in skip:
                 continue
             r = bk._pool.get(b).add(md.ledger_id, e, body, master_key(PW)).result()
@@ -210,6 +212,88 @@ def test_full_write_quorum_ledger_is_streamed(c, bk):
     res = LedgerReplicator(bk).replicate_ledger(lh.ledger_id)
     assert res.status == FULL and res.entries == 300
     assert not replication_problems(bk, lh.ledger_id, 300)
+    read_back(bk, lh.ledger_id, payloads)
+
+
+class _Observed(LedgerReplicator):
+    """The replicator, noting which bookie each ranged read of a copy starts on and how many
+    entries are read one by one."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.streamed_from: list[str] = []
+        self.single_reads = 0
+
+    def _stream(self, lid, first, count, members, *rest):
+        self.streamed_from.append(members[0])
+        return super()._stream(lid, first, count, members, *rest)
+
+    def _read(self, bookie, lid, x):
+        self.single_reads += 1
+        return super()._read(bookie, lid, x)
+
+
+def test_striped_ledger_is_copied_by_range_reads_from_every_survivor(c, bk):
+    """E=3 Qw=2: a lost member's entries alternate between two write sets, so no survivor
+    holds a consecutive run of them; each survivor streams its residue class (ReadRange
+    with step E) and nothing is read entry by entry."""
+    lh, payloads = write_ledger(bk, 600, size=300)
+    ens = lh.metadata.last_ensemble()
+    victim = ens[0]
+    kill_and_wait(c, bk, victim)
+    rep = _Observed(bk)
+    res = rep.replicate_ledger(lh.ledger_id)
+    assert res.status == FULL and res.entries == 400, res      # 2 of every 3 entries
+    assert sorted(set(rep.streamed_from)) == sorted(ens[1:]), rep.streamed_from
+    assert rep.single_reads == 0
+    assert not replication_problems(bk, lh.ledger_id, 600)
+    read_back(bk, lh.ledger_id, payloads)
+
+
+def test_a_range_read_that_meets_a_gap_goes_on_from_another_replica(c, bk):
+    """Qw=E=3: a survivor that lacks entries stops its stream at the first gap; the stream
+    goes on from the other survivor, and every entry still arrives (no per-entry reads)."""
+    ensemble = c.bookie_ids[:3]
+    victim, holey = ensemble[0], ensemble[1]
+    lid, payloads = _manual_ledger(bk, ensemble, 90, skip={(30, holey), (31, holey),
+                                                           (32, holey)}, qw=3)
+    kill_and_wait(c, bk, victim)
+    rep = _Observed(bk)
+    res = rep.replicate_ledger(lid)
+    assert res.status == FULL and res.entries == 90, res
+    assert rep.single_reads == 0
+    assert sorted(set(rep.streamed_from)) == sorted(ensemble[1:])   # spread over both
+    new = bk.ledger_metadata(lid).ensembles[0][1][0]
+    assert list_entries(bk, new, lid).ranges == [(0, 89)]
+    read_back(bk, lid, payloads)
+
+
+def test_an_entry_no_survivor_holds_leaves_the_fragment_untouched(c, bk):
+    ensemble = c.bookie_ids[:3]
+    lid, _ = _manual_ledger(bk, ensemble, 40, skip={(17, b) for b in ensemble[1:]}, qw=3)
+    victim = ensemble[0]
+    kill_and_wait(c, bk, victim)
+    res = LedgerReplicator(bk).replicate_ledger(lid)
+    assert res.status == PARTIAL and "entry 17" in " ".join(res.notes), res
+    assert bk.ledger_metadata(lid).ensembles[0][1] == ensemble      # no swap without a copy
+
+
+def test_a_throttled_copy_keeps_to_its_rate(c, bk):
+    """The copy asks the throttle before every write: on the throttle's own timeline (a
+    fake clock that only its sleeps move) the copy of N bytes at R bytes/s takes N/R,
+    less the one burst a throttle allows."""
+    lh, payloads = write_ledger(bk, 300, size=1000)
+    victim = lh.metadata.last_ensemble()[2]
+    kill_and_wait(c, bk, victim)
+    now = [0.0]
+
+    def sleep(s):
+        now[0] += s
+    throttle = Throttle(mb_per_s=0.05, clock=lambda: now[0], sleep=sleep)   # 50,000 B/s
+    res = LedgerReplicator(bk, throttle=throttle).replicate_ledger(lh.ledger_id)
+    assert res.status == FULL and res.entries == 200
+    expected = res.bytes / 50_000
+    assert expected - BURST_S - 0.05 <= now[0] <= expected, (now[0], expected)
     read_back(bk, lh.ledger_id, payloads)
 
 
