@@ -39,6 +39,8 @@ UR_LOCKS = UNDERREPLICATION + "/locks"
 AUDITOR_ELECTION = UNDERREPLICATION + "/auditorelection"
 UR_DISABLE = UNDERREPLICATION + "/disable"
 LOST_BOOKIE_RECOVERY_DELAY = UNDERREPLICATION + "/lostBookieRecoveryDelay"
+#: a request for a full audit now (``bkspark shell triggeraudit``): each change is one request
+AUDIT_REQUEST = UNDERREPLICATION + "/auditRequest"
 #: election of the one process that applies logs' retention policies
 RETENTION_ELECTION = LOGS + "-retention/election"
 #: where the ledger hierarchy starts ("" = directly under the store root, like BookKeeper)

@@ -21,6 +21,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--periodic-check-interval", type=float, default=3600.0,
                         help="seconds between full ListEntries checks of every ledger "
                              "(default 3600, 0 = off)")
+    parser.add_argument("--bookie-check-interval", type=float, default=86400.0,
+                        help="seconds between scans of every ledger for bookies that are not "
+                             "registered (default 86400, 0 = off; a change of the registered "
+                             "bookies always starts one)")
+    parser.add_argument("--placement-check-interval", type=float, default=86400.0,
+                        help="seconds between checks of every ledger's placement against the "
+                             "policy: rack spread (default 86400, 0 = off)")
     parser.add_argument("--open-ledger-grace", type=float, default=30.0,
                         help="seconds to leave an open last fragment to its writer before "
                              "fencing the ledger (default 30)")
@@ -40,6 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds between passes applying the logs' retention policies "
                              "(default 60; 0 = not in this process). One process of the "
                              "cluster applies them (elected)")
+    parser.add_argument("--http-port", type=int, default=-1,
+                        help="serve Prometheus /metrics and the /api/v1/autorecovery routes "
+                             "(status, list_under_replicated_ledger, who_is_auditor, "
+                             "trigger_audit, process) on this port (default -1: none; 0: any "
+                             "free port, logged)")
+    parser.add_argument("--http-host", default="0.0.0.0", help="address of --http-port")
     parser.add_argument("--no-auditor", action="store_true", help="run only the worker")
     parser.add_argument("--no-worker", action="store_true", help="run only the auditor")
     parser.add_argument("--id", default=None, help="identifier shown by `shell whoisauditor`")
@@ -61,10 +74,13 @@ def config_from_args(args):
         lost_bookie_recovery_delay=args.lost_bookie_recovery_delay,
         audit_interval=args.audit_interval,
         periodic_check_interval=args.periodic_check_interval,
+        bookie_check_interval=args.bookie_check_interval,
+        placement_check_interval=args.placement_check_interval,
         open_ledger_grace=args.open_ledger_grace, worker_threads=args.worker_threads,
         retry_backoff=args.retry_backoff, session_timeout=args.session_timeout,
         run_auditor=not args.no_auditor, run_worker=not args.no_worker,
         retention_interval=args.retention_interval,
+        http_port=args.http_port, http_host=args.http_host,
         replication_rate_mb_per_s=args.rate, replication_rate_entries_per_s=args.rate_entries,
         client=client_args.client_settings(args))
 

@@ -93,6 +93,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--missing", default=None, metavar="BOOKIE",
                    help="only ledgers whose record names this bookie")
     add("whoisauditor", "print the elected auditor")
+    add("triggeraudit", "ask the auditor for a full audit now (lost bookies published without "
+                        "the recovery delay, entries and placement checked)")
     p = add("autorecovery", "enable/disable autorecovery cluster-wide, or show its status")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--enable", action="store_true")
@@ -436,6 +438,23 @@ def cmd_whoisauditor(args, out):
     if auditor is None:
         raise ShellError("no auditor is elected (is any autorecovery process running?)")
     out.message(f"auditor: {auditor}", {"auditor": auditor})
+
+
+@command("triggeraudit", "request a full audit")
+def cmd_triggeraudit(args, out):
+    from bkspark.recovery.urm import UnderReplicationManager
+    with _store(args) as store:
+        urm = UnderReplicationManager(store, "shell")
+        version = urm.request_audit(by="shell")
+        auditor = urm.auditor()
+    doc = {"requested": version, "auditor": auditor}
+    if auditor is None:
+        raise ShellError("audit requested, but no auditor is elected to run it (is any "
+                         "autorecovery process running? `bkspark autorecovery`, or bookies "
+                         "with --autorecovery; a new auditor scans for lost bookies as it "
+                         "starts)")
+    else:
+        out.message(f"audit requested; auditor {auditor} runs it within a second", doc)
 
 
 @command("autorecovery", "toggle autorecovery")

@@ -63,3 +63,17 @@ def choose_replacement(bookies: dict, ensemble: list[str], index: int, exclude=(
     fresh = [b for b in candidates
              if _rack(bookies[b]) is not None and _rack(bookies[b]) not in used_racks]
     return rng.choice(fresh or candidates)
+
+
+def rack_shortfall(ensemble: list[str], bookies: dict) -> int:
+    """How many racks fewer an ensemble spans than the policy would give it now: the
+    members known to ``bookies`` ({bookie_id: info}, the registered ones) could span
+    ``min(members, racks in the cluster)`` racks (bookies without a label count as one rack,
+    as :func:`choose_ensemble` groups them). 0 when no bookie carries a rack label. The
+    auditor's placement check reports ledgers with a fragment above 0."""
+    racks = {_rack(info) for info in bookies.values()}
+    if racks <= {None}:
+        return 0
+    members = [b for b in ensemble if b in bookies]
+    used = {_rack(bookies[b]) for b in members}
+    return max(0, min(len(members), len(racks)) - len(used))

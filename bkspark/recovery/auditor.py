@@ -11,9 +11,23 @@ A newly elected auditor computes the lost bookies from the ledgers' metadata (bo
 referenced but not registered), so a failover loses nothing: it waits the delay and
 publishes what its predecessor had not.
 
-Every ``periodic_check_interval`` seconds a full check also asks each live bookie
-(``ListEntries``) whether it holds every entry its closed fragments say it should; ledgers
-with missing entries are published too.
+Periodic checks, each with its own period (0: off), catch what the event-driven path
+missed (e.g. while no auditor ran):
+
+* ``bookie_check_interval`` (BookKeeper's ``auditorPeriodicBookieCheckInterval``): a full
+  scan of every ledger's ensembles for bookies that are not registered (also run whenever
+  the registered bookies change, and every ``audit_interval`` while some are missing);
+* ``periodic_check_interval`` (``auditorPeriodicCheckInterval``): each live bookie is asked
+  (``ListEntries``) whether it holds every entry its closed fragments say it should; ledgers
+  with missing entries are published too;
+* ``placement_check_interval`` (``auditorPeriodicPlacementPolicyCheckInterval``): every
+  fragment's ensemble against the placement policy (spread over racks when bookies carry
+  rack labels, :func:`~bkspark.client.placement.rack_shortfall`); ledgers that do not adhere
+  are reported (log, metrics, status), not re-replicated: their data is whole.
+
+A full audit on request (``bkspark shell triggeraudit``, ``PUT
+/api/v1/autorecovery/trigger_audit``: a change of ``/underreplication/auditRequest``) runs
+all three at once and publishes the lost bookies' ledgers without waiting for the delay.
 """
 from __future__ import annotations
 
@@ -23,13 +37,17 @@ import time
 from dataclasses import dataclass
 
 from bkspark.errors import BKError, NoSuchLedgerError
+from bkspark.client.placement import rack_shortfall
 from metadata import ledgers as ledger_store
 from metadata import registry
 
-from .replicator import LedgerReplicator, live_bookies
+from .replicator import LedgerReplicator, fragments, live_bookies
 from .urm import UnderReplicationManager
 
 log = logging.getLogger("bkspark.recovery.auditor")
+
+#: ledgers a placement check names at most (the count covers them all)
+PLACEMENT_REPORT = 100
 
 
 @dataclass
@@ -37,6 +55,8 @@ class AuditorConfig:
     lost_bookie_recovery_delay: float = 30.0
     audit_interval: float = 10.0            # rescan ledgers while lost bookies remain
     periodic_check_interval: float = 3600.0  # ListEntries check of every ledger (0 = off)
+    bookie_check_interval: float = 86400.0   # scan of every ledger for unregistered bookies
+    placement_check_interval: float = 86400.0  # every ensemble against the placement policy
     tick: float = 0.5
 
 
@@ -50,6 +70,12 @@ class Auditor:
         self.replicator = LedgerReplicator(bk)
         self.published = 0            # records created/changed (for tests and status)
         self.checks = 0
+        self.audits = 0               # full audits run on request
+        self.last_checks: dict[str, int] = {}       # check -> when it last ran (epoch ms)
+        #: ledgers the last placement check found not adhering (id -> why; at most
+        #: PLACEMENT_REPORT of them), and how many there were in all
+        self.placement_violations: dict[int, str] = {}
+        self.placement_violation_count = 0
         self._wake = threading.Event()
         self.first_missing: dict[str, float] = {}
 
@@ -66,8 +92,9 @@ class Auditor:
         index: dict = {}
         last_scan = 0.0
         last_due: set = set()
-        last_check = time.monotonic()
+        last_check = last_placement = time.monotonic()
         last_alive = None
+        audit_seen = self.urm.audit_request()
         try:
             while still_leader():
                 self._wake.wait(self.config.tick)
@@ -77,8 +104,16 @@ class Auditor:
                 try:
                     now = time.monotonic()
                     _, alive = live_bookies(self.store)
-                    stale = now - last_scan >= (self.config.audit_interval if self.first_missing
-                                                else 6 * self.config.audit_interval)
+                    every = (self.config.audit_interval if self.first_missing
+                             else self.config.bookie_check_interval)
+                    stale = every > 0 and now - last_scan >= every
+                    audit = self.urm.audit_request()
+                    if audit != audit_seen:
+                        log.info("auditor: full audit requested")
+                        self.audit()
+                        audit_seen, last_scan = audit, time.monotonic()
+                        last_check = last_placement = last_scan
+                        last_alive = None       # the scan below sets first_missing
                     if alive != last_alive or stale:
                         index = self._bookie_index()
                         last_scan = now
@@ -108,6 +143,10 @@ class Auditor:
                             self.urm.is_enabled():
                         self.check_all_ledgers(due)
                         last_check = time.monotonic()
+                    if self.config.placement_check_interval > 0 and \
+                            now - last_placement >= self.config.placement_check_interval:
+                        self.check_placement()
+                        last_placement = time.monotonic()
                 except BKError as exc:
                     log.warning("auditor pass failed: %s", exc)
         finally:
@@ -117,8 +156,23 @@ class Auditor:
                 except Exception:  # noqa: BLE001
                     pass
 
+    def audit(self) -> int:
+        """A full audit now: every ledger of every bookie that is not registered is published
+        (no recovery delay), then the entries check and the placement check run. Returns
+        the records published."""
+        self.audits += 1
+        _, alive = live_bookies(self.store)
+        index = self._bookie_index()
+        lost = set(index) - alive
+        n = self.publish_lost(lost, index) if lost and self.urm.is_enabled() else 0
+        if self.urm.is_enabled():
+            n += self.check_all_ledgers(lost)
+        self.check_placement()
+        return n
+
     def _bookie_index(self) -> dict[str, set]:
         """bookie -> ledgers with a fragment on it."""
+        self.last_checks["bookies"] = int(time.time() * 1000)
         index: dict[str, set] = {}
         for lid in ledger_store.list_ledgers(self.store):
             try:
@@ -151,6 +205,7 @@ class Auditor:
         """Full check: ledgers whose live members lack entries of closed fragments (or that
         use one of the ``lost`` bookies)."""
         self.checks += 1
+        self.last_checks["entries"] = int(time.time() * 1000)
         n = 0
         _, alive = live_bookies(self.store)
         for lid in ledger_store.list_ledgers(self.store):
@@ -168,3 +223,34 @@ class Auditor:
                     n += 1
         self.published += n
         return n
+
+    def check_placement(self) -> int:
+        """Every ledger's fragments against the placement policy (module docstring); the
+        ledgers that do not adhere are logged and kept in :attr:`placement_violations`.
+        Returns how many there are."""
+        self.last_checks["placement"] = int(time.time() * 1000)
+        bookies = {**registry.list_bookies(self.store, readonly=True),
+                   **registry.list_bookies(self.store)}
+        found: dict[int, str] = {}
+        count = 0
+        for lid in ledger_store.list_ledgers(self.store):
+            try:
+                md, _ = ledger_store.read_ledger(self.store, lid)
+            except BKError:
+                continue
+            for frag in fragments(md):
+                short = rack_shortfall(frag.ensemble, bookies)
+                if short:
+                    count += 1
+                    if len(found) < PLACEMENT_REPORT:
+                        racks = sorted({str((bookies.get(b) or {}).get("rack"))
+                                        for b in frag.ensemble if b in bookies})
+                        end = "open" if frag.last is None else frag.last
+                        found[lid] = (f"fragment {frag.first}..{end} {frag.ensemble} spans "
+                                      f"racks {racks}: {short} fewer than the cluster allows")
+                    break
+        self.placement_violations, self.placement_violation_count = found, count
+        if count:
+            log.warning("auditor: %d ledgers do not adhere to the placement policy (e.g. %s)",
+                        count, "; ".join(f"{k}: {v}" for k, v in list(found.items())[:3]))
+        return count

@@ -168,16 +168,34 @@ def live_bookies(store) -> tuple[dict, set]:
 
 @dataclass
 class Stats:
+    """What a worker copied since it started (thread-safe), and its recent rate."""
     entries: int = 0
     bytes: int = 0
     fragments: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: (monotonic time, bytes so far), one every MARK_EVERY s at most: the rate's samples
+    marks: deque = field(default_factory=lambda: deque(maxlen=64), repr=False)
+
+    MARK_EVERY = 0.5
 
     def add(self, entries=0, nbytes=0, fragments=0):
+        now = time.monotonic()
         with self.lock:
             self.entries += entries
             self.bytes += nbytes
             self.fragments += fragments
+            if not self.marks or now - self.marks[-1][0] >= self.MARK_EVERY:
+                self.marks.append((now, self.bytes))
+
+    def rate(self, window: float) -> float:
+        """Bytes/s copied over about the last ``window`` seconds (0 when idle)."""
+        now = time.monotonic()
+        with self.lock:
+            base = next(((t, b) for t, b in self.marks if now - t <= window), None)
+            total = self.bytes
+        if base is None:
+            return 0.0
+        return (total - base[1]) / max(now - base[0], self.MARK_EVERY)
 
 
 # ---- outcome of one ledger ---------------------------------------------------------------------

@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -20,6 +21,7 @@ from metadata.layout import AUDITOR_ELECTION, UR_LEDGERS, UR_LOCKS
 
 from .auditor import Auditor, AuditorConfig
 from .election import LeaderElection
+from .http import RATE_WINDOW, AutoRecoveryHttp, metrics_registry
 from .throttle import DEFAULT_DAEMON_MB_PER_S
 from .worker import ReplicationWorker, WorkerConfig
 
@@ -31,6 +33,8 @@ class AutoRecoveryConfig:
     lost_bookie_recovery_delay: float = 30.0
     audit_interval: float = 10.0
     periodic_check_interval: float = 3600.0
+    bookie_check_interval: float = 86400.0
+    placement_check_interval: float = 86400.0
     open_ledger_grace: float = 30.0
     worker_threads: int = 2
     replication_rate_mb_per_s: float | None = DEFAULT_DAEMON_MB_PER_S   # the worker's copy
@@ -41,6 +45,8 @@ class AutoRecoveryConfig:
     rpc_timeout: float = 10.0
     run_auditor: bool = True
     run_worker: bool = True
+    http_port: int = -1                 # metrics and routes (.http) on this port (0: any
+    http_host: str = "0.0.0.0"          # free one; -1: none -- a bookie serves its own)
     retention_interval: float = 60.0    # seconds between retention passes (0: no retention
                                         # service in this process)
     client: dict = field(default_factory=dict)  # ClientConfig fields of its client (TLS
@@ -61,6 +67,8 @@ class AutoRecovery:
         self.election = None
         self.worker = None
         self.retention = None
+        self.http = None                # the HTTP endpoint, when config.http_port >= 0
+        self.metrics = metrics_registry(self)
         self._stopped = threading.Event()
 
     def start(self) -> "AutoRecovery":
@@ -75,7 +83,9 @@ class AutoRecovery:
             self.auditor = Auditor(self.bk, AuditorConfig(
                 lost_bookie_recovery_delay=c.lost_bookie_recovery_delay,
                 audit_interval=c.audit_interval,
-                periodic_check_interval=c.periodic_check_interval), self.identifier)
+                periodic_check_interval=c.periodic_check_interval,
+                bookie_check_interval=c.bookie_check_interval,
+                placement_check_interval=c.placement_check_interval), self.identifier)
             self.election = LeaderElection(self.store, self.identifier, self.auditor.run)
             self.election.start()
         if c.run_worker:
@@ -84,22 +94,52 @@ class AutoRecovery:
                 retry_backoff=c.retry_backoff, rate_mb_per_s=c.replication_rate_mb_per_s,
                 rate_entries_per_s=c.replication_rate_entries_per_s), self.identifier)
             self.worker.start()
+        if c.http_port >= 0:
+            self.http = AutoRecoveryHttp(self, c.http_host, c.http_port).start()
         if c.retention_interval > 0:
             from .retention import RetentionService
             self.retention = RetentionService(self.bk, self.identifier, c.retention_interval).start()
         log.info("autorecovery started id=%s metadata=%s auditor=%s worker=%s "
-                 "(copy rate limit: %s)", self.identifier, self.metadata_uri, c.run_auditor,
-                 c.run_worker, self.worker.throttle.describe() if self.worker else "-")
+                 "(copy rate limit: %s) http=%s", self.identifier, self.metadata_uri,
+                 c.run_auditor, c.run_worker,
+                 self.worker.throttle.describe() if self.worker else "-",
+                 self.http.port if self.http else None)
         return self
 
     @property
     def is_auditor(self) -> bool:
         return bool(self.election and self.election.is_leader)
 
+    def describe(self) -> dict:
+        """What this process's autorecovery is doing (``GET /api/v1/autorecovery/process``)."""
+        doc: dict = {"id": self.identifier, "isAuditor": self.is_auditor}
+        w = self.worker
+        if w is not None:
+            s = w.stats
+            doc["worker"] = {"threads": w.config.threads, "rateLimit": w.throttle.describe(),
+                             "entriesCopied": s.entries, "bytesCopied": s.bytes,
+                             "fragmentsCopied": s.fragments,
+                             "ledgersReplicated": w.ledgers_replicated,
+                             "failures": w.failures,
+                             "copyRateBytesPerSecond": round(s.rate(RATE_WINDOW))}
+        a = self.auditor
+        if a is not None and self.is_auditor:
+            now = time.monotonic()
+            doc["auditor"] = {
+                "lostBookies": {b: round(now - t, 1) for b, t in dict(a.first_missing).items()},
+                "published": a.published, "auditsRequested": a.audits,
+                "lastChecksMs": dict(a.last_checks),
+                "placementViolations": a.placement_violation_count,
+                "placementExamples": {str(k): v for k, v in
+                                      list(dict(a.placement_violations).items())[:20]}}
+        return doc
+
     def stop(self) -> None:
         if self._stopped.is_set():
             return
         self._stopped.set()
+        if self.http is not None:
+            self.http.stop()
         if self.election is not None:
             self.election.stop()
         if self.worker is not None:

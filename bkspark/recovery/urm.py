@@ -6,6 +6,7 @@ Layout (BookKeeper's, relative to the metadata root)::
     /underreplication/locks/urL%010d                                 ephemeral worker lock
     /underreplication/disable                                        present = autorecovery off
     /underreplication/lostBookieRecoveryDelay                        seconds (ASCII int)
+    /underreplication/auditRequest                                   a full audit requested
     /underreplication/auditorelection/...                            auditor election
 
 A record's data is JSON ``{"missing": [bookie ids], "ctime_ms": ..., "by": ...}``. The
@@ -23,6 +24,7 @@ import time
 
 from bkspark.errors import BadVersionError, MetadataFormatError, NodeExistsError, NoNodeError
 from metadata.layout import (
+    AUDIT_REQUEST,
     AUDITOR_ELECTION,
     LOST_BOOKIE_RECOVERY_DELAY,
     UR_DISABLE,
@@ -196,6 +198,32 @@ class UnderReplicationManager:
             self.store.delete(LOST_BOOKIE_RECOVERY_DELAY)
         except NoNodeError:
             pass
+
+    # ---- audit requests -------------------------------------------------------------------
+    def request_audit(self, by: str = "") -> int:
+        """Ask the auditor for a full audit now (its every check, lost bookies published
+        without waiting for the recovery delay); returns the request's version. Each change
+        of the record is one request; an answer lost after the write applied at most causes
+        one audit more."""
+        doc = _dumps({"requested_ms": int(time.time() * 1000), "by": by})
+        for _ in range(32):
+            try:
+                _, version = self.store.get(AUDIT_REQUEST)
+            except NoNodeError:
+                try:
+                    self.store.create(AUDIT_REQUEST, doc, makepath=True)
+                    return 0
+                except NodeExistsError:
+                    continue
+            try:
+                return self.store.set(AUDIT_REQUEST, doc, version)
+            except (BadVersionError, NoNodeError):
+                continue
+        raise BadVersionError(f"{AUDIT_REQUEST}: kept changing while requesting an audit")
+
+    def audit_request(self) -> int | None:
+        """The version of the latest audit request (None: never requested)."""
+        return self.store.exists(AUDIT_REQUEST)
 
     # ---- auditor --------------------------------------------------------------------------
     def auditor(self) -> str | None:

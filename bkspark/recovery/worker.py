@@ -49,6 +49,7 @@ class ReplicationWorker:
         self.replicator = LedgerReplicator(bk, progress=lambda n, b: self.stats.add(n, b),
                                            throttle=self.throttle)
         self.ledgers_replicated = 0
+        self.failures = 0               # passes that failed or left the ledger under-replicated
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._open_since: dict[int, float] = {}
@@ -113,8 +114,10 @@ class ReplicationWorker:
             log.warning("ledger %d: re-replication failed: %s", lid, exc)
             self.urm.release(lid)
             with self._lock:
+                self.failures += 1
                 self._backoff[lid] = time.monotonic() + self.config.retry_backoff
             return
+        self.stats.add(fragments=res.fragments_replicated)
         if res.status == FULL:
             if self.urm.mark_replicated(lid, version):
                 log.info("ledger %d fully replicated (%d fragments, %d entries, %d bytes)",
@@ -135,5 +138,6 @@ class ReplicationWorker:
                          "the %.0fs grace period unless the writer moves on", lid,
                          self.config.open_ledger_grace)
             else:
+                self.failures += 1
                 self._backoff[lid] = time.monotonic() + self.config.retry_backoff
                 log.warning("ledger %d still under-replicated: %s", lid, "; ".join(res.notes))

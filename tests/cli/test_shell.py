@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -178,6 +179,27 @@ def test_autorecovery_commands(cluster, capsys):
     assert code == 0 and doc == []
     code, out, _ = sh(capsys, cluster, "listunderreplicated")
     assert code == 0 and "0 under-replicated" in out
+
+
+def test_triggeraudit_makes_the_elected_auditor_audit(cluster, capsys):
+    import urllib.request
+    code, doc, _ = sh(capsys, cluster, "whoisauditor", as_json=True)
+    auditor = doc["auditor"]
+    bookie = next(b for b in cluster.bookie_ids if auditor.startswith(b + ":"))
+    with BookKeeper(cluster.metadata_uri) as bk:
+        port = registry.list_bookies(bk.store)[bookie]["http_port"]
+
+    def audits():
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/autorecovery/process",
+                                    timeout=10) as r:
+            return json.loads(r.read())["auditor"]["auditsRequested"]
+    before = audits()
+    code, doc, err = sh(capsys, cluster, "triggeraudit", as_json=True)
+    assert code == 0 and doc["auditor"] == auditor, err
+    deadline = time.monotonic() + 30
+    while audits() == before:
+        assert time.monotonic() < deadline, "the auditor never ran the requested audit"
+        time.sleep(0.2)
 
 
 def test_simpletest_and_bookiesanity(cluster, capsys):

@@ -32,3 +32,17 @@ def test_replacement_excludes_ensemble_and_prefers_new_rack():
     assert placement.choose_replacement(bookies, ens, 2, rng=random.Random(3)) == "c1"
     with pytest.raises(NotEnoughBookiesError):
         placement.choose_replacement({"a0": {}, "b0": {}}, ["a0", "b0"], 0)
+
+
+def test_rack_shortfall_counts_racks_an_ensemble_could_span_but_does_not():
+    bookies = {"a0": {"rack": "a"}, "a1": {"rack": "a"}, "b0": {"rack": "b"},
+               "c0": {"rack": "c"}}
+    assert placement.rack_shortfall(["a0", "b0", "c0"], bookies) == 0
+    assert placement.rack_shortfall(["a0", "a1", "b0"], bookies) == 1
+    assert placement.rack_shortfall(["a0", "a1"], bookies) == 1      # 2 members, 3 racks
+    # a member that is not registered is not counted (the bookie check handles it)
+    assert placement.rack_shortfall(["a0", "gone", "b0"], bookies) == 0
+    # no labels: nothing to spread over
+    assert placement.rack_shortfall(["x", "y"], {"x": {}, "y": {"rack": ""}}) == 0
+    # an unlabelled bookie counts as one more rack, as choose_ensemble groups it
+    assert placement.rack_shortfall(["a0", "a1", "u"], {**bookies, "u": {}}) == 1

@@ -1,0 +1,79 @@
+"""The auditor's periodic checks on a real metadata store (the checks read metadata only:
+bookie registrations carry rack labels, ledgers name their ensembles)."""
+from __future__ import annotations
+
+import pytest
+
+from bkspark.client import BookKeeper
+from bkspark.recovery.auditor import PLACEMENT_REPORT, Auditor
+from bkspark.recovery.urm import UnderReplicationManager
+from metadata import ledgers as ledger_store
+from metadata import open_store, registry
+from metadata.ledger_metadata import LedgerMetadata
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = open_store(f"sqlite://{tmp_path}/meta.db", create=True)
+    registry.ensure_layout(s)
+    yield s
+    s.close()
+
+
+def _ledger(store, *ensembles):
+    md = LedgerMetadata.new(ensembles[0], 2, 2, password=b"pw")
+    for first, ens in ensembles[1:]:
+        md = md.with_ensemble(first, ens)
+    md = ledger_store.create_ledger(store, md)
+    return md.ledger_id
+
+
+def test_the_placement_check_reports_ledgers_not_spread_over_racks(store):
+    for b, rack in (("a0:1", "/r/a"), ("a1:1", "/r/a"), ("b0:1", "/r/b"), ("c0:1", "/r/c")):
+        registry.register_bookie(store, b, {"address": b, "rack": rack})
+    good = _ledger(store, ["a0:1", "b0:1", "c0:1"])
+    bad = _ledger(store, ["a0:1", "b0:1", "c0:1"], (10, ["a0:1", "a1:1", "c0:1"]))
+    with BookKeeper(store=store) as bk:
+        auditor = Auditor(bk)
+        assert auditor.check_placement() == 1
+        assert list(auditor.placement_violations) == [bad] and good not in \
+            auditor.placement_violations
+        why = auditor.placement_violations[bad]
+        assert "fragment 10..open" in why and "1 fewer" in why, why
+        assert "placement" in auditor.last_checks
+        # reported, not re-replicated: the data is whole
+        assert UnderReplicationManager(store).list() == []
+
+
+def test_the_placement_check_names_a_bounded_number_of_ledgers(store):
+    for b, rack in (("a0:1", "a"), ("a1:1", "a"), ("b0:1", "b")):
+        registry.register_bookie(store, b, {"address": b, "rack": rack})
+    for _ in range(PLACEMENT_REPORT + 5):
+        _ledger(store, ["a0:1", "a1:1"])
+    with BookKeeper(store=store) as bk:
+        auditor = Auditor(bk)
+        assert auditor.check_placement() == PLACEMENT_REPORT + 5
+        assert len(auditor.placement_violations) == PLACEMENT_REPORT
+
+
+def test_a_requested_audit_publishes_lost_bookies_without_the_delay(store):
+    registry.register_bookie(store, "a:1", {"address": "a:1"})
+    registry.register_bookie(store, "b:1", {"address": "b:1"})
+    lid = _ledger(store, ["a:1", "b:1", "gone:1"])
+    urm = UnderReplicationManager(store)
+    assert urm.audit_request() is None
+    first = urm.request_audit(by="test")
+    assert urm.request_audit(by="test") > first and urm.audit_request() > first
+    with BookKeeper(store=store) as bk:
+        auditor = Auditor(bk)
+        auditor.audit()
+    assert urm.list() == [lid] and urm.get(lid)[0]["missing"] == ["gone:1"]
+    assert auditor.audits == 1 and {"bookies", "entries", "placement"} <= set(auditor.last_checks)
+
+
+def test_triggeraudit_without_an_auditor_says_so(store, tmp_path, capsys):
+    from bkspark.cli.main import main
+    assert main(["shell", "--metadata", f"sqlite://{tmp_path}/meta.db", "triggeraudit"]) == 1
+    err = capsys.readouterr().err
+    assert "no auditor is elected" in err and "bkspark autorecovery" in err, err
+    assert UnderReplicationManager(store).audit_request() is not None    # still recorded

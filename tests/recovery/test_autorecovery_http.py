@@ -1,0 +1,119 @@
+"""Autorecovery seen from outside, against real processes: a `bkspark autorecovery` with
+``--http-port`` and real bookies (whose admin endpoints answer the same routes).
+
+A bookie dies while the recovery delay is long: the metrics show the lost bookie and no
+record is published; ``trigger_audit`` (HTTP) publishes at once and the worker repairs,
+which the copy counters show; the status switch and the record listing work over HTTP;
+bad requests get 400/404 naming the problem. ``bkspark shell triggeraudit`` is covered in
+tests/cli/test_shell.py.
+"""
+from __future__ import annotations
+
+import json
+import re
+import urllib.error
+import urllib.request
+
+import pytest
+
+from bkspark.client import BookKeeper
+from bkspark.localcluster import free_port
+from bkspark.recovery.urm import UnderReplicationManager
+from bkspark.testing.cluster import BookieCluster
+from metadata import registry
+
+from .helpers import AutoRecoveryProcess, read_back, replication_problems, wait_until, write_ledger
+
+pytestmark = [pytest.mark.integration]
+
+
+def http(port: int, path: str, method: str = "GET"):
+    """(status, JSON document or text) of one request."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
+                                 data=b"" if method in ("PUT", "POST") else None)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            code, body, kind = r.status, r.read(), r.headers.get("Content-Type", "")
+    except urllib.error.HTTPError as exc:
+        code, body, kind = exc.code, exc.read(), exc.headers.get("Content-Type", "")
+    except urllib.error.URLError as exc:        # not listening (yet)
+        return 0, str(exc.reason)
+    return code, (json.loads(body) if kind.startswith("application/json") else body.decode())
+
+
+def metric(text: str, name: str, labels: str = "") -> float | None:
+    m = re.search(rf"^{re.escape(name)}{re.escape(labels)} (\S+)$", text, re.M)
+    return None if m is None else float(m.group(1))
+
+
+def test_metrics_and_routes_of_a_running_autorecovery(tmp_path):
+    uri = f"sqlite://{tmp_path}/meta.db"
+    port = free_port()
+    with BookieCluster(uri, num_bookies=4, data_dir=tmp_path, session_timeout=3.0) as c, \
+            BookKeeper(uri, add_timeout=5, read_timeout=5) as bk:
+        lh, payloads = write_ledger(bk, 60, size=2000)
+        ar = AutoRecoveryProcess(uri, "ar-http", tmp_path, lost_bookie_recovery_delay=3600,
+                                 http_port=port, rate=0)
+        try:
+            wait_until(lambda: http(port, "/api/v1/autorecovery/who_is_auditor")[1] ==
+                       {"Auditor": "ar-http"}, 30, what="the process to be elected auditor")
+            code, text = http(port, "/metrics")
+            assert code == 200 and metric(text, "autorecovery_is_auditor") == 1.0, text
+            assert metric(text, "autorecovery_rate_limit_bytes") == 0.0      # --rate 0
+            assert metric(text, "autorecovery_under_replicated_ledgers") == 0.0
+            # a bookie of the ledger dies; the long delay holds publication back ...
+            victim = lh.metadata.last_ensemble()[0]
+            c.kill(c.bookie_ids.index(victim))
+            wait_until(lambda: metric(http(port, "/metrics")[1],
+                                      "autorecovery_lost_bookie_seconds",
+                                      f'{{bookie="{victim}"}}') is not None, 30,
+                       what="the metrics to show the lost bookie")
+            assert http(port, "/api/v1/autorecovery/list_under_replicated_ledger") == (200, [])
+            # ... until an audit is requested: published at once, then repaired
+            code, doc = http(port, "/api/v1/autorecovery/trigger_audit", "PUT")
+            assert code == 200 and doc["auditor"] == "ar-http", doc
+            wait_until(lambda: victim not in bk.ledger_metadata(lh.ledger_id).all_bookies(),
+                       60, what="the requested audit's repair")
+            assert not replication_problems(bk, lh.ledger_id, 60)
+            read_back(bk, lh.ledger_id, payloads)
+            wait_until(lambda: (metric(http(port, "/metrics")[1],
+                                       "autorecovery_ledgers_replicated_total") or 0) >= 1, 30,
+                       what="the counters to catch up")
+            text = http(port, "/metrics")[1]
+            assert metric(text, "autorecovery_entries_copied_total") == 40.0   # 2 of 3 entries
+            assert metric(text, "autorecovery_bytes_copied_total") >= 40 * 2000
+            assert metric(text, "autorecovery_fragments_copied_total") == 1.0
+            assert metric(text, "autorecovery_check_age_seconds", '{check="placement"}') \
+                is not None
+            code, doc = http(port, "/api/v1/autorecovery/process")
+            assert code == 200 and doc["auditor"]["auditsRequested"] == 1, doc
+            assert doc["worker"]["entriesCopied"] == 40 and doc["worker"]["rateLimit"] == \
+                "unlimited"
+            # the switch, and a record listed with its missing replicas
+            assert http(port, "/api/v1/autorecovery/status?enabled=false", "PUT") == \
+                (200, {"enabled": False})
+            assert http(port, "/api/v1/autorecovery/status") == (200, {"enabled": False})
+            urm = UnderReplicationManager(bk.store)
+            urm.mark(lh.ledger_id, ["10.9.9.9:3181"], by="test")
+            assert http(port, "/api/v1/autorecovery/list_under_replicated_ledger") == \
+                (200, [lh.ledger_id])
+            assert http(port, "/api/v1/autorecovery/list_under_replicated_ledger"
+                              "?printmissingreplica=true") == \
+                (200, {str(lh.ledger_id): ["10.9.9.9:3181"]})
+            urm.delete_record(lh.ledger_id)
+            assert http(port, "/api/v1/autorecovery/status?enabled=true", "PUT")[1] == \
+                {"enabled": True}
+            # bad requests name the problem
+            code, doc = http(port, "/api/v1/autorecovery/status?enabled=maybe", "PUT")
+            assert code == 400 and "enabled=true" in doc["error"]
+            code, doc = http(port, "/api/v1/autorecovery/nope")
+            assert code == 404 and "/api/v1/autorecovery/nope" in doc["error"]
+            # a bookie's admin endpoint answers the cluster's routes too
+            alive = next(b for b in c.bookie_ids if b != victim)
+            bookie_port = registry.list_bookies(bk.store)[alive]["http_port"]
+            assert http(bookie_port, "/api/v1/autorecovery/who_is_auditor") == \
+                (200, {"Auditor": "ar-http"})
+            code, doc = http(bookie_port, "/api/v1/autorecovery/process")
+            assert code == 404 and "no autorecovery runs in this process" in doc["error"]
+        finally:
+            ar.stop()
