@@ -453,8 +453,7 @@ def cmd_triggeraudit(args, out):
                          "autorecovery process running? `bkspark autorecovery`, or bookies "
                          "with --autorecovery; a new auditor scans for lost bookies as it "
                          "starts)")
-    else:
-        out.message(f"audit requested; auditor {auditor} runs it within a second", doc)
+    out.message(f"audit requested; auditor {auditor} runs it within a second", doc)
 
 
 @command("autorecovery", "toggle autorecovery")

@@ -547,7 +547,7 @@ class LedgerReplicator:
             except BKError as exc:
                 log.info("ledger %d: range read of entries %d..%d (step %d) from %s stopped at "
                          "%d: %s", lid, first, last, step, bookie, nxt, exc)
-        yield from self._singles(lid, list(range(nxt, last + 1, step)), candidates, digest)
+        yield from self._singles(lid, range(nxt, last + 1, step), candidates, digest)
 
     def _singles(self, lid, entries, candidates, digest):
         """``(x, body)`` for ``entries`` read one by one (``window`` in flight), each from its

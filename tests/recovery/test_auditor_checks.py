@@ -2,6 +2,8 @@
 bookie registrations carry rack labels, ledgers name their ensembles)."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from bkspark.client import BookKeeper
@@ -77,3 +79,34 @@ def test_triggeraudit_without_an_auditor_says_so(store, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "no auditor is elected" in err and "bkspark autorecovery" in err, err
     assert UnderReplicationManager(store).audit_request() is not None    # still recorded
+
+
+def test_the_periodic_bookie_check_finds_a_ledger_on_a_bookie_that_is_gone(store):
+    """No registration changes: only the periodic scan can find a ledger that names a bookie
+    which is not registered (e.g. written while no auditor ran)."""
+    import threading
+
+    from bkspark.recovery.auditor import AuditorConfig
+    registry.register_bookie(store, "a:1", {"address": "a:1"})
+    registry.register_bookie(store, "b:1", {"address": "b:1"})
+    urm = UnderReplicationManager(store)
+    stop = threading.Event()
+    with BookKeeper(store=store) as bk:
+        auditor = Auditor(bk, AuditorConfig(lost_bookie_recovery_delay=0, audit_interval=0.2,
+                                            bookie_check_interval=0.5, tick=0.1,
+                                            periodic_check_interval=0,
+                                            placement_check_interval=0))
+        t = threading.Thread(target=auditor.run, args=(lambda: not stop.is_set(),))
+        t.start()
+        try:
+            while "bookies" not in auditor.last_checks:     # its first scan ran
+                time.sleep(0.05)
+            lid = _ledger(store, ["a:1", "b:1", "gone:1"])
+            deadline = time.monotonic() + 30
+            while lid not in urm.list():
+                assert time.monotonic() < deadline, "the periodic scan never found it"
+                time.sleep(0.1)
+        finally:
+            stop.set()
+            t.join(10)
+    assert urm.get(lid)[0]["missing"] == ["gone:1"]
