@@ -193,6 +193,26 @@ def list_ledgers(store: MetadataStore) -> Iterator[int]:
         yield from _walk(store, root, levels)
 
 
+def unlisted_ledgers(store: MetadataStore, ledger_ids) -> list[int]:
+    """Those of ``ledger_ids`` that the store does not list, ascending: one children listing
+    per directory of the hierarchy they fall in (a leaf holds up to 10,000 ledgers), not a
+    read per ledger. A listed ledger exists (or did a moment ago); an unlisted one was deleted
+    or never created -- a caller that acts on absence (deletes data) confirms it first with
+    :func:`read_ledger` (:class:`NoSuchLedgerError`)."""
+    by_parent: dict[str, list[tuple[int, str]]] = {}
+    for lid in ledger_ids:
+        parent, _, name = ledger_path(lid).rpartition("/")
+        by_parent.setdefault(parent, []).append((lid, name))
+    out = []
+    for parent, members in by_parent.items():
+        try:
+            names = set(store.children(parent))
+        except NoNodeError:
+            names = set()
+        out.extend(lid for lid, name in members if name not in names)
+    return sorted(out)
+
+
 def _walk(store, path, levels):
     try:
         names = store.children(path)

@@ -293,11 +293,19 @@ class BookieServer:
     def garbage_collect(self) -> list[int]:
         """Delete local ledgers whose metadata no longer exists; never one that does.
 
-        A ledger is deleted only on an explicit NoSuchLedger answer for it; any metadata
-        error skips it (an unreachable store must not look like a deleted ledger).
+        The candidates are the local ledgers the metadata store does not list (one listing
+        per directory of its hierarchy: a pass costs the same few requests whatever the
+        number of ledgers held); each is deleted only on an explicit NoSuchLedger answer to
+        a read of its own record; any metadata error skips it (an unreachable store must not
+        look like a deleted ledger) or, for the listing, the whole pass.
         """
         deleted = []
-        for ledger_id in self.storage.ledgers():
+        try:
+            candidates = ledger_store.unlisted_ledgers(self.store, self.storage.ledgers())
+        except errors.BKError as exc:
+            log.warning("gc: cannot list the ledgers of the metadata store: %s", exc)
+            candidates = []
+        for ledger_id in candidates:
             try:
                 ledger_store.read_ledger(self.store, ledger_id)
             except errors.NoSuchLedgerError:

@@ -26,10 +26,10 @@ def cluster(tmp_path):
         yield c
 
 
-def _http(cluster, path, method="GET", body=None):
+def _http(cluster, path, method="GET", body=None, timeout=10):
     req = urllib.request.Request(f"http://127.0.0.1:{cluster.bookies[0].http_port}{path}", method=method,
                                  data=json.dumps(body).encode() if body is not None else None)
-    with urllib.request.urlopen(req, timeout=10) as reply:
+    with urllib.request.urlopen(req, timeout=timeout) as reply:
         return json.loads(reply.read())
 
 
@@ -185,6 +185,40 @@ def test_gc_deletes_only_ledgers_missing_from_metadata(cluster):
     assert stub.Read(pb.ReadRequest(ledger_id=dead, entry_id=0), timeout=10).status == errors.ENOLEDGER
     channel.close()
     store.close()
+
+
+def test_gc_deletes_nothing_while_the_metadata_store_is_unreachable(tmp_path):
+    """A listing that fails must not look like an empty store: the pass deletes nothing, and
+    the next one, with ZooKeeper back, deletes only what is really gone."""
+    from metadata.testing import ZooKeeperServer, unique_root
+    zk = ZooKeeperServer()
+    zk.start()
+    try:
+        uri = zk.uri(unique_root("gc"))
+        with BookieCluster(uri, num_bookies=1, data_dir=tmp_path, session_timeout=20.0) as c:
+            store = open_store(uri)
+            live = ledger_store.create_ledger(store, LedgerMetadata(
+                ledger_id=-1, ensemble_size=1, write_quorum=1, ack_quorum=1,
+                ensembles=[(0, [c.bookie_ids[0]])], password=b"pw"))
+            store.close()
+            dead = live.ledger_id + 1_000_000           # data without metadata
+            stub, channel = stub_for(c.bookie_ids[0])
+            for lid in (live.ledger_id, dead):
+                assert stub.Add(add_request(lid, 0), timeout=10).status == errors.EOK
+            zk.stop(cleanup=False)      # its data stays for the restart below
+            assert _http(c, "/api/v1/bookie/gc", "POST", {}, timeout=120)["deletedLedgers"] == []
+            for lid in (live.ledger_id, dead):
+                assert stub.Read(pb.ReadRequest(ledger_id=lid, entry_id=0),
+                                 timeout=10).status == errors.EOK
+            zk.start()
+            deadline = time.monotonic() + 60
+            while (deleted := _http(c, "/api/v1/bookie/gc", "POST", {},
+                                    timeout=120)["deletedLedgers"]) != [dead]:
+                assert deleted == [] and time.monotonic() < deadline, deleted
+                time.sleep(0.5)
+            channel.close()
+    finally:
+        zk.stop()
 
 
 def test_sigterm_is_graceful_and_unregisters(cluster):

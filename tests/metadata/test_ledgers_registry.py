@@ -82,6 +82,23 @@ def test_create_ledger_with_explicit_id_and_list(store):
     assert ledgers.ledger_exists(store, big)
 
 
+def test_unlisted_ledgers_reads_one_listing_per_directory(store, monkeypatch):
+    """What a bookie's garbage collection asks: which of its ledgers the store no longer
+    lists -- without a read per ledger."""
+    registry.ensure_layout(store)
+    ids = [ledgers.create_ledger(store, new_md()).ledger_id for _ in range(4)]
+    big = ledgers.create_ledger(store, new_md(ledger_id=12_345_678_901_234)).ledger_id
+    ledgers.delete_ledger(store, ids[1])
+    never = ids[-1] + 20_000                    # another leaf directory, never created
+    calls = []
+    children = store.children
+    monkeypatch.setattr(store, "children", lambda path: (calls.append(path), children(path))[1])
+    assert ledgers.unlisted_ledgers(store, [*ids, big, never]) == sorted([ids[1], never])
+    assert sorted(calls) == sorted({layout.ledger_path(i).rpartition("/")[0]
+                                    for i in (ids[0], big, never)})
+    assert ledgers.unlisted_ledgers(store, []) == []
+
+
 def test_corrupt_ledger_record(store):
     store.create(layout.ledger_path(5), b"garbage")
     with pytest.raises(MetadataFormatError, match="ledger 5"):
