@@ -147,14 +147,21 @@ def test_one_registry_per_cluster_and_a_default_that_is_not_stolen(home):
         _kill_bookies(home / "a")
 
 
+def _bookie_pids(data_dir) -> list[int]:
+    # "--" ends pgrep's options: the pattern itself starts with "--" (without it pgrep
+    # refused the pattern as an option, found nothing, and the bookies were left running)
+    found = subprocess.run(["pgrep", "-f", "--", f"--journal-dir {data_dir}/"],
+                           capture_output=True, text=True)
+    assert found.returncode in (0, 1), found.stderr
+    return [int(pid) for pid in found.stdout.split()]
+
+
 def _kill_bookies(data_dir) -> None:
-    out = subprocess.run(["pgrep", "-f", f"--journal-dir {data_dir}/"], capture_output=True,
-                         text=True).stdout
-    for pid in out.split():
-        os.kill(int(pid), signal.SIGKILL)
+    for pid in _bookie_pids(data_dir):
+        os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 30
-    while subprocess.run(["pgrep", "-f", f"--journal-dir {data_dir}/"],
-                         capture_output=True).returncode == 0 and time.monotonic() < deadline:
+    while _bookie_pids(data_dir):
+        assert time.monotonic() < deadline, f"bookies of {data_dir} still running"
         time.sleep(0.1)
 
 
