@@ -173,12 +173,15 @@ def main() -> None:
             step = max(1, args.batches // 10)
             mark = step
             durations: list[float] = []
-            interrupted = threading.Event()     # Ctrl-C / SIGTERM: stop, then sum up
+            # Ctrl-C / SIGTERM: stop, then sum up. The handler only appends to a list: a
+            # second signal arriving while the first handler runs must not wait for a lock
+            # the same thread holds (an Event's would deadlock the main thread)
+            interrupted: list[int] = []
             for sig in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(sig, lambda *_: interrupted.set())
+                signal.signal(sig, lambda signum, _frame: interrupted.append(signum))
             while True:
                 time.sleep(0.5)
-                if interrupted.is_set():
+                if interrupted:
                     print(f"stopped early, after {len(durations):,} micro-batches", flush=True)
                     break
                 if query.exception() is not None:
