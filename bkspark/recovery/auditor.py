@@ -108,13 +108,8 @@ class Auditor:
                              else self.config.bookie_check_interval)
                     stale = every > 0 and now - last_scan >= every
                     audit = self.urm.audit_request()
-                    if audit != audit_seen:
-                        log.info("auditor: full audit requested")
-                        self.audit()
-                        audit_seen, last_scan = audit, time.monotonic()
-                        last_check = last_placement = last_scan
-                        last_alive = None       # the scan below sets first_missing
-                    if alive != last_alive or stale:
+                    requested = audit != audit_seen
+                    if alive != last_alive or stale or requested:
                         index = self._bookie_index()
                         last_scan = now
                         last_alive = alive
@@ -127,6 +122,11 @@ class Auditor:
                         for b in list(self.first_missing):
                             if b not in missing:
                                 del self.first_missing[b]
+                    if requested:
+                        log.info("auditor: full audit requested")
+                        self.audit(index, alive)
+                        audit_seen = audit
+                        last_check = last_placement = time.monotonic()
                     delay = self.urm.lost_bookie_recovery_delay(
                         self.config.lost_bookie_recovery_delay)
                     due = {b for b, t in self.first_missing.items() if now - t >= delay}
@@ -156,13 +156,16 @@ class Auditor:
                 except Exception:  # noqa: BLE001
                     pass
 
-    def audit(self) -> int:
+    def audit(self, index: dict | None = None, alive: set | None = None) -> int:
         """A full audit now: every ledger of every bookie that is not registered is published
-        (no recovery delay), then the entries check and the placement check run. Returns
-        the records published."""
+        (no recovery delay), then the entries check and the placement check run. ``index``
+        and ``alive``: a bookie scan just made (default: made here). Returns the records
+        published."""
         self.audits += 1
-        _, alive = live_bookies(self.store)
-        index = self._bookie_index()
+        if alive is None:
+            _, alive = live_bookies(self.store)
+        if index is None:
+            index = self._bookie_index()
         lost = set(index) - alive
         n = self.publish_lost(lost, index) if lost and self.urm.is_enabled() else 0
         if self.urm.is_enabled():
