@@ -438,7 +438,7 @@ def main() -> None:
           f"small fill: {args.small_ledgers:,} ledgers x {args.small_entries} entries; "
           f"{args.threads} fill threads, {args.batch} entries/call, journal_sync={cfg.journal_sync}")
     caches = (cfg.write_cache_bytes + cfg.index_cache_bytes) >> 20
-    memtables = 32  # two 16 MiB RocksDB memtables (bookie_native/kv.c IDX_MEMTABLE)
+    memtables = 2 * (cfg.index_memtable_bytes >> 20)  # two RocksDB memtables (bookie_native/kv.c)
     print(f"  configured caches (bookie defaults): write cache {cfg.write_cache_bytes >> 20} MiB "
           f"(two halves; the journal's pending buffer never exceeds it), index cache "
           f"{cfg.index_cache_bytes >> 20} MiB + {memtables} MiB of index memtables, ledger cache "

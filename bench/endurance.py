@@ -61,9 +61,12 @@ def du(path: str) -> int:
     return int(out.stdout.split()[0]) if out.returncode == 0 and out.stdout else 0
 
 
-#: bookie flags that let a run of minutes reach its steady state of disk use (see --bookie-args)
+#: bookie flags that let a run of minutes reach its steady state of disk and memory use (see
+#: --bookie-args): small journal files, entry logs, index memtables (whose write-ahead log RocksDB
+#: holds to four of them) and index block cache, which the defaults size for months of data
 STEADY_STATE_BOOKIE_ARGS = ("--journal-max-size-mb 16 --journal-max-backups 1 "
-                            "--entry-log-max-size-mb 8 --gc-interval-s 10")
+                            "--entry-log-max-size-mb 8 --gc-interval-s 10 "
+                            "--index-memtable-mb 1 --index-cache-mb 8")
 
 
 def add_cluster_arguments(ap: argparse.ArgumentParser) -> None:
@@ -75,7 +78,8 @@ def add_cluster_arguments(ap: argparse.ArgumentParser) -> None:
                          "--journal-max-backups), 512 MiB x 6 by default) and its entry logs "
                          "(the data retention keeps, plus the current log: an entry log is "
                          "compacted only once rolled, at --entry-log-max-size-mb, 1 GiB by "
-                         "default); small files reach that bound within a run of minutes, the "
+                         "default) and its index's write-ahead log (4 x --index-memtable-mb); "
+                         "small files reach that bound within a run of minutes, the "
                          "defaults only after tens of GB. '' runs the bookies' defaults")
 
 

@@ -477,6 +477,7 @@ int eng_open(const EngineConfig *cfg, Engine **out, char *err, size_t errlen)
     e->page_cache = cfg->page_cache;
     e->index_cache_bytes = cfg->index_cache_bytes ? cfg->index_cache_bytes : (32u << 20);
     e->ledger_cache_max = cfg->ledger_cache_max;
+    e->index_memtable_bytes = cfg->index_memtable_bytes ? cfg->index_memtable_bytes : IDX_MEMTABLE;
     const char *crash = getenv("BKSPARK_STORAGE_CRASH_AT");
     snprintf(e->crash_at, sizeof e->crash_at, "%s", crash ? crash : "");
     pthread_mutex_init(&e->mu, NULL);

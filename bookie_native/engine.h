@@ -82,6 +82,7 @@ typedef struct {
     uint64_t compaction_rate; /* see Engine.compaction_rate */
     uint64_t index_cache_bytes; /* RocksDB block cache of the index (0: 32 MiB) */
     uint64_t ledger_cache_max;  /* unpinned ledgers kept in memory (index.c "the ledger cache") */
+    uint64_t index_memtable_bytes; /* one RocksDB memtable of the index (0: 16 MiB; two at most) */
 } EngineConfig;
 
 typedef struct {

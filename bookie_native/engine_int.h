@@ -91,7 +91,7 @@ typedef struct Ledger {
 } Ledger;
 
 #define KV_EKEY 17u
-#define IDX_MEMTABLE (16u << 20) /* RocksDB memtable size (two of them at most) */
+#define IDX_MEMTABLE (16u << 20) /* default RocksDB memtable size (two of them at most) */
 #define IDX_FORMAT 2u            /* "M format": 2 = the RocksDB index (1 was ledgers.state + .idx) */
 typedef struct Kv Kv;
 typedef struct KvBatch KvBatch;
@@ -203,6 +203,7 @@ struct Engine {
     /* ledgers: the in-memory ledger cache (index.c) over the on-disk index (kv.c) */
     Kv *kv;
     uint64_t index_cache_bytes; /* RocksDB block cache */
+    uint64_t index_memtable_bytes; /* one RocksDB memtable (two at most; the WAL is held to 4 of them) */
     size_t ledger_cache_max;    /* ledgers kept in memory beyond the pinned ones */
     Ledger **buckets;
     size_t nbuckets, nledgers;

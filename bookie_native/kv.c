@@ -78,10 +78,11 @@ int kv_open(Engine *e, const char *path, int create, Kv **out)
     rocksdb_options_set_paranoid_checks(kv->opts, 1);
     rocksdb_options_set_compression(kv->opts, rocksdb_lz4_compression);
     /* memory: block cache (index_cache_bytes, which also holds the SST index and filter blocks)
-     * + two memtables of IDX_MEMTABLE; the info log is small and rotated */
-    rocksdb_options_set_write_buffer_size(kv->opts, IDX_MEMTABLE);
+     * + two memtables of index_memtable_bytes; disk: the WAL is held to four memtables (beyond,
+     * RocksDB flushes the memtable the oldest WAL file covers); the info log is small and rotated */
+    rocksdb_options_set_write_buffer_size(kv->opts, e->index_memtable_bytes);
     rocksdb_options_set_max_write_buffer_number(kv->opts, 2);
-    rocksdb_options_set_max_total_wal_size(kv->opts, 4 * IDX_MEMTABLE);
+    rocksdb_options_set_max_total_wal_size(kv->opts, 4 * e->index_memtable_bytes);
     rocksdb_options_set_max_open_files(kv->opts, 512);
     rocksdb_options_set_max_background_jobs(kv->opts, 2);
     rocksdb_options_set_info_log_level(kv->opts, 2 /* WARN */);

@@ -88,15 +88,16 @@ static int Store_init(StoreObject *self, PyObject *args, PyObject *kw)
     static char *kwlist[] = {"journal_dirs", "ledger_dirs", "write_cache_bytes", "group_wait_us", "threshold",
                              "journal_max_size", "max_backups", "sync", "entry_log_max_size", "compaction_threshold",
                              "compaction_max_bytes", "checkpoint_interval_ms", "page_cache", "compaction_rate",
-                             "index_cache_bytes", "ledger_cache_entries", NULL};
+                             "index_cache_bytes", "ledger_cache_entries", "index_memtable_bytes", NULL};
     PyObject *jdirs, *ldirs;
     unsigned long long wcb = 64ull << 20, gw = 2000, thr = 512 << 10, jmax = 512ull << 20, elmax = 1ull << 30,
-                       cmax = 64ull << 20, cint = 10000, crate = 0, icache = 32ull << 20, lcache = 65536;
+                       cmax = 64ull << 20, cint = 10000, crate = 0, icache = 32ull << 20, lcache = 65536,
+                       imem = 16ull << 20;
     int backups = 5, sync = 1, page_cache = 0;
     double cthr = 0.5;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|KKKKipKdKKpKKK", kwlist, &jdirs, &ldirs, &wcb, &gw, &thr, &jmax,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|KKKKipKdKKpKKKK", kwlist, &jdirs, &ldirs, &wcb, &gw, &thr, &jmax,
                                      &backups, &sync, &elmax, &cthr, &cmax, &cint, &page_cache, &crate, &icache,
-                                     &lcache))
+                                     &lcache, &imem))
         return -1;
     if (self->e) {
         PyErr_SetString(PyExc_RuntimeError, "Store already initialised");
@@ -152,7 +153,7 @@ static int Store_init(StoreObject *self, PyObject *args, PyObject *kw)
         }
     }
     EngineConfig cfg = {jd, (int)nj, dirs, (int)nd, wcb, gw, thr, jmax, backups, sync, elmax, cthr, cmax, cint, page_cache, crate,
-                       icache, lcache};
+                       icache, lcache, imem};
     char err[600] = "";
     Engine *e = NULL;
     int rc;

@@ -46,6 +46,7 @@ class BookieConfig:
     entry_log_page_cache: bool = False  # keep written entry logs in the OS page cache (else
                                         # dropped once written back; reads are O_DIRECT)
     index_cache_mb: int = 32            # block cache of the on-disk index (RocksDB)
+    index_memtable_mb: int = 16         # one index memtable (two at most; its WAL <= four)
     ledger_cache_entries: int = 65536   # ledgers not being written kept in memory (LRU)
     # server limits
     max_entry_bytes: int = 5 << 20
@@ -90,6 +91,9 @@ class BookieConfig:
             raise BadRequestError("ledger_dirs needs at least one directory")
         if self.index_cache_mb < 1:
             raise BadRequestError(f"index_cache_mb must be >= 1 (MiB of index block cache), got {self.index_cache_mb}")
+        if self.index_memtable_mb < 1:
+            raise BadRequestError(f"index_memtable_mb must be >= 1 (MiB of one index memtable), "
+                                  f"got {self.index_memtable_mb}")
         if self.ledger_cache_entries < 0:
             raise BadRequestError(f"ledger_cache_entries must be >= 0, got {self.ledger_cache_entries}")
         if not (0 < self.port < 65536):

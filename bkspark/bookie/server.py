@@ -78,7 +78,8 @@ def storage_config(config: BookieConfig) -> StorageConfig:
         compaction_rate_bytes_per_s=int(config.compaction_rate_mb_per_s * (1 << 20)),
         checkpoint_interval_s=config.checkpoint_interval_s,
         entry_log_page_cache=config.entry_log_page_cache,
-        index_cache_bytes=config.index_cache_mb << 20, ledger_cache_entries=config.ledger_cache_entries)
+        index_cache_bytes=config.index_cache_mb << 20, ledger_cache_entries=config.ledger_cache_entries,
+        index_memtable_bytes=config.index_memtable_mb << 20)
 
 
 class BookieServer:

@@ -71,9 +71,11 @@ class StorageConfig:
     entry_log_page_cache: bool = False
     # the on-disk index (RocksDB, in ledger_dirs[0]/index): its block cache, and how many ledgers not
     # being written stay in memory (bookie_native/README.md "The index"; memory = write cache +
-    # index cache + ~16 MiB of memtables + ~200 bytes per cached ledger)
+    # index cache + two memtables + ~200 bytes per cached ledger); one memtable of the index,
+    # whose write-ahead log RocksDB holds to four memtables on disk
     index_cache_bytes: int = 32 << 20
     ledger_cache_entries: int = 65536
+    index_memtable_bytes: int = 16 << 20
     # several journals, one per directory (each its own disk): ledger L's records go to
     # journal_dirs[L % len(journal_dirs)]; empty = [journal_dir].  The number and order of the
     # directories of an existing store must not change (bookie_native/README.md).
@@ -117,6 +119,7 @@ class Storage:
             page_cache=bool(config.entry_log_page_cache),
             index_cache_bytes=int(config.index_cache_bytes),
             ledger_cache_entries=int(config.ledger_cache_entries),
+            index_memtable_bytes=int(config.index_memtable_bytes),
         )
         converted = self._store.stats()["index_converted_entries"]
         if converted:

@@ -49,6 +49,12 @@ def test_negative_compaction_rate_is_named():
     assert BookieConfig(compaction_rate_mb_per_s=0, **base).finalize().compaction_rate_mb_per_s == 0
 
 
+def test_index_memtable_below_one_mib_is_named():
+    base = dict(metadata_uri="sqlite:///x.db", journal_dir="j", ledger_dirs=["l"])
+    with pytest.raises(BadRequestError, match="index_memtable_mb"):
+        BookieConfig(index_memtable_mb=0, **base).finalize()
+
+
 def test_flags_override_file(tmp_path):
     args = build_parser().parse_args(["bookie", "--config", str(SAMPLE), "--port", "4000",
                                       "--ledger-dirs", "/a,/b", "--no-journal-sync"])

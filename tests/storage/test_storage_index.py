@@ -213,6 +213,31 @@ def test_ledger_cache_is_bounded_and_open_reads_nothing(tmp_path):
         s.close()
 
 
+def index_files(d, suffix):
+    index = os.path.join(d, "l", "index")
+    return [os.path.getsize(os.path.join(index, f)) for f in os.listdir(index) if f.endswith(suffix)]
+
+
+@pytest.mark.parametrize("memtable_mib", [1, 16])
+def test_the_index_memtable_setting_bounds_its_write_ahead_log(tmp_path, memtable_mib):
+    # ~6 MB of index writes (a ledger record and a location per ledger): more than four 1 MiB
+    # memtables, less than one of 16 MiB
+    d = str(tmp_path)
+    s = Storage(cfg(d, index_memtable_bytes=memtable_mib << 20))
+    try:
+        for base in range(0, 90_000, 3000):
+            s.add_entries([(lid, 0, b"k", False, b"e") for lid in range(base, base + 3000)])
+            s.checkpoint()
+        wal, ssts = sum(index_files(d, ".log")), index_files(d, ".sst")
+        if memtable_mib == 1:  # flushed to SSTs as memtables fill; the WAL held to four of them
+            assert ssts and wal <= 4 << 20, (wal, ssts)
+        else:
+            assert not ssts and wal > 4 << 20, (wal, ssts)
+        assert s.read_entry(12_345, 0) == b"e" and s.read_entry(89_999, 0) == b"e"
+    finally:
+        s.close()
+
+
 def test_a_recreated_ledger_never_shows_the_deleted_incarnation(tmp_path):
     # the deleted incarnation's locations stay in the index until the next flush's batch removes
     # them; meanwhile reads of the new incarnation must not see them -- nor after a restart
