@@ -28,6 +28,13 @@ missed (e.g. while no auditor ran):
 A full audit on request (``bkspark shell triggeraudit``, ``PUT
 /api/v1/autorecovery/trigger_audit``: a change of ``/underreplication/auditRequest``) runs
 all three at once and publishes the lost bookies' ledgers without waiting for the delay.
+
+The periods survive failovers: each check's last run and the last audit request served are
+recorded in ``/underreplication/auditorChecks`` (:meth:`UnderReplicationManager.
+auditor_checks`); a newly elected auditor runs a check once its period has passed since the
+recorded run (or since the first auditor began counting, for a check that never ran), and
+serves a request made while no auditor ran. Auditors that restart more often than a period
+therefore still run every check.
 """
 from __future__ import annotations
 
@@ -92,9 +99,10 @@ class Auditor:
         index: dict = {}
         last_scan = 0.0
         last_due: set = set()
-        last_check = last_placement = time.monotonic()
         last_alive = None
-        audit_seen = self.urm.audit_request()
+        recorded = self._recorded_checks()
+        audit_seen = recorded.get("auditRequestServed")
+        last_check, last_placement = self._last_runs(recorded, "entries", "placement")
         try:
             while still_leader():
                 self._wake.wait(self.config.tick)
@@ -126,6 +134,7 @@ class Auditor:
                         log.info("auditor: full audit requested")
                         self.audit(index, alive)
                         audit_seen = audit
+                        self._record(auditRequestServed=audit)
                         last_check = last_placement = time.monotonic()
                     delay = self.urm.lost_bookie_recovery_delay(
                         self.config.lost_bookie_recovery_delay)
@@ -173,9 +182,39 @@ class Auditor:
         self.check_placement()
         return n
 
+    def _recorded_checks(self) -> dict:
+        """The check record (module docstring), ``since`` set when nobody counted yet."""
+        try:
+            recorded = self.urm.auditor_checks()
+            if "since" not in recorded:
+                recorded = self.urm.record_auditor_checks(since=int(time.time() * 1000))
+            return recorded
+        except BKError as exc:
+            log.warning("auditor: cannot read the recorded checks (periods start now): %s", exc)
+            return {}
+
+    @staticmethod
+    def _last_runs(recorded: dict, *checks: str) -> list[float]:
+        """When each check last ran (or the periods began), on this process's monotonic
+        clock; now when nothing is recorded."""
+        now_ms, mono = time.time() * 1000, time.monotonic()
+        since = recorded.get("since", now_ms)
+        return [mono - max(0.0, now_ms - recorded.get(check, since)) / 1000 for check in checks]
+
+    def _ran(self, check: str) -> None:
+        """``check`` just finished: kept for status and metrics, and recorded for the next
+        auditor."""
+        self.last_checks[check] = int(time.time() * 1000)
+        self._record(**{check: self.last_checks[check]})
+
+    def _record(self, **values) -> None:
+        try:
+            self.urm.record_auditor_checks(**values)
+        except BKError as exc:  # the next auditor runs the check once more
+            log.warning("auditor: cannot record %s: %s", sorted(values), exc)
+
     def _bookie_index(self) -> dict[str, set]:
         """bookie -> ledgers with a fragment on it."""
-        self.last_checks["bookies"] = int(time.time() * 1000)
         index: dict[str, set] = {}
         for lid in ledger_store.list_ledgers(self.store):
             try:
@@ -187,6 +226,7 @@ class Auditor:
                 continue
             for b in md.all_bookies():
                 index.setdefault(b, set()).add(lid)
+        self._ran("bookies")
         return index
 
     def publish_lost(self, lost: set, index: dict | None = None) -> int:
@@ -208,7 +248,6 @@ class Auditor:
         """Full check: ledgers whose live members lack entries of closed fragments (or that
         use one of the ``lost`` bookies)."""
         self.checks += 1
-        self.last_checks["entries"] = int(time.time() * 1000)
         n = 0
         _, alive = live_bookies(self.store)
         for lid in ledger_store.list_ledgers(self.store):
@@ -225,13 +264,13 @@ class Auditor:
                 if self.urm.mark(lid, lost, by=self.identifier):
                     n += 1
         self.published += n
+        self._ran("entries")
         return n
 
     def check_placement(self) -> int:
         """Every ledger's fragments against the placement policy (module docstring); the
         ledgers that do not adhere are logged and kept in :attr:`placement_violations`.
         Returns how many there are."""
-        self.last_checks["placement"] = int(time.time() * 1000)
         bookies = {**registry.list_bookies(self.store, readonly=True),
                    **registry.list_bookies(self.store)}
         found: dict[int, str] = {}
@@ -253,6 +292,7 @@ class Auditor:
                                       f"racks {racks}: {short} fewer than the cluster allows")
                     break
         self.placement_violations, self.placement_violation_count = found, count
+        self._ran("placement")
         if count:
             log.warning("auditor: %d ledgers do not adhere to the placement policy (e.g. %s)",
                         count, "; ".join(f"{k}: {v}" for k, v in list(found.items())[:3]))

@@ -7,6 +7,7 @@ Layout (BookKeeper's, relative to the metadata root)::
     /underreplication/disable                                        present = autorecovery off
     /underreplication/lostBookieRecoveryDelay                        seconds (ASCII int)
     /underreplication/auditRequest                                   a full audit requested
+    /underreplication/auditorChecks                                  the auditors' check times
     /underreplication/auditorelection/...                            auditor election
 
 A record's data is JSON ``{"missing": [bookie ids], "ctime_ms": ..., "by": ...}``. The
@@ -25,6 +26,7 @@ import time
 from bkspark.errors import BadVersionError, MetadataFormatError, NodeExistsError, NoNodeError
 from metadata.layout import (
     AUDIT_REQUEST,
+    AUDITOR_CHECKS,
     AUDITOR_ELECTION,
     LOST_BOOKIE_RECOVERY_DELAY,
     UR_DISABLE,
@@ -224,6 +226,38 @@ class UnderReplicationManager:
     def audit_request(self) -> int | None:
         """The version of the latest audit request (None: never requested)."""
         return self.store.exists(AUDIT_REQUEST)
+
+    # ---- what the auditors recorded of their checks ---------------------------------------
+    def auditor_checks(self) -> dict:
+        """What elected auditors recorded, so that a newly elected one goes on from there
+        (BookKeeper keeps its checks' ``ctime`` in ZooKeeper likewise): check name -> when it
+        last ran (epoch ms); ``since`` -> when the first auditor began counting the periods;
+        ``auditRequestServed`` -> the version of the last audit request served. ``{}``: none."""
+        try:
+            data, _ = self.store.get(AUDITOR_CHECKS)
+        except NoNodeError:
+            return {}
+        return _loads(data)
+
+    def record_auditor_checks(self, **values) -> dict:
+        """Merge ``values`` into the record (re-read and retried on a conflict) and return it.
+        Advisory: a record that did not land makes a check run once more, never less."""
+        for _ in range(32):
+            try:
+                data, version = self.store.get(AUDITOR_CHECKS)
+            except NoNodeError:
+                try:
+                    self.store.create(AUDITOR_CHECKS, _dumps(values), makepath=True)
+                    return dict(values)
+                except NodeExistsError:
+                    continue
+            doc = {**_loads(data), **values}
+            try:
+                self.store.set(AUDITOR_CHECKS, _dumps(doc), version)
+                return doc
+            except (BadVersionError, NoNodeError):
+                continue
+        raise BadVersionError(f"{AUDITOR_CHECKS}: kept changing while recording checks")
 
     # ---- auditor --------------------------------------------------------------------------
     def auditor(self) -> str | None:

@@ -110,3 +110,67 @@ def test_the_periodic_bookie_check_finds_a_ledger_on_a_bookie_that_is_gone(store
             stop.set()
             t.join(10)
     assert urm.get(lid)[0]["missing"] == ["gone:1"]
+
+
+def _run_auditor(bk, config, until, timeout=30.0):
+    """Run an elected auditor's loop until ``until(auditor)`` holds (or fail after timeout)."""
+    import threading
+    auditor = Auditor(bk, config)
+    stop = threading.Event()
+    t = threading.Thread(target=auditor.run, args=(lambda: not stop.is_set(),))
+    t.start()
+    try:
+        deadline = time.monotonic() + timeout
+        while not until(auditor):
+            assert time.monotonic() < deadline, "the auditor never got there"
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        t.join(10)
+    return auditor
+
+
+def test_an_audit_requested_while_no_auditor_ran_is_served_by_the_next_one(store):
+    from bkspark.recovery.auditor import AuditorConfig
+    registry.register_bookie(store, "a:1", {"address": "a:1"})
+    lid = _ledger(store, ["a:1", "gone:1"])
+    urm = UnderReplicationManager(store)
+    config = AuditorConfig(lost_bookie_recovery_delay=3600, tick=0.05)
+    with BookKeeper(store=store) as bk:
+        # a first auditor comes and goes: the lost bookie waits out its (long) delay
+        _run_auditor(bk, config, lambda a: "bookies" in a.last_checks)
+        assert urm.list() == []
+        version = urm.request_audit(by="test")          # no auditor runs now
+        served = _run_auditor(bk, config, lambda a: a.audits == 1)
+    assert urm.list() == [lid] and urm.auditor_checks()["auditRequestServed"] == version
+    with BookKeeper(store=store) as bk:                 # served once, not again
+        again = _run_auditor(bk, config, lambda a: "bookies" in a.last_checks)
+        time.sleep(0.3)
+    assert served.audits == 1 and again.audits == 0
+
+
+def test_check_periods_go_on_across_auditor_failovers(store):
+    """An auditor elected after another runs each check when its period has passed since the
+    recorded run -- not a whole period after its own election -- so auditors that restart
+    more often than a period still run every check."""
+    from bkspark.recovery.auditor import AuditorConfig
+    registry.register_bookie(store, "a:1", {"address": "a:1"})
+    registry.register_bookie(store, "b:1", {"address": "b:1"})
+    _ledger(store, ["a:1", "b:1"])
+    urm = UnderReplicationManager(store)
+    config = AuditorConfig(tick=0.05, periodic_check_interval=60, placement_check_interval=60)
+    with BookKeeper(store=store) as bk:
+        first = _run_auditor(bk, config, lambda a: "bookies" in a.last_checks)
+        time.sleep(0.2)
+        assert "entries" not in first.last_checks and "placement" not in first.last_checks
+        since = urm.auditor_checks()["since"]
+        # the periods began 61 s ago as far as the record tells: the next auditor is due at once
+        urm.record_auditor_checks(since=since - 61_000)
+        second = _run_auditor(bk, config, lambda a: {"entries", "placement"} <= set(a.last_checks))
+        recorded = urm.auditor_checks()
+        assert recorded["entries"] == second.last_checks["entries"]
+        assert recorded["placement"] == second.last_checks["placement"]
+        # just ran (recorded): a third auditor waits out the period
+        third = _run_auditor(bk, config, lambda a: "bookies" in a.last_checks)
+        time.sleep(0.3)
+        assert "entries" not in third.last_checks and "placement" not in third.last_checks
