@@ -41,6 +41,8 @@ UR_DISABLE = UNDERREPLICATION + "/disable"
 LOST_BOOKIE_RECOVERY_DELAY = UNDERREPLICATION + "/lostBookieRecoveryDelay"
 #: a request for a full audit now (``bkspark shell triggeraudit``): each change is one request
 AUDIT_REQUEST = UNDERREPLICATION + "/auditRequest"
+#: changed after the auditor published records: the replication workers watch it
+UR_PUBLISHED = UNDERREPLICATION + "/published"
 #: what elected auditors recorded of their periodic checks, so the next one goes on from there
 AUDITOR_CHECKS = UNDERREPLICATION + "/auditorChecks"
 #: election of the one process that applies logs' retention policies

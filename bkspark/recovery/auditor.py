@@ -103,6 +103,7 @@ class Auditor:
         recorded = self._recorded_checks()
         audit_seen = recorded.get("auditRequestServed")
         last_check, last_placement = self._last_runs(recorded, "entries", "placement")
+        self._wake.set()                # the first pass at once
         try:
             while still_leader():
                 self._wake.wait(self.config.tick)
@@ -207,6 +208,12 @@ class Auditor:
         self.last_checks[check] = int(time.time() * 1000)
         self._record(**{check: self.last_checks[check]})
 
+    def _announce(self) -> None:
+        try:
+            self.urm.announce()
+        except BKError as exc:  # the workers find the records at their next poll
+            log.warning("auditor: cannot tell the workers about new records: %s", exc)
+
     def _record(self, **values) -> None:
         try:
             self.urm.record_auditor_checks(**values)
@@ -241,6 +248,7 @@ class Auditor:
         if n:
             log.info("auditor: published %d under-replicated ledgers for lost bookies %s", n,
                      sorted(lost))
+            self._announce()
         self.published += n
         return n
 
@@ -263,6 +271,8 @@ class Auditor:
                         {md.ensembles[s][1][i] for s, i in missing}))
                 if self.urm.mark(lid, lost, by=self.identifier):
                     n += 1
+        if n:
+            self._announce()
         self.published += n
         self._ran("entries")
         return n

@@ -8,6 +8,7 @@ Layout (BookKeeper's, relative to the metadata root)::
     /underreplication/lostBookieRecoveryDelay                        seconds (ASCII int)
     /underreplication/auditRequest                                   a full audit requested
     /underreplication/auditorChecks                                  the auditors' check times
+    /underreplication/published                                      changed: records published
     /underreplication/auditorelection/...                            auditor election
 
 A record's data is JSON ``{"missing": [bookie ids], "ctime_ms": ..., "by": ...}``. The
@@ -22,6 +23,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from typing import Callable
 
 from bkspark.errors import BadVersionError, MetadataFormatError, NodeExistsError, NoNodeError
 from metadata.layout import (
@@ -32,6 +34,7 @@ from metadata.layout import (
     UR_DISABLE,
     UR_LEDGERS,
     UR_LOCKS,
+    UR_PUBLISHED,
     underreplicated_path,
     underreplication_lock_path,
 )
@@ -121,6 +124,29 @@ class UnderReplicationManager:
             except Exception:  # noqa: BLE001 - not empty (NotEmpty), raced, ...: stop
                 break
         return True
+
+    def announce(self) -> None:
+        """Tell the replication workers that records were published: a change of
+        ``/underreplication/published``, which they watch (:meth:`watch_published`), so they
+        look at once rather than at their next poll. A hint only -- the records are the
+        truth --, so a conflict means another change already told them."""
+        doc = _dumps({"at_ms": int(time.time() * 1000), "by": self.owner})
+        try:
+            _, version = self.store.get(UR_PUBLISHED)
+        except NoNodeError:
+            try:
+                self.store.create(UR_PUBLISHED, doc, makepath=True)
+            except NodeExistsError:
+                pass
+            return
+        try:
+            self.store.set(UR_PUBLISHED, doc, version)
+        except (BadVersionError, NoNodeError):
+            pass
+
+    def watch_published(self, callback) -> Callable[[], None]:
+        """Call ``callback()`` now and after every :meth:`announce`; returns a cancel function."""
+        return self.store.watch_data(UR_PUBLISHED, lambda _data, _version: callback())
 
     # ---- locks -------------------------------------------------------------------------
     def try_lock(self, ledger_id: int) -> int | None:

@@ -7,6 +7,11 @@ Then :meth:`LedgerReplicator.replicate_ledger` repairs every fragment with a los
 auditor did not re-mark it meanwhile) and the lock released. Otherwise only the lock is
 released and the ledger is retried after a back-off.
 
+Idle workers look for records every ``poll_interval`` seconds, and at once when the auditor
+announces that it published some (a watch on ``/underreplication/published``,
+:meth:`UnderReplicationManager.announce`): a lost bookie's repair starts within the
+metadata store's notification latency, not a poll interval later.
+
 An open last fragment with a lost member is left alone for ``open_ledger_grace`` seconds
 (the writer normally notices the failed bookie and starts a new fragment); if it is still
 there after the grace period the ledger is fenced and recovered, then replicated.
@@ -19,7 +24,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from bkspark.errors import NoSuchLedgerError
+from bkspark.errors import BKError, NoSuchLedgerError
 
 from .replicator import FULL, OPEN, LedgerReplicator, Stats
 from .throttle import DEFAULT_DAEMON_MB_PER_S, Throttle
@@ -51,12 +56,19 @@ class ReplicationWorker:
         self.ledgers_replicated = 0
         self.failures = 0               # passes that failed or left the ledger under-replicated
         self._stop = threading.Event()
+        self._wake = threading.Event()  # records were announced (or stop)
+        self._cancel_watch = None
         self._threads: list[threading.Thread] = []
         self._open_since: dict[int, float] = {}
         self._backoff: dict[int, float] = {}
         self._lock = threading.Lock()
 
     def start(self) -> None:
+        try:
+            self._cancel_watch = self.urm.watch_published(self._wake.set)
+        except BKError as exc:
+            log.warning("replication worker: cannot watch for published records (polling "
+                        "every %gs): %s", self.config.poll_interval, exc)
         for i in range(max(1, self.config.threads)):
             t = threading.Thread(target=self._loop, daemon=True, name=f"replication-worker-{i}")
             t.start()
@@ -64,6 +76,9 @@ class ReplicationWorker:
 
     def stop(self, timeout: float = 30.0) -> None:
         self._stop.set()
+        self._wake.set()
+        if self._cancel_watch is not None:
+            self._cancel_watch()
         for t in self._threads:
             t.join(timeout)
 
@@ -75,8 +90,8 @@ class ReplicationWorker:
                     worked = self.run_once()
             except Exception:  # noqa: BLE001 - keep working
                 log.exception("replication worker pass failed")
-            if not worked:
-                self._stop.wait(self.config.poll_interval)
+            if not worked and self._wake.wait(self.config.poll_interval):
+                self._wake.clear()
 
     def run_once(self) -> bool:
         """One pass over the records; True if some ledger was processed."""

@@ -3,6 +3,7 @@ metadata stores (SQLite lease / ZooKeeper with kazoo's Election recipe)."""
 from __future__ import annotations
 
 import threading
+import time
 
 from bkspark.recovery.election import LeaderElection
 from bkspark.recovery.urm import UnderReplicationManager
@@ -98,3 +99,22 @@ def test_election_exactly_one_leader_and_failover(store_factory):
         if j != i:
             e.stop()
     wait_until(lambda: not leaders, 10, what="leaders to step down")
+
+
+def test_an_idle_worker_takes_an_announced_record_at_once(store_factory):
+    """Workers poll rarely (here every 10 minutes) but watch the auditor's announcements:
+    a record announced after they went idle is taken within the store's notification
+    latency. (The record names a ledger that does not exist: the worker drops it.)"""
+    from bkspark.client import BookKeeper
+    from bkspark.recovery.worker import ReplicationWorker, WorkerConfig
+    auditor = UnderReplicationManager(store_factory(), "auditor")
+    with BookKeeper(store=store_factory()) as bk:
+        worker = ReplicationWorker(bk, WorkerConfig(threads=2, poll_interval=600))
+        worker.start()
+        try:
+            time.sleep(0.5)                     # both threads found nothing and went idle
+            assert auditor.mark(424242, ["gone:1"], by="auditor")
+            auditor.announce()
+            wait_until(lambda: auditor.list() == [], 15)
+        finally:
+            worker.stop()
