@@ -45,6 +45,8 @@ AUDIT_REQUEST = UNDERREPLICATION + "/auditRequest"
 UR_PUBLISHED = UNDERREPLICATION + "/published"
 #: what elected auditors recorded of their periodic checks, so the next one goes on from there
 AUDITOR_CHECKS = UNDERREPLICATION + "/auditorChecks"
+#: the Spark connector's records of write jobs under way (bkspark/spark/pending.py)
+SPARK_PENDING = "/spark/pending"
 #: election of the one process that applies logs' retention policies
 RETENTION_ELECTION = LOGS + "-retention/election"
 #: where the ledger hierarchy starts ("" = directly under the store root, like BookKeeper)
@@ -56,7 +58,7 @@ LAYOUT_NODES = (AVAILABLE, READONLY, COOKIES, LOGS, UNDERREPLICATION, UR_LEDGERS
 #: node names directly under the root that are not part of the ledger hierarchy
 RESERVED_NAMES = frozenset(p.strip("/").split("/")[0] for p in (
     AVAILABLE, COOKIES, INSTANCEID, LAYOUT, IDGEN, LOGS, UNDERREPLICATION,
-    RETENTION_ELECTION)) | {"idgen-long"}
+    RETENTION_ELECTION, SPARK_PENDING)) | {"idgen-long"}
 
 SHORT_ID_LIMIT = 10 ** 10
 MAX_LEDGER_ID = 2 ** 63 - 1
@@ -67,7 +69,7 @@ SHORT_LEVELS = (re.compile(r"^\d{2}$"), re.compile(r"^\d{4}$"), re.compile(r"^L\
 LONG_LEVELS = (re.compile(r"^\d{3}$"), re.compile(r"^\d{4}$"), re.compile(r"^\d{4}$"),
                re.compile(r"^\d{4}$"), re.compile(r"^L\d{4}$"))
 _BOOKIE_ID = re.compile(r"^[A-Za-z0-9_.:\[\]-]+$")
-_LOG_NAME = re.compile(r"^[A-Za-z0-9_.=+@-][A-Za-z0-9_.=+@:-]*$")
+_LOG_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,199}$")
 
 
 def check_ledger_id(ledger_id) -> int:
@@ -121,10 +123,17 @@ def cookie_path(bookie_id: str) -> str:
     return f"{COOKIES}/{check_bookie_id(bookie_id)}"
 
 
+def check_log_name(name: str) -> str:
+    """The one rule for names of logs (and of their cursors): a path component of at most 200
+    letters, digits, '.', '_' or '-', not starting with '.' or '-'."""
+    if not isinstance(name, str) or not _LOG_NAME.match(name):
+        raise BadRequestError(f"invalid log name {name!r}: use letters, digits, '.', '_' or '-' "
+                              "(at most 200, not starting with . or -)")
+    return name
+
+
 def log_path(name: str) -> str:
-    if not isinstance(name, str) or not _LOG_NAME.match(name) or name in (".", ".."):
-        raise BadRequestError(f"invalid log name {name!r} (letters, digits, '._-=+@:' only)")
-    return f"{LOGS}/{name}"
+    return f"{LOGS}/{check_log_name(name)}"
 
 
 def underreplicated_path(ledger_id: int) -> str:

@@ -31,7 +31,7 @@ import time
 import uuid
 
 from bkspark.errors import BadVersionError, NodeExistsError
-from bkspark.localcluster import free_port
+from bkspark.ports import free_port
 
 JAVA_DIR = os.environ.get("BKSPARK_ZK_JAVA_DIR", "/usr/share/java")
 ZK_JARS = (

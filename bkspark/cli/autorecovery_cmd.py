@@ -86,7 +86,7 @@ def config_from_args(args):
 
 
 def run(args: argparse.Namespace) -> int:
-    from bkspark.cli.logging_setup import setup_logging
+    from bkspark.logging_setup import setup_logging
     from bkspark.cluster_registry import NO_METADATA_SERVICE, default_metadata_uri
     from bkspark.recovery.service import AutoRecovery
     uri = default_metadata_uri(args.metadata)

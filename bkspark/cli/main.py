@@ -6,7 +6,8 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from bkspark.cli import autorecovery_cmd, bookie_cmd, localcluster_cmd, shell
+    from bkspark.bookie import command as bookie_cmd
+    from bkspark.cli import autorecovery_cmd, localcluster_cmd, shell
 
     parser = argparse.ArgumentParser(prog="bkspark", description="bkspark: replicated logs for Spark")
     sub = parser.add_subparsers(dest="command", required=True)

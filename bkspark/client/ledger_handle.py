@@ -69,6 +69,7 @@ from metadata.update import NoChange
 
 from . import placement, wire
 from .digest import DigestManager, master_key
+from .quorum import has_entry, write_set_bookies
 
 log = logging.getLogger("bkspark.client.ledger")
 
@@ -176,9 +177,7 @@ class LedgerHandle:
         self._index = {b: i for i, b in enumerate(self._ensemble)}
 
     def _write_set(self, entry_id: int) -> list[str]:
-        ens, e = self._ensemble, self._E
-        s = entry_id % e
-        return [ens[(s + i) % e] for i in range(self._Qw)]
+        return write_set_bookies(entry_id, self._ensemble, self._Qw)
 
     # ---- appends -----------------------------------------------------------------------
     def append(self, data, timeout: float | None = None) -> int:
@@ -307,12 +306,12 @@ class LedgerHandle:
                     continue
                 if status == 0:
                     # only acks of a current write-set member count
-                    if idx is not None and (idx - eid) % e < qw:
+                    if idx is not None and has_entry(idx, eid, e, qw):
                         p.acked.add(bookie_id)
                 elif status == errors.ETOOMANYREQUESTS:
                     # overloaded, not broken: resend to the same bookie a little later
                     # (if it never accepts, the add timeout replaces it)
-                    if idx is not None and (idx - eid) % e < qw:
+                    if idx is not None and has_entry(idx, eid, e, qw):
                         if retry is None:
                             retry = []
                         retry.append(p.elem)

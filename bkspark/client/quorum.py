@@ -44,6 +44,12 @@ def write_set_bookies(entry_id: int, ensemble: list, write_quorum: int) -> list:
     return [ensemble[(start + i) % e] for i in range(write_quorum)]
 
 
+def has_entry(index: int, entry_id: int, ensemble_size: int, write_quorum: int) -> bool:
+    """Whether ensemble index ``index`` is in ``entry_id``'s write set (it stores the entry
+    and its acknowledgement counts): ``(index - entry_id) mod E < Qw``."""
+    return (index - entry_id) % ensemble_size < write_quorum
+
+
 def coverage_threshold(cohort_size: int, ack_quorum: int) -> int:
     """Members that must satisfy a property so every ack quorum has one: (cohort - Qa) + 1."""
     return cohort_size - ack_quorum + 1

@@ -25,7 +25,8 @@ import threading
 
 from bkspark.errors import BadRequestError
 from bkspark.log.position import EARLIEST
-from bkspark.log.store import LogStore, check_log_name
+from bkspark.log.store import LogStore
+from metadata.layout import check_log_name
 
 PREFIX = "__ckpt."
 

@@ -23,7 +23,6 @@ a no-op.
 from __future__ import annotations
 
 import logging
-import re
 from typing import Callable
 
 from bkspark import errors
@@ -32,7 +31,7 @@ from bkspark.log.position import EARLIEST, LATEST, Position
 from bkspark.log import segments as seg
 from bkspark.log import retention as ret
 from bkspark.log.retention import RetentionPolicy
-from metadata.layout import LOGS, log_path
+from metadata.layout import LOGS, check_log_name, log_path
 from metadata.log_metadata import LogMetadata
 from metadata.log_segments import (
     FORMAT_VERSION,
@@ -50,15 +49,7 @@ from metadata.update import MAX_CONFLICTS, NoChange, Updated, prove_absent, sett
 
 log = logging.getLogger("bkspark.log")
 
-_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,199}$")
 CLOSED, OPEN = "closed", "open"
-
-
-def check_log_name(name: str) -> str:
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise BadRequestError(f"invalid log name {name!r}: use letters, digits, '.', '_' or '-' "
-                              "(at most 200, not starting with . or -)")
-    return name
 
 
 def cursor_path(name: str, cursor: str) -> str:

@@ -87,7 +87,7 @@ class Fragment:
         e, qw = ensemble_size, write_quorum
         if qw >= e:
             return list(range(self.first, self.last + 1))
-        return [x for x in range(self.first, self.last + 1) if (index - x) % e < qw]
+        return [x for x in range(self.first, self.last + 1) if quorum.has_entry(index, x, e, qw)]
 
     def __str__(self):
         end = "open" if self.last is None else str(self.last)

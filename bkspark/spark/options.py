@@ -378,7 +378,7 @@ def parse_options(options, *, default_uri=None) -> ConnectorOptions:
                               "exclusive: name the logs once")
     if given_as.get("logs", "").lower() == "assign" and raw["logs"].strip().startswith("{"):
         raw["logs"] = _assigned_logs(raw["logs"])
-    from bkspark.log.store import check_log_name
+    from metadata.layout import check_log_name
     for key in ("log", "path"):
         if key in given:
             try:

@@ -49,11 +49,11 @@ from dataclasses import dataclass, field
 
 from bkspark import errors
 from bkspark.errors import BadVersionError, NodeExistsError, NoNodeError
+from metadata.layout import SPARK_PENDING as PENDING_ROOT
 from metadata.update import NoChange, update_record
 
 log = logging.getLogger("bkspark.spark")
 
-PENDING_ROOT = "/spark/pending"
 ALIVE_PREFIX = "alive-"
 WRITING, COMMITTING, RECLAIMED = "writing", "committing", "reclaimed"
 #: default seconds a job with no live task may stay silent before it counts as abandoned

@@ -64,6 +64,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from bkspark import errors
+from bkspark.client import quorum
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PASSWORD = b"faults"
@@ -835,7 +836,7 @@ class Checker:
         reads = []
         for eid in range(last + 1):
             ens = _ensemble_for(ensembles, eid)
-            ws = [ens[(eid + k) % len(ens)] for k in range(qw)]
+            ws = quorum.write_set_bookies(eid, ens, qw)
             holders = [bid for bid in ws if eid in holdings.get(bid, ())]
             if len(holders) < qa:
                 self.violation("under-replicated", ledger=lid, entry=eid, holders=holders,

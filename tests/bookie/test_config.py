@@ -6,7 +6,7 @@ import pytest
 
 from bkspark.bookie.config import BookieConfig
 from bkspark.cli.main import build_parser
-from bkspark.cli.bookie_cmd import config_from_args
+from bkspark.bookie.command import config_from_args
 from bkspark.errors import BadRequestError
 
 SAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "bookie.conf"

@@ -69,7 +69,7 @@ def test_old_single_journal_cookie_still_accepted(tmp_path, store):
 
 
 def test_journal_dirs_flag(tmp_path):
-    from bkspark.cli.bookie_cmd import config_from_args
+    from bkspark.bookie.command import config_from_args
     from bkspark.cli.main import build_parser
     from bkspark.errors import BadRequestError
     base = ["bookie", "--metadata", f"sqlite:///{tmp_path}/m.db", "--ledger-dirs", "/l"]

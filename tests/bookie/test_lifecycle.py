@@ -261,7 +261,7 @@ def test_cluster_ports_lie_outside_the_ephemeral_range():
     would fail with "address already in use" (seen in the crash campaign). Ports are chosen
     where only an explicit bind can take them, and never twice."""
     import socket
-    from bkspark.localcluster import _ephemeral_range, free_port
+    from bkspark.ports import _ephemeral_range, free_port
     low, high = _ephemeral_range()
     ports = [free_port() for _ in range(200)]
     assert len(set(ports)) == len(ports)

@@ -94,3 +94,10 @@ def test_fencing_threshold_values():
     assert quorum.fencing_threshold(5, 2) == 4
     assert not quorum.fencing_covered(3, 2, 2, {0})
     assert quorum.fencing_covered(3, 2, 2, {0, 2})
+
+
+@given(st.integers(1, 9), st.integers(1, 9), st.integers(0, 10 ** 12))
+def test_has_entry_is_membership_of_the_write_set(e, qw, entry_id):
+    qw = min(qw, e)
+    ws = quorum.write_set(entry_id, e, qw)
+    assert [i for i in range(e) if quorum.has_entry(i, entry_id, e, qw)] == sorted(ws)

@@ -69,7 +69,17 @@ def test_bad_bookie_ids(bad):
         layout.bookie_path(bad)
 
 
-@pytest.mark.parametrize("bad", ["", "a/b", "..", "sp ace", None])
-def test_bad_log_names(bad):
-    with pytest.raises(BadRequestError):
-        layout.log_path(bad)
+@pytest.mark.parametrize("name", ["", "a/b", "..", "sp ace", None, "a:b", "x=y", "p+q", "u@h",
+                                  "-lead", ".hidden", "a" * 201])
+def test_one_log_name_rule_for_the_api_and_the_path(name):
+    """The log API and the metadata path refuse the same names, so no path holds a log the
+    API cannot name."""
+    with pytest.raises(BadRequestError, match="invalid log name"):
+        layout.check_log_name(name)
+    with pytest.raises(BadRequestError, match="invalid log name"):
+        layout.log_path(name)
+
+
+def test_log_paths_of_good_names():
+    assert layout.log_path("orders_2026.v1-b") == "/logs/orders_2026.v1-b"
+    assert layout.check_log_name("_x" + "a" * 198) == "_x" + "a" * 198

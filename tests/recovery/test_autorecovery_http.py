@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 
 from bkspark.client import BookKeeper
-from bkspark.localcluster import free_port
+from bkspark.ports import free_port
 from bkspark.recovery.urm import UnderReplicationManager
 from bkspark.testing.cluster import BookieCluster
 from metadata import registry

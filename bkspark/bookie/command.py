@@ -1,4 +1,5 @@
-"""`bkspark bookie`: run one bookie from a config file and/or flags (flags win)."""
+"""`bkspark bookie` and `python -m bkspark.bookie`: run one bookie from a config file and/or flags
+(flags win)."""
 from __future__ import annotations
 
 import argparse
@@ -32,7 +33,7 @@ def config_from_args(args: argparse.Namespace) -> BookieConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bkspark.cli.logging_setup import setup_logging
+    from bkspark.logging_setup import setup_logging
     try:
         config = config_from_args(args)
     except BKError as exc:
