@@ -11,7 +11,7 @@ import pytest
 
 from bkspark.client import BookKeeper
 from bkspark.testing.cluster import BookieCluster
-from bkspark.testing.faults import (FAULT_KINDS, PASSWORD, Checker, FaultRun, _run_line,
+from bkspark.testing.faults import (FAULT_KINDS, PASSWORD, Checker, FaultRun, run_line,
                                     make_record, make_schedule)
 
 RUN_SECONDS = float(os.environ.get("BKSPARK_FAULTS_RUN_SECONDS", "18"))
@@ -30,7 +30,7 @@ def test_fault_run(store, tmp_path, request, faults_seed):
     seed = faults_seed + (1 if store == "zk" else 0)
     run = FaultRun(seed, RUN_SECONDS, store, str(tmp_path), zookeeper=zk)
     result = run.run()
-    print(_run_line(result), result["faults"])
+    print(run_line(result), result["faults"])
     replay = f"replay: python -m bkspark.testing.faults --seed {seed} --runs 1 --store {store} " \
              f"--run-seconds {RUN_SECONDS}"
     assert not result["violations"], f"{result['violations'][:10]}\n{replay}"
