@@ -21,6 +21,11 @@ success or failure); the next call, once the store answers, settles it. Conflict
 (``max_conflicts``), with a short randomised back-off; running out raises
 :class:`MetadataError` naming the record.
 
+A record that may not exist yet is created by the same loop (``missing``: the value a missing
+record starts from; the transform applies to it and the result is created): someone else's
+create is a conflict like any other, and a lost answer is settled the same way (the record
+exists with exactly the bytes written at version 0: applied).
+
 A change may be *guarded* by another record's version (``guard=(path, version)``): the
 compare-and-set is then one transaction with a check of that version, so the change is
 stored only while the guard record is unchanged; once it has changed, the loop raises
@@ -44,6 +49,7 @@ from bkspark.errors import (
     BadVersionError,
     MetadataConnectionError,
     MetadataError,
+    NodeExistsError,
     NoNodeError,
 )
 
@@ -86,7 +92,8 @@ def update_record(store: MetadataStore, path: str, *, decode: Callable[[bytes], 
                   encode: Callable[[T], bytes], transform: Callable[[T], T],
                   done: Callable[[T], bool] | None = None,
                   start: tuple[T, int] | None = None, max_conflicts: int = MAX_CONFLICTS,
-                  what: str = "", guard: tuple[str, int] | None = None) -> Updated[T]:
+                  what: str = "", guard: tuple[str, int] | None = None,
+                  missing: Callable[[], T] | None = None) -> Updated[T]:
     """Change the record at ``path`` by compare-and-set until the change is stored (see the
     module docstring for the loop and its failure semantics).
 
@@ -96,7 +103,10 @@ def update_record(store: MetadataStore, path: str, *, decode: Callable[[bytes], 
     ``guard``: ``(path, version)`` of a record that must still be at that version when the
     change is stored (one transaction); :class:`GuardChangedError` once it is not.
 
-    :raises NoNodeError: the record does not exist (callers map it to their own error).
+    ``missing``: a record that does not exist (or vanishes meanwhile) starts from
+    ``missing()`` and is created (parents included) instead of set.
+
+    :raises NoNodeError: the record does not exist and there is no ``missing``.
     :raises OutcomeUnknownError: an answer was lost and the record could not be re-read.
     :raises MetadataError: ``max_conflicts`` conflicts in a row.
     """
@@ -106,11 +116,17 @@ def update_record(store: MetadataStore, path: str, *, decode: Callable[[bytes], 
     current = start
     while True:
         if current is None:
-            data, version = _read(store, path, settle=in_doubt is not None, what=what)
-            if in_doubt is not None and (data, version) == (in_doubt[0], in_doubt[1] + 1):
-                log.info("%s: the write whose answer was lost had been applied", what)
-                return Updated(decode(data), version, True)
-            value = decode(data)
+            try:
+                data, version = _read(store, path, settle=in_doubt is not None, what=what)
+            except NoNodeError:
+                if missing is None:
+                    raise
+                value, version = missing(), -1     # (a create whose answer was lost: not applied)
+            else:
+                if in_doubt is not None and (data, version) == (in_doubt[0], in_doubt[1] + 1):
+                    log.info("%s: the write whose answer was lost had been applied", what)
+                    return Updated(decode(data), version, True)
+                value = decode(data)
         else:
             value, version = current
             current = None
@@ -123,18 +139,29 @@ def update_record(store: MetadataStore, path: str, *, decode: Callable[[bytes], 
         data = encode(new_value)
         try:
             if guard is None:
-                new_version = store.set(path, data, version=version)
+                if version == -1:
+                    store.create(path, data, makepath=True)
+                    new_version = 0
+                else:
+                    new_version = store.set(path, data, version=version)
             else:
                 txn = store.transaction()
                 txn.check(guard[0], guard[1])
-                txn.set(path, data, version=version)
-                new_version = txn.commit()[1]
+                if version == -1:
+                    txn.create(path, data)
+                else:
+                    txn.set(path, data, version=version)
+                results = txn.commit()
+                new_version = 0 if version == -1 else results[1]
             return Updated(new_value, new_version, True)
         except NoNodeError:
             if guard is not None:
                 _check_guard(store, guard, what)
-            raise
-        except BadVersionError:
+            if missing is None:
+                raise
+            conflicts += 1              # deleted meanwhile (or a parent pruned): again
+            after_conflict(conflicts, what, max_conflicts=max_conflicts)
+        except (BadVersionError, NodeExistsError):
             if guard is not None:
                 _check_guard(store, guard, what)
             conflicts += 1

@@ -45,7 +45,8 @@ from metadata.log_segments import (
     segment_path,
     segments_path,
 )
-from metadata.update import MAX_CONFLICTS, NoChange, Updated, prove_absent, settled_read
+from metadata.update import (MAX_CONFLICTS, NoChange, Updated, prove_absent, settled_read,
+                             update_record)
 
 log = logging.getLogger("bkspark.log")
 
@@ -745,20 +746,8 @@ class LogStore:
         data = json.dumps({**position.to_json(), "t": now_ms()}).encode()
         path = cursor_path(name, cursor)
         self._head(name)
-        while True:
-            try:
-                _, version = self.store.get(path)
-            except NoNodeError:
-                try:
-                    self.store.create(path, data)
-                    return
-                except NodeExistsError:
-                    continue
-            try:
-                self.store.set(path, data, version=version)
-                return
-            except (BadVersionError, NoNodeError):
-                continue
+        update_record(self.store, path, decode=bytes, encode=bytes, transform=lambda _old: data,
+                      missing=bytes, what=f"cursor {cursor} of log {name}")
 
     def cursor(self, name: str, cursor: str) -> Position | None:
         try:

@@ -38,6 +38,7 @@ from metadata.layout import (
     underreplicated_path,
     underreplication_lock_path,
 )
+from metadata.update import NoChange, update_record
 
 _HEX4 = re.compile(r"^[0-9a-f]{4}$")
 _URL = re.compile(r"^urL(\d{10,19})$")
@@ -55,29 +56,18 @@ class UnderReplicationManager:
     def mark(self, ledger_id: int, missing=(), by: str = "") -> bool:
         """Publish (or merge into) the record of ``ledger_id``. Returns True when the record
         was created or changed."""
-        path = underreplicated_path(ledger_id)
         missing = sorted(set(missing))
-        for _ in range(32):
-            try:
-                data, version = self.store.get(path)
-            except NoNodeError:
-                doc = {"missing": missing, "ctime_ms": int(time.time() * 1000), "by": by}
-                try:
-                    self.store.create(path, _dumps(doc), makepath=True)
-                    return True
-                except (NodeExistsError, NoNodeError):  # NoNode: a parent was just pruned
-                    continue
-            doc = _loads(data)
+
+        def merge(doc: dict) -> dict:
+            if not doc:                 # a new record
+                return {"missing": missing, "ctime_ms": int(time.time() * 1000), "by": by}
             merged = sorted(set(doc.get("missing", [])) | set(missing))
             if merged == doc.get("missing", []):
-                return False
-            doc["missing"] = merged
-            try:
-                self.store.set(path, _dumps(doc), version=version)
-                return True
-            except (BadVersionError, NoNodeError):
-                continue
-        return False
+                raise NoChange
+            return {**doc, "missing": merged}
+        return update_record(self.store, underreplicated_path(ledger_id), decode=_loads,
+                             encode=_dumps, transform=merge, missing=dict,
+                             what=f"under-replication record of ledger {ledger_id}").changed
 
     def get(self, ledger_id: int) -> tuple[dict, int] | None:
         try:
@@ -216,10 +206,9 @@ class UnderReplicationManager:
 
     def set_lost_bookie_recovery_delay(self, seconds: float) -> None:
         data = (f"{seconds:g}").encode()
-        try:
-            self.store.create(LOST_BOOKIE_RECOVERY_DELAY, data, makepath=True)
-        except NodeExistsError:
-            self.store.set(LOST_BOOKIE_RECOVERY_DELAY, data)
+        update_record(self.store, LOST_BOOKIE_RECOVERY_DELAY, decode=bytes, encode=bytes,
+                      transform=lambda _old: data, missing=bytes,
+                      what="lostBookieRecoveryDelay")
 
     def clear_lost_bookie_recovery_delay(self) -> None:
         try:
@@ -233,21 +222,10 @@ class UnderReplicationManager:
         without waiting for the recovery delay); returns the request's version. Each change
         of the record is one request; an answer lost after the write applied at most causes
         one audit more."""
-        doc = _dumps({"requested_ms": int(time.time() * 1000), "by": by})
-        for _ in range(32):
-            try:
-                _, version = self.store.get(AUDIT_REQUEST)
-            except NoNodeError:
-                try:
-                    self.store.create(AUDIT_REQUEST, doc, makepath=True)
-                    return 0
-                except NodeExistsError:
-                    continue
-            try:
-                return self.store.set(AUDIT_REQUEST, doc, version)
-            except (BadVersionError, NoNodeError):
-                continue
-        raise BadVersionError(f"{AUDIT_REQUEST}: kept changing while requesting an audit")
+        doc = {"requested_ms": int(time.time() * 1000), "by": by}
+        return update_record(self.store, AUDIT_REQUEST, decode=_loads, encode=_dumps,
+                             transform=lambda _old: doc, missing=dict,
+                             what="audit request").version
 
     def audit_request(self) -> int | None:
         """The version of the latest audit request (None: never requested)."""
@@ -268,22 +246,9 @@ class UnderReplicationManager:
     def record_auditor_checks(self, **values) -> dict:
         """Merge ``values`` into the record (re-read and retried on a conflict) and return it.
         Advisory: a record that did not land makes a check run once more, never less."""
-        for _ in range(32):
-            try:
-                data, version = self.store.get(AUDITOR_CHECKS)
-            except NoNodeError:
-                try:
-                    self.store.create(AUDITOR_CHECKS, _dumps(values), makepath=True)
-                    return dict(values)
-                except NodeExistsError:
-                    continue
-            doc = {**_loads(data), **values}
-            try:
-                self.store.set(AUDITOR_CHECKS, _dumps(doc), version)
-                return doc
-            except (BadVersionError, NoNodeError):
-                continue
-        raise BadVersionError(f"{AUDITOR_CHECKS}: kept changing while recording checks")
+        return update_record(self.store, AUDITOR_CHECKS, decode=_loads, encode=_dumps,
+                             transform=lambda doc: {**doc, **values}, missing=dict,
+                             what="record of the auditor's checks").value
 
     # ---- auditor --------------------------------------------------------------------------
     def auditor(self) -> str | None:
