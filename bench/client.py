@@ -242,7 +242,7 @@ def disk_reference(directory: str, writers: int = 3, rate: float = 800.0, size: 
 
 def stream_counters(bk):
     """(request messages, AddBatch elements, ack messages) of the client's add streams."""
-    clients = bk._pool.clients()
+    clients = bk.ctx.pool.clients()
     return tuple(sum(getattr(c, k, 0) for c in clients)
                  for k in ("add_messages", "add_elements", "ack_messages"))
 

@@ -533,7 +533,7 @@ def cmd_bookiesanity(args, out):
             try:
                 md = ls.create_ledger(bk.store, LedgerMetadata.new(
                     [b], 1, 1, password=b"bookiesanity"))
-                lh = LedgerHandle(bk, md, ls.CREATED_VERSION, b"bookiesanity")
+                lh = LedgerHandle(bk.ctx, md, ls.CREATED_VERSION, b"bookiesanity")
                 data = [f"sanity-{i}".encode() for i in range(args.entries)]
                 for d in data:
                     lh.append(d)

@@ -1,8 +1,6 @@
 """``BookKeeper``: the client entry point (create, open, recover, delete, list ledgers)."""
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
 import threading
 import time
@@ -19,6 +17,7 @@ from metadata.ledger_metadata import LedgerMetadata, LedgerState
 
 from . import placement, quorum
 from .bookie_client import BookieClientPool, TlsRoots
+from .context import BookieHealth, ClientContext, Scheduler
 from .digest import normalize_digest_type
 from .ledger_handle import LedgerHandle
 from .read_handle import ReadHandle
@@ -78,67 +77,6 @@ class ClientConfig:
                                             # acks (self-clocking; see bookie_client)
 
 
-class _BookieHealth:
-    """Bookies that recently failed or answered slowly; reads ask them last."""
-
-    def __init__(self, quarantine: float):
-        self.quarantine = quarantine
-        self._until: dict[str, float] = {}
-
-    def suspect(self, bookie_id: str) -> None:
-        self._until[bookie_id] = time.monotonic() + self.quarantine
-
-    def is_suspect(self, bookie_id: str) -> bool:
-        t = self._until.get(bookie_id)
-        return t is not None and t > time.monotonic()
-
-    def order(self, bookies: list[str]) -> list[str]:
-        if not self._until:
-            return bookies
-        now = time.monotonic()
-        good = [b for b in bookies if self._until.get(b, 0) <= now]
-        if len(good) == len(bookies):
-            return bookies
-        return good + [b for b in bookies if self._until.get(b, 0) > now]
-
-
-class _Scheduler:
-    """One timer thread for speculative reads (cheaper than a Timer per read)."""
-
-    def __init__(self):
-        self._heap: list = []
-        self._cond = threading.Condition()
-        self._seq = itertools.count()
-        self._stopped = False
-        self._thread = threading.Thread(target=self._run, daemon=True, name="bk-scheduler")
-        self._thread.start()
-
-    def schedule(self, delay: float, fn) -> None:
-        with self._cond:
-            heapq.heappush(self._heap, (time.monotonic() + delay, next(self._seq), fn))
-            self._cond.notify()
-
-    def _run(self):
-        while True:
-            with self._cond:
-                while not self._stopped and (not self._heap
-                                             or self._heap[0][0] > time.monotonic()):
-                    timeout = (self._heap[0][0] - time.monotonic()) if self._heap else None
-                    self._cond.wait(timeout)
-                if self._stopped:
-                    return
-                _, _, fn = heapq.heappop(self._heap)
-            try:
-                fn()
-            except Exception:  # noqa: BLE001
-                log.exception("scheduled task failed")
-
-    def stop(self):
-        with self._cond:
-            self._stopped = True
-            self._cond.notify()
-
-
 class BookKeeper:
     """A BookKeeper client.
 
@@ -163,7 +101,7 @@ class BookKeeper:
         self.conf = client_config_from(config, what="BookKeeper option")
         self._own_store = store is None
         self.store = store if store is not None else open_store(metadata_uri)
-        self._health = _BookieHealth(self.conf.suspect_seconds)
+        self._health = BookieHealth(self.conf.suspect_seconds)
         self._pool = BookieClientPool(self._resolve_address, self._health.suspect,
                                       TlsRoots(self.conf.tls_ca_file)
                                       if self.conf.tls_ca_file else None,
@@ -171,13 +109,17 @@ class BookKeeper:
                                       max_linger=self.conf.add_max_linger,
                                       note_for=self._transport_note)
         self._executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="bk-client")
-        self._scheduler = _Scheduler()
+        self._scheduler = Scheduler()
         self._writers: weakref.WeakSet = weakref.WeakSet()
         self._bookie_cache = (0.0, {})
         self._mismatch_logged: set = set()
         self._closed = False
         self._backlogged: dict[str, float] = {}
         self._probing: set[str] = set()
+        #: what this client's handles, their recovery and the replicator share
+        self.ctx = ClientContext(self.conf, self.store, self._pool, self._health,
+                                 self._scheduler, self._executor, self._writable_bookies,
+                                 self._writers.add, self._writers.discard)
         self._ticker_stop = threading.Event()
         self._ticker = threading.Thread(target=self._tick_loop, daemon=True, name="bk-ticker")
         self._ticker.start()
@@ -243,24 +185,7 @@ class BookKeeper:
                 addr = None
         return addr or bookie_id
 
-    # ---- metadata helpers ----------------------------------------------------------------------
-    def _read_md(self, ledger_id: int, settle: bool = False):
-        return _ledgers.read_ledger(self.store, ledger_id, settle=settle)
-
-    def _update_md(self, ledger_id: int, transform, *, start=None, what: str = ""):
-        """The metadata update loop on a ledger (see :func:`metadata.ledgers.update_ledger`)."""
-        return _ledgers.update_ledger(self.store, ledger_id, transform, start=start, what=what)
-
-    def _write_md(self, md, version: int) -> int:
-        return _ledgers.write_ledger(self.store, md, version)
-
     # ---- writers' timeouts ------------------------------------------------------------------
-    def _register_writer(self, lh):
-        self._writers.add(lh)
-
-    def _unregister_writer(self, lh):
-        self._writers.discard(lh)
-
     def _tick_loop(self):
         period = max(0.05, min(0.5, self.conf.add_timeout / 4))
         while not self._ticker_stop.wait(period):
@@ -329,7 +254,7 @@ class BookKeeper:
         md = _ledgers.create_ledger(self.store, md)
         log.info("created ledger %d on %s (E=%d Qw=%d Qa=%d)", md.ledger_id, ensemble,
                  ensemble_size, write_quorum, ack_quorum)
-        return LedgerHandle(self, md, _ledgers.CREATED_VERSION, password)
+        return LedgerHandle(self.ctx, md, _ledgers.CREATED_VERSION, password)
 
     def create_ledger_async(self, *args, **kwargs) -> Future:
         return self._executor.submit(self.create_ledger, *args, **kwargs)
@@ -348,15 +273,15 @@ class BookKeeper:
         """
         self._check_open()
         password = _as_bytes(password, "password")
-        md, version = self._read_md(ledger_id)
+        md, version = self.ctx.read_metadata(ledger_id)
         if md.password != password:
             raise UnauthorizedError(
                 f"wrong password for ledger {ledger_id}: the password does not match the one "
                 "the ledger was created with")
         if recovery and md.state is not LedgerState.CLOSED:
-            md, version = LedgerRecovery(self, ledger_id, password).run(md, version)
-            return ReadHandle(self, md, version, password)
-        rh = ReadHandle(self, md, version, password)
+            md, version = LedgerRecovery(self.ctx, ledger_id, password).run(md, version)
+            return ReadHandle(self.ctx, md, version, password)
+        rh = ReadHandle(self.ctx, md, version, password)
         if md.state is not LedgerState.CLOSED:
             try:
                 rh.try_read_last_add_confirmed()
@@ -387,7 +312,7 @@ class BookKeeper:
         return sorted(_ledgers.list_ledgers(self.store))
 
     def ledger_metadata(self, ledger_id: int):
-        return self._read_md(ledger_id)[0]
+        return self.ctx.read_metadata(ledger_id)[0]
 
     # ---- lifecycle -------------------------------------------------------------------------
     def _check_open(self):

@@ -100,8 +100,8 @@ class LedgerHandle:
     Thread-safe. Use as a context manager (closes the ledger on exit).
     """
 
-    def __init__(self, bk, md, version: int, password: bytes):
-        self._bk = bk
+    def __init__(self, ctx, md, version: int, password: bytes):
+        self._ctx = ctx
         self._md = md
         self._version = version
         self.ledger_id = md.ledger_id
@@ -120,7 +120,7 @@ class LedgerHandle:
         self._length = 0            # cumulative length of the last appended entry
         self._lac_length = 0        # cumulative length at the LAC
         self._outstanding = 0
-        self._max_outstanding = bk.conf.max_outstanding_bytes
+        self._max_outstanding = ctx.conf.max_outstanding_bytes
         self._changing = False
         self._failed: dict[str, BKError] = {}
         self._error: BKError | None = None
@@ -131,7 +131,7 @@ class LedgerHandle:
         self._cb_lock = threading.Lock()
         self.ensemble_changes = 0
         # explicit LAC (module docstring); every field under _lock
-        conf = bk.conf
+        conf = ctx.conf
         self._lac_delay = conf.explicit_lac_delay if conf.explicit_lac_interval else 0.0
         self._idle_at = 0.0         # when the add stream last went idle (monotonic)
         self._lac_timer = False     # a delayed check is scheduled
@@ -142,8 +142,8 @@ class LedgerHandle:
         self._lac_done = threading.Condition(self._lock)    # ... and ended
         self.explicit_lac_rounds = 0    # WriteLac rounds sent (each to the whole ensemble)
         self._last_append = 0.0
-        bk._pool.register(self.ledger_id, self)
-        bk._register_writer(self)
+        ctx.pool.register(self.ledger_id, self)
+        ctx.register_writer(self)
 
     # ---- properties --------------------------------------------------------------------
     @property
@@ -267,7 +267,7 @@ class LedgerHandle:
         if exc is None or isinstance(exc, _SETTLED):
             return
         try:
-            md, _ = self._bk._read_md(self.ledger_id, settle=True)
+            md, _ = self._ctx.read_metadata(self.ledger_id, settle=True)
         except BKError as read_exc:
             log.debug("ledger %d: metadata not readable yet: %s", self.ledger_id, read_exc)
             return
@@ -286,7 +286,7 @@ class LedgerHandle:
     def _send(self, sends: dict):
         for b, elems in sends.items():
             try:
-                self._bk._pool.get(b).send_adds(elems)
+                self._ctx.pool.get(b).send_adds(elems)
             except BKError as exc:
                 self.on_bookie_failed(b, exc)
 
@@ -334,8 +334,8 @@ class LedgerHandle:
                 self._complete_locked()
         self._run_callbacks()
         if retry and fatal is None:
-            self._bk._scheduler.schedule(
-                self._bk.conf.overload_retry_delay,
+            self._ctx.scheduler.schedule(
+                self._ctx.conf.overload_retry_delay,
                 lambda: self._send({bookie_id: retry}) if self._index.get(bookie_id) is not None
                 and self._error is None else None)
 
@@ -366,7 +366,7 @@ class LedgerHandle:
                 self._idle_at = time.monotonic()
                 if not self._lac_timer:
                     self._lac_timer = True
-                    self._bk._scheduler.schedule(self._lac_delay, self._on_lac_timer)
+                    self._ctx.scheduler.schedule(self._lac_delay, self._on_lac_timer)
 
     def _run_callbacks(self):
         dq = self._done_q
@@ -409,7 +409,7 @@ class LedgerHandle:
     # ---- timeouts ------------------------------------------------------------------------
     def _tick(self, now: float) -> None:
         """Called periodically: bookies that left an add unanswered too long are failed."""
-        timeout = self._bk.conf.add_timeout
+        timeout = self._ctx.conf.add_timeout
         self._maybe_write_explicit_lac(now)
         with self._lock:
             if not self._pending or self._changing or self._error is not None:
@@ -421,7 +421,7 @@ class LedgerHandle:
                 if p.sent and len(p.acked) < self._Qa:
                     slow.update(b for b in self._write_set(p.entry_id) if b not in p.acked)
             for b in slow:
-                self._bk._health.suspect(b)
+                self._ctx.health.suspect(b)
                 self._bookie_failed_locked(b, OperationTimeoutError(
                     f"bookie {b}: add not acknowledged within {timeout}s"))
 
@@ -429,7 +429,7 @@ class LedgerHandle:
         """The periodic path (from :meth:`_tick`): idle for ``explicit_lac_interval`` and no
         bookie stored the LAC -- the delayed send is off (``explicit_lac_delay=0``) or no
         bookie accepted it -- send it; at most once per interval."""
-        interval = self._bk.conf.explicit_lac_interval
+        interval = self._ctx.conf.explicit_lac_interval
         if not interval:
             return
         with self._lock:
@@ -456,7 +456,7 @@ class LedgerHandle:
             wait = self._idle_at + self._lac_delay - now
             if wait > 0:    # idle again, more recently than when the timer was set
                 self._lac_timer = True
-                self._bk._scheduler.schedule(wait, self._on_lac_timer)
+                self._ctx.scheduler.schedule(wait, self._on_lac_timer)
                 return
             ensemble = self._start_lac_round_locked(lac, now)
         self._send_lac(lac, ensemble)
@@ -472,11 +472,11 @@ class LedgerHandle:
         """Send WriteLac(lac) to ``ensemble``; the round ends when every bookie answered (or
         failed). Returns ``[(bookie, future)]``."""
         body = self._digest.frame_lac(lac)
-        timeout = self._bk.conf.read_timeout
+        timeout = self._ctx.conf.read_timeout
         futs = []
         for b in ensemble:
             try:
-                f = self._bk._pool.get(b).write_lac(self.ledger_id, lac, self._master_key, body,
+                f = self._ctx.pool.get(b).write_lac(self.ledger_id, lac, self._master_key, body,
                                                     timeout=timeout)
             except Exception as exc:  # noqa: BLE001 - the client is closing: a failed answer
                 f = Future()
@@ -522,7 +522,7 @@ class LedgerHandle:
         self._failed[bookie_id] = error
         if not self._changing:
             self._changing = True
-            self._bk._executor.submit(self._ensemble_change_loop)
+            self._ctx.executor.submit(self._ensemble_change_loop)
 
     def _ensemble_change_loop(self):
         try:
@@ -537,7 +537,7 @@ class LedgerHandle:
                         break
                     lac = self._lac
                 for b in failed:
-                    self._bk._health.suspect(b)
+                    self._ctx.health.suspect(b)
                 log.info("ledger %d: replacing %s (%s) at entry %d", self.ledger_id,
                          sorted(failed), "; ".join(str(e) for e in failed.values()), lac + 1)
                 try:
@@ -582,7 +582,7 @@ class LedgerHandle:
 
     def _change_ensemble_metadata(self, failed: set, lac: int):
         """CAS a fragment at lac+1 replacing ``failed``; return (md, version, {old: new})."""
-        bk = self._bk
+        ctx = self._ctx
         exclude = set(failed)
         replaced: dict = {}
 
@@ -591,9 +591,9 @@ class LedgerHandle:
                 raise self._not_open_error(md)
             ensemble = md.last_ensemble()
             replaced.clear()
-            writable = bk._writable_bookies()
+            writable = ctx.writable_bookies()
             new_ens = list(ensemble)
-            suspects = {b for b in writable if bk._health.is_suspect(b)}
+            suspects = {b for b in writable if ctx.health.is_suspect(b)}
             for i, b in enumerate(ensemble):
                 if b in failed:
                     try:    # avoid bookies that recently failed, if possible
@@ -607,7 +607,7 @@ class LedgerHandle:
                 raise NoChange()
             return md.with_ensemble(lac + 1, new_ens)
 
-        result = bk._update_md(self.ledger_id, transform, start=(self._md, self._version),
+        result = ctx.update_metadata(self.ledger_id, transform, start=(self._md, self._version),
                                what=f"ledger {self.ledger_id}: ensemble change")
         if not result.changed:
             return result.value, result.version, {}
@@ -717,13 +717,13 @@ class LedgerHandle:
                 # first close, or one that failed without settling anything (the metadata
                 # store did not answer): try again
                 self._closing = True
-                self._close_future = self._bk._executor.submit(self._close)
+                self._close_future = self._ctx.executor.submit(self._close)
             return self._close_future
 
     def _close(self) -> None:
-        bk = self._bk
+        ctx = self._ctx
         try:
-            self.flush(bk.conf.close_flush_timeout)
+            self.flush(ctx.conf.close_flush_timeout)
         except OperationTimeoutError as exc:
             with self._lock:
                 self._fail_all(exc)
@@ -745,7 +745,7 @@ class LedgerHandle:
 
         outcome: BKError | None = None
         try:
-            result = bk._update_md(self.ledger_id, transform, start=(self._md, self._version),
+            result = ctx.update_metadata(self.ledger_id, transform, start=(self._md, self._version),
                                    what=f"ledger {self.ledger_id}: close")
             with self._lock:
                 self._md, self._version = result.value, result.version
@@ -764,8 +764,8 @@ class LedgerHandle:
                         f"ledger {self.ledger_id} is closed")))
             self._run_callbacks()
             if settled:
-                bk._pool.unregister(self.ledger_id, self)
-                bk._unregister_writer(self)
+                ctx.pool.unregister(self.ledger_id, self)
+                ctx.unregister_writer(self)
 
     def __enter__(self) -> "LedgerHandle":
         return self

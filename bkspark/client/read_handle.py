@@ -81,7 +81,7 @@ class _EntryRead:
         self.rh = rh
         self.entry_id = entry_id
         # replicas that recently failed or were slow are asked last
-        self.bookies = rh._bk._health.order(bookies)
+        self.bookies = rh._ctx.health.order(bookies)
         self.flags = flags
         self.future: Future = Future()
         self._next = 0
@@ -100,9 +100,9 @@ class _EntryRead:
             b = self.bookies[self._next]
             self._next += 1
             self._outstanding += 1
-        conf = self.rh._bk.conf
+        conf = self.rh._ctx.conf
         mk = self.rh._master_key if self.flags & wire.FENCE_LEDGER else b""
-        f = self.rh._bk._pool.get(b).read(self.rh.ledger_id, self.entry_id, flags=self.flags,
+        f = self.rh._ctx.pool.get(b).read(self.rh.ledger_id, self.entry_id, flags=self.flags,
                                           master_key=mk, timeout=conf.read_timeout)
         f.add_done_callback(lambda fut, b=b: self._on_response(b, fut))
         return True
@@ -112,7 +112,7 @@ class _EntryRead:
             with self._lock:
                 slow = self.bookies[self._next - 1] if self._next else None
             if slow is not None:
-                self.rh._bk._health.suspect(slow)
+                self.rh._ctx.health.suspect(slow)
             self._send_next()
 
     def _on_response(self, bookie: str, fut: Future):
@@ -129,7 +129,7 @@ class _EntryRead:
                 log.warning("ledger %d entry %d from %s: %s; trying another replica",
                             self.rh.ledger_id, self.entry_id, bookie, exc)
             if not isinstance(exc, (errors.NoSuchEntryError, errors.NoSuchLedgerError)):
-                self.rh._bk._health.suspect(bookie)
+                self.rh._ctx.health.suspect(bookie)
             with self._lock:
                 self._outstanding -= 1
                 self._errors.append(exc)
@@ -177,8 +177,8 @@ class _EntryRead:
 class ReadHandle:
     """Handle for reading a ledger (opened with or without recovery). Thread-safe."""
 
-    def __init__(self, bk, md, version: int, password: bytes, lac: int | None = None):
-        self._bk = bk
+    def __init__(self, ctx, md, version: int, password: bytes, lac: int | None = None):
+        self._ctx = ctx
         self._md = md
         self._version = version
         self.ledger_id = md.ledger_id
@@ -242,7 +242,7 @@ class ReadHandle:
     def read_async(self, first: int, last: int | None = None) -> Future:
         """Future of the list of entries ``first..last``."""
         it = self.read(first, last)
-        return self._bk._executor.submit(list, it)
+        return self._ctx.executor.submit(list, it)
 
     def read_unconfirmed(self, first: int, last: int):
         """Iterate entries ``first..last`` without the LAC bound (tailing; an entry beyond the
@@ -272,7 +272,7 @@ class ReadHandle:
     def _iter_entries(self, first: int, last: int):
         qw, e = self._md.write_quorum, self._md.ensemble_size
         for lo, hi, ensemble in self._segments(first, last):
-            if not self._bk.conf.use_read_range or hi - lo < 2 * e:
+            if not self._ctx.conf.use_read_range or hi - lo < 2 * e:
                 yield from self._read_window(lo, hi, ensemble)
             elif qw == e:
                 yield from self._read_range_segment(lo, hi, ensemble)
@@ -289,8 +289,8 @@ class ReadHandle:
         """Per-entry reads with ``read_window`` in flight, yielded in order. Speculation is
         driven from here (no timer per read): when the oldest read is not answered within
         ``speculative_read_timeout``, every read that old also asks its next replica."""
-        window = self._bk.conf.read_window
-        spec = self._bk.conf.speculative_read_timeout or None
+        window = self._ctx.conf.read_window
+        spec = self._ctx.conf.speculative_read_timeout or None
         inflight: deque = deque()
         nxt = lo
         try:
@@ -348,10 +348,10 @@ class ReadHandle:
         from one member, continuing on the next member when it fails (error, gap, digest
         mismatch); when every member failed, the rest is read entry by entry."""
         nxt = first
-        for bookie in self._bk._health.order(members):
+        for bookie in self._ctx.health.order(members):
             try:
-                for eid, body in self._bk._pool.get(bookie).read_range(
-                        self.ledger_id, nxt, hi, step=step, timeout=self._bk.conf.read_range_timeout):
+                for eid, body in self._ctx.pool.get(bookie).read_range(
+                        self.ledger_id, nxt, hi, step=step, timeout=self._ctx.conf.read_range_timeout):
                     if eid != nxt:
                         raise DigestMismatchError(f"bookie {bookie} sent entry {eid}, expected {nxt}")
                     _, lac, length, payload = self._digest.verify(body, nxt)
@@ -362,7 +362,7 @@ class ReadHandle:
                     return
             except BKError as exc:
                 if not isinstance(exc, (errors.NoSuchEntryError, errors.NoSuchLedgerError)):
-                    self._bk._health.suspect(bookie)
+                    self._ctx.health.suspect(bookie)
                 log.info("ledger %d: range read from %s stopped at entry %d (%s); falling over",
                          self.ledger_id, bookie, nxt, exc)
         if step == 1:
@@ -389,8 +389,8 @@ class ReadHandle:
             return self._lac
         md = self._md
         ensemble = md.last_ensemble()
-        conf = self._bk.conf
-        futs = {b: self._bk._pool.get(b).read(self.ledger_id, -1, timeout=conf.read_timeout)
+        conf = self._ctx.conf
+        futs = {b: self._ctx.pool.get(b).read(self.ledger_id, -1, timeout=conf.read_timeout)
                 for b in ensemble}
         answered, best, errs = set(), -1, []
         for i, (b, f) in enumerate(futs.items()):
@@ -427,7 +427,7 @@ class ReadHandle:
         return self._read_lac_round(require_coverage=True)
 
     def read_last_add_confirmed_async(self) -> Future:
-        return self._bk._executor.submit(self.read_last_add_confirmed)
+        return self._ctx.executor.submit(self.read_last_add_confirmed)
 
     def try_read_last_add_confirmed(self) -> int:
         """Like :meth:`read_last_add_confirmed` but content with any answer."""
@@ -446,7 +446,7 @@ class ReadHandle:
         if self.is_closed or self._lac > previous or (wake is not None and wake.is_set()):
             return self._lac
         md = self._md
-        conf = self._bk.conf
+        conf = self._ctx.conf
         done = wake if wake is not None else threading.Event()
         lock = threading.Lock()
         state = {"left": len(md.last_ensemble())}
@@ -464,7 +464,7 @@ class ReadHandle:
                     done.set()
 
         for b in md.last_ensemble():
-            f = self._bk._pool.get(b).read(
+            f = self._ctx.pool.get(b).read(
                 self.ledger_id, previous + 1, flags=wire.ENTRY_PIGGYBACK,
                 previous_lac=previous, long_poll_ms=int(timeout * 1000),
                 timeout=timeout + conf.read_timeout)
@@ -486,7 +486,7 @@ class ReadHandle:
 
     def _refresh_if_open(self, settle: bool = False):
         if self._md.state is not LedgerState.CLOSED:
-            md, version = self._bk._read_md(self.ledger_id, settle=settle)
+            md, version = self._ctx.read_metadata(self.ledger_id, settle=settle)
             with self._lac_lock:
                 if md.state is LedgerState.CLOSED:
                     self._lac = md.last_entry_id    # before the state: is_closed implies it

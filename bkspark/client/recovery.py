@@ -137,14 +137,19 @@ class _Changed(Exception):
 
 
 class LedgerRecovery:
-    """One recovery attempt of one ledger (see the module docstring)."""
+    """One recovery attempt of one ledger (see the module docstring). ``ctx``: the client's
+    :class:`~bkspark.client.context.ClientContext`; ``substitutes``: ``{bookie: replacement}``
+    for the write-backs (the replicator's, when a member of the last ensemble is lost: with
+    Qw == Qa a write-back to it could never complete).
+    """
 
-    def __init__(self, bk, ledger_id: int, password: bytes):
-        self.bk = bk
+    def __init__(self, ctx, ledger_id: int, password: bytes, *, substitutes: dict | None = None):
+        self.ctx = ctx
+        self.substitutes = substitutes or {}
         self.ledger_id = ledger_id
         self.password = password
         self.master_key = master_key(password)
-        self.conf = bk.conf
+        self.conf = ctx.conf
         self._stream_wb = None
         self._bad: set[str] = set()     # bookies that failed a write-back in this recovery
 
@@ -173,7 +178,7 @@ class LedgerRecovery:
                          self.ledger_id, last, length)
                 return md, version
             except _Changed:
-                md, version = self.bk._read_md(self.ledger_id)
+                md, version = self.ctx.read_metadata(self.ledger_id)
                 if md.state is LedgerState.CLOSED:
                     log.info("ledger %d: closed concurrently by another client at entry %d "
                              "(we found %d)", self.ledger_id, md.last_entry_id, last)
@@ -196,7 +201,7 @@ class LedgerRecovery:
                 raise _Changed()
             return new
 
-        result = self.bk._update_md(self.ledger_id, transform, start=(base, version),
+        result = self.ctx.update_metadata(self.ledger_id, transform, start=(base, version),
                                     what=f"ledger {self.ledger_id}: recovery")
         return result.value, result.version
 
@@ -206,7 +211,7 @@ class LedgerRecovery:
                 raise NoChange()
             return current.with_in_recovery()
 
-        result = self.bk._update_md(self.ledger_id, transform, start=(md, version),
+        result = self.ctx.update_metadata(self.ledger_id, transform, start=(md, version),
                                     what=f"ledger {self.ledger_id}: mark IN_RECOVERY")
         return result.value, result.version
 
@@ -222,7 +227,7 @@ class LedgerRecovery:
         unknown: list[str] = []
         fatal: list[BKError] = []
         best = [-1]
-        pool = self.bk._pool
+        pool = self.ctx.pool
 
         def on_resp(i, b, fut):
             try:
@@ -380,9 +385,9 @@ class LedgerRecovery:
                 f"{wb.acks} of {wb.qa} bookies ({wb.notes()}); recovery aborted")
         self._bad.update(failed)
         for b in failed:
-            self.bk._health.suspect(b)
-        writable = self.bk._writable_bookies()
-        suspects = {b for b in writable if self.bk._health.is_suspect(b)}
+            self.ctx.health.suspect(b)
+        writable = self.ctx.writable_bookies()
+        suspects = {b for b in writable if self.ctx.health.is_suspect(b)}
         new_ens = list(ensemble)
         for i, b in enumerate(ensemble):
             if b not in failed:
@@ -420,7 +425,7 @@ class LedgerRecovery:
         ensemble = md.last_ensemble()
         first = md.last_ensemble_first_entry()
         qw, qa = md.write_quorum, md.ack_quorum
-        futs = {b: self.bk._pool.get(b).list_entries(self.ledger_id,
+        futs = {b: self.ctx.pool.get(b).list_entries(self.ledger_id,
                                                      timeout=self.conf.read_timeout)
                 for b in ensemble}
         held: dict = {}
@@ -438,7 +443,7 @@ class LedgerRecovery:
         # a listed entry may still sit unsynced in the bookie's journal queue: Force makes
         # everything the bookie accepted so far durable; a bookie that cannot force counts
         # as holding nothing
-        forced = {b: self.bk._pool.get(b).force(self.ledger_id, timeout=self.conf.add_timeout)
+        forced = {b: self.ctx.pool.get(b).force(self.ledger_id, timeout=self.conf.add_timeout)
                   for b in held}
         for b, f in forced.items():
             try:
@@ -476,7 +481,7 @@ class LedgerRecovery:
         (:meth:`_Outcome.expand`). One call per entry in the common case."""
         qw, qa = md.write_quorum, md.ack_quorum
         out = _Outcome(entry_id, qw, qa)
-        bookies = self.bk._health.order(
+        bookies = self.ctx.health.order(
             quorum.write_set_bookies(entry_id, md.ensemble_for(entry_id), qw))
 
         def on_resp(b, fut):
@@ -511,7 +516,7 @@ class LedgerRecovery:
                     # they have it (either outcome is safe; this one recovers more)
                     if not out.grace:
                         out.grace = True
-                        self.bk._scheduler.schedule(self.conf.recovery_negative_grace,
+                        self.ctx.scheduler.schedule(self.conf.recovery_negative_grace,
                                                     out.event.set)
                 elif res != quorum.PENDING:
                     out.event.set()
@@ -519,7 +524,7 @@ class LedgerRecovery:
                 out.expand()
 
         def send(b):
-            f = self.bk._pool.get(b).read(self.ledger_id, entry_id, flags=wire.FENCE_LEDGER,
+            f = self.ctx.pool.get(b).read(self.ledger_id, entry_id, flags=wire.FENCE_LEDGER,
                                           master_key=self.master_key,
                                           timeout=self.conf.read_timeout)
             f.add_done_callback(lambda fut, b=b: on_resp(b, fut))
@@ -540,9 +545,12 @@ class LedgerRecovery:
                 out.expand()
 
     def _write_back(self, md, entry_id: int, body: bytes):
-        """RECOVERY_ADD of a recovered entry to its whole write set; ``.wait()`` raises
-        LedgerRecoveryError unless Qa bookies acknowledged it."""
+        """RECOVERY_ADD of a recovered entry to its whole write set (a member named in
+        ``substitutes`` replaced by its substitute); ``.wait()`` raises LedgerRecoveryError
+        unless Qa bookies acknowledged it."""
         bookies = quorum.write_set_bookies(entry_id, md.ensemble_for(entry_id), md.write_quorum)
+        if self.substitutes:
+            bookies = [self.substitutes.get(b, b) for b in bookies]
         if self._stream_wb is not None and self._stream_wb.registered:
             return self._stream_wb.add(entry_id, body, bookies, md.ack_quorum)
         # no stream when this client also writes the ledger: its acks go to the writer's
@@ -652,7 +660,7 @@ class _WriteBackState:
         with self.lock:
             if self.event.is_set() or bookie not in self.bookies or bookie in self.answered:
                 return
-        self.rec.bk._scheduler.schedule(self.rec.conf.overload_retry_delay,
+        self.rec.ctx.scheduler.schedule(self.rec.conf.overload_retry_delay,
                                         lambda: self._resend(bookie))
 
     def _resend(self, bookie: str) -> None:
@@ -744,7 +752,7 @@ class _StreamWriteBacks:
         self.entries: dict[int, "_StreamWriteBack"] = {}
         self.prefix = wire.request_prefix(rec.ledger_id, rec.master_key)
         self.registered = False
-        pool = rec.bk._pool
+        pool = rec.ctx.pool
         if rec.ledger_id not in pool.sinks:       # a writer of this ledger here: no stream
             pool.register(rec.ledger_id, self)
             self.registered = True
@@ -778,7 +786,7 @@ class _StreamWriteBacks:
 
     def close(self) -> None:
         if self.registered:
-            self.rec.bk._pool.unregister(self.rec.ledger_id, self)
+            self.rec.ctx.pool.unregister(self.rec.ledger_id, self)
 
 
 class _StreamWriteBack(_WriteBackState):
@@ -788,7 +796,7 @@ class _StreamWriteBack(_WriteBackState):
 
     def _send(self, bookie: str, elem: bytes) -> None:
         try:
-            self.rec.bk._pool.get(bookie).send_adds([elem])
+            self.rec.ctx.pool.get(bookie).send_adds([elem])
         except BKError as exc:
             self.answer(bookie, False, str(exc))
 
@@ -804,7 +812,7 @@ class _WriteBack(_WriteBackState):
     def _send(self, bookie: str, body: bytes) -> None:
         rec = self.rec
         timeout = max(0.1, self.t0 + rec.conf.add_timeout - time.monotonic())
-        f = rec.bk._pool.get(bookie).add(rec.ledger_id, self.entry_id, body, rec.master_key,
+        f = rec.ctx.pool.get(bookie).add(rec.ledger_id, self.entry_id, body, rec.master_key,
                                          flags=wire.RECOVERY_ADD, timeout=timeout)
         f.add_done_callback(lambda fut: self._on_resp(bookie, fut))
 

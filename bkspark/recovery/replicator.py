@@ -42,10 +42,9 @@ from bkspark import errors
 from bkspark.client import quorum, wire
 from bkspark.client.digest import DigestManager, master_key
 from bkspark.client.placement import choose_replacement
-from bkspark.client.recovery import LedgerRecovery, _WriteBack
+from bkspark.client.recovery import LedgerRecovery
 from bkspark.errors import (BKError, DigestMismatchError, MetadataConnectionError, MetadataError,
                             NotEnoughBookiesError, ReplicationError)
-from bkspark.proto import bookie_pb2 as pb
 from metadata import ledgers as ledger_store
 from metadata import registry
 from metadata.ledger_metadata import LedgerState
@@ -139,16 +138,12 @@ def _arithmetic_runs(entries: list[int], step: int) -> list[tuple[int, int]]:
     return sorted((first, count) for per_class in runs.values() for first, count in per_class)
 
 
-def list_entries(bk, bookie_id: str, ledger_id: int, timeout: float = 10.0) -> EntryRanges:
-    """What ``bookie_id`` holds for the ledger (empty if it does not know the ledger).
+def list_entries(ctx, bookie_id: str, ledger_id: int, timeout: float = 10.0) -> EntryRanges:
+    """What ``bookie_id`` holds for the ledger (empty if it does not know the ledger);
+    ``ctx``: the client's :class:`~bkspark.client.context.ClientContext`.
 
     :raises BKError: the bookie did not answer (unknown, not "empty")."""
-    client = bk._pool.get(bookie_id)
-    try:
-        resp = client.stub.ListEntries(pb.ListEntriesRequest(ledger_id=ledger_id),
-                                       timeout=timeout)
-    except Exception as exc:  # noqa: BLE001 - grpc errors -> the client's mapping
-        raise client._error(exc) from None
+    resp = ctx.pool.get(bookie_id).list_entries(ledger_id, timeout=timeout).result()
     if resp.status == errors.ENOLEDGER:
         return EntryRanges([])
     if resp.status != errors.EOK:
@@ -228,7 +223,7 @@ class LedgerReplicator:
 
     def __init__(self, bk, *, window: int = 128, timeout: float = 30.0, rng=None,
                  progress=None, throttle: Throttle | None = None):
-        self.bk = bk
+        self.ctx = bk.ctx
         self.throttle = throttle or UNLIMITED
         self.store = bk.store
         self.window = max(1, window)
@@ -255,7 +250,7 @@ class LedgerReplicator:
                     continue
                 if b not in cache:
                     try:
-                        cache[b] = list_entries(self.bk, b, md.ledger_id)
+                        cache[b] = list_entries(self.ctx, b, md.ledger_id)
                     except BKError as exc:
                         log.info("ledger %d: cannot list entries of %s: %s", md.ledger_id, b, exc)
                         cache[b] = None
@@ -444,7 +439,7 @@ class LedgerReplicator:
         holdings: dict[str, EntryRanges | None] = {}
         for b in sources:
             try:
-                holdings[b] = list_entries(self.bk, b, lid)
+                holdings[b] = list_entries(self.ctx, b, lid)
             except BKError:
                 holdings[b] = None      # unknown: may still try to read from it
         digest = DigestManager(lid, md.digest_type, md.password)
@@ -459,8 +454,8 @@ class LedgerReplicator:
             unknown = [b for b in cands if holdings.get(b) is None]
             return have + unknown
 
-        writer = _StreamWriter.open(self.bk, target, lid, mk, self.timeout) or \
-            _Writer(self.bk, target, lid, mk, self.window, self.timeout)
+        writer = _StreamWriter.open(self.ctx, target, lid, mk, self.timeout) or \
+            _Writer(self.ctx, target, lid, mk, self.window, self.timeout)
         copied = nbytes = 0
         try:
             for x, body in self._fetch(lid, entries, candidates, digest, e,
@@ -534,7 +529,7 @@ class LedgerReplicator:
                 while nxt <= last:
                     hi = min(last, nxt + (piece - 1) * step)
                     start = nxt
-                    for x, body in self.bk._pool.get(bookie).read_range(
+                    for x, body in self.ctx.pool.get(bookie).read_range(
                             lid, nxt, hi, step=step, timeout=self.timeout):
                         if x != nxt:
                             raise DigestMismatchError(f"sent entry {x}, expected {nxt}")
@@ -568,20 +563,13 @@ class LedgerReplicator:
                 yield x0, self._await_read(lid, x0, fut, c0, digest)
         finally:
             for _, _, fut in pending:
-                if not isinstance(fut, _Failed):
-                    fut.cancel()
+                fut.cancel()
 
     def _read(self, bookie, lid, x):
-        """A raw gRPC future of one entry read (cheaper than the client's wrapped futures;
-        errors are mapped in :meth:`_await_read`)."""
-        try:
-            return self.bk._pool.get(bookie).stub.Read.future(
-                pb.ReadRequest(ledger_id=lid, entry_id=x), timeout=self.timeout)
-        except Exception as exc:  # noqa: BLE001
-            return _Failed(exc)
+        """A future of one entry read (its errors are the client's: BKError)."""
+        return self.ctx.pool.get(bookie).read(lid, x, timeout=self.timeout)
 
     def _await_read(self, lid, x, fut, cands, digest) -> bytes:
-        from bkspark.client.bookie_client import rpc_error
         notes = []
         tried = 0
         while True:
@@ -592,10 +580,8 @@ class LedgerReplicator:
                     digest.verify(resp.body, x)
                     return bytes(resp.body)
                 notes.append(f"{who}: {errors.status_name(resp.status)}")
-            except BKError as exc:
+            except BKError as exc:      # (a transport error too: unknown, try another)
                 notes.append(f"{who}: {exc}")
-            except Exception as exc:  # noqa: BLE001 - transport error: unknown, try another
-                notes.append(str(rpc_error(who, exc)))
             tried += 1
             if tried >= len(cands):
                 raise ReplicationError(f"ledger {lid} entry {x}: no replica could serve it "
@@ -627,7 +613,8 @@ class LedgerReplicator:
         try:
             cur, version = ledger_store.read_ledger(self.store, md.ledger_id)
             if cur.state is not LedgerState.CLOSED:
-                _SubstitutingRecovery(self.bk, md.ledger_id, cur.password, subst).run(cur, version)
+                LedgerRecovery(self.ctx, md.ledger_id, cur.password,
+                               substitutes=subst).run(cur, version)
         except BKError as exc:
             raise ReplicationError(f"ledger {md.ledger_id}: fencing/recovery failed: {exc}") \
                 from None
@@ -638,37 +625,11 @@ class _Conflict(Exception):
     pass
 
 
-class _Failed:
-    def __init__(self, exc):
-        self.exc = exc
-
-    def result(self):
-        raise self.exc
-
-
-class _SubstitutingRecovery(LedgerRecovery):
-    """The client's ledger recovery, writing recovered entries back with bad bookies of the
-    write set replaced (fencing, reads and the end decision are unchanged)."""
-
-    def __init__(self, bk, ledger_id: int, password: bytes, subst: dict):
-        super().__init__(bk, ledger_id, password)
-        self.subst = subst
-
-    def _write_back(self, md, entry_id: int, body: bytes):
-        bookies = [self.subst.get(b, b) for b in
-                   quorum.write_set_bookies(entry_id, md.ensemble_for(entry_id),
-                                            md.write_quorum)]
-        stream = getattr(self, "_stream_wb", None)       # the client's streamed write-backs
-        if stream is not None:
-            return stream.add(entry_id, body, bookies, md.ack_quorum)
-        return _WriteBack(self, entry_id, body, bookies, md.ack_quorum)
-
-
 class _Writer:
     """RECOVERY_ADD of bodies to one bookie with a window of requests in flight."""
 
-    def __init__(self, bk, target, lid, mk, window, timeout):
-        self.client = bk._pool.get(target)
+    def __init__(self, ctx, target, lid, mk, window, timeout):
+        self.client = ctx.pool.get(target)
         self.target = target
         self.lid = lid
         self.mk = mk
@@ -711,17 +672,17 @@ class _StreamWriter:
     BATCH = 64
 
     @classmethod
-    def open(cls, bk, target, lid, mk, timeout):
-        pool = bk._pool
+    def open(cls, ctx, target, lid, mk, timeout):
+        pool = ctx.pool
         if lid in pool.sinks:
             return None
-        w = cls(bk, target, lid, mk, timeout)
+        w = cls(ctx, target, lid, mk, timeout)
         pool.register(lid, w)
         return w
 
-    def __init__(self, bk, target, lid, mk, timeout):
-        self.pool = bk._pool
-        self.client = bk._pool.get(target)
+    def __init__(self, ctx, target, lid, mk, timeout):
+        self.pool = ctx.pool
+        self.client = ctx.pool.get(target)
         self.target = target
         self.lid = lid
         self.timeout = timeout

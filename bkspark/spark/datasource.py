@@ -133,7 +133,7 @@ class BookKeeperDataSource(importguard.Guarded, DataSource,
         """Refuse, before any task runs, ledgers that the cluster cannot place (or bookies
         this client cannot talk to: TLS ones without option client.tlsCaFile)."""
         bk = conn.bookkeeper(self.opts.metadata_uri, self.opts.client_settings)
-        writable = bk._writable_bookies()
+        writable = bk.ctx.writable_bookies()
         if self.opts.ensemble_size > len(writable):
             raise BadRequestError(
                 f"option 'ensembleSize' is {self.opts.ensemble_size} but the cluster at "

@@ -165,7 +165,7 @@ def test_bookies_without_a_data_port_take_adds_over_grpc(tmp_path):
         lh = bk.create_ledger(2, 2, 2, password=b"pw")
         lh.append_many([b"grpc-%d" % i for i in range(50)])
         lh.close()
-        streams = [c._stream for c in bk._pool.clients()]
+        streams = [c._stream for c in bk.ctx.pool.clients()]
         assert all(st is not None and st.linger == 0.002 for st in streams)  # gRPC spacing
         rh = bk.open_ledger(lh.ledger_id, password=b"pw")
         assert [e.data for e in rh.read(0, 49)] == [b"grpc-%d" % i for i in range(50)]
@@ -189,7 +189,7 @@ def test_range_reads_reuse_connections_and_survive_a_bookie_restart(tmp_path):
         lh = bk.create_ledger(1, 1, 1, password=b"pw")
         lh.append_many([b"e-%d" % i for i in range(30)])
         lh.close()
-        client = bk._pool.get(cluster.bookie_ids[0])
+        client = bk.ctx.pool.get(cluster.bookie_ids[0])
         assert [b[-4:] for _, b in client.read_range(lh.ledger_id, 0, 29)][-1] == b"e-29"
         assert len(client._idle_reads) == 1
         idle = client._idle_reads[0]
@@ -218,7 +218,7 @@ def test_range_reads_from_the_connection_buffer_keep_every_body_intact(tmp_path)
         payloads = [os.urandom(n) for n in sizes]
         lh.append_many(payloads)
         lh.close()
-        client = bk._pool.get(cluster.bookie_ids[0])
+        client = bk.ctx.pool.get(cluster.bookie_ids[0])
         for _ in range(2):
             for step, max_bytes in ((1, 4 << 20), (1, 256 << 10), (2, 4 << 20), (3, 1 << 20)):
                 got = list(client.read_range(lh.ledger_id, 0, len(sizes) - 1, step=step,

@@ -83,9 +83,9 @@ def test_bookies_of_the_other_transport_are_left_out(tmp_path, tls_cluster):
             info = {"address": bookie} | ({} if tls is None else {"tls": tls})
             registry.register_bookie(store, bookie, info)
         with BookKeeper(uri) as bk:
-            assert sorted(bk._writable_bookies()) == ["10.0.0.2:3181", "10.0.0.3:3181"]
+            assert sorted(bk.ctx.writable_bookies()) == ["10.0.0.2:3181", "10.0.0.3:3181"]
         with BookKeeper(uri, tls_ca_file=str(cert)) as bk:
-            assert sorted(bk._writable_bookies()) == ["10.0.0.1:3181", "10.0.0.3:3181"]
+            assert sorted(bk.ctx.writable_bookies()) == ["10.0.0.1:3181", "10.0.0.3:3181"]
         registry.unregister_bookie(store, "10.0.0.3:3181")
         registry.unregister_bookie(store, "10.0.0.2:3181")
         with BookKeeper(uri) as bk, pytest.raises(BadRequestError, match=(

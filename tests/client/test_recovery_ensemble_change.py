@@ -44,7 +44,7 @@ def start(c, i, bk):
     deadline = time.monotonic() + 120
     while True:
         try:
-            bk._pool.get(c.bookie_ids[i]).list_entries(1, timeout=10).result()
+            bk.ctx.pool.get(c.bookie_ids[i]).list_entries(1, timeout=10).result()
             return
         except errors.BKError:
             if time.monotonic() > deadline:
@@ -212,7 +212,7 @@ def test_recoverer_dying_after_publishing_its_segment(c):
     without another ensemble change."""
     lid, ens = dead_writer_with_tail(c, 2, 2)
     with client(c) as rbk:
-        real_update = rbk._update_md
+        real_update = rbk.ctx.update_metadata
 
         def update_md(ledger_id, transform, **kwargs):
             def dies_before_closing(md):
@@ -221,7 +221,7 @@ def test_recoverer_dying_after_publishing_its_segment(c):
                     raise _Crash()
                 return new
             return real_update(ledger_id, dies_before_closing, **kwargs)
-        rbk._update_md = update_md
+        rbk.ctx.update_metadata = update_md
         with pytest.raises(_Crash):
             rbk.open_ledger(lid, password=PW)
         md = rbk.ledger_metadata(lid)

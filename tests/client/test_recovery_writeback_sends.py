@@ -37,8 +37,8 @@ def _recovery(got):
     clients = {b: _InstantBookie(b, sinks, got) for b in ("b0", "b1", "b2")}
     pool = SimpleNamespace(sinks=sinks, get=clients.__getitem__,
                            register=sinks.__setitem__, unregister=lambda lid, s: sinks.pop(lid))
-    bk = SimpleNamespace(_pool=pool, _scheduler=None)
-    return SimpleNamespace(bk=bk, ledger_id=7, master_key=b"k" * 20,
+    ctx = SimpleNamespace(pool=pool, scheduler=None)
+    return SimpleNamespace(ctx=ctx, ledger_id=7, master_key=b"k" * 20,
                            conf=SimpleNamespace(add_timeout=5.0, overload_retry_delay=0.01))
 
 

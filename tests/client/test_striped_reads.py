@@ -42,7 +42,7 @@ def test_striped_reads_return_their_connections_for_reuse(cluster):
         values = [b"v%d" % i for i in range(90)]
         lh.append_many(values)
         lh.close()
-        clients = [bk._pool.get(b) for b in cluster.bookie_ids]
+        clients = [bk.ctx.pool.get(b) for b in cluster.bookie_ids]
         with bk.open_ledger(lh.ledger_id, password=b"pw", recovery=False) as rh:
             assert [e.data for e in rh.read(0, 89)] == values
             idle = [list(c._idle_reads) for c in clients]

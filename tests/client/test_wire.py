@@ -92,9 +92,9 @@ def test_ledger_handle_encodes_valid_add_batches():
         def get(self, b):
             return SimpleNamespace(send_adds=lambda elems: sent.setdefault(b, []).extend(elems))
 
-    bk = SimpleNamespace(conf=ClientConfig(), _pool=Pool(), _register_writer=lambda h: None)
+    ctx = SimpleNamespace(conf=ClientConfig(), pool=Pool(), register_writer=lambda h: None)
     md = LedgerMetadata.new(["a", "b", "c", "d"], 3, 2, ledger_id=300, password=b"pw")
-    lh = LedgerHandle(bk, md, 0, b"pw")
+    lh = LedgerHandle(ctx, md, 0, b"pw")
     payloads = [bytes([i]) * (i * 37 % 300) for i in range(40)]
     lh.append_many_async(payloads[:10])
     for p in payloads[10:]:

@@ -11,6 +11,7 @@ from bkspark.client.digest import DigestManager
 from bkspark.errors import (BadRequestError, FencedError, LedgerClosedError,
                             NoSuchEntryError, NoSuchLedgerError, UnauthorizedError)
 from metadata.ledger_metadata import LedgerState
+from metadata.ledgers import write_ledger
 
 
 @pytest.fixture
@@ -195,19 +196,19 @@ def test_open_closed_ledger_needs_no_recovery(bk):
 def test_close_conflicts_follow_the_protocol(bk):
     lh = bk.create_ledger(3, 2, 2)
     lh.append(b"x")
-    md, version = bk._read_md(lh.ledger_id)
-    bk._write_md(md.with_in_recovery(), version)          # somebody started recovery
+    md, version = bk.ctx.read_metadata(lh.ledger_id)
+    write_ledger(bk.store, md.with_in_recovery(), version)          # somebody started recovery
     with pytest.raises(FencedError, match="being recovered"):
         lh.close()
     lh2 = bk.create_ledger(3, 2, 2)
     lh2.append(b"x")
-    md, version = bk._read_md(lh2.ledger_id)
-    bk._write_md(md.with_closed(0, 1), version)           # closed elsewhere at our LAC: ok
+    md, version = bk.ctx.read_metadata(lh2.ledger_id)
+    write_ledger(bk.store, md.with_closed(0, 1), version)           # closed elsewhere at our LAC: ok
     lh2.close()
     lh3 = bk.create_ledger(3, 2, 2)
     lh3.append(b"x")
-    md, version = bk._read_md(lh3.ledger_id)
-    bk._write_md(md.with_closed(5, 1), version)           # closed elsewhere at another end
+    md, version = bk.ctx.read_metadata(lh3.ledger_id)
+    write_ledger(bk.store, md.with_closed(5, 1), version)           # closed elsewhere at another end
     with pytest.raises(LedgerClosedError, match="entry 5"):
         lh3.close()
     with pytest.raises(LedgerClosedError):
@@ -249,7 +250,7 @@ def test_range_read_falls_over_to_another_bookie(bk, mem_cluster):
     mem_cluster.by_id(ens[0]).stop()              # the bookie a range read starts with
     rh = bk.open_ledger(lh.ledger_id)
     assert [e.data for e in rh.read(0, 49)] == [b"q%d" % i for i in range(50)]
-    assert bk._health.is_suspect(ens[0])
+    assert bk.ctx.health.is_suspect(ens[0])
 
 
 def test_speculative_read_after_timeout(mem_cluster):

@@ -28,6 +28,7 @@ from bkspark.client.digest import DigestManager, master_key
 from bkspark.proto import bookie_pb2 as pb
 from bkspark.proto import bookie_pb2_grpc as pb_grpc
 from bkspark.testing.cluster import BookieCluster
+from metadata.ledgers import write_ledger
 
 SERVICE = "/bkspark.bookie.v1.Bookie/"
 UNARY = {"Add": pb.AddResponse, "Read": pb.ReadResponse, "ReadLac": pb.ReadLacResponse,
@@ -299,8 +300,8 @@ def test_wrong_digest_on_one_replica_is_detected_and_served_from_another(tmp_pat
                 r = stub.Add(pb.AddRequest(ledger_id=lid, entry_id=e, master_key=mkey, body=body),
                              timeout=10)
                 assert r.status == errors.EOK
-        md, version = bk._read_md(lid)
-        bk._write_md(md.with_closed(29, length), version)
+        md, version = bk.ctx.read_metadata(lid)
+        write_ledger(bk.store, md.with_closed(29, length), version)
         # the corrupt replica really serves a body whose digest fails
         r = stubs[ens[0]].Read(pb.ReadRequest(ledger_id=lid, entry_id=0), timeout=10)
         with pytest.raises(errors.DigestMismatchError):

@@ -11,8 +11,9 @@ import pytest
 
 from bkspark.client import BookKeeper
 from bkspark.testing.cluster import BookieCluster
-from bkspark.testing.faults import (FAULT_KINDS, PASSWORD, Checker, FaultRun, run_line,
-                                    make_record, make_schedule)
+from bkspark.testing.faults import (FAULT_KINDS, PASSWORD, Checker, FaultRun, make_record,
+                                    make_schedule, run_line)
+from metadata.ledgers import write_ledger
 
 RUN_SECONDS = float(os.environ.get("BKSPARK_FAULTS_RUN_SECONDS", "18"))
 
@@ -68,8 +69,8 @@ def test_checker_catches_planted_violations(tmp_path):
             if name == "past-end":
                 lines.append(("A", lh.ledger_id, 12, 12))      # an ack the ledger never kept
             if name == "truncated":                             # close at 4: entries 5..9 lost
-                md, version = bk._read_md(lh.ledger_id)
-                bk._write_md(md.with_closed(4, 0), version)
+                md, version = bk.ctx.read_metadata(lh.ledger_id)
+                write_ledger(bk.store, md.with_closed(4, 0), version)
             else:
                 lh.close()
             if name == "end-moved":

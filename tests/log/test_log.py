@@ -11,6 +11,7 @@ import pytest
 from bkspark import errors
 from bkspark.client import BookKeeper
 from bkspark.log import EARLIEST, LATEST, LogStore, Position
+from metadata.ledgers import write_ledger
 
 
 def read_all(logs, name, start=EARLIEST):
@@ -114,8 +115,8 @@ def test_writer_losing_its_ledger_mid_recovery_records_no_end(logs, bk, log_name
     writer = logs.open_writer(log_name)
     acked = [writer.append(b"e%d" % i) for i in range(10)]
     lid = writer.ledger_id
-    md, version = bk._read_md(lid)          # a recoverer got as far as IN_RECOVERY
-    bk._write_md(md.with_in_recovery(), version)
+    md, version = bk.ctx.read_metadata(lid)          # a recoverer got as far as IN_RECOVERY
+    write_ledger(bk.store, md.with_in_recovery(), version)
     with pytest.raises(errors.LogFencedError):
         writer.roll()
     writer.close()                          # lost: leaves the list alone
@@ -461,8 +462,8 @@ def test_tailing_reader_through_a_recovery_and_an_unlisted_close(logs, bk, log_n
     got = []
     with logs.open_reader(log_name, EARLIEST, tail=True) as reader:
         step_until_caught_up(reader, got, visible_at_least(acked, True))
-        md, version = bk._read_md(writer.ledger_id)         # a recoverer got as far as this
-        bk._write_md(md.with_in_recovery(), version)
+        md, version = bk.ctx.read_metadata(writer.ledger_id)         # a recoverer got as far as this
+        write_ledger(bk.store, md.with_in_recovery(), version)
         for _ in range(3):
             got.extend(reader.read_batch(timeout=0.1))
         assert [r.data for r in got] == [d for d, _ in acked][:len(got)]

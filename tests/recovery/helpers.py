@@ -97,7 +97,7 @@ def replication_problems(bk, ledger_id: int, acked: int) -> list[str]:
                 problems.append(f"ledger {ledger_id} entry {e}: bookie {b} not alive")
                 continue
             if b not in holdings:
-                holdings[b] = list_entries(bk, b, ledger_id)
+                holdings[b] = list_entries(bk.ctx, b, ledger_id)
             if e not in holdings[b]:
                 problems.append(f"ledger {ledger_id} entry {e}: missing on {b}")
     for first, bookies in md.ensembles:

@@ -138,7 +138,7 @@ def _manual_ledger(bk, ensemble, n, skip, qw=2):
         for b in quorum.write_set_bookies(e, ensemble, qw):
             if (e, b) in skip:
                 continue
-            r = bk._pool.get(b).add(md.ledger_id, e, body, master_key(PW)).result()
+            r = bk.ctx.pool.get(b).add(md.ledger_id, e, body, master_key(PW)).result()
             assert r.status == errors.EOK
     closed = md.with_closed(n - 1, length)
     ledger_store.write_ledger(bk.store, closed, ledger_store.CREATED_VERSION)
@@ -155,7 +155,7 @@ def test_fenced_ledger_missing_entries_on_live_bookie_repaired(c, bk):
         s.Read(pb.ReadRequest(ledger_id=lid, entry_id=-1, flags=pb.ReadRequest.FENCE_LEDGER,
                               master_key=master_key(PW)), timeout=10)
         ch.close()
-    assert 5 not in list_entries(bk, lacking, lid)
+    assert 5 not in list_entries(bk.ctx, lacking, lid)
     assert replication_problems(bk, lid, 12)
     # the auditor's periodic full check finds it ...
     auditor = Auditor(bk, AuditorConfig(), "test-auditor")
@@ -173,7 +173,7 @@ def test_fenced_ledger_missing_entries_on_live_bookie_repaired(c, bk):
     wait_until(lambda: worker.run_once() or lid not in urm.list(), 30,
                what="a worker pass")
     assert lid not in urm.list()
-    assert 5 in list_entries(bk, lacking, lid)
+    assert 5 in list_entries(bk.ctx, lacking, lid)
     assert not replication_problems(bk, lid, 12)
     read_back(bk, lid, payloads)
 
@@ -264,7 +264,7 @@ def test_a_range_read_that_meets_a_gap_goes_on_from_another_replica(c, bk):
     assert rep.single_reads == 0
     assert sorted(set(rep.streamed_from)) == sorted(ensemble[1:])   # spread over both
     new = bk.ledger_metadata(lid).ensembles[0][1][0]
-    assert list_entries(bk, new, lid).ranges == [(0, 89)]
+    assert list_entries(bk.ctx, new, lid).ranges == [(0, 89)]
     read_back(bk, lid, payloads)
 
 
