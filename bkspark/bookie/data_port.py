@@ -5,7 +5,7 @@ Python gRPC costs ~0.2-0.3 ms of CPU per message on each end (``shared/notes``,
 entry of the peak rate and put add latency in the tens of milliseconds. Like BookKeeper's
 binary protocol next to its protobuf one, the bookie therefore also serves its two bulk
 streams on a data port: the same ``AddBatch`` / ``AddBatchResponse`` / ``ReadRangeRequest`` /
-``ReadRangeResponse`` messages, framed by :mod:`bkspark.client.wire`, at a few microseconds
+``ReadRangeResponse`` messages, framed by :mod:`bkspark.proto.wire`, at a few microseconds
 per message. Clients learn the port from ``GetBookieInfo`` (gRPC stays the identity and the
 control plane); TLS, when the bookie has a certificate, wraps the data port too.
 
@@ -23,7 +23,7 @@ import socket
 import ssl
 import threading
 
-from bkspark.client import wire
+from bkspark.proto import wire
 from bkspark.proto import bookie_pb2 as pb
 
 log = logging.getLogger("bkspark.bookie.data_port")

@@ -17,10 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from bkspark import errors
 from bkspark.bookie.faults import ANY_ENTRY, Fault, FaultInjector, FaultRule
-from bkspark.client.wire import SMALL_VARINTS as _SMALL_VARINTS
-from bkspark.client.wire import varint as _varint
 from bkspark.proto import bookie_pb2 as pb
 from bkspark.proto import bookie_pb2_grpc as pb_grpc
+from bkspark.proto.wire import encode_add_oks, encode_add_responses, range_chunk_parts
 
 log = logging.getLogger("bkspark.bookie.service")
 
@@ -31,76 +30,6 @@ _STREAM_MAX_INFLIGHT_BATCHES = 16
 _RECOVERY_ADD = pb.AddRequest.RECOVERY_ADD
 _RANGE_DEFAULT_BYTES = 4 << 20
 _RANGE_BUFFER_MAX = 16 << 20        # a connection's range buffer; larger chunks read as bytes
-
-
-# AddBatchResponse.responses (field 1, bytes); AddResponse fields: status 1 (varint),
-# ledger_id 2 (varint), entry_id 3 (varint), request_id 4 (varint), message 5 (bytes)
-def encode_add_oks(accepted) -> bytes:
-    """``AddBatchResponse`` body acknowledging ``(ledger, entry, ...)`` tuples with EOK (and
-    request id 0). Parses to the same message as the generated code (which would omit a zero
-    entry id rather than encode it) at about half the cost of building ``AddResponse``
-    objects; tests/bookie/test_add_response_encoding.py pins it against the generated code."""
-    v, small = _varint, _SMALL_VARINTS
-    parts = []
-    append = parts.append
-    last_lid, head = None, b""
-    for a in accepted:
-        lid = a[0]
-        if lid != last_lid:
-            last_lid, head = lid, b"\x10" + v(lid) + b"\x18"
-        ev = v(a[1])
-        append(b"\x0a")
-        append(small[len(head) + len(ev)])      # < 128: two int64 varints and 2 tags
-        append(head)
-        append(ev)
-    return b"".join(parts)
-
-
-def encode_add_responses(items) -> bytes:
-    """``AddBatchResponse`` body of ``(status, ledger, entry, request_id, message)`` tuples."""
-    v = _varint
-    parts = []
-    for status, lid, eid, rid, message in items:
-        body = []
-        if status:
-            body += [b"\x08", v(status)]
-        if lid:
-            body += [b"\x10", v(lid)]
-        if eid:
-            body += [b"\x18", v(eid)]
-        if rid:
-            body += [b"\x20", v(rid)]
-        if message:
-            m = message.encode()
-            body += [b"\x2a", v(len(m)), m]
-        b = b"".join(body)
-        parts += [b"\x0a", v(len(b)), b]
-    return b"".join(parts)
-
-
-def range_chunk_parts(status: int, next_entry_id: int, entries, message: str = "") -> list:
-    """The pieces of a ``ReadRangeResponse`` of ``(entry_id, body)`` pairs, hand-encoded: the
-    bodies are referenced, not copied (the data port sends the pieces with one ``sendmsg``;
-    building an ``EntryBody`` per entry copied each body twice). Pinned against the generated
-    code by tests/bookie/test_add_response_encoding.py."""
-    v = _varint
-    parts = []
-    if status:
-        parts += [b"\x08", v(status)]
-    for eid, body in entries:
-        ev, bl = v(eid), v(len(body))
-        parts += [b"\x12", v(2 + len(ev) + len(bl) + len(body)), b"\x08", ev, b"\x12", bl, body]
-    if next_entry_id:
-        parts += [b"\x18", v(next_entry_id)]
-    if message:
-        m = message.encode()
-        parts += [b"\x22", v(len(m)), m]
-    return parts
-
-
-def encode_range_chunk(status: int, next_entry_id: int, entries, message: str = "") -> bytes:
-    """:func:`range_chunk_parts` as one message."""
-    return b"".join(range_chunk_parts(status, next_entry_id, entries, message))
 
 
 def entry_lac(body: bytes) -> int:
@@ -621,5 +550,4 @@ def _entry_id_of(body: bytes) -> int:
     return _LAC.unpack_from(body, 8)[0] if len(body) >= 16 else -1
 
 
-__all__ = ["BookieService", "LacTracker", "entry_lac", "explicit_lac_value", "encode_add_oks",
-           "encode_add_responses", "encode_range_chunk", "range_chunk_parts", "ANY_ENTRY"]
+__all__ = ["BookieService", "LacTracker", "entry_lac", "explicit_lac_value", "ANY_ENTRY"]

@@ -4,7 +4,7 @@
   process go down one add stream per bookie: on the bookie's data port (plain TCP frames,
   :mod:`bkspark.bookie.data_port`; the port is asked from the bookie over gRPC each time a
   stream opens) or, for a bookie without one, gRPC's ``AddStream``. Appenders hand the stream
-  hand-encoded ``AddBatch`` elements (see :mod:`bkspark.client.wire`); one message carries
+  hand-encoded ``AddBatch`` elements (see :mod:`bkspark.proto.wire`); one message carries
   whatever waited (up to ``MAX_BATCH_BYTES``). Messages are self-clocked: the next one waits,
   up to ``max_linger`` (5 ms), for the previous ones to be answered. On a data port the
   thread that sees the stream answered sends it -- the appender on an idle stream, the ack
@@ -37,8 +37,8 @@ from bkspark import errors
 from bkspark.errors import BookieUnavailableError, OperationTimeoutError
 from bkspark.proto import bookie_pb2 as pb
 from bkspark.proto import bookie_pb2_grpc as pb_grpc
+from bkspark.proto import wire
 
-from . import wire
 
 log = logging.getLogger("bkspark.client.bookie")
 

@@ -33,8 +33,8 @@ import crc32c as _crc32c
 
 from bkspark import _native
 from bkspark.errors import BadRequestError, DigestMismatchError
+from bkspark.proto import wire
 
-from . import wire
 
 HEADER = struct.Struct(">qqqq")
 HEADER_SIZE = HEADER.size  # 32

@@ -64,10 +64,11 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from bkspark import errors
 from bkspark.errors import (BadRequestError, BKError, BookieUnavailableError, FencedError,
                             LedgerClosedError, NotEnoughBookiesError, OperationTimeoutError)
+from bkspark.proto import wire
 from metadata.ledger_metadata import LedgerState
 from metadata.update import NoChange
 
-from . import placement, wire
+from . import placement
 from .digest import DigestManager, master_key
 from .quorum import has_entry, write_set_bookies
 

@@ -22,9 +22,10 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from bkspark import errors
 from bkspark.errors import (BadRequestError, BKError, BookieUnavailableError,
                             DigestMismatchError, NoSuchEntryError)
+from bkspark.proto import wire
 from metadata.ledger_metadata import LedgerState
 
-from . import quorum, wire
+from . import quorum
 from .digest import DigestManager, master_key, peek_header
 
 log = logging.getLogger("bkspark.client.read")

@@ -72,10 +72,11 @@ from collections import deque
 from bkspark import errors
 from bkspark.errors import (BKError, DigestMismatchError, LedgerRecoveryError,
                             NotEnoughBookiesError, UnauthorizedError)
+from bkspark.proto import wire
 from metadata.ledger_metadata import LedgerState
 from metadata.update import NoChange
 
-from . import placement, quorum, wire
+from . import placement, quorum
 from .digest import DigestManager, master_key
 
 log = logging.getLogger("bkspark.client.recovery")

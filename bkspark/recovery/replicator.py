@@ -39,12 +39,13 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from bkspark import errors
-from bkspark.client import quorum, wire
+from bkspark.client import quorum
 from bkspark.client.digest import DigestManager, master_key
 from bkspark.client.placement import choose_replacement
 from bkspark.client.recovery import LedgerRecovery
 from bkspark.errors import (BKError, DigestMismatchError, MetadataConnectionError, MetadataError,
                             NotEnoughBookiesError, ReplicationError)
+from bkspark.proto import wire
 from metadata import ledgers as ledger_store
 from metadata import registry
 from metadata.ledger_metadata import LedgerState

@@ -3,7 +3,7 @@ against the generated protobuf code."""
 import pytest
 
 from bkspark import errors
-from bkspark.bookie.service import encode_add_oks, encode_add_responses, encode_range_chunk
+from bkspark.proto.wire import encode_add_oks, encode_add_responses, encode_range_chunk
 from bkspark.proto import bookie_pb2 as pb
 
 
@@ -68,7 +68,7 @@ def test_range_chunks_parse_like_generated_messages(status, next_id, message):
 @pytest.mark.parametrize("status,next_id,message", [(errors.EOK, 5, ""), (errors.ENOENTRY, -1, "x"),
                                                     (errors.EIO, 2**40, "bad crc ü")])
 def test_range_chunk_decoder_reads_generated_and_hand_encoded_messages(status, next_id, message):
-    from bkspark.client.wire import decode_range_chunk
+    from bkspark.proto.wire import decode_range_chunk
     entries = [(0, b""), (1, b"x"), (300, b"y" * 200), (2**33, b"z" * 20000)]
     generated = pb.ReadRangeResponse(
         status=status, next_entry_id=next_id, message=message,
@@ -80,7 +80,7 @@ def test_range_chunk_decoder_reads_generated_and_hand_encoded_messages(status, n
 
 
 def test_range_chunk_decoder_rejects_malformed_messages():
-    from bkspark.client.wire import FrameError, decode_range_chunk
+    from bkspark.proto.wire import FrameError, decode_range_chunk
     good = encode_range_chunk(errors.EOK, 3, [(1, b"abc"), (2, b"defg")])
     for bad in (good[:-1], good[:5], b"\x12\x7f" + good, b"\x0d\x00\x00\x00\x00", b"\xff" * 11):
         with pytest.raises(FrameError):

@@ -10,7 +10,7 @@ import struct
 import pytest
 
 from bkspark import errors
-from bkspark.client import wire
+from bkspark.proto import wire
 from bkspark.proto import bookie_pb2 as pb
 
 from .conftest import add_request, frame, stub_for

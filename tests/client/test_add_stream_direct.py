@@ -7,7 +7,7 @@ import socket
 import threading
 
 from bkspark.client import bookie_client as bc
-from bkspark.client import wire
+from bkspark.proto import wire
 
 
 class _PairClient(bc.BookieClient):

@@ -1,7 +1,7 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from bkspark.client import wire
+from bkspark.proto import wire
 from bkspark.proto import bookie_pb2 as pb
 
 
