@@ -336,6 +336,30 @@ static size_t af_rejection(const WireAdd *a, long long max_entry, char *msg, siz
     return n > 0 ? (size_t)n : 0;
 }
 
+/* add_rejection(ledger, entry, key_len, flags, size, max_entry_bytes) -> str | None: why an add
+ * must be refused before storage (EBADREQ), or None -- af_rejection, the one statement of the
+ * rule, for the adds that arrive as protobuf objects (gRPC) */
+static PyObject *mod_add_rejection(PyObject *self, PyObject *args)
+{
+    (void)self;
+    long long ledger, entry, max_entry;
+    Py_ssize_t keylen, size;
+    unsigned long long flags;
+    if (!PyArg_ParseTuple(args, "LLnKnL", &ledger, &entry, &keylen, &flags, &size, &max_entry))
+        return NULL;
+    WireAdd a = {0};
+    a.ledger = ledger;
+    a.entry = entry;
+    a.keylen = keylen < 0 ? 0 : (size_t)keylen;
+    a.flags = flags >> 32 ? UINT32_MAX : (uint32_t)flags;
+    a.len = size < 0 ? 0 : (size_t)size;
+    char msg[128];
+    size_t n = af_rejection(&a, max_entry, msg, sizeof msg);
+    if (!n)
+        Py_RETURN_NONE;
+    return PyUnicode_FromStringAndSize(msg, (Py_ssize_t)n);
+}
+
 static int64_t get_be64(const unsigned char *p)
 {
     uint64_t v = 0;
@@ -347,7 +371,7 @@ static int64_t get_be64(const unsigned char *p)
 /* add_batch(payload, max_entry_bytes) -> (responses, lacs, ok, ok_bytes, failed)
  *
  * The bookie's whole add path for one AddBatch message: parse the wire bytes, refuse invalid
- * adds (EBADREQ, as BookieService._rejection words them), store the rest (durable on return:
+ * adds (EBADREQ: af_rejection), store the rest (durable on return:
  * eng_add_entries waits for the journal's fdatasync, without the GIL), and encode the
  * AddBatchResponse body -- refusals first, then the stored adds in order.  lacs maps each
  * ledger to the highest LAC piggybacked by its stored entries; failed lists the statuses of
@@ -1038,6 +1062,8 @@ static PyMethodDef mod_methods[] = {
     {"encode_adds", mod_encode_adds, METH_VARARGS,
      "encode_adds(prefix, ledger, first_entry, lac, length, payloads, digest_size) -> [AddBatch element]"},
     {"crc32c_sw", mod_crc32c_sw, METH_VARARGS, "software (slice-by-8) crc32c"},
+    {"add_rejection", mod_add_rejection, METH_VARARGS,
+     "add_rejection(ledger, entry, key_len, flags, size, max_entry_bytes) -> why an add is refused, or None"},
     {"crc32c_hw", mod_crc32c_hw, METH_NOARGS, "True if the SSE4.2 path is used"},
     {"crc32c_combine", mod_crc32c_combine, METH_VARARGS, "crc32c_combine(crc_a, crc_b, len_b): crc of a+b"},
     {"set_exceptions", mod_set_exceptions, METH_VARARGS,

@@ -15,7 +15,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from bkspark import errors
+from bkspark import _native, errors
 from bkspark.bookie.faults import ANY_ENTRY, Fault, FaultInjector, FaultRule
 from bkspark.proto import bookie_pb2 as pb
 from bkspark.proto import bookie_pb2_grpc as pb_grpc
@@ -24,10 +24,8 @@ from bkspark.proto.wire import encode_add_oks, encode_add_responses, range_chunk
 log = logging.getLogger("bkspark.bookie.service")
 
 MASTER_KEY_LEN = 20          # SHA1("ledger" || password)
-ENTRY_HEADER_LEN = 32        # ledger id, entry id, lac, length: 4 x int64
 _LAC = struct.Struct(">q")
 _STREAM_MAX_INFLIGHT_BATCHES = 16
-_RECOVERY_ADD = pb.AddRequest.RECOVERY_ADD
 _RANGE_DEFAULT_BYTES = 4 << 20
 _RANGE_BUFFER_MAX = 16 << 20        # a connection's range buffer; larger chunks read as bytes
 
@@ -134,20 +132,6 @@ class BookieService(pb_grpc.BookieServicer):
 
     # ---- adds ------------------------------------------------------------------------
 
-    def _rejection(self, lid: int, eid: int, key: bytes, flags: int, size: int) -> tuple[int, str] | None:
-        """Why an add must be refused before storage (EBADREQ), or None."""
-        if lid < 0 or eid < 0:
-            return errors.EBADREQ, "negative ledger or entry id"
-        if len(key) != MASTER_KEY_LEN:
-            return errors.EBADREQ, f"master key must be {MASTER_KEY_LEN} bytes"
-        if size < ENTRY_HEADER_LEN:
-            return errors.EBADREQ, "entry body shorter than its header"
-        if size > self.config.max_entry_bytes:
-            return errors.EBADREQ, f"entry of {size} bytes exceeds max_entry_bytes"
-        if flags & ~_RECOVERY_ADD:
-            return errors.EBADREQ, f"unknown add flags {flags:#x}"
-        return None
-
     def _reserve(self, nbytes: int) -> bool:
         with self._inflight_lock:
             if self._inflight_bytes and self._inflight_bytes + nbytes > self._max_inflight:
@@ -179,14 +163,15 @@ class BookieService(pb_grpc.BookieServicer):
         read_only = self.state.read_only
         faults = self.faults if self.faults.active else None
         max_entry = self.config.max_entry_bytes
+        rejection = _native.add_rejection   # the one rule, shared with the data port's C path
         nbytes = 0
         for req in adds:
             lid, eid, key, flags, body = req.ledger_id, req.entry_id, req.master_key, req.flags, req.body
             size = len(body)
             bad = None
-            if (lid < 0 or eid < 0 or len(key) != MASTER_KEY_LEN or size < ENTRY_HEADER_LEN
-                    or size > max_entry or flags & ~_RECOVERY_ADD):
-                bad = self._rejection(lid, eid, key, flags, size)
+            why = rejection(lid, eid, len(key), flags, size, max_entry)
+            if why is not None:
+                bad = (errors.EBADREQ, why)
             elif read_only:
                 bad = (errors.EREADONLY, "bookie is read-only")
             elif faults is not None:
