@@ -63,6 +63,9 @@ from bkspark.errors import BadRequestError, BKError, MetadataFormatError
 from metadata.layout import log_path
 from metadata.log_metadata import HEADER, encode_record
 
+#: the states of a ledger in a log's list: written to (the last one only) or sealed at its end
+CLOSED, OPEN = "closed", "open"
+
 FORMAT_VERSION = 2
 #: records of truncated segments removed by one transaction, at most
 GC_BATCH = 64
@@ -211,7 +214,7 @@ def decode_segment(data: bytes, seq: int) -> dict:
 
 def entry_count(entry: dict) -> int | None:
     """Entries of a listed ledger once closed (None while open)."""
-    if entry.get("state") == "closed" and _is_int(entry.get("last_entry_id")):
+    if entry.get("state") == CLOSED and _is_int(entry.get("last_entry_id")):
         return entry["last_entry_id"] + 1
     return None
 
@@ -233,7 +236,7 @@ def next_byte_offset(entry: dict | None) -> int | None:
     existed) a new base starts at 0."""
     if entry is None:
         return 0
-    if entry.get("state") != "closed" or not _is_int(entry.get("length")):
+    if entry.get("state") != CLOSED or not _is_int(entry.get("length")):
         return None
     if not _is_int(entry.get("byte_offset")):
         return 0
@@ -242,7 +245,7 @@ def next_byte_offset(entry: dict | None) -> int | None:
 
 def stamp_closed(entry: dict, now: int) -> None:
     """Record when the list first holds ``entry`` closed (its ``closed_ms``)."""
-    if entry.get("state") == "closed" and "closed_ms" not in entry:
+    if entry.get("state") == CLOSED and "closed_ms" not in entry:
         entry["closed_ms"] = now
 
 

@@ -21,12 +21,15 @@ import logging
 import threading
 import time
 import weakref
-from typing import Iterator, NamedTuple
+from typing import TYPE_CHECKING, Iterator, NamedTuple
 
 from bkspark import errors
 from bkspark.log.position import Position
-from bkspark.log.store import CLOSED, LogStore
 from metadata.layout import log_path
+from metadata.log_segments import CLOSED
+
+if TYPE_CHECKING:
+    from bkspark.log.store import LogStore
 
 log = logging.getLogger("bkspark.log.reader")
 

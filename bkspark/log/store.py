@@ -28,12 +28,15 @@ from typing import Callable
 from bkspark import errors
 from bkspark.errors import BadRequestError, BadVersionError, NoNodeError, NodeExistsError, NoSuchLogError
 from bkspark.log.position import EARLIEST, LATEST, Position
+from bkspark.log.reader import LogReader
 from bkspark.log import segments as seg
 from bkspark.log import retention as ret
 from bkspark.log.retention import RetentionPolicy
+from bkspark.log.writer import LogWriter
 from metadata.layout import LOGS, check_log_name, log_path
 from metadata.log_metadata import LogMetadata
 from metadata.log_segments import (
+    CLOSED,
     FORMAT_VERSION,
     LogHead,
     entry_count,
@@ -50,7 +53,6 @@ from metadata.update import (MAX_CONFLICTS, NoChange, Updated, prove_absent, set
 
 log = logging.getLogger("bkspark.log")
 
-CLOSED, OPEN = "closed", "open"
 
 
 def cursor_path(name: str, cursor: str) -> str:
@@ -813,10 +815,8 @@ class LogStore:
 
     def open_writer(self, name: str, **options):
         """Take over writing to ``name`` (fencing any previous writer); see LogWriter."""
-        from bkspark.log.writer import LogWriter
         return LogWriter(self, name, **options)
 
     def open_reader(self, name: str, start=EARLIEST, **options):
         """Read ``name`` in order from ``start`` (inclusive); see LogReader."""
-        from bkspark.log.reader import LogReader
         return LogReader(self, name, start, **options)

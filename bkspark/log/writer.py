@@ -35,13 +35,17 @@ import logging
 import threading
 import time
 from concurrent.futures import Future
+from typing import TYPE_CHECKING
 
 from bkspark import errors
 from bkspark.errors import LogFencedError
 from bkspark.log.position import Position
-from bkspark.log.store import CLOSED, OPEN, LogStore
 from metadata.ledger_metadata import LedgerState
+from metadata.log_segments import CLOSED, OPEN
 from metadata.update import NoChange
+
+if TYPE_CHECKING:
+    from bkspark.log.store import LogStore
 
 log = logging.getLogger("bkspark.log.writer")
 

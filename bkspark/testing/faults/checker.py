@@ -249,7 +249,7 @@ class Checker:
     # -- log
     def _check_log(self, a, b, acks: Acks, ends=None, contents=None) -> list[int]:
         from bkspark.log import LogStore
-        from bkspark.log.store import CLOSED
+        from metadata.log_segments import CLOSED
         logs = LogStore(a, password=PASSWORD)
         if not logs.exists(LOG_NAME):
             if acks.log_acks:
