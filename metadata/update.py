@@ -156,14 +156,14 @@ def update_record(store: MetadataStore, path: str, *, decode: Callable[[bytes], 
             return Updated(new_value, new_version, True)
         except NoNodeError:
             if guard is not None:
-                _check_guard(store, guard, what)
+                check_guard(store, guard, what)
             if missing is None:
                 raise
             conflicts += 1              # deleted meanwhile (or a parent pruned): again
             after_conflict(conflicts, what, max_conflicts=max_conflicts)
         except (BadVersionError, NodeExistsError):
             if guard is not None:
-                _check_guard(store, guard, what)
+                check_guard(store, guard, what)
             conflicts += 1
             after_conflict(conflicts, what, max_conflicts=max_conflicts)
         except MetadataConnectionError as exc:
@@ -193,7 +193,7 @@ def after_lost_answer(unknowns: int, what: str, exc: Exception) -> None:
             f"unknown: {exc}") from exc
 
 
-def _check_guard(store: MetadataStore, guard: tuple[str, int], what: str) -> None:
+def check_guard(store: MetadataStore, guard: tuple[str, int], what: str) -> None:
     """GuardChangedError unless the guard record is still at its version."""
     path, version = guard
     try:

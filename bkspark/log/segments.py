@@ -388,7 +388,7 @@ def commit_edit(store, name: str, change: Callable[[LogEdit], None], *,
     :raises NoNodeError: the log does not exist. :raises OutcomeUnknownError: an answer was
         lost and the head could not be re-read.
     """
-    from metadata.update import _check_guard
+    from metadata.update import check_guard
     what = f"log {name}"
     conflicts = unknowns = 0
     in_doubt: tuple[bytes, int] | None = None
@@ -428,7 +428,7 @@ def commit_edit(store, name: str, change: Callable[[LogEdit], None], *,
             # another change came first (the head moved, or a record it adds or removes is
             # there or gone): re-read and decide again
             if guard is not None:
-                _check_guard(store, guard, what)
+                check_guard(store, guard, what)
             conflicts += 1
             after_conflict(conflicts, what, str(exc))
         except MetadataConnectionError as exc:
