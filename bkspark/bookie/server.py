@@ -24,10 +24,9 @@ from bkspark.bookie.config import BookieConfig
 from bkspark.bookie.data_port import DataPortServer
 from bkspark.bookie.http_admin import AdminHttpServer
 from bkspark.bookie.metrics import BookieMetrics
-from bkspark.bookie.service import BookieService
+from bkspark.bookie.service import BookieService, add_to_server
 from bkspark.bookie.storage import Storage, StorageConfig
 from bkspark.heap import freeze_startup_heap
-from bkspark.proto import bookie_pb2_grpc as pb_grpc
 from metadata import ledgers as ledger_store
 from metadata import open_store, registry
 
@@ -120,7 +119,7 @@ class BookieServer:
             options=[("grpc.max_receive_message_length", cfg.max_message_bytes),
                      ("grpc.max_send_message_length", cfg.max_message_bytes),
                      ("grpc.so_reuseport", 0)])
-        pb_grpc.add_BookieServicer_to_server(self.service, self.grpc_server)
+        add_to_server(self.service, self.grpc_server)
         address = f"{cfg.listen_address}:{cfg.port}"
         data_tls = None
         if cfg.tls_cert_file:

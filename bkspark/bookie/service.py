@@ -15,11 +15,14 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import grpc
+
 from bkspark import _native, errors
 from bkspark.bookie.faults import ANY_ENTRY, Fault, FaultInjector, FaultRule
 from bkspark.proto import bookie_pb2 as pb
 from bkspark.proto import bookie_pb2_grpc as pb_grpc
-from bkspark.proto.wire import encode_add_oks, encode_add_responses, range_chunk_parts
+from bkspark.proto.wire import (encode_add_oks, encode_add_responses, only_response,
+                                range_chunk_parts)
 
 log = logging.getLogger("bkspark.bookie.service")
 
@@ -270,8 +273,8 @@ class BookieService(pb_grpc.BookieServicer):
         raw = self._process_adds([request])
         if not raw:       # dropped by fault injection: never answer
             FaultInjector.apply_delay(Fault(drop=True), cancelled=lambda: not context.is_active())
-            return pb.AddResponse(status=errors.EIO, message="dropped")
-        return pb.AddBatchResponse.FromString(raw).responses[0]
+            return pb.AddResponse(status=errors.EIO, message="dropped").SerializeToString()
+        return only_response(raw)
 
     def AddStream(self, request_iterator, context):
         """Pipelined adds: batches are stored concurrently; acks stream back as they are durable.
@@ -320,7 +323,6 @@ class BookieService(pb_grpc.BookieServicer):
         threading.Thread(target=reader, name="bookie-addstream-reader", daemon=True).start()
         answered = 0
         total = None            # batches submitted, once the reader ended
-        from_string = pb.AddBatchResponse.FromString
         get, get_nowait = out.get, out.get_nowait
         while total is None or answered < total:
             try:
@@ -342,7 +344,7 @@ class BookieService(pb_grpc.BookieServicer):
                 except queue.Empty:
                     break
             if parts:
-                yield from_string(b"".join(parts) if len(parts) > 1 else parts[0])
+                yield b"".join(parts) if len(parts) > 1 else parts[0]
 
     def _injected(self, op: str, ledger_id: int, alive, entry_id: int = ANY_ENTRY) -> int:
         """Apply a matching test fault: sleep its delay (a drop sleeps until the caller gives
@@ -399,7 +401,7 @@ class BookieService(pb_grpc.BookieServicer):
 
     def ReadRange(self, request, context):
         for parts in self.read_range_chunks(request, context.is_active):
-            yield pb.ReadRangeResponse.FromString(b"".join(parts))
+            yield b"".join(parts)
 
     def read_range_chunks(self, request, alive, buf=None):
         """The ``ReadRangeResponse`` messages answering ``request``, each as the pieces of its
@@ -535,4 +537,37 @@ def _entry_id_of(body: bytes) -> int:
     return _LAC.unpack_from(body, 8)[0] if len(body) >= 16 else -1
 
 
-__all__ = ["BookieService", "LacTracker", "entry_lac", "explicit_lac_value", "ANY_ENTRY"]
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Bookie"].full_name     # bkspark.bookie.v1.Bookie
+
+
+#: methods whose answers the service encodes itself (bytes)
+_ENCODED_ANSWERS = frozenset({"Add", "AddStream", "ReadRange"})
+
+
+def _as_is(answer: bytes) -> bytes:
+    return answer
+
+
+def add_to_server(service: BookieService, server) -> None:
+    """Serve ``service`` on the gRPC ``server``: every method of ``bookie.proto``'s Bookie
+    service. Add, AddStream and ReadRange answer with the bytes the service already encoded
+    (:mod:`bkspark.proto.wire`), sent as they are -- no message is built only to be
+    serialized again; the other methods answer protobuf objects."""
+    handlers = {}
+    for method in pb.DESCRIPTOR.services_by_name["Bookie"].methods:
+        request = getattr(pb, method.input_type.name)
+        respond = _as_is if method.name in _ENCODED_ANSWERS else \
+            getattr(pb, method.output_type.name).SerializeToString
+        kind = {(False, False): grpc.unary_unary_rpc_method_handler,
+                (False, True): grpc.unary_stream_rpc_method_handler,
+                (True, True): grpc.stream_stream_rpc_method_handler,
+                (True, False): grpc.stream_unary_rpc_method_handler}[
+            (method.client_streaming, method.server_streaming)]
+        handlers[method.name] = kind(getattr(service, method.name),
+                                     request_deserializer=request.FromString,
+                                     response_serializer=respond)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+
+
+__all__ = ["BookieService", "add_to_server", "LacTracker", "entry_lac", "explicit_lac_value", "ANY_ENTRY"]

@@ -302,6 +302,17 @@ def _read_varint(buf, pos: int) -> tuple[int, int]:
             raise FrameError("varint too long")
 
 
+def only_response(batch: bytes) -> bytes:
+    """The ``AddResponse`` bytes of an ``AddBatchResponse`` body holding exactly one (what
+    :func:`encode_add_responses` / :func:`encode_add_oks` make of one add)."""
+    if batch[:1] != _T_RESPONSES:
+        raise FrameError("not an AddBatchResponse element")
+    length, pos = _read_varint(batch, 1)
+    if pos + length != len(batch):
+        raise FrameError("not exactly one AddResponse")
+    return batch[pos:]
+
+
 def decode_range_chunk(payload: bytes):
     """``(status, next_entry_id, message, [(entry_id, body), ...])`` of an encoded
     ``ReadRangeResponse``, each body a memoryview of ``payload`` (no copy: the generated

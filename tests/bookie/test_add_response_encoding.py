@@ -86,3 +86,14 @@ def test_range_chunk_decoder_rejects_malformed_messages():
         with pytest.raises(FrameError):
             decode_range_chunk(bad)
     assert decode_range_chunk(b"\x28\x07" + good)[3] == [(1, b"abc"), (2, b"defg")]  # unknown varint field
+
+
+def test_only_response_is_the_add_response_of_a_one_add_batch():
+    from bkspark.proto.wire import FrameError, only_response
+    for raw in (encode_add_oks([(7, 300, b"k", False, b"")]),
+                encode_add_responses([(errors.EFENCED, 7, 301, 9, "fenced")])):
+        one = pb.AddBatchResponse.FromString(raw).responses[0]
+        assert pb.AddResponse.FromString(only_response(raw)) == one
+    two = encode_add_oks([(7, 1, b"", False, b""), (7, 2, b"", False, b"")])
+    with pytest.raises(FrameError):
+        only_response(two)

@@ -10,8 +10,7 @@ from types import SimpleNamespace
 import grpc
 
 from bkspark import errors
-from bkspark.bookie.service import BookieService
-from bkspark.proto import bookie_pb2_grpc as pb_grpc
+from bkspark.bookie.service import BookieService, add_to_server
 from metadata import open_store, registry
 
 
@@ -107,7 +106,7 @@ class MemoryBookie:
         state = SimpleNamespace(read_only=False, bookie_id=self.bookie_id,
                                 disk_space=lambda: (1 << 40, 1 << 39))
         self.service = BookieService(self.storage, config, state)
-        pb_grpc.add_BookieServicer_to_server(self.service, self.server)
+        add_to_server(self.service, self.server)
         self.server.start()
         self.store = store
         registry.register_bookie(store, self.bookie_id, {"address": self.bookie_id})
