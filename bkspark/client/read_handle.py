@@ -27,10 +27,9 @@ from metadata.ledger_metadata import LedgerState
 
 from . import quorum
 from .digest import DigestManager, master_key, peek_header
+from .lac import lac_of, read_lac
 
 log = logging.getLogger("bkspark.client.read")
-
-_NEGATIVE = (errors.ENOENTRY, errors.ENOLEDGER)
 
 
 class LedgerEntry:
@@ -375,50 +374,22 @@ class ReadHandle:
                 nxt += step
 
     # ---- LAC ----------------------------------------------------------------------------
-    def _lac_from_response(self, resp) -> int:
-        lac = resp.max_lac if resp.max_lac is not None else -1
-        if resp.body:
-            try:
-                _, blac, _, _ = self._digest.verify(resp.body)
-                lac = max(lac, blac)
-            except DigestMismatchError:
-                pass
-        return lac
-
     def _read_lac_round(self, require_coverage: bool) -> int:
         if self.is_closed:
             return self._lac
         md = self._md
         ensemble = md.last_ensemble()
-        conf = self._ctx.conf
-        futs = {b: self._ctx.pool.get(b).read(self.ledger_id, -1, timeout=conf.read_timeout)
-                for b in ensemble}
-        answered, best, errs = set(), -1, []
-        for i, (b, f) in enumerate(futs.items()):
-            try:
-                resp = f.result()
-            except BKError as exc:
-                errs.append(exc)
-                continue
-            if resp.status == errors.EOK:
-                best = max(best, self._lac_from_response(resp))
-                answered.add(i)
-            elif resp.status in _NEGATIVE:
-                answered.add(i)
-            elif resp.status == errors.EUA:
-                raise errors.UnauthorizedError(f"ledger {self.ledger_id}: wrong password")
-            else:
-                errs.append(errors.error_for_status(resp.status, f"bookie {b}"))
+        answers = read_lac(self._ctx, self.ledger_id, ensemble, self._digest)
         if require_coverage and not quorum.rr_coverage(md.ensemble_size, md.write_quorum,
-                                                       md.ack_quorum, answered):
+                                                       md.ack_quorum, answers.answered):
             raise BookieUnavailableError(
                 f"ledger {self.ledger_id}: too few bookies answered the LAC read "
-                f"({len(answered)} of {len(ensemble)}): " + "; ".join(map(str, errs)))
-        if not answered:
+                f"({len(answers.answered)} of {len(ensemble)}): " + "; ".join(answers.unknown))
+        if not answers.answered:
             raise BookieUnavailableError(
                 f"ledger {self.ledger_id}: no bookie answered the LAC read: "
-                + "; ".join(map(str, errs)))
-        self._saw_lac(best)
+                + "; ".join(answers.unknown))
+        self._saw_lac(answers.lac)
         return self._lac
 
     def read_last_add_confirmed(self) -> int:
@@ -456,7 +427,7 @@ class ReadHandle:
             try:
                 resp = fut.result()
                 if resp.status == errors.EOK:
-                    self._saw_lac(self._lac_from_response(resp))
+                    self._saw_lac(lac_of(resp, self._digest)[0])
             except BKError:
                 pass
             with lock:

@@ -71,17 +71,18 @@ from collections import deque
 
 from bkspark import errors
 from bkspark.errors import (BKError, DigestMismatchError, LedgerRecoveryError,
-                            NotEnoughBookiesError, UnauthorizedError)
+                            NotEnoughBookiesError)
 from bkspark.proto import wire
 from metadata.ledger_metadata import LedgerState
 from metadata.update import NoChange
 
 from . import placement, quorum
 from .digest import DigestManager, master_key
+from .lac import NEGATIVE as _NEGATIVE
+from .lac import read_lac
 
 log = logging.getLogger("bkspark.client.recovery")
 
-_NEGATIVE = (errors.ENOENTRY, errors.ENOLEDGER)
 _FATAL_ADD = (errors.EFENCED, errors.EUA)      # write-back answers that abort, never replaced
 
 
@@ -223,59 +224,16 @@ class LedgerRecovery:
         e, qa = md.ensemble_size, md.ack_quorum
         need = quorum.fencing_threshold(e, qa)
         digest = DigestManager(self.ledger_id, md.digest_type, self.password)
-        cond = threading.Condition()
-        answered: set[int] = set()
-        unknown: list[str] = []
-        fatal: list[BKError] = []
-        best = [-1]
-        pool = self.ctx.pool
-
-        def on_resp(i, b, fut):
-            try:
-                resp = fut.result()
-                status = resp.status
-            except BKError as exc:
-                resp, status = None, None
-                note = str(exc)
-            with cond:
-                if status == errors.EOK or status in _NEGATIVE:
-                    answered.add(i)
-                    if status == errors.EOK:
-                        lac = resp.max_lac
-                        if resp.body:
-                            try:
-                                _, blac, _, _ = digest.verify(resp.body)
-                                lac = max(lac, blac)
-                            except DigestMismatchError as exc:
-                                log.warning("ledger %d: fence answer of %s: %s",
-                                            self.ledger_id, b, exc)
-                        best[0] = max(best[0], lac)
-                elif status == errors.EUA:
-                    fatal.append(UnauthorizedError(
-                        f"ledger {self.ledger_id}: bookie {b} refused the master key (wrong "
-                        "password)"))
-                else:
-                    unknown.append(f"{b}: " + (note if status is None
-                                               else errors.status_name(status)))
-                cond.notify_all()
-
-        for i, b in enumerate(ensemble):
-            f = pool.get(b).read(self.ledger_id, -1, flags=wire.FENCE_LEDGER,
-                                 master_key=self.master_key, timeout=self.conf.read_timeout)
-            f.add_done_callback(lambda fut, i=i, b=b: on_resp(i, b, fut))
-        with cond:
-            while True:
-                if fatal:
-                    raise fatal[0]
-                if len(answered) >= need:
-                    break
-                if len(answered) + len(unknown) >= len(ensemble):
-                    raise LedgerRecoveryError(
-                        f"ledger {self.ledger_id}: fencing reached {len(answered)} of the "
-                        f"{need} bookies needed (E={e}, Qa={qa}); unknown: {unknown}. "
-                        "Recovery aborted, the ledger is left IN_RECOVERY; retry later")
-                cond.wait(1.0)
-            return best[0]
+        answers = read_lac(self.ctx, self.ledger_id, ensemble, digest, fence=True,
+                           master_key=self.master_key, enough=lambda got: len(got) >= need)
+        for note in answers.mismatches:
+            log.warning("ledger %d: fence answer of %s", self.ledger_id, note)
+        if len(answers.answered) < need:
+            raise LedgerRecoveryError(
+                f"ledger {self.ledger_id}: fencing reached {len(answers.answered)} of the "
+                f"{need} bookies needed (E={e}, Qa={qa}); unknown: {answers.unknown}. "
+                "Recovery aborted, the ledger is left IN_RECOVERY; retry later")
+        return answers.lac
 
     # ---- finding the end -----------------------------------------------------------------------
     def _find_end(self, md):
