@@ -162,6 +162,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--skip-open-ledgers", action="store_true",
                    help="do not fence open ledgers whose last fragment uses the bookie")
     p.add_argument("--parallel", type=int, default=4, help="ledgers at once (default 4)")
+    p.add_argument("--parallel-fragments", type=int, default=2,
+                   help="fragments of one ledger at once (default 2)")
     _rate_arguments(p)
     p = add("decommission", "retire a bookie safely (read-only, migrate, delete cookie)")
     p.add_argument("bookie")
@@ -822,10 +824,14 @@ def cmd_recover(args, out):
     from bkspark.recovery.manual import recover_bookie
     from metadata.layout import check_bookie_id
     check_bookie_id(args.bookie)
+    if args.parallel < 1 or args.parallel_fragments < 1:
+        raise ShellError("--parallel / --parallel-fragments: give at least 1")
     with _client(args) as bk, _Progress(not out.as_json) as prog:
         summary = recover_bookie(bk, args.bookie, target=args.to,
                                  fence_open=not args.skip_open_ledgers, progress=prog,
-                                 parallel=args.parallel, throttle=_throttle(args))
+                                 parallel=args.parallel,
+                                 fragments_at_once=args.parallel_fragments,
+                                 throttle=_throttle(args))
     _summary_out(out, "recovered", summary)
 
 

@@ -96,10 +96,12 @@ def require_known(store, bookie: str) -> None:
 
 def recover_bookie(bk, bookie: str, *, target: str | None = None, fence_open: bool = True,
                    read_from_bookie: bool = False, progress=None,
-                   parallel: int = 4, throttle=None) -> RecoverySummary:
+                   parallel: int = 4, fragments_at_once: int = 2,
+                   throttle=None) -> RecoverySummary:
     """Re-replicate everything that was on ``bookie`` (see the module docstring).
 
-    ``parallel``: ledgers re-replicated at once. ``throttle``: the run's rate limit
+    ``parallel``: ledgers re-replicated at once; ``fragments_at_once``: fragments of each
+    ledger copied at once (so at most ``parallel x fragments_at_once`` copies run). ``throttle``: the run's rate limit
     (:class:`~.throttle.Throttle`, shared by those ledgers; default unlimited). ``progress``: an object with ``start(ledgers, entries, bytes)``, ``advance(entries,
     bytes)`` and ``ledger_done()`` (the shell's progress bar), or None.
     """
@@ -119,7 +121,7 @@ def recover_bookie(bk, bookie: str, *, target: str | None = None, fence_open: bo
     if progress is not None:
         progress.start(len(plan), sum(n for _, n, _ in plan), sum(b for _, _, b in plan))
     rep = LedgerReplicator(bk, progress=(progress.advance if progress is not None else None),
-                           throttle=throttle)
+                           throttle=throttle, fragments_at_once=fragments_at_once)
 
     def one(lid):
         try:

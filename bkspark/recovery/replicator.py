@@ -36,6 +36,7 @@ import random
 import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from bkspark import errors
@@ -219,12 +220,15 @@ class LedgerReplicator:
     ``window``: single-entry reads and unstreamed writes in flight per fragment. ``rng``
     picks replacements. ``progress``: called with (entries, bytes) as entries are copied.
     ``throttle``: the run's rate limit (:class:`~.throttle.Throttle`, shared by the threads
-    of a run; default none).
+    of a run; default none). ``fragments_at_once``: fragments of one ledger copied at the same
+    time (each fragment's lost members one after another; each fragment's metadata change is
+    its own compare-and-set, so they need no order).
     """
 
     def __init__(self, bk, *, window: int = 128, timeout: float = 30.0, rng=None,
-                 progress=None, throttle: Throttle | None = None):
+                 progress=None, throttle: Throttle | None = None, fragments_at_once: int = 2):
         self.ctx = bk.ctx
+        self.fragments_at_once = max(1, fragments_at_once)
         self.throttle = throttle or UNLIMITED
         self.store = bk.store
         self.window = max(1, window)
@@ -310,8 +314,11 @@ class LedgerReplicator:
                         res.fenced = True
                         md, _ = ledger_store.read_ledger(self.store, ledger_id)
                         continue
-            changed = False
-            for frag in todo:
+
+            def repair(frag, md=md, bad_now=bad_now, alive=alive, writable=writable):
+                """The lost members of one fragment, one after another: (members replaced,
+                entries, bytes, error note or None, conflict note or None)."""
+                done = n_all = b_all = 0
                 for i, b in enumerate(frag.ensemble):
                     if b not in bad_now:
                         continue
@@ -320,22 +327,33 @@ class LedgerReplicator:
                                                              writable, target, read_from_bad,
                                                              preferred.get(b))
                     except ReplicationError as exc:
-                        res.notes.append(str(exc))
-                        res.status = PARTIAL
-                        log.warning("%s", exc)
-                        break
+                        return done, n_all, b_all, str(exc), None
                     except _Conflict as exc:
-                        log.info("ledger %d: %s; re-planning", ledger_id, exc)
-                        md, _ = ledger_store.read_ledger(self.store, ledger_id)
-                        changed = True
-                        break
-                    res.fragments_replicated += 1
-                    res.entries += n
-                    res.bytes += nbytes
+                        return done, n_all, b_all, None, str(exc)
+                    done, n_all, b_all = done + 1, n_all + n, b_all + nbytes
                     frag.ensemble = md.ensembles[frag.segment][1]
-                if changed:
-                    break
-            if changed:
+                return done, n_all, b_all, None, None
+
+            if len(todo) > 1 and self.fragments_at_once > 1:
+                with ThreadPoolExecutor(min(self.fragments_at_once, len(todo)),
+                                        thread_name_prefix=f"ledger-{ledger_id}") as pool:
+                    outcomes = list(pool.map(repair, todo))
+            else:
+                outcomes = [repair(frag) for frag in todo]
+            conflicts = []
+            for done, n, nbytes, error, conflict in outcomes:
+                res.fragments_replicated += done
+                res.entries += n
+                res.bytes += nbytes
+                if error is not None:
+                    res.notes.append(error)
+                    res.status = PARTIAL
+                    log.warning("%s", error)
+                if conflict is not None:
+                    conflicts.append(conflict)
+            md, _ = ledger_store.read_ledger(self.store, ledger_id)
+            if conflicts:
+                log.info("ledger %d: %s; re-planning", ledger_id, "; ".join(conflicts))
                 continue
             if repair_missing and res.status != PARTIAL:
                 _, alive = live_bookies(self.store)
@@ -672,13 +690,16 @@ class _StreamWriter:
     MAX_OUTSTANDING_BYTES = 32 << 20
     BATCH = 64
 
+    _opening = threading.Lock()     # (fragments of one ledger copied at once race for its sink)
+
     @classmethod
     def open(cls, ctx, target, lid, mk, timeout):
         pool = ctx.pool
-        if lid in pool.sinks:
-            return None
-        w = cls(ctx, target, lid, mk, timeout)
-        pool.register(lid, w)
+        with cls._opening:
+            if lid in pool.sinks:
+                return None
+            w = cls(ctx, target, lid, mk, timeout)
+            pool.register(lid, w)
         return w
 
     def __init__(self, ctx, target, lid, mk, timeout):

@@ -164,6 +164,13 @@ def test_a_negative_copy_rate_is_refused_before_anything_moves(cluster, capsys, 
         assert cluster.bookie_ids[0] in registry.list_bookies(bk.store)
 
 
+@pytest.mark.parametrize("flag", ["--parallel", "--parallel-fragments"])
+def test_recover_refuses_a_parallelism_below_one(cluster, capsys, flag):
+    code, out, err = sh(capsys, cluster, "recover", cluster.bookie_ids[0], flag, "0")
+    assert code == 1, out
+    assert flag in err and "at least 1" in err, err
+
+
 def test_autorecovery_commands(cluster, capsys):
     code, doc, _ = sh(capsys, cluster, "whoisauditor", as_json=True)
     assert code == 0
