@@ -6,7 +6,7 @@ CLOSED ledger ends at ``last_entry_id``; the last segment of an OPEN / IN_RECOVE
 has no defined end yet.
 
 Bookie at ensemble index ``i`` of a fragment must hold exactly the entries ``e`` of the
-fragment whose write set contains ``i`` (``(i - e) mod E < Qw``).
+fragment whose write set contains ``i`` (:func:`~bkspark.client.quorum.has_entry`).
 
 :class:`LedgerReplicator` repairs one ledger:
 
@@ -22,8 +22,9 @@ fragment whose write set contains ``i`` (``(i - e) mod E < Qw``).
    fencing: the ledger is then recovered (fenced and closed, no truncation: the client's
    quorum-coverage recovery) and its last fragment replicated like any other.
 
-Metadata is only ever changed by swapping one member of one fragment whose entries were
-all copied first; the state, last entry id and length are never written here (no
+Fragments of one ledger are repaired at once (``fragments_at_once``), the lost members of a
+fragment one after another. Metadata is only ever changed by swapping one member of one
+fragment whose entries were all copied first; the state, last entry id and length are never written here (no
 truncation). Empty fragments (a ledger closed at -1, or a last fragment past the last
 entry) need no copy: the member is swapped directly.
 """
