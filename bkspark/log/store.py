@@ -175,11 +175,12 @@ class LogStore:
         except NoSuchLogError:
             return False
 
-    def create(self, name: str, retention: RetentionPolicy | None = None) -> LogMetadata:
+    def create(self, name: str, retention: RetentionPolicy | None = None) -> None:
         """Create an empty log if it does not exist yet (with ``retention``, its policy:
-        :mod:`bkspark.log.retention`; default keep everything); return its metadata. An
-        existing log is returned as it is. A create whose answer was lost is settled by a
-        synced read (the log exists or it does not)."""
+        :mod:`bkspark.log.retention`; default keep everything). An existing log is left as
+        it is, and only its head is read (a writer or a Spark write of every micro-batch
+        calls this: its cost must not grow with the list). A create whose answer was lost is
+        settled by a synced read (the log exists or it does not)."""
         check_log_name(name)
         props = {} if retention is None else {ret.PROPERTY: retention.to_property()}
         head = LogHead(name=name, uid=new_stamp(), stamp=new_stamp(), properties=props)
@@ -189,7 +190,7 @@ class LogStore:
         txn.create(ledgers_index_path(name), b"")
         try:
             txn.commit()
-            return LogMetadata(name=name)
+            return
         except NodeExistsError:
             pass
         except errors.MetadataConnectionError:
@@ -198,9 +199,11 @@ class LogStore:
             except NoNodeError:
                 return self.create(name, retention)
         try:
-            return self.get(name)[0]
-        except seg.LogDeletedError:
+            self._head(name)
+        except seg.LogDeletedError:     # (a NoSuchLogError too: first)
             self._finish_delete(name)
+            return self.create(name, retention)
+        except NoSuchLogError:          # deleted meanwhile: the name is free again
             return self.create(name, retention)
 
     def retention(self, name: str) -> RetentionPolicy | None:

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from bkspark import errors
-from bkspark.log import EARLIEST, Position
+from bkspark.log import EARLIEST, LogStore, Position
 from bkspark.log import segments as seg
 from metadata import log_segments as ls
 from metadata.layout import log_path
@@ -281,6 +281,35 @@ def test_delete_removes_every_record_and_ledger(logs, bk, log_name):
         bk.ledger_metadata(lid)
     logs.create(log_name)                           # the name is free again, a new log
     assert logs.get(log_name)[0].ledgers == []
+
+
+def test_create_finishes_an_interrupted_delete_and_makes_a_new_log(logs, bk, log_name):
+    lid = closed_ledger(bk, [b"x"])
+    logs.append_ledgers(log_name, [lid])
+
+    def mark(edit):                                 # a delete that stopped after its mark
+        edit.properties[seg.DELETED] = True
+    logs.update(log_name, mark)
+    assert not logs.exists(log_name)
+    logs.create(log_name)
+    assert logs.get(log_name)[0].ledgers == []
+    with pytest.raises(errors.NoSuchLedgerError):   # the old log's ledger went with it
+        bk.ledger_metadata(lid)
+
+
+def test_create_of_an_existing_log_reads_its_head_only(logs, log_name):
+    """Spark calls create for every micro-batch of a query: it must not read the list."""
+    append_fake(logs, log_name, list(range(8001, 8041)))
+    reads = []
+    real_get, real_get_many = logs.store.get, logs.store.get_many
+    logs.store.get = lambda path, *a, **k: reads.append(path) or real_get(path, *a, **k)
+    logs.store.get_many = lambda paths, *a, **k: reads.extend(paths) or real_get_many(paths, *a, **k)
+    try:
+        LogStore(logs.bk).create(log_name)          # a new LogStore: nothing cached
+    finally:
+        del logs.store.get, logs.store.get_many
+    ours = [p for p in reads if p.startswith(log_path(log_name))]
+    assert ours == [log_path(log_name)], ours
 
 
 def test_unlisting_a_middle_ledger_refreshes_every_copy(logs, bk, log_name):
