@@ -222,16 +222,20 @@ class ZkStore(MetadataStore):
     def _write(self, fn, *args, what: str, retry_expired: bool = True, **kwargs):
         """Run a write once. A write refused with SessionExpired was not applied (kazoo
         refuses requests between an expiry and the next session; the server rejects those
-        of an expired session), so it is retried on the new session within the session
-        timeout — except ephemeral creates, which belong to the lost session. A connection
-        loss while the request was in flight is ambiguous: MetadataConnectionError."""
+        of an expired session), so it is retried on the new session for up to a session
+        timeout counted from the first refusal (a request queued while the server was away
+        can be refused only as its own wait ends) — except ephemeral creates, which belong
+        to the lost session. A connection loss while the request was in flight is
+        ambiguous: MetadataConnectionError."""
         self._check_open()
-        deadline = time.monotonic() + self.session_timeout
+        deadline = None
         while True:
             try:
                 return fn(*args, **kwargs)
             except kex.SessionExpiredError as e:
-                if not retry_expired or self._closed or time.monotonic() > deadline:
+                now = time.monotonic()
+                deadline = now + self.session_timeout if deadline is None else deadline
+                if not retry_expired or self._closed or now > deadline:
                     raise _map(e, what) from e
                 time.sleep(0.05)
             except kex.KazooException as e:

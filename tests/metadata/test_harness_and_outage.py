@@ -6,6 +6,7 @@ import socket
 import time
 
 import pytest
+from kazoo import exceptions as kex
 
 from bkspark.errors import MetadataConnectionError, NodeExistsError
 from metadata import open_store
@@ -114,3 +115,30 @@ def test_operations_during_outage_are_bounded_and_recover(own_zookeeper):
         assert store.get("/x") in ((b"1", 0), (b"2", 1))
     finally:
         store.close()
+
+
+def test_a_write_refused_late_by_an_expiry_still_gets_the_new_session(zk_uri):
+    """A write queued while the server was away is refused with SessionExpired only as its
+    own wait ends (close to the session timeout); it was not applied, so it must still get
+    the next session's time to go through rather than failing at once (seen in CI: a create
+    issued while a restarted ZooKeeper was expiring the session failed with
+    SessionExpiredError)."""
+    store = open_store(zk_uri, session_timeout=2.0)
+    try:
+        started = time.monotonic()
+        calls = []
+
+        def queued_through_an_outage():
+            calls.append(time.monotonic() - started)
+            if len(calls) == 1:
+                time.sleep(1.8)  # the request's wait before the expiry refused it
+                raise kex.SessionExpiredError()
+            if time.monotonic() - started < 2.4:  # no new session yet
+                raise kex.SessionExpiredError()
+            return "applied"
+
+        assert store._write(queued_through_an_outage, what="create /late") == "applied"
+        assert len(calls) > 2
+    finally:
+        store.close()
+
