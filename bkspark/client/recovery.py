@@ -80,10 +80,10 @@ from . import placement, quorum
 from .digest import DigestManager, master_key
 from .lac import NEGATIVE as _NEGATIVE
 from .lac import read_lac
+from .recovery_add import RecoveryAdds, WriteBack
 
 log = logging.getLogger("bkspark.client.recovery")
 
-_FATAL_ADD = (errors.EFENCED, errors.EUA)      # write-back answers that abort, never replaced
 
 
 class _Outcome:
@@ -152,7 +152,7 @@ class LedgerRecovery:
         self.password = password
         self.master_key = master_key(password)
         self.conf = ctx.conf
-        self._stream_wb = None
+        self._adds: RecoveryAdds | None = None     # while the scan runs
         self._bad: set[str] = set()     # bookies that failed a write-back in this recovery
 
     # ---- driver ------------------------------------------------------------------------
@@ -246,12 +246,14 @@ class LedgerRecovery:
         digest = DigestManager(self.ledger_id, md.digest_type, self.password)
         log.info("ledger %d: fenced; highest LAC %d, reading forward from %d",
                  self.ledger_id, lac, start + 1)
-        self._stream_wb = _StreamWriteBacks(self)
+        self._adds = RecoveryAdds(self.ctx, self.ledger_id, self.master_key,
+                                  timeout=self.conf.add_timeout,
+                                  retry_delay=self.conf.overload_retry_delay)
         try:
             return self._scan(md, start, digest)
         finally:
-            self._stream_wb.close()
-            self._stream_wb = None
+            self._adds.close()
+            self._adds = None
 
     def _scan(self, md, start: int, digest):
         last, length = -1, 0
@@ -503,18 +505,14 @@ class LedgerRecovery:
             if now - out.t0 >= spec:
                 out.expand()
 
-    def _write_back(self, md, entry_id: int, body: bytes):
+    def _write_back(self, md, entry_id: int, body: bytes) -> WriteBack:
         """RECOVERY_ADD of a recovered entry to its whole write set (a member named in
-        ``substitutes`` replaced by its substitute); ``.wait()`` raises LedgerRecoveryError
-        unless Qa bookies acknowledged it."""
+        ``substitutes`` replaced by its substitute); done once Qa bookies acknowledged it or
+        once they cannot."""
         bookies = quorum.write_set_bookies(entry_id, md.ensemble_for(entry_id), md.write_quorum)
         if self.substitutes:
             bookies = [self.substitutes.get(b, b) for b in bookies]
-        if self._stream_wb is not None and self._stream_wb.registered:
-            return self._stream_wb.add(entry_id, body, bookies, md.ack_quorum)
-        # no stream when this client also writes the ledger: its acks go to the writer's
-        # handle, so write-backs use unary adds
-        return _WriteBack(self, entry_id, body, bookies, md.ack_quorum)
+        return self._adds.add(entry_id, body, bookies, md.ack_quorum)
 
 
 class _WriteBackFailed(Exception):
@@ -536,7 +534,6 @@ class _Progress:
 
     def __init__(self, rec: "LedgerRecovery", confirmed: int, last: int, length):
         self.rec = rec
-        self.timeout = rec.conf.add_timeout
         self.pending: deque = deque()         # (entry_id, write-back or None, length)
         self.confirmed, self.last, self.length = confirmed, last, length
         self.failure = threading.Event()      # some write-back cannot reach Qa
@@ -556,7 +553,7 @@ class _Progress:
         self._advance(block=False)
         if self.failure.is_set():
             wb = next((wb for _, wb, _ in self.pending
-                       if wb is not None and wb.event.is_set() and not wb.ok), None)
+                       if wb is not None and wb.done and not wb.ok), None)
             if wb is not None:
                 self._raise(wb)
 
@@ -568,13 +565,9 @@ class _Progress:
         while self.pending:
             entry_id, wb, length = self.pending[0]
             if wb is not None:
-                if not wb.event.is_set():
-                    remaining = wb.t0 + self.timeout - time.monotonic()
-                    if remaining > 0 and not block:
-                        return
-                    if remaining <= 0 or not wb.event.wait(remaining):
-                        wb.expire(self.timeout)
-                if not wb.ok:
+                if not wb.done and not block and time.monotonic() < wb.deadline:
+                    return
+                if not wb.wait():
                     self._raise(wb)
             self.pending.popleft()
             self.confirmed, self.last, self.length = entry_id, entry_id, length
@@ -582,208 +575,7 @@ class _Progress:
     def _raise(self, wb) -> None:
         failed: dict = {}
         for _, other, _ in self.pending:      # every failure known now, not just this one
-            if other is not None and other.event.is_set() and not other.ok:
-                for b, note in other.fails.items():
+            if other is not None and other.done and not other.ok:
+                for b, note in other.failures().items():
                     failed.setdefault(b, note)
         raise _WriteBackFailed(wb, failed, self.confirmed, self.last, self.length)
-
-
-class _WriteBackState:
-    """Answers to the RECOVERY_ADD of one entry to its write set: done (``event``) once
-    ``qa`` bookies acknowledged it or once that can no longer happen."""
-
-    def _init_state(self, rec, entry_id: int, bookies, qa: int) -> None:
-        self.rec = rec
-        self.entry_id = entry_id
-        self.bookies = list(bookies)
-        self.qa = qa
-        self.answered: dict[str, bool] = {}
-        self.fails: dict[str, str] = {}       # bookie -> why it failed
-        self.fatal: str | None = None         # an EFENCED / EUA answer: never replaced
-        self.event = threading.Event()
-        self.lock = threading.Lock()
-        self.t0 = time.monotonic()
-        self._listeners: list = []
-
-    @property
-    def acks(self) -> int:
-        return sum(1 for ok in self.answered.values() if ok)
-
-    @property
-    def ok(self) -> bool:
-        return self.acks >= self.qa
-
-    def overloaded(self, bookie: str) -> None:
-        """``bookie`` answered ETOOMANYREQUESTS: busy, not broken -- send it the entry again
-        a little later (if it never takes it, ``add_timeout`` fails it)."""
-        with self.lock:
-            if self.event.is_set() or bookie not in self.bookies or bookie in self.answered:
-                return
-        self.rec.ctx.scheduler.schedule(self.rec.conf.overload_retry_delay,
-                                        lambda: self._resend(bookie))
-
-    def _resend(self, bookie: str) -> None:
-        """Send the entry to ``bookie`` again, unless the write-back is done."""
-        payload = self.payload
-        if payload is not None:
-            self._send(bookie, payload)
-
-    def _send_to_all(self, payload) -> None:
-        """The first sends, to the whole write set: with the payload in hand, because Qa
-        fast acks can finish the write-back (and drop ``self.payload``) before the last
-        bookie's send, and every bookie of the write set must get the entry."""
-        for b in self.bookies:
-            self._send(b, payload)
-
-    def _send(self, bookie: str, payload) -> None:
-        raise NotImplementedError
-
-    def answer(self, bookie: str, ok: bool, note: str = "", fatal: bool = False) -> None:
-        with self.lock:
-            if bookie not in self.bookies or bookie in self.answered:
-                return
-            self.answered[bookie] = ok
-            if not ok:
-                self.fails[bookie] = note
-                if fatal and self.fatal is None:
-                    self.fatal = f"{bookie}: {note}"
-            if self.event.is_set():
-                return
-            if self.acks >= self.qa or len(self.fails) > len(self.bookies) - self.qa:
-                self.event.set()
-                listeners, self._listeners = self._listeners, []
-            else:
-                return
-        for fn in listeners:
-            fn(self)
-
-    def expire(self, timeout: float) -> None:
-        """``timeout`` passed: the bookies that did not answer failed."""
-        for b in self.bookies:
-            self.answer(b, False, f"no answer within {timeout}s")
-        with self.lock:
-            if self.event.is_set():
-                return
-            self.event.set()
-            listeners, self._listeners = self._listeners, []
-        for fn in listeners:
-            fn(self)
-
-    def _keep_until_done(self, payload) -> None:
-        """Hold what is resent to slow or replaced bookies, and drop it once done."""
-        self.payload = payload
-        self.add_listener(_WriteBackState._drop_payload)
-
-    def _drop_payload(self) -> None:
-        self.payload = None
-
-    def add_listener(self, fn) -> None:
-        """Call ``fn(self)`` once the write-back is done."""
-        with self.lock:
-            if not self.event.is_set():
-                self._listeners.append(fn)
-                return
-        fn(self)
-
-    def notes(self) -> list[str]:
-        with self.lock:
-            return [f"{b}: {n}" for b, n in self.fails.items()]
-
-    def wait(self):
-        """Wait up to ``add_timeout``; raise LedgerRecoveryError unless Qa bookies
-        acknowledged the entry."""
-        timeout = self.rec.conf.add_timeout
-        if not self.event.wait(max(0.0, self.t0 + timeout - time.monotonic())):
-            self.expire(timeout)
-        if not self.ok:
-            raise LedgerRecoveryError(
-                f"ledger {self.rec.ledger_id}: write-back of entry {self.entry_id} reached "
-                f"{self.acks} of {self.qa} bookies ({self.notes()}); recovery aborted")
-
-
-class _StreamWriteBacks:
-    """Write-backs of one recovery over the per-bookie add streams (batched like the
-    writer's adds), registered as the ledger's ack sink while recovery runs."""
-
-    def __init__(self, rec: "LedgerRecovery"):
-        self.rec = rec
-        self.lock = threading.Lock()
-        self.entries: dict[int, "_StreamWriteBack"] = {}
-        self.prefix = wire.request_prefix(rec.ledger_id, rec.master_key)
-        self.registered = False
-        pool = rec.ctx.pool
-        if rec.ledger_id not in pool.sinks:       # a writer of this ledger here: no stream
-            pool.register(rec.ledger_id, self)
-            self.registered = True
-
-    def add(self, entry_id: int, body: bytes, bookies, qa: int) -> "_StreamWriteBack":
-        elem = wire.encode_add(self.prefix, entry_id, wire.RECOVERY_ADD, [body])
-        wb = _StreamWriteBack(self.rec, entry_id, bookies, qa, elem)
-        with self.lock:
-            # an entry written back again after an ensemble change: acks of the earlier
-            # sends count too (an ack means the bookie stores this very entry)
-            self.entries[entry_id] = wb
-        wb._send_to_all(elem)
-        return wb
-
-    def on_add_responses(self, bookie_id: str, items) -> None:
-        for eid, status in items:
-            wb = self.entries.get(eid)
-            if wb is None:
-                continue
-            if status == errors.ETOOMANYREQUESTS:
-                wb.overloaded(bookie_id)
-            else:
-                wb.answer(bookie_id, status == errors.EOK, errors.status_name(status),
-                          fatal=status in _FATAL_ADD)
-
-    def on_bookie_failed(self, bookie_id: str, error) -> None:
-        with self.lock:
-            wbs = list(self.entries.values())
-        for wb in wbs:
-            wb.answer(bookie_id, False, str(error))
-
-    def close(self) -> None:
-        if self.registered:
-            self.rec.ctx.pool.unregister(self.rec.ledger_id, self)
-
-
-class _StreamWriteBack(_WriteBackState):
-    def __init__(self, rec, entry_id, bookies, qa, elem: bytes):
-        self._init_state(rec, entry_id, bookies, qa)
-        self._keep_until_done(elem)
-
-    def _send(self, bookie: str, elem: bytes) -> None:
-        try:
-            self.rec.ctx.pool.get(bookie).send_adds([elem])
-        except BKError as exc:
-            self.answer(bookie, False, str(exc))
-
-
-class _WriteBack(_WriteBackState):
-    """RECOVERY_ADD of one entry to its whole write set with unary adds."""
-
-    def __init__(self, rec: LedgerRecovery, entry_id: int, body: bytes, bookies, qa: int):
-        self._init_state(rec, entry_id, bookies, qa)
-        self._keep_until_done(body)
-        self._send_to_all(body)
-
-    def _send(self, bookie: str, body: bytes) -> None:
-        rec = self.rec
-        timeout = max(0.1, self.t0 + rec.conf.add_timeout - time.monotonic())
-        f = rec.ctx.pool.get(bookie).add(rec.ledger_id, self.entry_id, body, rec.master_key,
-                                         flags=wire.RECOVERY_ADD, timeout=timeout)
-        f.add_done_callback(lambda fut: self._on_resp(bookie, fut))
-
-    def _on_resp(self, b, fut):
-        try:
-            resp = fut.result()
-            if resp.status == errors.ETOOMANYREQUESTS:
-                self.overloaded(b)
-                return
-            ok = resp.status == errors.EOK
-            note = "" if ok else errors.status_name(resp.status)
-            fatal = resp.status in _FATAL_ADD
-        except BKError as exc:
-            ok, note, fatal = False, str(exc), False
-        self.answer(b, ok, note, fatal)

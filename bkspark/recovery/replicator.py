@@ -13,7 +13,9 @@ fragment whose write set contains ``i`` (:func:`~bkspark.client.quorum.has_entry
 1. every fragment with a *bad* member (a bookie that is gone, or one being moved away
    from): read the entries that member should hold from the surviving members of each
    entry's write set (digest-checked), write them to a replacement bookie with the
-   ``RECOVERY_ADD`` flag (accepted on fenced ledgers), then compare-and-set the new member
+   ``RECOVERY_ADD`` flag (accepted on fenced ledgers; sent by
+   :class:`~bkspark.client.recovery_add.RecoveryAdds`, as recovery's write-backs are, with
+   at most :data:`MAX_UNACKED` copies unacknowledged), then compare-and-set the new member
    into that fragment's metadata (re-read and re-check on a conflict; if the fragment
    changed under us nothing is written and the ledger is retried later);
 2. optionally, every live member of a closed fragment that lacks entries it should hold
@@ -24,8 +26,8 @@ fragment whose write set contains ``i`` (:func:`~bkspark.client.quorum.has_entry
 
 Fragments of one ledger are repaired at once (``fragments_at_once``), the lost members of a
 fragment one after another. Metadata is only ever changed by swapping one member of one
-fragment whose entries were all copied first; the state, last entry id and length are never written here (no
-truncation). Empty fragments (a ledger closed at -1, or a last fragment past the last
+fragment whose entries were all acknowledged by the replacement first; the state, last entry
+id and length are never written here (no truncation). Empty fragments (a ledger closed at -1, or a last fragment past the last
 entry) need no copy: the member is swapped directly.
 """
 from __future__ import annotations
@@ -45,9 +47,9 @@ from bkspark.client import quorum
 from bkspark.client.digest import DigestManager, master_key
 from bkspark.client.placement import choose_replacement
 from bkspark.client.recovery import LedgerRecovery
+from bkspark.client.recovery_add import RecoveryAdds
 from bkspark.errors import (BKError, DigestMismatchError, MetadataConnectionError, MetadataError,
                             NotEnoughBookiesError, ReplicationError)
-from bkspark.proto import wire
 from metadata import ledgers as ledger_store
 from metadata import registry
 from metadata.ledger_metadata import LedgerState
@@ -62,6 +64,11 @@ MIN_STREAM = 4
 #: connection); entries per piece at most
 PIECE_BYTES = 8 << 20
 MAX_PIECE_ENTRIES = 4096
+#: copies sent to the replacement and not yet acknowledged, at most (over its add stream;
+#: unary adds: the replicator's ``window``), and their bytes; entries to a stream send
+MAX_UNACKED = 4096
+MAX_UNACKED_BYTES = 32 << 20
+ADD_BATCH = 64
 
 
 # ---- fragments -------------------------------------------------------------------------------
@@ -474,22 +481,43 @@ class LedgerReplicator:
             unknown = [b for b in cands if holdings.get(b) is None]
             return have + unknown
 
-        writer = _StreamWriter.open(self.ctx, target, lid, mk, self.timeout) or \
-            _Writer(self.ctx, target, lid, mk, self.window, self.timeout)
-        copied = nbytes = 0
+        adds = RecoveryAdds(self.ctx, lid, mk, timeout=self.timeout,
+                            retry_delay=self.ctx.conf.overload_retry_delay, batch=ADD_BATCH)
+        # entries sent and not yet acknowledged: a window over the stream, ``window`` unary
+        max_entries = MAX_UNACKED if adds.streamed else self.window
+        unacked: deque = deque()        # (write-back, bytes)
+        held = copied = nbytes = 0
         try:
             for x, body in self._fetch(lid, entries, candidates, digest, e,
                                        self._piece(md)):
                 self.throttle.acquire(len(body))
-                writer.put(x, body)
+                unacked.append((adds.add(x, body, [target], 1), len(body)))
+                held += len(body)
                 copied += 1
                 nbytes += len(body)
                 if self.progress is not None:
                     self.progress(1, len(body))
-            writer.finish()
+                while unacked and unacked[0][0].done:       # a refusal stops the copy early
+                    held -= self._acked(lid, target, *unacked.popleft())
+                if len(unacked) > max_entries or held > MAX_UNACKED_BYTES:
+                    adds.flush()
+                    while len(unacked) > max_entries // 2 or held > MAX_UNACKED_BYTES // 2:
+                        held -= self._acked(lid, target, *unacked.popleft())
+            adds.flush()
+            while unacked:
+                self._acked(lid, target, *unacked.popleft())
         finally:
-            writer.abandon()
+            adds.close()
         return copied, nbytes
+
+    @staticmethod
+    def _acked(lid: int, target: str, wb, size: int) -> int:
+        """Wait for ``target``'s answer to the copy of ``wb``; return its size in bytes.
+        :raises ReplicationError: it did not take the entry."""
+        if not wb.wait():
+            raise ReplicationError(f"ledger {lid} entry {wb.entry_id}: {target} did not take "
+                                   f"the recovery add ({'; '.join(wb.notes())})")
+        return size
 
     def _piece(self, md) -> int:
         """Entries a ranged read asks for at once: about :data:`PIECE_BYTES` of the ledger's
@@ -643,144 +671,6 @@ class LedgerReplicator:
 
 class _Conflict(Exception):
     pass
-
-
-class _Writer:
-    """RECOVERY_ADD of bodies to one bookie with a window of requests in flight."""
-
-    def __init__(self, ctx, target, lid, mk, window, timeout):
-        self.client = ctx.pool.get(target)
-        self.target = target
-        self.lid = lid
-        self.mk = mk
-        self.window = window
-        self.timeout = timeout
-        self.pending: deque = deque()
-
-    def put(self, x, body):
-        self.pending.append((x, self.client.add(self.lid, x, bytes(body), self.mk,
-                                                flags=wire.RECOVERY_ADD, timeout=self.timeout)))
-        while len(self.pending) > self.window:
-            self._check(*self.pending.popleft())
-
-    def _check(self, x, fut):
-        try:
-            resp = fut.result()
-        except BKError as exc:
-            raise ReplicationError(f"ledger {self.lid} entry {x}: write to {self.target} "
-                                   f"failed: {exc}") from None
-        if resp.status != errors.EOK:
-            raise ReplicationError(
-                f"ledger {self.lid} entry {x}: {self.target} refused the recovery add: "
-                f"{errors.status_name(resp.status)} {resp.message}".rstrip())
-
-    def finish(self):
-        while self.pending:
-            self._check(*self.pending.popleft())
-
-    def abandon(self):
-        self.pending.clear()
-
-
-class _StreamWriter:
-    """RECOVERY_ADD of bodies to one bookie over the client's streaming add path
-    (hand-encoded batches on the bookie's AddStream; acks come back through this sink).
-    Used when no write handle of the same client owns the ledger's sink."""
-
-    MAX_OUTSTANDING = 4096
-    MAX_OUTSTANDING_BYTES = 32 << 20
-    BATCH = 64
-
-    _opening = threading.Lock()     # (fragments of one ledger copied at once race for its sink)
-
-    @classmethod
-    def open(cls, ctx, target, lid, mk, timeout):
-        pool = ctx.pool
-        with cls._opening:
-            if lid in pool.sinks:
-                return None
-            w = cls(ctx, target, lid, mk, timeout)
-            pool.register(lid, w)
-        return w
-
-    def __init__(self, ctx, target, lid, mk, timeout):
-        self.pool = ctx.pool
-        self.client = ctx.pool.get(target)
-        self.target = target
-        self.lid = lid
-        self.timeout = timeout
-        self.prefix = wire.request_prefix(lid, mk)
-        self.cond = threading.Condition()
-        self.outstanding: dict[int, int] = {}
-        self.out_bytes = 0
-        self.error: str | None = None
-        self.batch: list[bytes] = []
-
-    # sink interface (called on the stream's reader thread)
-    def on_add_responses(self, bookie_id, items):
-        if bookie_id != self.target:
-            return
-        with self.cond:
-            for eid, status in items:
-                n = self.outstanding.pop(eid, None)
-                if n is not None:
-                    self.out_bytes -= n
-                if status != errors.EOK and self.error is None:
-                    self.error = (f"ledger {self.lid} entry {eid}: {self.target} refused the "
-                                  f"recovery add: {errors.status_name(status)}")
-            self.cond.notify_all()
-
-    def on_bookie_failed(self, bookie_id, error):
-        if bookie_id != self.target:
-            return
-        with self.cond:
-            if self.error is None:
-                self.error = f"ledger {self.lid}: write to {self.target} failed: {error}"
-            self.cond.notify_all()
-
-    def _flush(self):
-        if self.batch:
-            batch, self.batch = self.batch, []
-            try:
-                self.client.send_adds(batch)
-            except BKError as exc:
-                with self.cond:
-                    self.error = self.error or f"ledger {self.lid}: {exc}"
-
-    def _wait(self, until):
-        deadline = time.monotonic() + self.timeout
-        with self.cond:
-            while self.error is None and not until():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    self.error = (f"ledger {self.lid}: {len(self.outstanding)} recovery adds to "
-                                  f"{self.target} unanswered after {self.timeout:g}s")
-                    break
-                self.cond.wait(min(left, 1.0))
-            if self.error is not None:
-                raise ReplicationError(self.error)
-
-    def put(self, x, body):
-        with self.cond:
-            if self.error is not None:
-                raise ReplicationError(self.error)
-            self.outstanding[x] = len(body)
-            self.out_bytes += len(body)
-        self.batch.append(wire.encode_add(self.prefix, x, wire.RECOVERY_ADD, [body]))
-        if len(self.batch) >= self.BATCH:
-            self._flush()
-        if len(self.outstanding) > self.MAX_OUTSTANDING or \
-                self.out_bytes > self.MAX_OUTSTANDING_BYTES:
-            self._flush()
-            self._wait(lambda: len(self.outstanding) <= self.MAX_OUTSTANDING // 2
-                       and self.out_bytes <= self.MAX_OUTSTANDING_BYTES // 2)
-
-    def finish(self):
-        self._flush()
-        self._wait(lambda: not self.outstanding)
-
-    def abandon(self):
-        self.pool.unregister(self.lid, self)
 
 
 def wait_for(predicate, timeout: float, interval: float = 0.2):

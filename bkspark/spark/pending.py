@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from bkspark import errors
 from bkspark.errors import BadVersionError, NodeExistsError, NoNodeError
 from metadata.layout import SPARK_PENDING as PENDING_ROOT
-from metadata.update import NoChange, update_record
+from metadata.update import MAX_CONFLICTS, NoChange, update_record
 
 log = logging.getLogger("bkspark.spark")
 
@@ -144,7 +144,7 @@ def register(store, key: str, ledger_id: int, info: dict) -> None:
         except NodeExistsError:
             pass
         return
-    while True:
+    for _ in range(MAX_CONFLICTS):
         try:
             raw, version = store.get(job_path(key))
         except NoNodeError:
@@ -162,7 +162,9 @@ def register(store, key: str, ledger_id: int, info: dict) -> None:
         except NodeExistsError:
             return
         except BadVersionError:
-            continue
+            continue            # the job record changed (its commit began?): decide again
+    raise errors.MetadataError(f"write job {key}: ledger {ledger_id} not registered: the job "
+                               f"record changed {MAX_CONFLICTS} times in a row")
 
 
 def unregister(store, key: str, ledger_id: int) -> None:
