@@ -224,7 +224,7 @@ def main() -> int:
         with BookKeeper(uri) as bk:
             md, _ = LogStore(bk).get(log)
             stored_bytes = sum(e.get("length", 0) for e in md.ledgers)
-            n_ledgers, n_entries = len(md.ledgers), sum(e["last_entry_id"] + 1 for e in md.ledgers)
+            n_ledgers, n_entries = len(md.ledgers), sum(e.last_entry_id + 1 for e in md.ledgers)
         parquet_bytes = sum(os.path.getsize(os.path.join(d, f))
                             for d, _, fs in os.walk(parquet_dir) for f in fs if f.endswith(".parquet"))
         mb = row_bytes * rows / 1e6
@@ -277,7 +277,7 @@ def prepare_floor(spark, uri, log, bk_opts, rows, work) -> tuple[dict, float]:
     with BookKeeper(uri) as bk:
         logs = LogStore(bk)
         md, _ = logs.get(log)
-        first = md.ledgers[0]["ledger_id"]
+        first = md.ledgers[0].ledger_id
         rh = bk.open_ledger(first, password=b"", recovery=False)
         data = next(iter(rh.read(0, 0))).data
         arrow_schema = pa.ipc.read_schema(pa.py_buffer(rh.metadata.custom_metadata[MD_ARROW_SCHEMA]))

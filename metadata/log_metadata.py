@@ -4,8 +4,8 @@ Serialized form (format version 1)::
 
     b"bkspark-log-metadata\\t1\\n" + UTF-8 JSON {"name", "ledgers", "writers", "properties"}
 
-* ``ledgers``: ordered list of dicts, each with at least ``"ledger_id"`` (int); extra keys
-  (first offset, entry count, ...) belong to the logs layer and are kept as they are.
+* ``ledgers``: the ordered list, each a :class:`~metadata.log_entry.LogLedger` (stored as the
+  JSON object that module describes).
 * ``writers``: writer id -> last committed sequence number (idempotent appends).
 * ``properties``: free-form ``str -> JSON value``.
 
@@ -19,6 +19,7 @@ import json
 from dataclasses import dataclass, field
 
 from bkspark.errors import BadRequestError, MetadataFormatError
+from metadata.log_entry import LogLedger
 
 HEADER = b"bkspark-log-metadata"
 FORMAT_VERSION = 1
@@ -52,13 +53,13 @@ class LogMetadata:
             raise BadRequestError("log ledgers must be a list")
         seen = set()
         for entry in self.ledgers:
-            if not isinstance(entry, dict) or not _is_int(entry.get("ledger_id")) \
-                    or entry["ledger_id"] < 0:
+            if not isinstance(entry, LogLedger) or not _is_int(entry.ledger_id) \
+                    or entry.ledger_id < 0:
                 raise BadRequestError(f"log {self.name}: bad ledger entry {entry!r} "
                                       "(needs an int ledger_id >= 0)")
-            if entry["ledger_id"] in seen:
-                raise BadRequestError(f"log {self.name}: ledger {entry['ledger_id']} listed twice")
-            seen.add(entry["ledger_id"])
+            if entry.ledger_id in seen:
+                raise BadRequestError(f"log {self.name}: ledger {entry.ledger_id} listed twice")
+            seen.add(entry.ledger_id)
         if not isinstance(self.writers, dict) or not all(
                 isinstance(k, str) and _is_int(v) for k, v in self.writers.items()):
             raise BadRequestError(f"log {self.name}: writers must be dict[str, int]")
@@ -73,7 +74,8 @@ class LogMetadata:
     def serialize(self) -> bytes:
         self.validate()
         return encode_record(self.name, FORMAT_VERSION, {
-            "name": self.name, "ledgers": self.ledgers, "writers": self.writers,
+            "name": self.name, "ledgers": [e.to_dict() for e in self.ledgers],
+            "writers": self.writers,
             "properties": self.properties})
 
     @classmethod
@@ -96,9 +98,11 @@ class LogMetadata:
         if not isinstance(obj, dict) or set(obj) != {"name", "ledgers", "writers", "properties"}:
             raise MetadataFormatError("corrupt log metadata: expected exactly the fields "
                                       "name, ledgers, writers, properties")
-        md = cls(name=obj["name"], ledgers=obj["ledgers"], writers=obj["writers"],
-                 properties=obj["properties"])
         try:
+            if not isinstance(obj["ledgers"], list):
+                raise BadRequestError("log ledgers must be a list")
+            md = cls(name=obj["name"], ledgers=[LogLedger.from_dict(e) for e in obj["ledgers"]],
+                     writers=obj["writers"], properties=obj["properties"])
             return md.validate()
         except BadRequestError as e:
             raise MetadataFormatError(f"corrupt log metadata: {e}") from None
@@ -106,27 +110,27 @@ class LogMetadata:
     # ---- queries and modified copies ------------------------------------------------------
 
     def ledger_ids(self) -> list[int]:
-        return [e["ledger_id"] for e in self.ledgers]
+        return [e.ledger_id for e in self.ledgers]
 
-    def last_ledger(self) -> dict | None:
-        return dict(self.ledgers[-1]) if self.ledgers else None
+    def last_ledger(self) -> LogLedger | None:
+        return self.ledgers[-1].copy() if self.ledgers else None
 
     def copy(self, **changes) -> "LogMetadata":
-        base = dict(ledgers=[dict(e) for e in self.ledgers], writers=dict(self.writers),
+        base = dict(ledgers=[e.copy() for e in self.ledgers], writers=dict(self.writers),
                     properties=json.loads(json.dumps(self.properties)))
         base.update(changes)
         return dataclasses.replace(self, **base)
 
     def with_ledger(self, ledger_id: int, **info) -> "LogMetadata":
-        """Append a ledger (its entry is ``{"ledger_id": ledger_id, **info}``)."""
-        return self.copy(ledgers=[dict(e) for e in self.ledgers]
-                         + [{"ledger_id": ledger_id, **info}]).validate()
+        """Append a ledger (``info``: fields of its :class:`LogLedger`, other keys kept)."""
+        return self.copy(ledgers=[e.copy() for e in self.ledgers]
+                         + [LogLedger(ledger_id).set(**info)]).validate()
 
     def with_ledger_updated(self, ledger_id: int, **info) -> "LogMetadata":
-        ledgers = [dict(e) for e in self.ledgers]
+        ledgers = [e.copy() for e in self.ledgers]
         for e in ledgers:
-            if e["ledger_id"] == ledger_id:
-                e.update(info)
+            if e.ledger_id == ledger_id:
+                e.set(**info)
                 return self.copy(ledgers=ledgers).validate()
         raise BadRequestError(f"log {self.name} has no ledger {ledger_id}")
 
@@ -142,25 +146,22 @@ class LogMetadata:
         out: list[int | None] = []
         nxt: int | None = 0
         for e in self.ledgers:
-            base = e.get("offset", nxt)
+            base = e.offset if e.offset is not None else nxt
             out.append(base)
-            closed = e.get("state") == "closed" and _is_int(e.get("last_entry_id"))
-            nxt = base + e["last_entry_id"] + 1 if base is not None and closed else None
+            count = e.entry_count()
+            nxt = base + count if base is not None and count is not None else None
         return out
 
     def with_offsets(self) -> "LogMetadata":
         """A copy whose ledger entries record their offset wherever it is known."""
         ledgers = []
         for e, base in zip(self.ledgers, self.offsets()):
-            e = dict(e)
-            if base is not None:
-                e["offset"] = base
-            ledgers.append(e)
+            ledgers.append(e.copy(offset=base) if base is not None else e.copy())
         return self.copy(ledgers=ledgers)
 
     def without_ledgers(self, ledger_ids) -> "LogMetadata":
         drop = set(ledger_ids)
-        return self.copy(ledgers=[dict(e) for e in self.ledgers if e["ledger_id"] not in drop])
+        return self.copy(ledgers=[e.copy() for e in self.ledgers if e.ledger_id not in drop])
 
     def with_writer_sequence(self, writer_id: str, sequence: int) -> "LogMetadata":
         writers = dict(self.writers)

@@ -61,10 +61,8 @@ from dataclasses import dataclass, field
 
 from bkspark.errors import BadRequestError, BKError, MetadataFormatError
 from metadata.layout import log_path
+from metadata.log_entry import CLOSED, OPEN, LogLedger  # noqa: F401 - (the states, re-exported)
 from metadata.log_metadata import HEADER, encode_record
-
-#: the states of a ledger in a log's list: written to (the last one only) or sealed at its end
-CLOSED, OPEN = "closed", "open"
 
 FORMAT_VERSION = 2
 #: records of truncated segments removed by one transaction, at most
@@ -194,59 +192,48 @@ class LogHead:
         return None if key is None else key.get("epoch")
 
 
-def encode_segment(entry: dict) -> bytes:
-    body = {k: v for k, v in entry.items() if k != "seq"}
-    if not _is_int(body.get("ledger_id")) or body["ledger_id"] < 0:
+def encode_segment(entry: LogLedger) -> bytes:
+    if not _is_int(entry.ledger_id) or entry.ledger_id < 0:
         raise BadRequestError(f"bad log segment {entry!r} (needs an int ledger_id >= 0)")
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    return json.dumps(entry.to_dict(), sort_keys=True, separators=(",", ":"),
+                      allow_nan=False).encode()
 
 
-def decode_segment(data: bytes, seq: int) -> dict:
+def decode_segment(data: bytes, seq: int) -> LogLedger:
     try:
-        entry = json.loads(bytes(data).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
+        return LogLedger.from_dict(json.loads(bytes(data).decode("utf-8")), seq=seq)
+    except (UnicodeDecodeError, ValueError, BadRequestError) as e:
         raise MetadataFormatError(f"corrupt log segment {seq}: {e}") from None
-    if not isinstance(entry, dict) or not _is_int(entry.get("ledger_id")):
-        raise MetadataFormatError(f"corrupt log segment {seq}: {entry!r}")
-    entry["seq"] = seq
-    return entry
 
 
-def entry_count(entry: dict) -> int | None:
-    """Entries of a listed ledger once closed (None while open)."""
-    if entry.get("state") == CLOSED and _is_int(entry.get("last_entry_id")):
-        return entry["last_entry_id"] + 1
-    return None
-
-
-def next_offset(entry: dict | None) -> int | None:
+def next_offset(entry: LogLedger | None) -> int | None:
     """The log offset of the entry after ``entry``'s ledger (0 for an empty list); None
     while it cannot be known (the ledger is open, or its offset is unknown)."""
     if entry is None:
         return 0
-    count = entry_count(entry)
-    if count is None or not _is_int(entry.get("offset")):
+    count = entry.entry_count()
+    if count is None or entry.offset is None:
         return None
-    return entry["offset"] + count
+    return entry.offset + count
 
 
-def next_byte_offset(entry: dict | None) -> int | None:
+def next_byte_offset(entry: LogLedger | None) -> int | None:
     """The ``byte_offset`` of the ledger listed after ``entry`` (0 for an empty list); None
     while ``entry`` is open. After a closed segment without the stamp (listed before stamps
     existed) a new base starts at 0."""
     if entry is None:
         return 0
-    if entry.get("state") != CLOSED or not _is_int(entry.get("length")):
+    if not entry.closed or entry.length is None:
         return None
-    if not _is_int(entry.get("byte_offset")):
+    if entry.byte_offset is None:
         return 0
-    return entry["byte_offset"] + entry["length"]
+    return entry.byte_offset + entry.length
 
 
-def stamp_closed(entry: dict, now: int) -> None:
+def stamp_closed(entry: LogLedger, now: int) -> None:
     """Record when the list first holds ``entry`` closed (its ``closed_ms``)."""
-    if entry.get("state") == CLOSED and "closed_ms" not in entry:
-        entry["closed_ms"] = now
+    if entry.closed and entry.closed_ms is None:
+        entry.closed_ms = now
 
 
 def may_be_expired(head: LogHead, writer_id: str, started_ms: int | None) -> bool:

@@ -723,7 +723,7 @@ def cmd_delete_cursor(args, out):
 
 
 def _log_ledgers(md) -> list:
-    return [x["ledger_id"] if isinstance(x, dict) else x for x in md.ledgers]
+    return [e.ledger_id for e in md.ledgers]
 
 
 @command("gc-pending", "reclaim abandoned write jobs")

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Iterator, NamedTuple
 from bkspark import errors
 from bkspark.log.position import Position
 from metadata.layout import log_path
-from metadata.log_segments import CLOSED
+from metadata.log_entry import LogLedger
 
 if TYPE_CHECKING:
     from bkspark.log.store import LogStore
@@ -85,16 +85,16 @@ class LogReader:
             self._handle_ledger = ledger_id
         return self._handle
 
-    def _locate(self, first: int, nxt: int) -> dict | None:
+    def _locate(self, first: int, nxt: int) -> LogLedger | None:
         """The listed entry of the ledger of ``self.next`` (with its ``seq``), or None: read
         at the segment this reader knows it at (one record), else found through the log's
         ledger index -- never by reading the list."""
         if self._seq is not None and first <= self._seq < nxt:
             got = self.logs.segments(self.name, self._seq, self._seq + 1)
-            if got and got[0]["ledger_id"] == self.next.ledger_id:
+            if got and got[0].ledger_id == self.next.ledger_id:
                 return got[0]
         entry = self.logs.entry_of(self.name, self.next.ledger_id)
-        self._seq = None if entry is None else entry["seq"]
+        self._seq = None if entry is None else entry.seq
         return entry
 
     def _reached_end(self) -> bool:
@@ -104,7 +104,7 @@ class LogReader:
             return self.next.entry_id >= self.end.entry_id
         if self._end_seq is None:
             end = self.logs.entry_of(self.name, self.end.ledger_id)
-            self._end_seq = -1 if end is None else end["seq"]
+            self._end_seq = -1 if end is None else end.seq
         if self._seq is None and self.next.ledger_id != -1:
             self._locate(*self.logs.bounds(self.name))
         return self._end_seq >= 0 and self._seq is not None and self._seq > self._end_seq
@@ -125,7 +125,7 @@ class LogReader:
                     if not self._wait(deadline, version):
                         return []
                     continue
-                self.next, self._seq = Position(edge["ledger_id"], 0), edge["seq"]
+                self.next, self._seq = Position(edge.ledger_id, 0), edge.seq
             entry = self._locate(first, nxt)
             if entry is None:
                 if first == nxt:
@@ -134,10 +134,10 @@ class LogReader:
                     continue
                 raise errors.BKError(f"log {self.name}: position {self.next} is no longer in the log "
                                      "(truncated)")
-            lid = entry["ledger_id"]
+            lid = entry.ledger_id
             # the cached handle of this ledger, if any (refreshed if the list says CLOSED);
             # a ledger not listed CLOSED is read through one, to follow its LAC
-            handle = self._open(lid) if entry.get("state") != CLOSED else (
+            handle = self._open(lid) if not entry.closed else (
                 self._handle if self._handle_ledger == lid else None)
             last, final = self.logs.readable_end(entry, handle)
             if self.end is not None and self.end.ledger_id == lid:
@@ -149,16 +149,16 @@ class LogReader:
                 self.next = Position(lid, upto + 1)
                 return records
             if final:
-                later = self.logs.next_listed(self.name, entry["seq"])
+                later = self.logs.next_listed(self.name, entry.seq)
                 if later is not None:
-                    self.next, self._seq = Position(later["ledger_id"], 0), later["seq"]
+                    self.next, self._seq = Position(later.ledger_id, 0), later.seq
                     continue
                 # closed and last: its writer closed it and has not listed the next one yet
                 # (or the log is not written any more); the list changes when it does
                 if not self.tail or not self._wait(deadline, version, step=1.0):
                     return []
                 continue
-            if entry["seq"] + 1 < nxt:
+            if entry.seq + 1 < nxt:
                 # not closed but a later ledger is listed: a writer is closing it
                 # (recovering it); its metadata shows the end first
                 if self._open(lid).refresh():

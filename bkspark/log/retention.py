@@ -42,6 +42,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from bkspark.errors import BadRequestError, NoSuchLedgerError
+from metadata.log_entry import LogLedger
 
 log = logging.getLogger("bkspark.log.retention")
 
@@ -183,20 +184,20 @@ def plan(logs, name: str, policy: RetentionPolicy, now_ms: int | None = None,
         excess = logs.closed_bytes(name) - policy.bytes
     reasons: list[tuple[int, str]] = []     # (seq, "age" | "size") of each ledger to remove
     lo, step = first, 64
-    while lo < last["seq"] and len(reasons) < max_ledgers:
-        chunk = logs.segments(name, lo, min(last["seq"], lo + step))
+    while lo < last.seq and len(reasons) < max_ledgers:
+        chunk = logs.segments(name, lo, min(last.seq, lo + step))
         for entry in chunk:
-            if entry.get("state") != "closed" or len(reasons) >= max_ledgers:
+            if not entry.closed or len(reasons) >= max_ledgers:
                 break
             closed_at = _closed_at(logs, entry) if policy.ms is not None else None
             if closed_at is not None and closed_at <= now - policy.ms:
-                reasons.append((entry["seq"], "age"))
-            elif excess is not None and excess - entry.get("length", 0) >= 0:
-                reasons.append((entry["seq"], "size"))
+                reasons.append((entry.seq, "age"))
+            elif excess is not None and excess - entry.sealed_length() >= 0:
+                reasons.append((entry.seq, "size"))
             else:
                 break
             if excess is not None:
-                excess -= entry.get("length", 0)
+                excess -= entry.sealed_length()
         else:
             lo, step = lo + step, min(step * 2, 1024)
             continue
@@ -209,7 +210,7 @@ def plan(logs, name: str, policy: RetentionPolicy, now_ms: int | None = None,
             if moved_ms is not None and now - moved_ms > policy.cursor_active_ms:
                 continue
             at = logs.entry_of(name, position.ledger_id) if position.ledger_id >= 0 else None
-            hold = first if at is None else at["seq"]
+            hold = first if at is None else at.seq
             if hold < cut.before:
                 cut.before, cut.held_by = hold, cursor
     kept = [why for seq, why in reasons if seq < cut.before]
@@ -219,13 +220,13 @@ def plan(logs, name: str, policy: RetentionPolicy, now_ms: int | None = None,
     return cut
 
 
-def _closed_at(logs, entry: dict) -> int | None:
+def _closed_at(logs, entry: LogLedger) -> int | None:
     """When ``entry``'s ledger was closed in the list (ms); for a segment listed before the
     stamp existed, its ledger's creation time (None if that is unknown too)."""
-    if isinstance(entry.get("closed_ms"), int):
-        return entry["closed_ms"]
+    if entry.closed_ms is not None:
+        return entry.closed_ms
     try:
-        return logs.bk.ledger_metadata(entry["ledger_id"]).ctime_ms or None
+        return logs.bk.ledger_metadata(entry.ledger_id).ctime_ms or None
     except NoSuchLedgerError:
         return None
 

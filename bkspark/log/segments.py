@@ -30,6 +30,7 @@ from bkspark.errors import (
     NoNodeError,
 )
 from metadata.layout import log_path
+from metadata.log_entry import CLOSED, LogLedger
 from metadata.log_metadata import LogMetadata
 from metadata.log_segments import (
     FORMAT_VERSION,
@@ -79,7 +80,8 @@ class ListChangedError(BadVersionError):
     BadVersionError, so the update loop takes it as the conflict it is.)"""
 
 
-def read_segments(store, name: str, start: int, stop: int, *, missing_ok: bool = False) -> list[dict]:
+def read_segments(store, name: str, start: int, stop: int, *,
+                  missing_ok: bool = False) -> list[LogLedger]:
     """The segment records ``start .. stop-1``, which the head the caller read lists
     (``missing_ok``: those still there).
 
@@ -113,10 +115,6 @@ def reread(fn: Callable, attempts: int = 20):
                             "damaged (a segment record the head lists is missing)") from None
 
 
-def listed(entry: dict) -> bool:
-    return not entry.get("unlisted")
-
-
 class LogEdit:
     """One attempt of a change of a log (see the module docstring). ``ledgers`` is the *end*
     of the list -- the last :data:`TAIL` listed segments plus what this edit appended -- not the
@@ -126,26 +124,26 @@ class LogEdit:
         self.store, self.name, self.version = store, name, version
         self.head = head
         self.properties = head.properties
-        self._tail: list[dict] | None = None
-        self._looked: dict[int, dict | None] = {}      # ledger id -> its listed entry
-        self._appended: list[dict] = []
-        self._appended_ids: dict[int, dict] = {}
+        self._tail: list[LogLedger] | None = None
+        self._looked: dict[int, LogLedger | None] = {}     # ledger id -> its listed entry
+        self._appended: list[LogLedger] = []
+        self._appended_ids: dict[int, LogLedger] = {}
         self._index: dict[int, tuple[bytes, int] | None] = {}   # ledger-index records read
-        self._changed: dict[int, dict] = {}            # seq -> entry (listed before this edit)
-        self._unlisted: list[dict] = []
+        self._changed: dict[int, LogLedger] = {}       # seq -> entry (listed before this edit)
+        self._unlisted: list[LogLedger] = []
         self._index_versions: dict[int, int] = {}      # leftover index records to overwrite
         self._collected: list[tuple] = []              # deletes of truncated segments' records
 
     # ---- what is listed ---------------------------------------------------------------
     @property
-    def ledgers(self) -> list[dict]:
+    def ledgers(self) -> list[LogLedger]:
         if self._tail is None:
             start = max(self.head.first, self.head.next - TAIL)
             self._tail = [e for e in read_segments(self.store, self.name, start, self.head.next)
-                          if listed(e)]
-        return [e for e in self._tail if e["seq"] >= self.head.first and listed(e)] + self._appended
+                          if e.listed]
+        return [e for e in self._tail if e.seq >= self.head.first and e.listed] + self._appended
 
-    def last(self) -> dict | None:
+    def last(self) -> LogLedger | None:
         tail = self.ledgers
         return tail[-1] if tail else None
 
@@ -161,18 +159,18 @@ class LogEdit:
             self.prefetch([ledger_id])
         return self._index[ledger_id]
 
-    def entry(self, ledger_id: int) -> dict | None:
+    def entry(self, ledger_id: int) -> LogLedger | None:
         """The listed entry of ``ledger_id`` (None if the log does not list it)."""
         if ledger_id in self._appended_ids:
             return self._appended_ids[ledger_id]
         for e in self.ledgers:
-            if e["ledger_id"] == ledger_id:
+            if e.ledger_id == ledger_id:
                 return e
         if ledger_id not in self._looked:
             self._looked[ledger_id] = lookup(self.store, self.name, self.head, ledger_id,
                                              self._index_record(ledger_id))
         e = self._looked[ledger_id]
-        return None if e is None or e["seq"] < self.head.first or not listed(e) else e
+        return None if e is None or e.seq < self.head.first or not e.listed else e
 
     def lists(self, ledger_id: int) -> bool:
         return self.entry(ledger_id) is not None
@@ -181,13 +179,16 @@ class LogEdit:
         return self.head.writer_seq(writer_id)
 
     # ---- edits --------------------------------------------------------------------------
-    def append(self, ledger_id: int, **info) -> dict:
-        """List ``ledger_id`` at the end; its offsets are stamped when the previous ledger's
-        end is known (:mod:`metadata.log_segments`). BadRequestError if it is listed already."""
+    def append(self, ledger: int | LogLedger, **info) -> LogLedger:
+        """List a ledger (an id, or a copy of an entry) at the end, with the fields ``info``
+        sets; its offsets are stamped when the previous ledger's end is known
+        (:mod:`metadata.log_segments`). BadRequestError if it is listed already."""
+        entry = (ledger.copy() if isinstance(ledger, LogLedger) else LogLedger(ledger)).set(**info)
+        ledger_id = entry.ledger_id
         if self.lists(ledger_id):
             raise BadRequestError(f"log {self.name}: ledger {ledger_id} listed twice")
         prev = self.last()
-        entry = {"ledger_id": ledger_id, **info, "seq": self.head.next}
+        entry.seq = self.head.next
         self._stamp(prev, entry)
         stamp_closed(entry, now_ms())
         index = self._index_record(ledger_id)
@@ -198,35 +199,44 @@ class LogEdit:
         self._appended_ids[ledger_id] = entry
         return entry
 
-    def update(self, ledger_id: int, **info) -> dict:
+    def update(self, ledger_id: int, **info) -> LogLedger:
         """Change a listed ledger's entry (sealing it: state, end); BadRequestError if it is not
         listed. Only the last segment may change this way (the rule of the format)."""
         entry = self.entry(ledger_id)
         if entry is None:
             raise BadRequestError(f"log {self.name} has no ledger {ledger_id}")
-        entry.update(info)
+        entry.set(**info)
         if "state" in info:
             stamp_closed(entry, now_ms())
         self._changed_entry(entry)
         self._stamp_offsets()
         return entry
 
-    def _changed_entry(self, entry: dict) -> None:
+    def seal(self, end: LogLedger) -> LogLedger:
+        """Record a listed ledger closed at the end ``end`` gives (its state, last entry and
+        length, taken from its CLOSED ledger metadata)."""
+        return self.update(end.ledger_id, state=CLOSED, last_entry_id=end.last_entry_id,
+                           length=end.length)
+
+    def _changed_entry(self, entry: LogLedger) -> None:
         if any(e is entry for e in self._appended):
             return
-        if entry["seq"] < self.head.next - len(self._appended) - OPEN_TAIL:
+        if entry.seq < self.head.next - len(self._appended) - OPEN_TAIL:
             self.head.rev += 1          # not among the last two: copies must be re-read whole
-        self._changed[entry["seq"]] = entry
+        self._changed[entry.seq] = entry
 
     @staticmethod
-    def _stamp(prev: dict | None, entry: dict) -> bool:
+    def _stamp(prev: LogLedger | None, entry: LogLedger) -> bool:
         """Stamp the offsets of ``entry`` that ``prev`` (the ledger listed before) makes
         known; whether any was stamped."""
         stamped = False
-        for key, value in (("offset", next_offset(prev)), ("byte_offset", next_byte_offset(prev))):
-            if value is not None and entry.get(key) is None:
-                entry[key] = value
-                stamped = True
+        offset, byte_offset = next_offset(prev), next_byte_offset(prev)
+        if offset is not None and entry.offset is None:
+            entry.offset = offset
+            stamped = True
+        if byte_offset is not None and entry.byte_offset is None:
+            entry.byte_offset = byte_offset
+            stamped = True
         return stamped
 
     def _stamp_offsets(self) -> None:
@@ -246,7 +256,7 @@ class LogEdit:
         if any(e is entry for e in self._appended):
             raise BadRequestError(f"log {self.name}: ledger {ledger_id} is being appended by "
                                   "this change; leave it out instead")
-        entry["unlisted"] = True
+        entry.unlisted = True
         self._unlisted.append(entry)
         self.head.rev += 1
 
@@ -281,14 +291,14 @@ class LogEdit:
         for seq, entry in sorted(self._changed.items()):
             ops.append(("set", segment_path(self.name, seq), encode_segment(entry)))
         for entry in self._unlisted:
-            ops.append(("set", segment_path(self.name, entry["seq"]), encode_segment(entry)))
-            ops.append(("delete", ledger_index_path(self.name, entry["ledger_id"])))
+            ops.append(("set", segment_path(self.name, entry.seq), encode_segment(entry)))
+            ops.append(("delete", ledger_index_path(self.name, entry.ledger_id)))
         for entry in self._appended:
-            ops.append(("create", segment_path(self.name, entry["seq"]), encode_segment(entry)))
-            idx = ledger_index_path(self.name, entry["ledger_id"])
-            data = str(entry["seq"]).encode()
-            if entry["ledger_id"] in self._index_versions:
-                ops.append(("set", idx, data, self._index_versions[entry["ledger_id"]]))
+            ops.append(("create", segment_path(self.name, entry.seq), encode_segment(entry)))
+            idx = ledger_index_path(self.name, entry.ledger_id)
+            data = str(entry.seq).encode()
+            if entry.ledger_id in self._index_versions:
+                ops.append(("set", idx, data, self._index_versions[entry.ledger_id]))
             else:
                 ops.append(("create", idx, data))
         ops.extend(self._collected)
@@ -303,9 +313,9 @@ class LogEdit:
         if head.gc != leftovers.start:
             raise NoChange()
         for entry, item in zip(leftovers.segments, leftovers.index):
-            self._collected.append(("delete", segment_path(self.name, entry["seq"])))
-            if item is not None and item[0] == str(entry["seq"]).encode():
-                self._collected.append(("delete", ledger_index_path(self.name, entry["ledger_id"]),
+            self._collected.append(("delete", segment_path(self.name, entry.seq)))
+            if item is not None and item[0] == str(entry.seq).encode():
+                self._collected.append(("delete", ledger_index_path(self.name, entry.ledger_id),
                                         item[1]))
         head.gc = leftovers.stop
 
@@ -331,12 +341,12 @@ def read_leftovers(store, name: str, batch: int = GC_BATCH) -> Leftovers | None:
     if head.gc >= stop:
         return None
     gone = read_segments(store, name, head.gc, stop, missing_ok=True)
-    index = store.get_many([ledger_index_path(name, e["ledger_id"]) for e in gone])
+    index = store.get_many([ledger_index_path(name, e.ledger_id) for e in gone])
     return Leftovers(head.gc, stop, gone, index)
 
 
 def lookup(store, name: str, head: LogHead, ledger_id: int,
-           index: tuple[bytes, int] | None | bool = False) -> dict | None:
+           index: tuple[bytes, int] | None | bool = False) -> LogLedger | None:
     """The segment listing ``ledger_id`` through the ledger index (None: not listed).
     ``index``: its index record as already read (``None``: absent), else it is read here."""
     if index is False:
@@ -354,7 +364,7 @@ def lookup(store, name: str, head: LogHead, ledger_id: int,
         entry = decode_segment(store.get(segment_path(name, seq))[0], seq)
     except NoNodeError:
         return None
-    return entry if entry["ledger_id"] == ledger_id and listed(entry) else None
+    return entry if entry.ledger_id == ledger_id and entry.listed else None
 
 
 def _apply(store, name: str, edit: LogEdit, guard) -> None:
@@ -445,7 +455,7 @@ class _Copy:
     rev: int
     first: int
     next: int
-    entries: list          # listed entries of segments first .. next-1 (unlisted left out)
+    entries: list[LogLedger]   # listed entries of segments first .. next-1 (unlisted left out)
 
 
 class SegmentCache:
@@ -459,7 +469,7 @@ class SegmentCache:
         self._lock = threading.Lock()
         self._copies: dict[str, _Copy] = {}
 
-    def entries(self, store, name: str, head: LogHead) -> list[dict]:
+    def entries(self, store, name: str, head: LogHead) -> list[LogLedger]:
         with self._lock:
             old = self._copies.pop(name, None)
         if old is None or old.uid != head.uid or old.rev != head.rev or old.first > head.first \
@@ -467,9 +477,9 @@ class SegmentCache:
             entries = read_segments(store, name, head.first, head.next)
         else:
             again = max(head.first, old.next - OPEN_TAIL)      # (may have been sealed since)
-            keep = [e for e in old.entries if head.first <= e["seq"] < again]
+            keep = [e for e in old.entries if head.first <= e.seq < again]
             entries = keep + read_segments(store, name, again, head.next)
-        entries = [e for e in entries if listed(e)]
+        entries = [e for e in entries if e.listed]
         with self._lock:
             self._copies[name] = _Copy(head.uid, head.rev, head.first, head.next, entries)
             while len(self._copies) > self.max_logs:
@@ -493,7 +503,7 @@ def convert_v1(store, name: str, data: bytes, version: int) -> None:
             store.create(parent, b"")
         except NodeExistsError:
             pass
-    entries = [dict(e, seq=i) for i, e in enumerate(v1.ledgers)]
+    entries = [e.copy(seq=i) for i, e in enumerate(v1.ledgers)]
     try:
         for i in range(0, len(entries), 100):
             _put_records(store, path, version, name, entries[i:i + 100])
@@ -511,13 +521,13 @@ def convert_v1(store, name: str, data: bytes, version: int) -> None:
         pass    # changed, converted or deleted meanwhile, or no answer: the caller reads again
 
 
-def _put_records(store, path: str, version: int, name: str, entries: list[dict]) -> None:
+def _put_records(store, path: str, version: int, name: str, entries: list[LogLedger]) -> None:
     """Write segment and index records (create, or overwrite a leftover of an earlier
     attempt) in one transaction checking the format-1 record at ``version``."""
     records = []
     for entry in entries:
-        records.append((segment_path(name, entry["seq"]), encode_segment(entry)))
-        records.append((ledger_index_path(name, entry["ledger_id"]), str(entry["seq"]).encode()))
+        records.append((segment_path(name, entry.seq), encode_segment(entry)))
+        records.append((ledger_index_path(name, entry.ledger_id), str(entry.seq).encode()))
     there = store.get_many([p for p, _ in records])
     txn = store.transaction()
     txn.check(path, version)

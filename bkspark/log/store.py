@@ -34,12 +34,11 @@ from bkspark.log import retention as ret
 from bkspark.log.retention import RetentionPolicy
 from bkspark.log.writer import LogWriter
 from metadata.layout import LOGS, check_log_name, log_path
+from metadata.log_entry import CLOSED, LogLedger
 from metadata.log_metadata import LogMetadata
 from metadata.log_segments import (
-    CLOSED,
     FORMAT_VERSION,
     LogHead,
-    entry_count,
     format_version,
     ledger_index_path,
     ledgers_index_path,
@@ -108,20 +107,21 @@ class LogStore:
         head, version, entries = seg.reread(read)
         if isinstance(head, LogMetadata):
             return head, version
-        return LogMetadata(name=name, ledgers=[{k: v for k, v in e.items() if k != "seq"} for e in entries],
+        return LogMetadata(name=name, ledgers=[e.copy(seq=None) for e in entries],
                            writers={w: k["seq"] for w, k in head.writers.items()},
                            properties=dict(head.properties)), version
 
-    def segments(self, name: str, start: int | None = None, stop: int | None = None) -> list[dict]:
+    def segments(self, name: str, start: int | None = None,
+                 stop: int | None = None) -> list[LogLedger]:
         """The list entries of segments ``start .. stop-1`` (default: all listed), each with
         its ``seq``, read without reading the rest of the list."""
         def read():
             head, _ = self._head(name)
             if isinstance(head, LogMetadata):
-                return [dict(e, seq=i) for i, e in enumerate(head.with_offsets().ledgers)][start:stop]
+                return [e.copy(seq=i) for i, e in enumerate(head.with_offsets().ledgers)][start:stop]
             lo = head.first if start is None else max(head.first, start)
             hi = head.next if stop is None else min(head.next, stop)
-            return [e for e in seg.read_segments(self.store, name, lo, hi) if seg.listed(e)]
+            return [e for e in seg.read_segments(self.store, name, lo, hi) if e.listed]
         return seg.reread(read)
 
     def view(self, name: str) -> tuple[int, int, int]:
@@ -135,7 +135,7 @@ class LogStore:
     def bounds(self, name: str) -> tuple[int, int]:
         return self.view(name)[:2]
 
-    def next_listed(self, name: str, after: int) -> dict | None:
+    def next_listed(self, name: str, after: int) -> LogLedger | None:
         """The first listed entry after segment ``after`` (None: none yet), reading segments
         in chunks that double (unlisted ones are skipped), never the whole list."""
         first, nxt = self.bounds(name)
@@ -147,7 +147,7 @@ class LogStore:
             lo, step = lo + step, min(step * 2, 256)
         return None
 
-    def last_listed(self, name: str) -> dict | None:
+    def last_listed(self, name: str) -> LogLedger | None:
         """The last listed entry (None: the list is empty), read from the end the same way."""
         first, nxt = self.bounds(name)
         hi, step = nxt, 1
@@ -158,13 +158,13 @@ class LogStore:
             hi, step = hi - step, min(step * 2, 256)
         return None
 
-    def entry_of(self, name: str, ledger_id: int) -> dict | None:
+    def entry_of(self, name: str, ledger_id: int) -> LogLedger | None:
         """The list entry of ``ledger_id`` with its ``seq`` (None if the log does not list
         it): two reads, whatever the list's length."""
         head, _ = self._head(name)
         if isinstance(head, LogMetadata):
             ids = head.ledger_ids()
-            return dict(head.with_offsets().ledgers[ids.index(ledger_id)], seq=ids.index(ledger_id)) \
+            return head.with_offsets().ledgers[ids.index(ledger_id)].copy(seq=ids.index(ledger_id)) \
                 if ledger_id in ids else None
         return seg.lookup(self.store, name, head, ledger_id)
 
@@ -232,7 +232,7 @@ class LogStore:
             return head.writers.get(writer_id, -1)
         return head.writer_seq(writer_id)
 
-    def _tail(self, name: str) -> tuple[dict | None, list[dict]]:
+    def _tail(self, name: str) -> tuple[LogLedger | None, list[LogLedger]]:
         """The first listed entry and the listed entries among the last few segments."""
         first, nxt = self.bounds(name)
         return self.next_listed(name, first - 1), self.segments(name, max(first, nxt - seg.TAIL), nxt)
@@ -242,11 +242,11 @@ class LogStore:
         ends (:mod:`metadata.log_segments`); a list whose oldest segments predate the stamps
         is summed whole. (An unlisted ledger between the ends is counted.)"""
         head, tail = self._tail(name)
-        stamped = [e for e in tail if e.get("state") == CLOSED and isinstance(e.get("byte_offset"), int)]
-        if head is not None and stamped and isinstance(head.get("byte_offset"), int) \
-                and head["byte_offset"] <= stamped[-1]["byte_offset"]:
-            return stamped[-1]["byte_offset"] + stamped[-1].get("length", 0) - head["byte_offset"]
-        return sum(e.get("length", 0) for e in self.segments(name) if e.get("state") == CLOSED)
+        stamped = [e for e in tail if e.closed and e.byte_offset is not None]
+        if head is not None and stamped and head.byte_offset is not None \
+                and head.byte_offset <= stamped[-1].byte_offset:
+            return stamped[-1].byte_offset + stamped[-1].sealed_length() - head.byte_offset
+        return sum(e.sealed_length() for e in self.segments(name))
 
     def offset_range(self, name: str) -> tuple[int, int] | None:
         """``(first, end)``: the log offsets of its first entry and of the entry after its last
@@ -255,11 +255,11 @@ class LogStore:
         head, tail = self._tail(name)
         if head is None:
             return None
-        base = max((i for i, e in enumerate(tail) if isinstance(e.get("offset"), int)), default=None)
-        if base is None or not isinstance(head.get("offset"), int):
+        base = max((i for i, e in enumerate(tail) if e.offset is not None), default=None)
+        if base is None or head.offset is None:
             return None
-        end = tail[base]["offset"] + sum(self.ledger_end(e) + 1 for e in tail[base:])
-        return head["offset"], end
+        end = tail[base].offset + sum(self.ledger_end(e) + 1 for e in tail[base:])
+        return head.offset, end
 
     def stats(self, name: str) -> dict:
         """What the shell shows of a log: segments, entries, bytes (of closed ledgers),
@@ -345,12 +345,12 @@ class LogStore:
                 raise BadRequestError(f"log {name} is not being deleted")
             # (an interrupted deletion may have removed some already; its ledgers went first)
             gone = seg.read_segments(self.store, name, head.gc, head.next, missing_ok=True)
-            ids = [e["ledger_id"] for e in gone if e["seq"] >= head.first and seg.listed(e)]
+            ids = [e.ledger_id for e in gone if e.seq >= head.first and e.listed]
             self._delete_ledgers(ids)
             ids = []
             for e in gone:
-                self._delete_node(segment_path(name, e["seq"]))
-                self._delete_node(ledger_index_path(name, e["ledger_id"]))
+                self._delete_node(segment_path(name, e.seq))
+                self._delete_node(ledger_index_path(name, e.ledger_id))
         for parent in (segments_path(name), ledgers_index_path(name)):
             self._delete_tree(parent)       # (and leftovers of an interrupted conversion)
         for cursor in self._cursor_names(name):
@@ -460,29 +460,27 @@ class LogStore:
 
     # ---- batch primitives -----------------------------------------------------------------
 
-    def closed_ledger_entry(self, ledger_id: int) -> dict:
+    def closed_ledger_entry(self, ledger_id: int) -> LogLedger:
         """The list entry of a ledger, which must be closed (recovering it if it is not)."""
         handle = self.bk.open_ledger(ledger_id, password=self.password, recovery=True)
         try:
-            return {"ledger_id": ledger_id, "state": CLOSED,
-                    "last_entry_id": handle.last_add_confirmed, "length": handle.length}
+            return LogLedger(ledger_id, state=CLOSED, last_entry_id=handle.last_add_confirmed,
+                             length=handle.length)
         finally:
             handle.close()
 
-    def _closed_entries(self, ledger_ids, info: dict[int, dict] | None) -> list[dict]:
-        entries = [self.closed_ledger_entry(lid) for lid in ledger_ids]
-        for e in entries:
-            e.update((info or {}).get(e["ledger_id"], {}))
-        return entries
+    def _closed_entries(self, ledger_ids, info: dict[int, dict] | None) -> list[LogLedger]:
+        """Entries of closed ledgers, with the fields ``info`` gives each (timestamps, a
+        writer's own keys: :meth:`LogLedger.set`)."""
+        return [self.closed_ledger_entry(lid).set(**(info or {}).get(lid, {})) for lid in ledger_ids]
 
     def _seal_open_tail(self, edit: seg.LogEdit) -> None:
         """Recover (fence) every ledger at the end of the list still marked open and record its
         end (only the last two can be open: a writer may still write the second-to-last while
         listing the last)."""
         for entry in edit.ledgers:
-            if entry.get("state") != CLOSED:
-                sealed = self.closed_ledger_entry(entry["ledger_id"])
-                edit.update(entry["ledger_id"], **{k: v for k, v in sealed.items() if k != "ledger_id"})
+            if not entry.closed:
+                edit.seal(self.closed_ledger_entry(entry.ledger_id))
 
     def append_ledgers(self, name: str, ledger_ids: list[int], writer_id: str | None = None,
                        sequence: int | None = None, epoch: int | None = None,
@@ -510,8 +508,8 @@ class LogStore:
         if (writer_id is None) != (sequence is None):
             raise BadRequestError("writer_id and sequence go together")
         entries = self._closed_entries(ledger_ids, info)
-        keep = [e for e in entries if e["last_entry_id"] >= 0]
-        keep_ids = [e["ledger_id"] for e in keep]
+        keep = [e for e in entries if e.last_entry_id >= 0]
+        keep_ids = [e.ledger_id for e in keep]
 
         def listed(edit: seg.LogEdit) -> bool:
             edit.prefetch(keep_ids)
@@ -528,8 +526,8 @@ class LogStore:
             self._seal_open_tail(edit)
             edit.prefetch(keep_ids)
             for entry in keep:
-                if not edit.lists(entry["ledger_id"]):
-                    edit.append(entry["ledger_id"], **{k: v for k, v in entry.items() if k != "ledger_id"})
+                if not edit.lists(entry.ledger_id):
+                    edit.append(entry)
             if writer_id is not None:
                 edit.set_writer(writer_id, sequence, epoch, started_ms=writer_started_ms)
 
@@ -539,7 +537,7 @@ class LogStore:
             self.delete_unreferenced(name, ledger_ids)
             return False
         # empty ledgers: left out of every list this commit wrote, so no list names them
-        self._delete_ledgers([e["ledger_id"] for e in entries if e["last_entry_id"] < 0])
+        self._delete_ledgers([e.ledger_id for e in entries if e.last_entry_id < 0])
         return True
 
     def overwrite(self, name: str, ledger_ids: list[int], writer_id: str | None = None,
@@ -550,8 +548,8 @@ class LogStore:
         (once proven unlisted). The new ledgers' offsets continue from the old
         list's end. A lost answer is settled as in :meth:`append_ledgers`."""
         entries = self._closed_entries(ledger_ids, info)
-        keep = [e for e in entries if e["last_entry_id"] >= 0]
-        keep_ids = [e["ledger_id"] for e in keep]
+        keep = [e for e in entries if e.last_entry_id >= 0]
+        keep_ids = [e.ledger_id for e in keep]
         replaced: set[int] = set()
 
         def listed(edit: seg.LogEdit) -> bool:
@@ -561,17 +559,17 @@ class LogStore:
             if writer_id is not None and edit.writer_seq(writer_id) >= sequence:
                 raise NoChange()
             old = seg.read_segments(self.store, name, edit.head.first, edit.head.next)
-            replaced.update(e["ledger_id"] for e in old if seg.listed(e))
+            replaced.update(e.ledger_id for e in old if e.listed)
             tail = edit.last()
-            start = None if tail is None or tail.get("offset") is None \
-                else tail["offset"] + self.ledger_end(tail) + 1
+            start = None if tail is None or tail.offset is None \
+                else tail.offset + self.ledger_end(tail) + 1
             edit.truncate_before(edit.head.next)
             edit.prefetch(keep_ids)
             for i, entry in enumerate(keep):
-                extra = {k: v for k, v in entry.items() if k != "ledger_id"}
                 if i == 0 and start is not None:
-                    extra["offset"] = start
-                edit.append(entry["ledger_id"], **extra)
+                    edit.append(entry, offset=start)
+                else:
+                    edit.append(entry)
             if writer_id is not None:
                 edit.set_writer(writer_id, sequence, started_ms=writer_started_ms)
 
@@ -581,7 +579,7 @@ class LogStore:
             return False
         self.delete_unreferenced(name, replaced - set(keep_ids))
         # empty ledgers: left out of every list this commit wrote, so no list names them
-        self._delete_ledgers([e["ledger_id"] for e in entries if e["last_entry_id"] < 0])
+        self._delete_ledgers([e.ledger_id for e in entries if e.last_entry_id < 0])
         self.collect_truncated(name)
         return True
 
@@ -596,11 +594,11 @@ class LogStore:
         target = self.entry_of(name, before.ledger_id)
         if target is None:
             raise BadRequestError(f"log {name} has no ledger {before.ledger_id}")
-        cut = target["seq"]
+        cut = target.seq
         if not force:
             for cursor, position in self.cursors(name).items():
                 at = self.entry_of(name, position.ledger_id)
-                if at is not None and at["seq"] < cut:
+                if at is not None and at.seq < cut:
                     raise BadRequestError(
                         f"truncating log {name} before {before} would pass cursor {cursor!r} at "
                         f"{position}; move the cursor or use force=True")
@@ -621,7 +619,7 @@ class LogStore:
             todo = [q for q in range(edit.head.first, cut) if q not in known]
             if todo:
                 for e in seg.read_segments(self.store, name, todo[0], todo[-1] + 1):
-                    known[e["seq"]] = e["ledger_id"] if seg.listed(e) else None
+                    known[e.seq] = e.ledger_id if e.listed else None
             candidates.update(dict.fromkeys(known[q] for q in range(edit.head.first, cut)
                                             if known.get(q) is not None))
             edit.truncate_before(cut)
@@ -677,7 +675,7 @@ class LogStore:
 
     # ---- positions ------------------------------------------------------------------------
 
-    def readable_end(self, entry: dict, handle=None) -> tuple[int, bool]:
+    def readable_end(self, entry: LogLedger, handle=None) -> tuple[int, bool]:
         """How far a ledger of the list may be read: ``(last readable entry id, final)``. The
         one rule for readers, positions and lags:
 
@@ -696,9 +694,9 @@ class LogStore:
         :raises BKError: the list says CLOSED and even a settled read of the ledger metadata
             does not (the list is not the record of that ledger any more).
         """
-        lid = entry["ledger_id"]
-        if entry.get("state") == CLOSED:
-            end = entry["last_entry_id"]
+        lid = entry.ledger_id
+        if entry.closed:
+            end = entry.last_entry_id
             if handle is not None and not handle.refresh() and not handle.refresh(settle=True):
                 raise errors.BKError(
                     f"ledger {lid} is listed closed at entry {end}, but its metadata is "
@@ -714,7 +712,7 @@ class LogStore:
             handle.try_read_last_add_confirmed()
         return handle.last_add_confirmed, handle.is_closed
 
-    def ledger_end(self, entry: dict) -> int:
+    def ledger_end(self, entry: LogLedger) -> int:
         """Last readable entry id of a list entry (:meth:`readable_end`)."""
         return self.readable_end(entry)[0]
 
@@ -725,16 +723,16 @@ class LogStore:
             return where
         if where == EARLIEST:
             edge = self.next_listed(name, -1)
-            return Position(-1, 0) if edge is None else Position(edge["ledger_id"], 0)
+            return Position(-1, 0) if edge is None else Position(edge.ledger_id, 0)
         if where == LATEST:
             edge = self.last_listed(name)
-            return Position(-1, 0) if edge is None else Position(edge["ledger_id"], self.ledger_end(edge) + 1)
+            return Position(-1, 0) if edge is None else Position(edge.ledger_id, self.ledger_end(edge) + 1)
         raise BadRequestError(f"a start position is 'earliest', 'latest' or a Position, got {where!r}")
 
     def entry_counts(self, name: str) -> list[tuple[int, int]]:
         """(ledger id, readable entry count) for every ledger of the log, in order."""
         md, _ = self.get(name)
-        return [(e["ledger_id"], self.ledger_end(e) + 1) for e in md.ledgers]
+        return [(e.ledger_id, self.ledger_end(e) + 1) for e in md.ledgers]
 
     # ---- cursors --------------------------------------------------------------------------
 
@@ -793,11 +791,11 @@ class LogStore:
             result = {}
             for cursor, position in cursors.items():
                 at = self.entry_of(name, position.ledger_id)
-                if at is not None and isinstance(at.get("offset"), int):
+                if at is not None and at.offset is not None:
                     read = max(0, position.entry_id)
-                    if entry_count(at) is not None:
-                        read = min(read, entry_count(at))
-                    lag = span[1] - min(span[1], at["offset"] + read)
+                    if at.entry_count() is not None:
+                        read = min(read, at.entry_count())
+                    lag = span[1] - min(span[1], at.offset + read)
                 else:
                     lag = span[1] - span[0]
                 result[cursor] = (position, lag)

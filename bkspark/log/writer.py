@@ -41,7 +41,7 @@ from bkspark import errors
 from bkspark.errors import LogFencedError
 from bkspark.log.position import Position
 from metadata.ledger_metadata import LedgerState
-from metadata.log_segments import CLOSED, OPEN
+from metadata.log_entry import CLOSED, OPEN, LogLedger
 from metadata.update import NoChange
 
 if TYPE_CHECKING:
@@ -76,16 +76,15 @@ class LogWriter:
         logs = self.logs
         logs.create(self.name)
         handle = logs.bk.create_ledger(**logs.ledger_options)
-        sealed: dict[int, dict] = {}            # ledgers recovered by this open (stay closed)
+        sealed: dict[int, LogLedger] = {}       # ledgers recovered by this open (stay closed)
 
         def change(edit):
             for entry in edit.ledgers[-self.fence_last:] if self.fence_last else []:
-                lid = entry["ledger_id"]
-                if entry.get("state") != CLOSED:
+                lid = entry.ledger_id
+                if not entry.closed:
                     if lid not in sealed:
-                        sealed[lid] = {k: v for k, v in logs.closed_ledger_entry(lid).items()
-                                       if k != "ledger_id"}
-                    edit.update(lid, **sealed[lid])
+                        sealed[lid] = logs.closed_ledger_entry(lid)
+                    edit.seal(sealed[lid])
             epoch = int(edit.properties.get("writer_epoch", 0)) + 1
             edit.append(handle.ledger_id, state=OPEN)
             edit.properties["writer_epoch"] = epoch
@@ -109,8 +108,7 @@ class LogWriter:
         """LogFencedError unless the list ends with this writer's ledger, still open: it was
         listed (through a lost answer) and another writer has taken over since."""
         last = edit.last()
-        if last is None or last["ledger_id"] != self._handle.ledger_id \
-                or last.get("state") == CLOSED:
+        if last is None or last.ledger_id != self._handle.ledger_id or last.closed:
             self._fenced = LogFencedError(
                 f"log {self.name}: another writer took over after ledger "
                 f"{self._handle.ledger_id} was listed")
@@ -206,9 +204,9 @@ class LogWriter:
 
             def change(edit):
                 last = edit.last()
-                if last is None or last["ledger_id"] != old.ledger_id:
+                if last is None or last.ledger_id != old.ledger_id:
                     raise self._lost("another writer took over")
-                _with_end(edit, old.ledger_id, end)
+                _with_end(edit, end)
                 edit.append(handle.ledger_id, state=OPEN)
 
             def listed(edit):
@@ -226,7 +224,7 @@ class LogWriter:
             self._opened_at, self._bytes = time.monotonic(), 0
             self._check_owner(result.value)
 
-    def _closed_end(self, ledger_id: int) -> dict:
+    def _closed_end(self, ledger_id: int) -> LogLedger:
         """The list entry of a ledger this writer just closed, from its CLOSED metadata:
         the ledger metadata is the truth a log list records, never a handle's own view.
 
@@ -236,7 +234,8 @@ class LogWriter:
         if md.state is not LedgerState.CLOSED:
             raise self._lost(f"ledger {ledger_id} is {md.state.name}, not closed by this "
                              "writer; a new writer is recovering it")
-        return {"state": CLOSED, "last_entry_id": md.last_entry_id, "length": md.length}
+        return LogLedger(ledger_id, state=CLOSED, last_entry_id=md.last_entry_id,
+                         length=md.length)
 
     def flush(self, timeout: float | None = None) -> Position | None:
         """Make every record appended so far visible to tailing readers now; return the
@@ -278,9 +277,9 @@ class LogWriter:
 
             def change(edit):
                 entry = edit.entry(handle.ledger_id)
-                if entry is None or entry.get("state") == CLOSED:
+                if entry is None or entry.closed:
                     raise NoChange()
-                _with_end(edit, handle.ledger_id, end)
+                _with_end(edit, end)
 
             self.logs.update(self.name, change)
 
@@ -291,12 +290,12 @@ class LogWriter:
         self.close()
 
 
-def _with_end(edit, ledger_id: int, end: dict) -> None:
+def _with_end(edit, end: LogLedger) -> None:
     """Record a closed ledger's end in the list, unless the list already records one (a new
     owner that sealed the ledger wrote it first; both come from the same CLOSED metadata)."""
-    entry = edit.entry(ledger_id)
-    if entry is not None and entry.get("state") != CLOSED:
-        edit.update(ledger_id, **end)
+    entry = edit.entry(end.ledger_id)
+    if entry is not None and not entry.closed:
+        edit.seal(end)
 
 
 def _path(name: str) -> str:

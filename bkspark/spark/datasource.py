@@ -66,7 +66,7 @@ class BookKeeperDataSource(importguard.Guarded, DataSource,
         for name in names:
             try:
                 for entry in newest_first(name):
-                    custom = logs.bk.ledger_metadata(entry["ledger_id"]).custom_metadata
+                    custom = logs.bk.ledger_metadata(entry.ledger_id).custom_metadata
                     js = codec.ledger_spark_schema_json(custom)
                     if js:
                         return StructType.fromJson(json.loads(js))
@@ -181,7 +181,7 @@ class BookKeeperDataSource(importguard.Guarded, DataSource,
         except NoSuchLogError:
             return
         if last is not None:
-            newest = logs.bk.ledger_metadata(last["ledger_id"])
+            newest = logs.bk.ledger_metadata(last.ledger_id)
             if newest.password != self.opts.password:
                 raise BadRequestError(
                     f"log {name!r} holds ledgers written with another password than option "

@@ -17,6 +17,7 @@ from bkspark.errors import BadRequestError, BKError, NoSuchLedgerError, NoSuchLo
 from bkspark.log.position import EARLIEST, LATEST, Position
 from bkspark.spark import codec, conn, importguard
 from bkspark.spark.options import ARROW, RECORD, AtOffset, AtTime
+from metadata.log_entry import LogLedger
 
 log = logging.getLogger("bkspark.spark")
 
@@ -75,7 +76,7 @@ def spans(logs, name: str, start: Position, end: Position | None, fail_on_data_l
         if fail_on_data_loss:
             raise DataLossError(msg + "; set failOnDataLoss=false to continue from the log's start")
         log.warning("%s; continuing from the start of the log", msg)
-    si = first_seq if at is None else at["seq"]
+    si = first_seq if at is None else at.seq
     start_entry = 0 if at is None else start.entry_id
     if end is None:
         ei = next_seq - 1
@@ -84,16 +85,16 @@ def spans(logs, name: str, start: Position, end: Position | None, fail_on_data_l
         if stop is None:
             raise DataLossError(f"log {name!r}: ledger {end.ledger_id} of end position {tuple(end)} "
                                 "is not in the log")
-        ei = stop["seq"]
+        ei = stop.seq
     out = []
     entries = logs.segments(name, si, ei + 1)
     for entry in entries:
-        lid = entry["ledger_id"]
+        lid = entry.ledger_id
         if ledger_ok is not None and not ledger_ok(lid):
             continue
-        first = start_entry if entry["seq"] == si else 0
+        first = start_entry if entry.seq == si else 0
         last = ledger_last(logs, entry)
-        if end is not None and entry["seq"] == ei:
+        if end is not None and entry.seq == ei:
             last = min(last, end.entry_id - 1)
         if first <= last:
             out.append((lid, first, last, entry))
@@ -138,8 +139,8 @@ def resolve_start(logs, name: str, where, *, fail_on_data_loss: bool = True,
     if edge is None:
         return EMPTY
     if where == EARLIEST:
-        return Position(edge["ledger_id"], 0)
-    return Position(edge["ledger_id"], ledger_last(logs, edge) + 1)
+        return Position(edge.ledger_id, 0)
+    return Position(edge.ledger_id, ledger_last(logs, edge) + 1)
 
 
 def position_of_offset(logs, name: str, md, offset: int, fail_on_data_loss: bool) -> Position:
@@ -154,18 +155,18 @@ def position_of_offset(logs, name: str, md, offset: int, fail_on_data_loss: bool
         if fail_on_data_loss:
             raise DataLossError(msg + "; set failOnDataLoss=false to start at the log's start")
         log.warning("%s; starting at the log's start", msg)
-        return Position(md.ledgers[0]["ledger_id"], 0)
+        return Position(md.ledgers[0].ledger_id, 0)
     for i, (entry, base) in enumerate(zip(md.ledgers, bases)):
         nxt = bases[i + 1] if i + 1 < len(bases) else None
         if nxt is not None and offset >= nxt:
             continue
         last = ledger_last(logs, entry)
         if offset <= base + last:
-            return Position(entry["ledger_id"], offset - base)
+            return Position(entry.ledger_id, offset - base)
         if nxt is not None:                  # a gap left by a removed ledger: the next one
-            return Position(md.ledgers[i + 1]["ledger_id"], 0)
+            return Position(md.ledgers[i + 1].ledger_id, 0)
         if offset == base + last + 1:        # the end of the log
-            return Position(entry["ledger_id"], offset - base)
+            return Position(entry.ledger_id, offset - base)
         raise BadRequestError(f"log {name!r} ends at offset {base + last + 1}; offset "
                               f"{offset} is beyond it")
     raise AssertionError("unreachable")
@@ -177,10 +178,10 @@ def seek_time(logs, md, ts_us: int, chunk: int = 1024) -> Position | None:
     skipped without reading, one whose ``min_ts`` is not earlier starts at its entry 0; the
     others are read in order until a record qualifies."""
     for entry in md.ledgers:
-        if entry.get("max_ts") is not None and entry["max_ts"] < ts_us:
+        if entry.max_ts is not None and entry.max_ts < ts_us:
             continue
-        lid = entry["ledger_id"]
-        if entry.get("min_ts") is not None and entry["min_ts"] >= ts_us:
+        lid = entry.ledger_id
+        if entry.min_ts is not None and entry.min_ts >= ts_us:
             return Position(lid, 0)
         last = ledger_last(logs, entry)
         if last < 0:
@@ -208,14 +209,14 @@ def offset_for(spec, name: str, default: str):
     return spec
 
 
-def split_span(opts, lid: int, first: int, last: int, entry: dict, fmt: str):
+def split_span(opts, lid: int, first: int, last: int, entry: LogLedger, fmt: str):
     """Cut one ledger span into partition-sized ranges."""
     per = opts.entries_per_partition
     if per is None:
         if fmt == ARROW:
-            n_total = entry.get("last_entry_id", -1) + 1
-            length = entry.get("length") or 0
-            if entry.get("state") == "closed" and n_total > 0 and length > 0:
+            n_total = entry.entry_count() or 0
+            length = entry.sealed_length()
+            if n_total > 0 and length > 0:
                 per = max(1, int(ARROW_BYTES_PER_PARTITION * n_total / length))
             else:
                 per = ARROW_ENTRIES_PER_PARTITION
@@ -425,7 +426,7 @@ class BookKeeperBatchReader(importguard.Guarded, DataSourceReader):
                                                  self.pushed.ledger_ok):
                 first, last = self.pushed.clip(first, last)
                 for lid2, lo, hi in split_span(opts, lid, first, last, entry, self.fmt):
-                    parts.append(LedgerRange(name, lid2, lo, hi, entry.get("offset")))
+                    parts.append(LedgerRange(name, lid2, lo, hi, entry.offset))
         return spread(parts, opts.min_partitions)
 
     def read(self, partition):

@@ -83,9 +83,9 @@ def entry_bytes(ranges) -> dict[int, float]:
     length over its entries; an open one's, the average of the closed ones (or 1 KiB)."""
     per, known = {}, []
     for lid, _, _, entry in ranges:
-        n = entry.get("last_entry_id", -1) + 1
-        if entry.get("state") == "closed" and n > 0 and entry.get("length"):
-            per[lid] = entry["length"] / n
+        n = entry.entry_count() or 0
+        if n > 0 and entry.sealed_length():
+            per[lid] = entry.length / n
             known.append(per[lid])
     default = sum(known) / len(known) if known else UNKNOWN_ENTRY_BYTES
     return {lid: per.get(lid, default) for lid, _, _, _ in ranges}
@@ -311,7 +311,7 @@ class BookKeeperStreamReader(importguard.Guarded, DataSourceStreamReader,
                 continue
             for lid, first, last, entry in self._available(logs, name, s, e):
                 for lid2, lo, hi in split_span(self.opts, lid, first, last, entry, self.fmt):
-                    parts.append(LedgerRange(name, lid2, lo, hi, entry.get("offset")))
+                    parts.append(LedgerRange(name, lid2, lo, hi, entry.offset))
         return spread(parts, self.opts.min_partitions)
 
     def read(self, partition):

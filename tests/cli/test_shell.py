@@ -248,7 +248,7 @@ def test_logs(cluster, capsys):
         with logs.open_writer("shell-log") as w:
             for i in range(5):
                 w.append(b"r%d" % i)
-        first = logs.get("shell-log")[0].ledgers[0]["ledger_id"]
+        first = logs.get("shell-log")[0].ledgers[0].ledger_id
         logs.commit_cursor("shell-log", "c1", Position(first, 1))
         code, doc, _ = sh(capsys, cluster, "logs", "--ledgers", as_json=True)
         assert code == 0

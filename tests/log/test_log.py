@@ -24,7 +24,7 @@ def test_write_roll_and_read_across_ledgers_in_order(logs, log_name):
         positions = [writer.append(b"record-%03d" % i) for i in range(25)]
     md, _ = logs.get(log_name)
     assert len(md.ledger_ids()) > 3, "roll_bytes=50 should have rolled several times"
-    assert all(e["state"] == "closed" for e in md.ledgers)
+    assert all(e.closed for e in md.ledgers)
     records = read_all(logs, log_name)
     assert [r.data for r in records] == [b"record-%03d" % i for i in range(25)]
     assert [r.position for r in records] == positions
@@ -121,7 +121,7 @@ def test_writer_losing_its_ledger_mid_recovery_records_no_end(logs, bk, log_name
         writer.roll()
     writer.close()                          # lost: leaves the list alone
     entry = logs.get(log_name)[0].ledgers[-1]
-    assert entry == {"ledger_id": lid, "state": "open", "offset": 0, "byte_offset": 0}
+    assert entry.to_dict() == {"ledger_id": lid, "state": "open", "offset": 0, "byte_offset": 0}
     with pytest.raises(errors.FencedError):  # a failed close stays failed
         writer._handle.close()
     with logs.open_writer(log_name) as new:   # recovers the ledger at its real end
@@ -471,7 +471,7 @@ def test_tailing_reader_through_a_recovery_and_an_unlisted_close(logs, bk, log_n
         acked += [(d, second.append(d)) for d in (b"b0", b"b1")]
         step_until_caught_up(reader, got, visible_at_least(acked, True))
         second._handle.close()                              # CLOSED, the list still says open
-        assert logs.get(log_name)[0].ledgers[-1]["state"] == "open"
+        assert logs.get(log_name)[0].ledgers[-1].state == "open"
         step_until(reader, got, len(acked))                 # b1, beyond the LAC it saw
         assert_exactly_once_in_order(got, acked)
         third = logs.open_writer(log_name)

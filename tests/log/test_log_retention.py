@@ -97,7 +97,7 @@ def test_age_retention_never_removes_the_last_or_an_open_ledger(bk, logs, log_na
     with logs.open_writer(log_name) as w:
         w.append(b"tail")
         listed = logs.get(log_name)[0].ledgers
-        assert listed[-1]["state"] == "open"
+        assert listed[-1].state == "open"
         cut = enforce(logs, log_name, now_ms=later)
         assert cut.removed == ids[3:] and logs.get(log_name)[0].ledger_ids() == [w.ledger_id]
         assert enforce(logs, log_name, now_ms=later + 10 * HOUR).removed == []

@@ -68,18 +68,18 @@ def test_a_long_log_costs_each_change_and_read_what_it_touches(logs, bk, log_nam
     assert len(head_data) < 1024
     md, _ = logs.get(log_name)                      # the whole list, once
     assert len(md.ledgers) == n and md.ledger_ids()[:2] == [10_000, 10_001]
-    assert [e["offset"] for e in md.ledgers[:3]] == [0, 1, 2] and md.ledgers[-1]["offset"] == n - 1
+    assert [e.offset for e in md.ledgers[:3]] == [0, 1, 2] and md.ledgers[-1].offset == n - 1
     with counted(bk.store) as seen:
         append_fake(logs, log_name, [99])
     assert seen["txn_ops"] == [1 + 2]               # head + segment + ledger index record
     assert seen["reads"] <= 2 + ls.GC_BATCH          # the head, the tail the change looks at
     with counted(bk.store) as seen:
         md, _ = logs.get(log_name)                  # this store's copy, brought up to date
-    assert md.ledger_ids()[-2:] == [10_000 + n - 1, 99] and md.ledgers[-1]["offset"] == n
+    assert md.ledger_ids()[-2:] == [10_000 + n - 1, 99] and md.ledgers[-1].offset == n
     assert seen["reads"] <= 1 + seg.OPEN_TAIL + 1
     with counted(bk.store) as seen:
         part = logs.segments(log_name, 25_000, 25_010)
-    assert [e["ledger_id"] for e in part] == list(range(35_000, 35_010))
+    assert [e.ledger_id for e in part] == list(range(35_000, 35_010))
     assert seen["reads"] == 1 + 10
     assert logs.lists(log_name, 40_000) and not logs.lists(log_name, 7)
     assert len(bk.store.get(log_path(log_name))[0]) == len(head_data)
@@ -89,7 +89,7 @@ def test_a_long_log_costs_each_change_and_read_what_it_touches(logs, bk, log_nam
         got = spans(logs, log_name, Position(10_000 + n - 1, 0), None, True)
         latest = resolve_start(logs, log_name, "latest")
     assert [(lid, first, last) for lid, first, last, _ in got] == [(10_000 + n - 1, 0, 0), (99, 0, 0)]
-    assert got[-1][3]["offset"] == n and latest == Position(99, 1)
+    assert got[-1][3].offset == n and latest == Position(99, 1)
     assert seen["reads"] <= 12
     # a reader from a position near the end reads the head and its segments, not the list
     real = closed_ledger(bk, [b"r0", b"r1"])
@@ -104,11 +104,11 @@ def test_truncation_is_one_small_change_and_its_records_go_in_batches(logs, bk, 
     logs.create(log_name)
     append_fake(logs, log_name, range(1000, 1300))
     with counted(bk.store) as seen:
-        logs.update(log_name, lambda edit: edit.truncate_before(edit.entry(1250)["seq"]))
+        logs.update(log_name, lambda edit: edit.truncate_before(edit.entry(1250).seq))
     assert len(seen["txn_ops"]) == 1 and seen["txn_ops"][0] <= 1 + 2 * ls.GC_BATCH
     md, _ = logs.get(log_name)
     assert md.ledger_ids() == list(range(1250, 1300))
-    assert [e["offset"] for e in md.ledgers[:2]] == [250, 251]       # offsets are kept
+    assert [e.offset for e in md.ledgers[:2]] == [250, 251]       # offsets are kept
     assert not logs.lists(log_name, 1000) and logs.lists(log_name, 1250)
     store = bk.store
     left = lambda: len(store.children(ls.segments_path(log_name)))  # noqa: E731
@@ -152,7 +152,7 @@ def test_a_truncation_and_its_collection_finish_under_a_stream_of_commits(logs, 
         t.start()
     try:
         time.sleep(0.2)
-        removed = logs.truncate_segments(log_name, logs.entry_of(log_name, 20_250)["seq"])
+        removed = logs.truncate_segments(log_name, logs.entry_of(log_name, 20_250).seq)
         bk.store._commit = counting
         time.sleep(0.3)                             # commits after the cut
     finally:
@@ -196,7 +196,7 @@ def test_format1_log_is_read_as_is_and_converted_on_first_write(logs, bk, log_na
     assert (head.first, head.next) == (0, 4) and head.properties == {"writer_epoch": 4}
     assert head.writers["q1"]["seq"] == 8 and head.writers["q1"]["epoch"] == 2
     md, _ = logs.get(log_name)
-    assert md.ledger_ids() == lids + [new] and [e["offset"] for e in md.ledgers] == [0, 3, 6, 9]
+    assert md.ledger_ids() == lids + [new] and [e.offset for e in md.ledgers] == [0, 3, 6, 9]
     assert read_all(logs, log_name) == [b"a%d" % i for i in range(3)] * 3 + [b"b"]
 
 
@@ -270,7 +270,7 @@ def test_writer_keys_are_bounded_by_count(monkeypatch):
 
 def test_delete_removes_every_record_and_ledger(logs, bk, log_name):
     append_fake(logs, log_name, [6001, 6002])
-    logs.update(log_name, lambda edit: edit.truncate_before(edit.entry(6002)["seq"]))
+    logs.update(log_name, lambda edit: edit.truncate_before(edit.entry(6002).seq))
     lid = closed_ledger(bk, [b"x"])
     logs.append_ledgers(log_name, [lid])
     logs.commit_cursor(log_name, "c", Position(6002, 0))
@@ -340,13 +340,13 @@ def test_sealing_a_ledger_stamps_the_offsets_listed_after_it(logs, log_name):
     logs.create(log_name)
     append_fake(logs, log_name, [8001])
     logs.update(log_name, lambda edit: (edit.append(8002, state="open"), edit.append(8003, state="open")))
-    assert [e.get("offset") for e in logs.segments(log_name)] == [0, 1, None]
+    assert [e.offset for e in logs.segments(log_name)] == [0, 1, None]
     logs.update(log_name, lambda edit: edit.update(8002, **closed(8002, 5)))
-    assert [e.get("offset") for e in logs.segments(log_name)] == [0, 1, 6]
+    assert [e.offset for e in logs.segments(log_name)] == [0, 1, 6]
     append_fake(logs, log_name, [8004])         # (8003 is open: 8004's offset waits for it)
     logs.update(log_name, lambda edit: edit.update(8003, **closed(8003, 2)))
-    assert [e.get("offset") for e in logs.segments(log_name)] == [0, 1, 6, 8]
-    assert [e["offset"] for e in logs.get(log_name)[0].ledgers] == [0, 1, 6, 8]
+    assert [e.offset for e in logs.segments(log_name)] == [0, 1, 6, 8]
+    assert [e.offset for e in logs.get(log_name)[0].ledgers] == [0, 1, 6, 8]
 
 
 def test_a_read_racing_a_truncation_reads_the_head_again(logs, bk, log_name):
@@ -361,7 +361,7 @@ def test_a_read_racing_a_truncation_reads_the_head_again(logs, bk, log_name):
     def racing(paths, *a, **k):
         if not fired and any("/segments/" in p for p in paths):
             fired.append(paths[0])
-            other.update(log_name, lambda edit: edit.truncate_before(edit.entry(9090)["seq"]))
+            other.update(log_name, lambda edit: edit.truncate_before(edit.entry(9090).seq))
             other.collect_truncated(log_name)       # (the records go)
         return original(paths, *a, **k)
     store.get_many = racing

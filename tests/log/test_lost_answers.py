@@ -18,6 +18,7 @@ from bkspark import errors
 from bkspark.client import BookKeeper
 from bkspark.log import EARLIEST, CheckpointStore, LogStore
 from metadata.layout import ledger_path, log_path
+from metadata.log_entry import LogLedger
 from metadata.log_segments import LogHead, encode_segment, ledger_index_path, segment_path
 from metadata.testing import lost_answers
 from metadata.update import OutcomeUnknownError
@@ -150,7 +151,7 @@ def test_a_write_issued_before_a_cleanup_cannot_list_what_it_deleted(bk, logs, l
     late_write = bk.store.transaction()             # an append of lid, built on that head
     late_write.set(log_path(log_name), dataclasses.replace(head, next=head.next + 1).serialize(),
                    version=version)
-    late_write.create(segment_path(log_name, head.next), encode_segment({"ledger_id": lid}))
+    late_write.create(segment_path(log_name, head.next), encode_segment(LogLedger(lid)))
     late_write.create(ledger_index_path(log_name, lid), str(head.next).encode())
     assert logs.delete_unreferenced(log_name, [lid]) == [lid]
     with pytest.raises(errors.BadVersionError):

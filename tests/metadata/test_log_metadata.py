@@ -6,6 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bkspark.errors import BadRequestError, MetadataFormatError
+from metadata.log_entry import LogLedger
 from metadata.log_metadata import LogMetadata
 
 
@@ -18,7 +19,7 @@ def test_round_trip_and_helpers():
     back = LogMetadata.deserialize(data)
     assert back == md
     assert back.ledger_ids() == [3, 9]
-    assert back.last_ledger() == {"ledger_id": 9, "first_offset": 10}
+    assert back.last_ledger().to_dict() == {"ledger_id": 9, "first_offset": 10}
     assert back.without_ledgers([3]).ledger_ids() == [9]
     assert back.ledger_ids() == [3, 9]  # copies, not mutation
 
@@ -26,7 +27,7 @@ def test_round_trip_and_helpers():
 @given(st.lists(st.integers(0, 2 ** 63 - 1), unique=True, max_size=20),
        st.dictionaries(st.text(max_size=10), st.integers(-1, 2 ** 63 - 1), max_size=5))
 def test_round_trip_property(ids, writers):
-    md = LogMetadata("name", ledgers=[{"ledger_id": i} for i in ids], writers=writers)
+    md = LogMetadata("name", ledgers=[LogLedger(i) for i in ids], writers=writers)
     assert LogMetadata.deserialize(md.serialize()) == md
 
 

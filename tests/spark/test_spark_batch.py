@@ -111,7 +111,7 @@ def test_arrow_compressed_entries_round_trip_and_store_fewer_bytes(spark, uri, l
         assert back.schema == df.schema
         assert sorted(back.collect(), key=lambda r: r.id) == sorted(df.collect(), key=lambda r: r.id)
         md, _ = logs.get(name)
-        stored[compression] = sum(e["length"] for e in md.ledgers)
+        stored[compression] = sum(e.length for e in md.ledgers)
     assert stored["zstd"] * 2 < stored["none"] and stored["lz4"] * 2 < stored["none"], stored
     with pytest.raises(Exception, match="'compression' applies to entryFormat=arrow"):
         wr(df.selectExpr("name as value"), uri, compression="zstd").save(log_name)

@@ -58,7 +58,7 @@ def test_schema_kafka_is_the_kafka_sources(spark, uri, minutes_log, logs):
     assert "headers" not in kafka_read(spark, uri, subscribe=minutes_log).columns
     # each ledger's list entry keeps the range of its records' timestamps
     md = logs.get(minutes_log)[0]
-    assert [(e["min_ts"] // 1000, e["max_ts"] // 1000) for e in md.ledgers] == \
+    assert [(e.min_ts // 1000, e.max_ts // 1000) for e in md.ledgers] == \
         [(ms(0), ms(4)), (ms(5), ms(9)), (ms(10), ms(14))]
     # a read written back: Kafka's columns are taken or ignored, the rows land once
     kafka_read(spark, uri, subscribe=minutes_log, includeHeaders="true").write \
@@ -105,8 +105,8 @@ def test_seek_by_time(spark, uri, minutes_log, logs):
         found = spark_reader.seek_time(logs, md, (ms(7) + 1) * 1000)
     finally:
         del logs.bk.open_ledger
-    assert found == Position(md.ledgers[1]["ledger_id"], 3)
-    assert opened == [md.ledgers[1]["ledger_id"]]
+    assert found == Position(md.ledgers[1].ledger_id, 3)
+    assert opened == [md.ledgers[1].ledger_id]
 
 
 def stream(spark, uri, src, dst, ckpt, trigger, **opts):

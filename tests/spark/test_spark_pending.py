@@ -81,9 +81,7 @@ def test_a_reclaimed_job_cannot_commit(logs, log_name):
     (job,) = [j for j in pending.reclaim(logs, grace=0, log_name=log_name) if j.key == key]
     assert job.verdict == "reclaimed" and _gone(logs, lh.ledger_id)
     with pytest.raises(GuardChangedError):
-        logs.update(log_name, lambda edit: edit.append(
-            entry["ledger_id"], **{k: v for k, v in entry.items() if k != "ledger_id"}),
-            create=True, guard=guard)
+        logs.update(log_name, lambda edit: edit.append(entry), create=True, guard=guard)
     assert lh.ledger_id not in logs.get(log_name)[0].ledger_ids()
 
 

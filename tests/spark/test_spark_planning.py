@@ -9,6 +9,7 @@ from bkspark.spark.options import parse_options
 from bkspark.spark.reader import DataLossError, spans
 from bkspark.spark.stream import (BookKeeperStreamReader, ReadAllAvailable, ReadMaxBytes,
                                   ReadMaxRows)
+from metadata.log_entry import LogLedger
 from metadata.log_metadata import LogMetadata
 
 
@@ -34,7 +35,7 @@ class FakeLogs:
 
     def segments(self, name, start=None, stop=None):
         md = self.get(name)[0].with_offsets()
-        return [dict(e, seq=i) for i, e in enumerate(md.ledgers)][start:stop]
+        return [e.copy(seq=i) for i, e in enumerate(md.ledgers)][start:stop]
 
     def next_listed(self, name, after):
         return next(iter(self.segments(name, after + 1)), None)
@@ -43,23 +44,23 @@ class FakeLogs:
         return next(iter(self.segments(name)[-1:]), None)
 
     def entry_of(self, name, ledger_id):
-        return next((e for e in self.segments(name) if e["ledger_id"] == ledger_id), None)
+        return next((e for e in self.segments(name) if e.ledger_id == ledger_id), None)
 
     def ledger_end(self, entry):
-        if entry["state"] == "closed":
-            return entry["last_entry_id"]
-        return self.lac.get(entry["ledger_id"], -1)
+        if entry.closed:
+            return entry.last_entry_id
+        return self.lac.get(entry.ledger_id, -1)
 
     def commit_cursor(self, name, cursor, position):
         self.cursors[(name, cursor)] = position
 
 
 def closed(lid, n):
-    return {"ledger_id": lid, "state": "closed", "last_entry_id": n - 1, "length": n * 10}
+    return LogLedger(lid, state="closed", last_entry_id=n - 1, length=n * 10)
 
 
 def opened(lid):
-    return {"ledger_id": lid, "state": "open"}
+    return LogLedger(lid, state="open")
 
 
 def test_spans_cross_ledgers_and_stop_at_end():

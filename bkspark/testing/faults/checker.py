@@ -249,7 +249,6 @@ class Checker:
     # -- log
     def _check_log(self, a, b, acks: Acks, ends=None, contents=None) -> list[int]:
         from bkspark.log import LogStore
-        from metadata.log_segments import CLOSED
         logs = LogStore(a, password=PASSWORD)
         if not logs.exists(LOG_NAME):
             if acks.log_acks:
@@ -259,10 +258,10 @@ class Checker:
         # non-empty closed ledger stays, in order
         seen_nonempty: list[int] = []
         for snap in self.log_snapshots:
-            ids = [e["ledger_id"] for e in snap]
-            opened = [i for i, e in enumerate(snap) if e.get("state") != CLOSED]
+            ids = [e.ledger_id for e in snap]
+            opened = [i for i, e in enumerate(snap) if not e.closed]
             if len(opened) > 1 or (opened and opened[0] != len(snap) - 1):
-                self.violation("log-open-ledgers", ledgers=snap)
+                self.violation("log-open-ledgers", ledgers=[e.to_dict() for e in snap])
             present = [lid for lid in seen_nonempty if lid in ids]
             if present != seen_nonempty:
                 self.violation("log-ledger-vanished",
@@ -270,16 +269,16 @@ class Checker:
             elif [lid for lid in ids if lid in set(seen_nonempty)] != seen_nonempty:
                 self.violation("log-order-changed", before=seen_nonempty, now=ids)
             for e in snap:
-                if e.get("state") == CLOSED and e.get("last_entry_id", -1) >= 0 \
-                        and e["ledger_id"] not in seen_nonempty:
+                if (e.entry_count() or 0) > 0 \
+                        and e.ledger_id not in seen_nonempty:
                     seen_nonempty = [lid for lid in ids if lid in set(seen_nonempty)
-                                     or lid == e["ledger_id"]]
+                                     or lid == e.ledger_id]
         # seal the tail as a new owner would, then read it twice
         raw = logs.get(LOG_NAME)[0]
-        md = raw.copy(ledgers=[e if e.get("state") == CLOSED else {**e, **logs.closed_ledger_entry(e["ledger_id"])}
+        md = raw.copy(ledgers=[e if e.closed else e.with_end(logs.closed_ledger_entry(e.ledger_id))
                                for e in raw.ledgers])
         self._dump_log_state(a, raw, md)
-        ids = [e["ledger_id"] for e in md.ledgers]
+        ids = [e.ledger_id for e in md.ledgers]
         present = [lid for lid in seen_nonempty if lid in ids]
         if present != seen_nonempty:
             self.violation("log-ledger-vanished", missing=sorted(set(seen_nonempty) - set(ids)))
@@ -320,15 +319,15 @@ class Checker:
         for lid, eid, data in first:
             per_ledger[lid].append(data)
         for entry in md.ledgers:
-            lid = entry["ledger_id"]
+            lid = entry.ledger_id
             data = per_ledger.get(lid, [])
-            if len(data) != entry["last_entry_id"] + 1:
+            if len(data) != entry.last_entry_id + 1:
                 self.violation("log-acked-lost", ledger=lid, detail=f"read {len(data)} entries, "
-                               f"list says end {entry['last_entry_id']}")
+                               f"list says end {entry.last_entry_id}")
                 continue
             if ends is not None:
-                ends[lid], contents[lid] = entry["last_entry_id"], data
-            self._check_replicas(b, lid, a.ledger_metadata(lid), entry["last_entry_id"], data)
+                ends[lid], contents[lid] = entry.last_entry_id, data
+            self._check_replicas(b, lid, a.ledger_metadata(lid), entry.last_entry_id, data)
         return ids
 
 
@@ -338,12 +337,14 @@ class Checker:
         ledgers = {}
         for entry in sealed.ledgers:
             try:
-                ledgers[entry["ledger_id"]] = bk.ledger_metadata(entry["ledger_id"]).to_dict()
+                ledgers[entry.ledger_id] = bk.ledger_metadata(entry.ledger_id).to_dict()
             except errors.BKError as exc:
-                ledgers[entry["ledger_id"]] = repr(exc)
+                ledgers[entry.ledger_id] = repr(exc)
         with open(os.path.join(self.workdir, "log-state.json"), "w") as f:
-            json.dump({"found": raw.ledgers, "sealed": sealed.ledgers,
-                       "snapshots": self.log_snapshots, "ledger_metadata": ledgers},
+            json.dump({"found": [e.to_dict() for e in raw.ledgers],
+                       "sealed": [e.to_dict() for e in sealed.ledgers],
+                       "snapshots": [[e.to_dict() for e in snap] for snap in self.log_snapshots],
+                       "ledger_metadata": ledgers},
                       f, indent=1, default=str)
 
 

@@ -40,7 +40,7 @@ class FaultRun:
         self.slot_worker: list[int] = []
         self._next_worker = 0
         self._bg: list[threading.Thread] = []
-        self.log_snapshots: list[list[dict]] = []
+        self.log_snapshots: list[list] = []       # LogLedger lists
         self.paused: set[int] = set()
         self._takeovers = 0
         self._takeover_lock = threading.Lock()
@@ -177,7 +177,7 @@ class FaultRun:
             md, _ = LogStore(self.bk, password=PASSWORD).get(LOG_NAME)
         except errors.BKError:
             return
-        self.log_snapshots.append([dict(e) for e in md.ledgers])
+        self.log_snapshots.append([e.copy() for e in md.ledgers])
 
     def _begin(self, f: Fault) -> None:
         self.say("begin", f.kind, f.target, round(f.duration, 2), f.params or "")
