@@ -90,18 +90,6 @@ class _Watch:
         self.fresh = True  # compare once more on the next tick (a change may have raced)
 
 
-class SqliteTransaction(Transaction):
-    def __init__(self, store: "SqliteStore"):
-        super().__init__()
-        self._store = store
-
-    def commit(self) -> list:
-        if self.committed:
-            raise BadRequestError("transaction already committed")
-        self.committed = True
-        return self._store._commit(self.ops)
-
-
 class SqliteStore(MetadataStore):
     """See the module docstring. Open through :func:`metadata.open_store`."""
 
@@ -517,7 +505,7 @@ class SqliteStore(MetadataStore):
             "SELECT path FROM nodes WHERE parent=?", (path,)) if r[0] != "/")
 
     def transaction(self) -> Transaction:
-        return SqliteTransaction(self)
+        return Transaction(self._commit)
 
     def _commit(self, ops) -> list:
         sid = self._session

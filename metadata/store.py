@@ -83,7 +83,7 @@ def join(parent: str, name: str) -> str:
     return ("" if parent == "/" else parent) + "/" + name
 
 
-class Transaction(abc.ABC):
+class Transaction:
     """A multi-operation, all-or-nothing write.
 
     Operations are queued by :meth:`create`, :meth:`set`, :meth:`delete` and :meth:`check`
@@ -103,9 +103,11 @@ class Transaction(abc.ABC):
     be applied late beside the retry: one of the two fails its check.
     """
 
-    def __init__(self):
+    def __init__(self, apply: Callable[[list[tuple]], list]):
+        """``apply(ops)``: the store's atomic application of the queued operations."""
         self.ops: list[tuple] = []
         self.committed = False
+        self._apply = apply
 
     def _add(self, op: tuple) -> "Transaction":
         if self.committed:
@@ -128,9 +130,12 @@ class Transaction(abc.ABC):
     def check(self, path: str, version: int) -> "Transaction":
         return self._add(("check", validate_path(path), validate_version(version)))
 
-    @abc.abstractmethod
     def commit(self) -> list:
         """Apply every queued operation atomically; see the class docstring."""
+        if self.committed:
+            raise BadRequestError("transaction already committed")
+        self.committed = True
+        return self._apply(self.ops)
 
     def __enter__(self) -> "Transaction":
         return self

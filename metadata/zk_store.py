@@ -87,18 +87,6 @@ def _stop_in_background(client: KazooClient) -> None:
     threading.Thread(target=stop, daemon=True, name="bkspark-zk-abandon").start()
 
 
-class ZkTransaction(Transaction):
-    def __init__(self, store: "ZkStore"):
-        super().__init__()
-        self._store = store
-
-    def commit(self) -> list:
-        if self.committed:
-            raise BadRequestError("transaction already committed")
-        self.committed = True
-        return self._store._commit(self.ops)
-
-
 class ZkStore(MetadataStore):
     """See the module docstring. Open through :func:`metadata.open_store`."""
 
@@ -313,7 +301,7 @@ class ZkStore(MetadataStore):
         return sorted(names)
 
     def transaction(self) -> Transaction:
-        return ZkTransaction(self)
+        return Transaction(self._commit)
 
     def _commit(self, ops) -> list:
         """ZooKeeper multi. ``makepath`` parents that are missing are created inside the same
