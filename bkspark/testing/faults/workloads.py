@@ -74,6 +74,21 @@ def worker_main(args) -> None:
             _log_loop(bk, rng, acks, args.worker_id)
 
 
+#: appends a workload keeps in flight
+WINDOW = 8
+
+
+def _drain(window: collections.deque, keep: int) -> BaseException | None:
+    """Take the answered futures off the front of ``window``, and wait for more until at
+    most ``keep`` are pending; the first failure (then stop), else None."""
+    while len(window) > keep or (window and window[0].done()):
+        try:
+            window.popleft().result()
+        except BaseException as exc:  # noqa: BLE001 - a workload records every failure
+            return exc
+    return None
+
+
 def _ledger_round(bk, rng, acks: AckFile, wid: int, seq: int) -> int:
     e, qw, qa = rng.choice(LEDGER_CONFIGS)
     try:
@@ -108,12 +123,7 @@ def _ledger_round(bk, rng, acks: AckFile, wid: int, seq: int) -> int:
         fut.add_done_callback(lambda f, s=seq: on_done(f, s))
         seq += 1
         window.append(fut)
-        while len(window) > 8 or (window and window[0].done()):
-            try:
-                window.popleft().result()
-            except BaseException as exc:  # noqa: BLE001
-                failed = exc
-                break
+        failed = _drain(window, WINDOW)
         if failed is not None:
             break
         time.sleep(0.002)
@@ -163,12 +173,7 @@ def _log_loop(bk, rng, acks: AckFile, wid: int) -> None:
             fut.add_done_callback(lambda f, s=seq: on_done(f, s))
             seq += 1
             window.append(fut)
-            while len(window) > 8 or (window and window[0].done()):
-                try:
-                    window.popleft().result()
-                except BaseException:  # noqa: BLE001
-                    failed = True
-                    break
+            failed = _drain(window, WINDOW) is not None
             time.sleep(0.002)
         for fut in window:
             try:
