@@ -124,6 +124,11 @@ class ZooKeeperServer:
                     "admin.enableServer=false\n"
                     f"maxSessionTimeout={self.max_session_timeout}\n"
                     "maxClientCnxns=0\n"
+                    # keep the 3 newest snapshots and their logs, purged hourly (ZooKeeper
+                    # keeps every one by default: a long run's data dir grew by ~1 GB an hour
+                    # under bench/endurance.py)
+                    "autopurge.snapRetainCount=3\n"
+                    "autopurge.purgeInterval=1\n"
                     "4lw.commands.whitelist=ruok,stat,srvr,cons\n")
             if self.quorum is not None:
                 my_id, members = self.quorum
