@@ -1,6 +1,8 @@
 """Prometheus metrics of one bookie (served on the admin endpoint's /metrics)."""
 from __future__ import annotations
 
+import os
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -10,7 +12,9 @@ from bkspark import errors
 class BookieMetrics:
     """Counters for adds/reads/bytes, add latency, and the storage engine's own figures."""
 
-    def __init__(self, storage, service_ref) -> None:
+    def __init__(self, storage, service_ref, directories=()) -> None:
+        """``directories``: ``(kind, path)`` of the bookie's journal and ledger directories,
+        whose use and free space are exported at scrape time."""
         self.registry = CollectorRegistry()
         self.adds = Counter("bookie_adds", "Entries added, by status", ["status"], registry=self.registry)
         self.add_bytes = Counter("bookie_add_bytes", "Bytes of entries added", registry=self.registry)
@@ -24,8 +28,17 @@ class BookieMetrics:
             "bookie_write_lac_requests",
             "WriteLac requests (explicit LACs of idle writers), by status", ["status"],
             registry=self.registry)
+        self.read_latency = Histogram(
+            "bookie_read_seconds", "Time to read: one entry (op=read), one chunk of a range "
+            "read (op=range)", ["op"],
+            buckets=(0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
+            registry=self.registry)
+        self.rpc_errors = Counter(
+            "bookie_rpc_errors", "Answers other than EOK, by RPC and status (adds: per entry)",
+            ["rpc", "status"], registry=self.registry)
         self.read_only = Gauge("bookie_read_only", "1 when the bookie is read-only", registry=self.registry)
         self.registry.register(_StorageCollector(storage, service_ref))
+        self.registry.register(_DirectoryCollector(list(directories)))
 
     def record_adds(self, accepted, statuses, nbytes: int, seconds: float) -> None:
         """Count a stored batch: ``nbytes`` is the size of all accepted entries."""
@@ -38,7 +51,9 @@ class BookieMetrics:
         """Count a stored batch: ``ok`` entries of ``ok_bytes`` stored, ``failed`` the statuses
         of the others."""
         for status in set(failed):
-            self.adds.labels(status=errors.status_name(status)).inc(failed.count(status))
+            name = errors.status_name(status)
+            self.adds.labels(status=name).inc(failed.count(status))
+            self.rpc_errors.labels(rpc="Add", status=name).inc(failed.count(status))
         self.adds.labels(status="EOK").inc(ok)
         self.add_bytes.inc(ok_bytes)
         self.add_latency.observe(seconds)
@@ -46,9 +61,16 @@ class BookieMetrics:
     def record_write_lac(self, status: int) -> None:
         self.write_lacs.labels(status=errors.status_name(status)).inc()
 
-    def record_read(self, nbytes: int, entries: int = 1) -> None:
+    def record_read(self, nbytes: int, entries: int = 1, seconds: float | None = None,
+                    op: str = "read") -> None:
         self.reads.inc(entries)
         self.read_bytes.inc(nbytes)
+        if seconds is not None:
+            self.read_latency.labels(op=op).observe(seconds)
+
+    def record_error(self, rpc: str, status: int) -> None:
+        """An answer of ``rpc`` other than EOK."""
+        self.rpc_errors.labels(rpc=rpc, status=errors.status_name(status)).inc()
 
 
 class _StorageCollector:
@@ -78,3 +100,48 @@ class _StorageCollector:
             gauge = GaugeMetricFamily("bookie_inflight_add_bytes", "Bytes of adds waiting for the journal")
             gauge.add_metric([], float(service.inflight_bytes))
             yield gauge
+
+
+class _DirectoryCollector:
+    """Per journal / ledger directory, at scrape time: bytes of the bookie's files in it, and
+    its filesystem's size and free space (what turns a bookie read-only: ``disk_usage_threshold``)."""
+
+    def __init__(self, directories: list[tuple[str, str]]) -> None:
+        self._directories = directories
+
+    def collect(self):
+        used = GaugeMetricFamily("bookie_dir_bytes", "Bytes of the bookie's files in a directory",
+                                 labels=["kind", "dir"])
+        free = GaugeMetricFamily("bookie_dir_free_bytes",
+                                 "Free bytes of the filesystem holding a directory",
+                                 labels=["kind", "dir"])
+        total = GaugeMetricFamily("bookie_dir_total_bytes",
+                                  "Size of the filesystem holding a directory",
+                                  labels=["kind", "dir"])
+        for kind, path in self._directories:
+            try:
+                st = os.statvfs(path)
+                nbytes = _tree_bytes(path)
+            except OSError:             # (a directory gone or unreadable: left out)
+                continue
+            used.add_metric([kind, path], float(nbytes))
+            free.add_metric([kind, path], float(st.f_bavail * st.f_frsize))
+            total.add_metric([kind, path], float(st.f_blocks * st.f_frsize))
+        yield used
+        yield free
+        yield total
+
+
+def _tree_bytes(path: str) -> int:
+    """Bytes of the files under ``path`` (a bookie directory: tens of files)."""
+    total = 0
+    with os.scandir(path) as it:
+        for entry in it:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    total += _tree_bytes(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    total += entry.stat(follow_symlinks=False).st_size
+            except OSError:             # removed meanwhile (a rolled journal, a compacted log)
+                continue
+    return total

@@ -112,7 +112,10 @@ class BookieServer:
         cookies.validate_or_create(self.store, cfg)
         self.storage = Storage(storage_config(cfg))
         self.service = BookieService(self.storage, cfg, self.state)
-        self.metrics = BookieMetrics(self.storage, weakref.ref(self.service))
+        self.metrics = BookieMetrics(
+            self.storage, weakref.ref(self.service),
+            [("journal", d) for d in (cfg.journal_dirs or [cfg.journal_dir])]
+            + [("ledger", d) for d in cfg.ledger_dirs])
         self.service.metrics = self.metrics
         self.grpc_server = grpc.server(
             _thread_pool(cfg.grpc_workers),

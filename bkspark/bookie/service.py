@@ -362,6 +362,7 @@ class BookieService(pb_grpc.BookieServicer):
                                max_lac=-1, message=message)
 
     def Read(self, request, context):
+        started = time.perf_counter()
         if request.ledger_id < 0 or request.entry_id < -1:
             return self._read_error(request, errors.EBADREQ, "bad ledger or entry id")
         fencing = request.entry_id == -1 and request.flags & pb.ReadRequest.FENCE_LEDGER
@@ -395,7 +396,8 @@ class BookieService(pb_grpc.BookieServicer):
             return self._read_error(request, exc.status or errors.EIO, str(exc))
         entry_id = request.entry_id if request.entry_id >= 0 else _entry_id_of(body)
         if self.metrics is not None:
-            self.metrics.record_read(len(body))
+            self.metrics.record_read(len(body), seconds=None if request.has_previous_lac
+                                     else time.perf_counter() - started)
         return pb.ReadResponse(status=errors.EOK, ledger_id=request.ledger_id, entry_id=entry_id,
                                body=body, max_lac=lac if lac is not None else self.lac.get(request.ledger_id))
 
@@ -412,7 +414,7 @@ class BookieService(pb_grpc.BookieServicer):
         caller must be done with a chunk before asking for the next."""
         lid, first, last = request.ledger_id, request.first_entry_id, request.last_entry_id
         if lid < 0 or first < 0 or last < first:
-            yield range_chunk_parts(errors.EBADREQ, first, (), "bad ledger id or entry range")
+            yield self._range_error(errors.EBADREQ, first, "bad ledger id or entry range")
             return
         max_bytes = min(request.max_bytes_per_message or _RANGE_DEFAULT_BYTES,
                         self.config.max_message_bytes // 2)
@@ -421,8 +423,9 @@ class BookieService(pb_grpc.BookieServicer):
         while next_id <= last and alive():
             status = self._injected("read_range", lid, alive, next_id)
             if status:
-                yield range_chunk_parts(status, next_id, (), "injected fault")
+                yield self._range_error(status, next_id, "injected fault")
                 return
+            started = time.perf_counter()
             try:
                 chunk = None
                 if buf is not None:
@@ -430,15 +433,21 @@ class BookieService(pb_grpc.BookieServicer):
                 if not chunk:           # no buffer, or its first entry is larger than buf
                     chunk = self.storage.read_range(lid, next_id, last, max_bytes, step)
             except errors.BKError as exc:
-                yield range_chunk_parts(exc.status or errors.EIO, next_id, (), str(exc))
+                yield self._range_error(exc.status or errors.EIO, next_id, str(exc))
                 return
             if not chunk:
-                yield range_chunk_parts(errors.ENOENTRY, next_id, ())
+                yield self._range_error(errors.ENOENTRY, next_id)
                 return
             next_id = chunk[-1][0] + step
             if self.metrics is not None:
-                self.metrics.record_read(sum(len(b) for _, b in chunk), len(chunk))
+                self.metrics.record_read(sum(len(b) for _, b in chunk), len(chunk),
+                                         seconds=time.perf_counter() - started, op="range")
             yield range_chunk_parts(errors.EOK, next_id, chunk)
+
+    def _range_error(self, status: int, next_id: int, message: str = ""):
+        if self.metrics is not None:
+            self.metrics.record_error("ReadRange", status)
+        return range_chunk_parts(status, next_id, (), message)
 
     @staticmethod
     def range_buffer(buf: bytearray | None, request) -> bytearray:
@@ -544,6 +553,16 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Bookie"].full_name     # bkspark.
 _ENCODED_ANSWERS = frozenset({"Add", "AddStream", "ReadRange"})
 
 
+def _counting_errors(service: BookieService, rpc: str, serialize):
+    """``serialize``, counting each answer whose status is not EOK in the bookie's metrics
+    (the encoded answers count theirs where they are made)."""
+    def respond(answer) -> bytes:
+        if answer.status != errors.EOK and service.metrics is not None:
+            service.metrics.record_error(rpc, answer.status)
+        return serialize(answer)
+    return respond
+
+
 def _as_is(answer: bytes) -> bytes:
     return answer
 
@@ -557,7 +576,8 @@ def add_to_server(service: BookieService, server) -> None:
     for method in pb.DESCRIPTOR.services_by_name["Bookie"].methods:
         request = getattr(pb, method.input_type.name)
         respond = _as_is if method.name in _ENCODED_ANSWERS else \
-            getattr(pb, method.output_type.name).SerializeToString
+            _counting_errors(service, method.name,
+                             getattr(pb, method.output_type.name).SerializeToString)
         kind = {(False, False): grpc.unary_unary_rpc_method_handler,
                 (False, True): grpc.unary_stream_rpc_method_handler,
                 (True, True): grpc.stream_stream_rpc_method_handler,

@@ -246,3 +246,43 @@ def test_admin_endpoint_and_metrics(one_bookie, stub):
     stub.Add(add_request(new_ledger_id(), 0), timeout=10)
     assert _metric(one_bookie, "bookie_adds_total") >= 1
     assert _metric(one_bookie, "bookie_add_bytes_total") > 0
+
+
+def _samples(cluster, name):
+    """{frozenset(labels): value} of metric sample ``name`` on the bookie's /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+    body = urllib.request.urlopen(f"http://127.0.0.1:{cluster.bookies[0].http_port}/metrics",
+                                  timeout=5).read().decode()
+    return {frozenset(s.labels.items()): s.value
+            for family in text_string_to_metric_families(body) for s in family.samples
+            if s.name == name}
+
+
+def test_metrics_of_reads_errors_and_directories(one_bookie, stub):
+    """What a dashboard plots: read latency by kind of read, answers other than EOK by RPC
+    and status, and each directory's use and free space."""
+    lid = new_ledger_id()
+    for e in range(3):
+        assert stub.Add(add_request(lid, e), timeout=10).status == errors.EOK
+    before = _samples(one_bookie, "bookie_rpc_errors_total")
+    key = frozenset({"rpc": "Read", "status": "ENOLEDGER"}.items())
+    assert read(stub, lid, 1).status == errors.EOK
+    assert read(stub, new_ledger_id(), 0).status == errors.ENOLEDGER
+    list(stub.ReadRange(pb.ReadRangeRequest(ledger_id=lid, first_entry_id=0, last_entry_id=2),
+                        timeout=10))
+    missing = list(stub.ReadRange(pb.ReadRangeRequest(ledger_id=lid, first_entry_id=5,
+                                                      last_entry_id=6), timeout=10))
+    assert missing[-1].status == errors.ENOENTRY
+    errors_now = _samples(one_bookie, "bookie_rpc_errors_total")
+    assert errors_now[key] == before.get(key, 0) + 1
+    range_key = frozenset({"rpc": "ReadRange", "status": "ENOENTRY"}.items())
+    assert errors_now[range_key] >= before.get(range_key, 0) + 1
+    counts = _samples(one_bookie, "bookie_read_seconds_count")
+    assert counts[frozenset({"op": "read"}.items())] >= 1
+    assert counts[frozenset({"op": "range"}.items())] >= 1
+    used = _samples(one_bookie, "bookie_dir_bytes")
+    free = _samples(one_bookie, "bookie_dir_free_bytes")
+    total = _samples(one_bookie, "bookie_dir_total_bytes")
+    assert {dict(k)["kind"] for k in used} == {"journal", "ledger"}
+    for k in used:
+        assert used[k] > 0 and 0 < free[k] <= total[k]
