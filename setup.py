@@ -20,7 +20,8 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["bkspark", "bkspark.*", "metadata", "metadata.*"]),
     py_modules=["pyspark_bookkeeper"],
-    package_data={"bkspark.proto": ["*.proto"], "bkspark": ["py.typed"]},
+    package_data={"bkspark.proto": ["*.proto"], "bkspark": ["py.typed"],
+                  "bkspark.dashboard": ["page.html"]},
     ext_modules=[native],
     install_requires=[
         "grpcio>=1.60,<2",
@@ -32,6 +33,7 @@ setup(
         "pyspark>=4.2,<5",
         "prometheus-client>=0.17,<1",  # bookie /metrics
         "rich>=13,<16",  # shell tables and progress bars
+        "plotly>=5.18,<8",  # the dashboard's charts (plotly.js, served from the package)
     ],
     extras_require={
         "test": [
@@ -39,6 +41,7 @@ setup(
             "pytest-timeout>=2.2",
             "hypothesis>=6.100",
             "grpcio-tools>=1.60,<2",  # make proto / staleness test
+            "playwright>=1.40,<2",  # dashboard tests drive Debian's chromium (.ci/run installs it)
         ],
     },
     entry_points={"console_scripts": ["bkspark=bkspark.cli.main:main"]},

@@ -4,16 +4,21 @@ Starts 3 bookies on an embedded SQLite store (published, so the connector finds 
 metadataServiceUri), runs the batch round trip, the Arrow analytics table and the streaming
 pipeline (log -> transform -> log, exactly once; run twice on one checkpoint, the second
 run picks up only the new events), prints what was written and read, and stops the cluster.
+The cluster dashboard (``bkspark dashboard``) runs beside it; its URL is printed.
 """
+import json
 import os
 import sys
 import tempfile
 import time
+import urllib.request
 
 import spark_common  # noqa: F401  (sys.path / PYTHONPATH / PYSPARK_PYTHON)
 
 
 def main() -> int:
+    from bkspark.cli.dashboard_cmd import start as start_dashboard
+    from bkspark.cli.dashboard_cmd import stop_dashboard
     from bkspark.localcluster import LocalCluster
     import spark_arrow_table
     import spark_batch_roundtrip
@@ -25,6 +30,8 @@ def main() -> int:
     with LocalCluster(num_bookies=3, data_dir=data_dir, publish=True) as cluster:
         uri = cluster.metadata_uri
         print(f"   metadata service: {uri}; bookies: {', '.join(cluster.bookie_ids)}")
+        dash = start_dashboard(uri, port=0)
+        print(f"   dashboard (live while the demo runs): {dash.url}")
         spark = spark_common.spark_session("bkspark-demo")
         try:
             print("== batch: records")
@@ -55,8 +62,12 @@ def main() -> int:
                 for cursor, (pos, lag) in logs.cursor_lags("demo-clicks").items():
                     print(f"   cursor {cursor!r} on demo-clicks at {tuple(pos)}, lag {lag} "
                           "(a micro-batch's offsets are committed when the next is planned)")
+            overview = json.load(urllib.request.urlopen(dash.url + "api/overview", timeout=10))
+            print(f"   the dashboard saw {overview['bookie_states']['writable']} writable bookies "
+                  f"and {len(overview['logs'])} logs ({dash.url})")
         finally:
             spark.stop()
+            stop_dashboard(dash)
         print("== stopping the cluster")
     print(f"== demo done in {time.time() - t0:.0f}s")
     return 0

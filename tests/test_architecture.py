@@ -15,7 +15,7 @@ LAYERS = {
     "bkspark.proto": 1, "metadata": 1,
     "bkspark.client": 2, "bkspark.bookie": 2,
     "bkspark.log": 3,
-    "bkspark.recovery": 4, "bkspark.spark": 4,
+    "bkspark.recovery": 4, "bkspark.spark": 4, "bkspark.dashboard": 4,
     "bkspark.localcluster": 5, "bkspark.cli": 5, "bkspark.testing": 5,
 }
 #: a bookie started with --autorecovery hosts autorecovery (and reads its client settings)

@@ -37,6 +37,10 @@ class BookieMetrics:
             "bookie_rpc_errors", "Answers other than EOK, by RPC and status (adds: per entry)",
             ["rpc", "status"], registry=self.registry)
         self.read_only = Gauge("bookie_read_only", "1 when the bookie is read-only", registry=self.registry)
+        capacity = getattr(getattr(storage, "config", None), "write_cache_bytes", None)
+        if capacity:
+            Gauge("bookie_write_cache_capacity_bytes", "Size of the write cache (its fill: "
+                  "bookie_storage_cache_bytes)", registry=self.registry).set(capacity)
         self.registry.register(_StorageCollector(storage, service_ref))
         self.registry.register(_DirectoryCollector(list(directories)))
 

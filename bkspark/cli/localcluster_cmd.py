@@ -29,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds between passes applying the logs' retention policies "
                              "(default 60; 0 = none here, e.g. when `bkspark autorecovery` "
                              "runs against this cluster)")
+    parser.add_argument("--dashboard-port", type=int, default=0,
+                        help="serve the cluster dashboard (read-only) on this port (default 0: "
+                             "any free port, printed; -1: none)")
     parser.add_argument("--bookie-arg", action="append", default=[],
                         help="extra flag passed to every bookie, e.g. --bookie-arg=--write-cache-mb=32")
     mode = parser.add_mutually_exclusive_group()
@@ -77,7 +80,8 @@ def _argv(args: argparse.Namespace) -> list[str]:
     argv = ["localcluster", "--bookies", str(args.bookies), "--data-dir", args.data_dir]
     if args.metadata:
         argv += ["--metadata", args.metadata]
-    argv += ["--retention-interval", str(args.retention_interval)]
+    argv += ["--retention-interval", str(args.retention_interval),
+             "--dashboard-port", str(args.dashboard_port)]
     return argv + [f"--bookie-arg={a}" for a in args.bookie_arg]
 
 
@@ -98,6 +102,21 @@ def _stop(args: argparse.Namespace, timeout: float = 120.0) -> int:
         return 1
     print(f"stopped the local cluster on {records.data_dir}")
     return 0
+
+
+def _start_dashboard(cluster, port: int):
+    """The cluster's read-only dashboard on ``port`` (its URL printed), or None (``-1``, or
+    it could not start: said, and the cluster runs on)."""
+    if port < 0:
+        return None
+    from bkspark.cli.dashboard_cmd import start
+    try:
+        dash = start(cluster.metadata_uri, port=port)
+    except BKError as exc:
+        print(f"  dashboard not started: {exc}", file=sys.stderr)
+        return None
+    print(f"  dashboard {dash.url}")
+    return dash
 
 
 def run(args: argparse.Namespace) -> int:
@@ -129,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"  metadata service URI: {cluster.metadata_uri}")
     for bookie in cluster.bookies:
         print(f"  bookie {bookie.bookie_id}  admin http://127.0.0.1:{bookie.http_port}/  log {bookie.log_path}")
+    dashboard = _start_dashboard(cluster, args.dashboard_port)
     print(f"connect with:  BookKeeper({cluster.metadata_uri!r})   or   "
           f"export BKSPARK_METADATA_URI={cluster.metadata_uri}")
     if cluster.default_elsewhere is None:
@@ -146,6 +166,9 @@ def run(args: argparse.Namespace) -> int:
                     stop.set()
     finally:
         print("stopping local cluster ...", flush=True)
+        if dashboard is not None:
+            from bkspark.cli.dashboard_cmd import stop_dashboard
+            stop_dashboard(dashboard)
         cluster.stop_all()
         print("stopped")
     return 0

@@ -1,0 +1,83 @@
+"""`bkspark dashboard`: serve the cluster dashboard (:mod:`bkspark.dashboard`)."""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+
+from bkspark.cli import client_args
+from bkspark.errors import BadRequestError, BKError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--metadata", default=None,
+                        help="metadata URI (default: $BKSPARK_METADATA_URI, else the running local cluster)")
+    parser.add_argument("--port", type=int, default=8089, help="HTTP port (default 8089; 0: any free port)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to serve on (default 127.0.0.1; 0.0.0.0 for every interface)")
+    parser.add_argument("--token", default=None,
+                        help="enables actions (set a bookie read-only, trigger an audit) for "
+                             "requests presenting it; without it the dashboard is read-only")
+    parser.add_argument("--interval", type=float, default=2.0,
+                        help="seconds between samples of the bookies (default 2)")
+    parser.add_argument("--history", type=float, default=3600.0,
+                        help="seconds of history the plots keep (default 3600)")
+    parser.add_argument("--log-level", default="INFO")
+    client_args.add_arguments(parser)
+
+
+def start(uri: str, *, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
+          interval: float = 2.0, history: float = 3600.0, slow_interval: float = 10.0,
+          client_settings: dict | None = None):
+    """A running dashboard of the cluster at ``uri`` (its collector, a client for logs and
+    the HTTP endpoint); ``stop_dashboard`` of the result ends all three. ``slow_interval``:
+    seconds between samples of logs and under-replication."""
+    from bkspark.client import BookKeeper
+    from bkspark.dashboard import Collector, Dashboard
+    if interval <= 0 or history < interval:
+        raise BadRequestError(f"--interval {interval:g} / --history {history:g}: give an interval "
+                              "> 0 and a history at least that long")
+    bk = BookKeeper(uri, **{"add_timeout": 10.0, "read_timeout": 10.0, **(client_settings or {})})
+    collector = Collector(bk.store, bk, interval=interval, slow_interval=slow_interval,
+                          history_s=history).start()
+    try:
+        dash = Dashboard(collector, host, port, token).start()
+    except OSError as exc:
+        collector.stop()
+        bk.close()
+        raise BadRequestError(f"dashboard: cannot serve on {host}:{port}: {exc} (choose "
+                              "another --port)") from None
+    return dash
+
+
+def stop_dashboard(dash) -> None:
+    dash.stop()
+    dash.collector.stop()
+    dash.collector.bk.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    from bkspark.cluster_registry import NO_METADATA_SERVICE, default_metadata_uri
+    from bkspark.logging_setup import setup_logging
+    uri = default_metadata_uri(args.metadata)
+    if not uri:
+        print("bkspark dashboard: " + NO_METADATA_SERVICE.replace("pass a URI", "pass --metadata URI"),
+              file=sys.stderr)
+        return 2
+    setup_logging(args.log_level, "text")
+    try:
+        dash = start(uri, host=args.host, port=args.port, token=args.token,
+                     interval=args.interval, history=args.history,
+                     client_settings=client_args.client_settings(args))
+    except BKError as exc:
+        print(f"bkspark dashboard: {exc}", file=sys.stderr)
+        return 2
+    print(f"bkspark dashboard of {uri}: {dash.url} "
+          f"({'actions with the token' if args.token else 'read-only'})", flush=True)
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+    stop_dashboard(dash)
+    return 0

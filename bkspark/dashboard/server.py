@@ -1,0 +1,225 @@
+"""The dashboard's HTTP endpoint: the page, its data as JSON, detail pages, and actions.
+
+Routes (GET unless said):
+
+* ``/`` -- the overview page (``page.html``): bookies, plots of the last hour, logs, ledgers
+  under-replicated, the auditor; it polls the two routes below every two seconds.
+* ``/api/overview`` -- the latest sample (:meth:`Collector.overview`).
+* ``/api/series?since=T`` -- the points of every series after time ``T`` (seconds).
+* ``/ledger/<id>``, ``/api/ledger/<id>`` -- one ledger: state, quorums, its ensembles (which
+  bookie holds which fragment), under-replication.
+* ``/log/<name>``, ``/api/log/<name>`` -- one log: size, retention, cursors, its newest
+  segments.
+* ``/static/plotly.min.js`` -- the charting library, from the installed ``plotly`` package
+  (the page works offline).
+* POST ``/api/actions/readonly`` ``{"bookie", "readOnly"}`` and ``/api/actions/audit`` --
+  only with the token given at start (``Authorization: Bearer <token>``); without a token
+  the dashboard is read-only and refuses them (403).
+"""
+from __future__ import annotations
+
+import functools
+import hmac
+import html
+import json
+import os
+import urllib.request
+
+from bkspark.errors import BKError, NoSuchLedgerError, NoSuchLogError
+from bkspark.httpd import HttpEndpoint, JsonHandler
+
+from .collector import Collector
+
+_PAGE = os.path.join(os.path.dirname(__file__), "page.html")
+#: newest segments a log's page lists
+LOG_PAGE_SEGMENTS = 100
+
+
+@functools.lru_cache(maxsize=1)
+def plotly_js() -> bytes:
+    """plotly.js as the installed ``plotly`` package ships it."""
+    from plotly.offline import get_plotlyjs
+    return get_plotlyjs().encode()
+
+
+class Dashboard(HttpEndpoint):
+    """The dashboard of ``collector`` on ``host:port`` (0: a free port, then :attr:`port`);
+    ``token``: what actions must present (None: no actions)."""
+
+    def __init__(self, collector: Collector, host: str = "127.0.0.1", port: int = 0,
+                 token: str | None = None):
+        self.collector = collector
+        self.token = token
+        super().__init__(_handler_for(self), host, port, "bkspark-dashboard")
+
+    @property
+    def url(self) -> str:
+        host = self._httpd.server_address[0]
+        return f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{self.port}/"
+
+    # ---- data of the detail pages ------------------------------------------------------------
+    def ledger(self, ledger_id: int) -> dict:
+        from bkspark.recovery.urm import UnderReplicationManager
+        from metadata import ledgers as ledger_store
+        md, version = ledger_store.read_ledger(self.collector.store, ledger_id)
+        doc = md.to_dict()
+        doc.pop("password", None)
+        doc["version"] = version
+        ends = [first for first, _ in md.ensembles[1:]] + [None]
+        doc["fragments"] = [{"first": first, "last": None if end is None else end - 1,
+                             "bookies": list(bookies)}
+                            for (first, bookies), end in zip(md.ensembles, ends)]
+        got = UnderReplicationManager(self.collector.store).get(ledger_id)
+        doc["under_replicated"] = None if got is None else got[0]
+        return doc
+
+    def log(self, name: str) -> dict:
+        from bkspark.log import LogStore
+        if self.collector.bk is None:
+            raise NoSuchLogError("this dashboard reads no logs (no client)")
+        logs = LogStore(self.collector.bk)
+        first, nxt = logs.bounds(name)
+        doc = {"log": name, **logs.stats(name),
+               "cursors": {c: {"position": list(p), "lag": lag}
+                           for c, (p, lag) in logs.cursor_lags(name).items()}}
+        doc["segments_shown"] = [e.to_dict() | {"seq": e.seq}
+                                 for e in logs.segments(name, max(first, nxt - LOG_PAGE_SEGMENTS), nxt)]
+        return doc
+
+    # ---- actions -----------------------------------------------------------------------------
+    def authorized(self, header: str | None) -> bool:
+        if not self.token:
+            return False
+        given = (header or "").removeprefix("Bearer ").strip()
+        return hmac.compare_digest(given.encode(), self.token.encode())
+
+    def set_read_only(self, bookie: str, read_only: bool) -> dict:
+        doc = next((b for b in self.collector.overview()["bookies"] if b["bookie_id"] == bookie), None)
+        if doc is None or doc.get("http_port") in (None, -1):
+            raise NoSuchBookie(f"no bookie {bookie!r} with an admin endpoint is known")
+        host = doc.get("address", bookie).rsplit(":", 1)[0]
+        req = urllib.request.Request(f"http://{host}:{doc['http_port']}/api/v1/bookie/state/readonly",
+                                     data=json.dumps({"readOnly": read_only}).encode(), method="PUT",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return json.loads(resp.read())
+
+    def trigger_audit(self) -> dict:
+        from bkspark.recovery.urm import UnderReplicationManager
+        urm = UnderReplicationManager(self.collector.store, "dashboard")
+        return {"requested": urm.request_audit(by="dashboard"), "auditor": urm.auditor()}
+
+
+class NoSuchBookie(LookupError):
+    pass
+
+
+def _handler_for(dash: Dashboard):
+    class Handler(JsonHandler):
+        def do_GET(self):  # noqa: N802 - http.server API
+            path, query = self.route
+            try:
+                if path in ("", "/index.html"):
+                    with open(_PAGE, "rb") as f:
+                        self.send(200, f.read(), "text/html; charset=utf-8")
+                elif path == "/static/plotly.min.js":
+                    self.send(200, plotly_js(), "application/javascript")
+                elif path == "/api/overview":
+                    overview = dash.collector.overview()
+                    overview["actions"] = bool(dash.token)
+                    self.json(200, overview)
+                elif path == "/api/series":
+                    self.json(200, dash.collector.history.since(float(query.get("since", 0))))
+                elif path.startswith("/api/ledger/"):
+                    self.json(200, dash.ledger(int(path.rsplit("/", 1)[1])))
+                elif path.startswith("/api/log/"):
+                    self.json(200, dash.log(path.split("/", 3)[3]))
+                elif path.startswith("/ledger/"):
+                    self.send(200, _ledger_page(dash.ledger(int(path.rsplit("/", 1)[1]))),
+                              "text/html; charset=utf-8")
+                elif path.startswith("/log/"):
+                    self.send(200, _log_page(dash.log(path.split("/", 2)[2])),
+                              "text/html; charset=utf-8")
+                else:
+                    self.not_found(path)
+            except (NoSuchLedgerError, NoSuchLogError) as exc:
+                self.json(404, {"error": str(exc)})
+            except ValueError as exc:
+                self.json(400, {"error": f"bad request: {exc}"})
+            except BKError as exc:
+                self.json(503, {"error": str(exc)})
+
+        def do_POST(self):  # noqa: N802
+            path, _ = self.route
+            if not dash.authorized(self.headers.get("Authorization")):
+                self.json(403, {"error": "actions need the token given to `bkspark dashboard "
+                                         "--token` (this dashboard is read-only without one)"})
+                return
+            try:
+                body = self.body_json()
+                if path == "/api/actions/readonly":
+                    value = body.get("readOnly")
+                    if not isinstance(value, bool) or not isinstance(body.get("bookie"), str):
+                        raise ValueError("give {\"bookie\": id, \"readOnly\": true|false}")
+                    self.json(200, dash.set_read_only(body["bookie"], value))
+                elif path == "/api/actions/audit":
+                    self.json(200, dash.trigger_audit())
+                else:
+                    self.not_found(path)
+            except NoSuchBookie as exc:
+                self.json(404, {"error": str(exc)})
+            except ValueError as exc:
+                self.json(400, {"error": f"bad request: {exc}"})
+            except (BKError, OSError) as exc:
+                self.json(503, {"error": str(exc)})
+
+    return Handler
+
+
+# ---- detail pages (server-rendered: tables, no script) -----------------------------------------
+
+_STYLE = ("<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse}"
+          "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}</style>")
+
+
+def _table(header, rows) -> str:
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _page(title: str, body: str) -> bytes:
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"{_STYLE}</head><body><p><a href='/'>overview</a></p><h1>{html.escape(title)}</h1>"
+            f"{body}</body></html>").encode()
+
+
+def _ledger_page(doc: dict) -> bytes:
+    e = html.escape
+    facts = _table(["state", "E / Qw / Qa", "last entry", "length", "digest"],
+                   [(e(doc["state"]), f"{doc['ensemble_size']} / {doc['write_quorum']} / {doc['ack_quorum']}",
+                     doc["last_entry_id"], doc["length"], e(str(doc["digest_type"])))])
+    frags = _table(["entries", "bookies (ensemble order)"],
+                   [(f"{f['first']} .. {'' if f['last'] is None else f['last']}",
+                     ", ".join(e(b) for b in f["bookies"])) for f in doc["fragments"]])
+    ur = doc["under_replicated"]
+    under = "<p>fully replicated (no under-replication record)</p>" if ur is None else \
+        f"<p class='under'>under-replicated: missing {e(', '.join(ur.get('missing', [])))}</p>"
+    return _page(f"ledger {doc['ledger_id']}", facts + "<h2>fragments</h2>" + frags + under)
+
+
+def _log_page(doc: dict) -> bytes:
+    e = html.escape
+    facts = _table(["segments", "entries", "bytes", "offsets", "retention"],
+                   [(doc["segments"], doc["entries"], doc["bytes"],
+                     f"{doc['first_offset']} .. {doc['end_offset']}", e(json.dumps(doc["retention"])))])
+    cursors = _table(["cursor", "position", "lag"],
+                     [(e(c), e(str(v["position"])), v["lag"]) for c, v in doc["cursors"].items()])
+    segs = _table(["seq", "ledger", "state", "entries", "bytes", "offset"],
+                  [(s["seq"], f"<a href='/ledger/{s['ledger_id']}'>{s['ledger_id']}</a>",
+                    e(str(s.get("state", ""))),
+                    "" if s.get("last_entry_id") is None else s["last_entry_id"] + 1,
+                    s.get("length", ""), s.get("offset", ""))
+                   for s in reversed(doc["segments_shown"])])
+    return _page(f"log {doc['log']}", facts + "<h2>cursors</h2>" + cursors
+                 + f"<h2>newest {len(doc['segments_shown'])} segments</h2>" + segs)

@@ -1,0 +1,150 @@
+"""The dashboard in a real browser (Debian's chromium, headless, driven by Playwright) against
+a real local cluster: the page loads, its plots receive points, a killed bookie turns red, an
+under-replicated ledger appears and goes once autorecovery repaired it; actions need the token.
+
+The overview's screenshot in docs/ is taken here (``docs/dashboard.png``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from bkspark.cli.dashboard_cmd import start as start_dashboard
+from bkspark.cli.dashboard_cmd import stop_dashboard
+from bkspark.client import BookKeeper
+from bkspark.localcluster import LocalCluster
+from bkspark.log import LogStore
+from metadata.testing import skip_or_fail
+
+CHROMIUM = "/usr/bin/chromium"
+SCREENSHOT = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "dashboard.png")
+TOKEN = "test-token"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        skip_or_fail("playwright is not installed (make install installs it: pip '.[test]')")
+    if not shutil.which(CHROMIUM):
+        skip_or_fail(f"{CHROMIUM} is missing: apt-get install -y chromium (.ci/run does)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    # 4 bookies: a ledger of 3 keeps a bookie to be re-replicated to once one of them dies
+    with LocalCluster(None, 4, str(tmp_path_factory.mktemp("dash-cluster"))) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def dashboard(cluster):
+    dash = start_dashboard(cluster.metadata_uri, port=0, token=TOKEN, interval=0.5,
+                           slow_interval=0.5)
+    yield dash
+    stop_dashboard(dash)
+
+
+def _wait(page, expression: str, timeout_s: float = 30.0):
+    page.wait_for_function(expression, timeout=timeout_s * 1000)
+
+
+def test_the_overview_loads_and_its_plots_receive_points(browser, cluster, dashboard):
+    bk = BookKeeper(cluster.metadata_uri)
+    try:
+        logs = LogStore(bk)
+        with logs.open_writer("dash-log") as w:
+            for i in range(200):
+                w.append(b"x%d" % i)
+        logs.commit_cursor("dash-log", "reader-1", logs.resolve("dash-log", "earliest"))
+        page = browser.new_page(viewport={"width": 1400, "height": 1500})
+        page.goto(dashboard.url)
+        _wait(page, "document.querySelectorAll('#bookies tbody tr[data-state=writable]').length == 4")
+        lh = bk.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2)
+        for i in range(300):                # adds the plots must show
+            lh.append(b"y" * 100)
+            if i % 50 == 0:
+                time.sleep(0.3)
+        lh.close()
+        for plot in ("adds_per_s", "add_p99_ms", "disk_usage", "lag"):
+            _wait(page, f"() => {{ const d = document.getElementById('plot-{plot}').data; "
+                        "return d.length > 0 && d[0].x.length > 1; }")
+        _wait(page, "document.querySelector('#logs tbody').textContent.includes('dash-log')")
+        adds = page.evaluate("Math.max(...document.getElementById('plot-adds_per_s').data"
+                             ".flatMap(t => t.y))")
+        assert adds > 0
+        os.makedirs(os.path.dirname(SCREENSHOT), exist_ok=True)
+        page.screenshot(path=SCREENSHOT, full_page=True)
+        # a log's detail page lists its ledger, linked to the ledger's page (its fragments)
+        page.click("#logs a")
+        page.wait_for_selector("text=newest 1 segments")
+        page.click("table >> nth=2 >> a")
+        page.wait_for_selector("text=fragments")
+        assert "127.0.0.1:" in page.content()
+        page.close()
+    finally:
+        bk.close()
+
+
+def test_actions_need_the_token(cluster, dashboard):
+    target = cluster.bookie_ids[0]
+    body = json.dumps({"bookie": target, "readOnly": True}).encode()
+    request = urllib.request.Request(dashboard.url + "api/actions/readonly", data=body,
+                                     method="POST")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 403
+    for value in (True, False):
+        request = urllib.request.Request(
+            dashboard.url + "api/actions/readonly", method="POST",
+            data=json.dumps({"bookie": target, "readOnly": value}).encode(),
+            headers={"Authorization": f"Bearer {TOKEN}"})
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            assert json.loads(resp.read())["readOnly"] is value
+
+
+def test_a_killed_bookie_turns_red_and_its_ledger_shows_under_replicated_until_repaired(
+        browser, cluster, dashboard):
+    from bkspark.recovery.service import AutoRecovery, AutoRecoveryConfig
+    bk = BookKeeper(cluster.metadata_uri)
+    page = browser.new_page()
+    try:
+        lh = bk.create_ledger(ensemble_size=3, write_quorum=3, ack_quorum=2)
+        for _ in range(20):
+            lh.append(b"z" * 50)
+        lh.close()
+        page.goto(dashboard.url)
+        victim = bk.ledger_metadata(lh.ledger_id).ensembles[0][1][0]
+        row = f"document.getElementById('bookie-{victim}')"
+        _wait(page, f"{row} && {row}.dataset.state == 'writable'")
+        cluster.kill(cluster.bookie_ids.index(victim))
+        _wait(page, f"{row}.dataset.state == 'down'", timeout_s=15)
+        color = page.evaluate(f"getComputedStyle({row}.querySelector('.state')).backgroundColor")
+        assert color == "rgb(198, 40, 40)"          # red
+        base = dict(lost_bookie_recovery_delay=0.0, audit_interval=1.0, session_timeout=10.0,
+                    retention_interval=0.0)
+        ledger_row = f"document.querySelector('#under-replicated tr[data-ledger=\"{lh.ledger_id}\"]')"
+        with AutoRecovery(cluster.metadata_uri, AutoRecoveryConfig(run_worker=False, **base),
+                          "dash-auditor"):
+            _wait(page, f"{ledger_row} !== null", timeout_s=60)
+            assert victim in page.evaluate(f"{ledger_row}.textContent")
+            with AutoRecovery(cluster.metadata_uri, AutoRecoveryConfig(run_auditor=False, **base),
+                              "dash-worker"):
+                _wait(page, f"{ledger_row} === null", timeout_s=90)
+        assert page.evaluate("document.getElementById('auditor').textContent") != ""
+    finally:
+        page.close()
+        bk.close()
