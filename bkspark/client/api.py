@@ -314,6 +314,17 @@ class BookKeeper:
     def ledger_metadata(self, ledger_id: int):
         return self.ctx.read_metadata(ledger_id)[0]
 
+    def enable_metrics(self, registry=None):
+        """Keep Prometheus metrics of this client (:mod:`bkspark.client.metrics`: adds and
+        their latency, reads, ensemble changes, recoveries) in ``registry`` (a
+        ``prometheus_client.CollectorRegistry``; default a new one), which is returned: serve
+        it with ``prometheus_client.start_http_server(port, registry=...)`` or the
+        application's own endpoint. Idempotent: a second call returns the first registry."""
+        from .metrics import ClientMetrics
+        if self.ctx.metrics is None:
+            self.ctx.metrics = ClientMetrics(registry)
+        return self.ctx.metrics.registry
+
     # ---- lifecycle -------------------------------------------------------------------------
     def _check_open(self):
         if self._closed:

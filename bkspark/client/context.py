@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Callable
 from metadata import ledgers as ledger_store
 
 if TYPE_CHECKING:
+    from .metrics import ClientMetrics
     from metadata.store import MetadataStore
 
     from .bookie_client import BookieClientPool
@@ -105,6 +106,8 @@ class ClientContext:
     #: a ledger handle with adds in flight joins (and leaves) the client's add-timeout ticks
     register_writer: Callable[[object], None]
     unregister_writer: Callable[[object], None]
+    #: the client's Prometheus metrics, once the application enabled them (None: none kept)
+    metrics: "ClientMetrics | None" = None
 
     def read_metadata(self, ledger_id: int, settle: bool = False):
         """``(LedgerMetadata, version)``; ``settle``: read after a sync (see

@@ -350,9 +350,13 @@ class LedgerHandle:
             return
         pending, qa = self._pending, self._Qa
         popped = False
+        metrics = self._ctx.metrics
+        now = time.monotonic() if metrics is not None else 0.0
         while pending and len(pending[0].acked) >= qa:
             p = pending.popleft()
             del self._pmap[p.entry_id]
+            if metrics is not None:
+                metrics.added(now - p.t0, p.size)
             self._lac = p.entry_id
             self._lac_length = p.length
             self._outstanding -= p.size
@@ -552,6 +556,8 @@ class LedgerHandle:
                     self._md, self._version = md, version
                     self._set_ensemble(md.last_ensemble())
                     self.ensemble_changes += 1
+                    if self._ctx.metrics is not None:
+                        self._ctx.metrics.ensemble_changes.inc()
                     sends = self._sends_after_change_locked(set(replaced.values()))
                 self._send(sends)
             self._send(sends)

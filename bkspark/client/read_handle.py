@@ -270,6 +270,15 @@ class ReadHandle:
                 yield lo, hi, list(bookies)
 
     def _iter_entries(self, first: int, last: int):
+        metrics = self._ctx.metrics
+        if metrics is None:
+            yield from self._entries(first, last)
+            return
+        for entry in self._entries(first, last):
+            metrics.read_entries.inc()
+            yield entry
+
+    def _entries(self, first: int, last: int):
         qw, e = self._md.write_quorum, self._md.ensemble_size
         for lo, hi, ensemble in self._segments(first, last):
             if not self._ctx.conf.use_read_range or hi - lo < 2 * e:

@@ -158,6 +158,18 @@ class LedgerRecovery:
     # ---- driver ------------------------------------------------------------------------
     def run(self, md, version):
         """Recover; return the (CLOSED) metadata and its version."""
+        metrics = self.ctx.metrics
+        try:
+            closed = self._run(md, version)
+        except BaseException:
+            if metrics is not None:
+                metrics.recoveries.labels(outcome="failed").inc()
+            raise
+        if metrics is not None:
+            metrics.recoveries.labels(outcome="closed").inc()
+        return closed
+
+    def _run(self, md, version):
         for _ in range(self.conf.metadata_retries):
             md, version = self._mark_in_recovery(md, version)
             if md.state is LedgerState.CLOSED:

@@ -1,0 +1,50 @@
+"""The dashboard's sampling arithmetic (pure logic): metric parsing, rates' inputs, histogram
+quantiles between two scrapes, bounded histories."""
+import math
+
+import pytest
+
+from bkspark.dashboard.collector import History, buckets, histogram_quantile, parse_metrics, total
+
+TEXT = """# TYPE bookie_adds counter
+bookie_adds_total{status="EOK"} 90.0
+bookie_adds_total{status="EFENCED"} 3.0
+# TYPE bookie_add_batch_seconds histogram
+bookie_add_batch_seconds_bucket{le="0.001"} 10.0
+bookie_add_batch_seconds_bucket{le="0.01"} 50.0
+bookie_add_batch_seconds_bucket{le="+Inf"} 60.0
+bookie_add_batch_seconds_count 60.0
+bookie_add_batch_seconds_sum 0.5
+"""
+
+
+def test_totals_filter_by_labels_and_sum_the_rest():
+    samples = parse_metrics(TEXT)
+    assert total(samples, "bookie_adds_total") == 93.0
+    assert total(samples, "bookie_adds_total", status="EOK") == 90.0
+    assert total(samples, "bookie_missing_total") is None
+
+
+def test_a_quantile_comes_from_the_observations_between_two_scrapes():
+    now = buckets(parse_metrics(TEXT), "bookie_add_batch_seconds")
+    assert now == [(0.001, 10.0), (0.01, 50.0), (math.inf, 60.0)]
+    # all 60 observations: the median (rank 30) lies halfway through the second bucket
+    assert histogram_quantile(0.5, now, None) == pytest.approx(0.0055)
+    # since a scrape that had seen the first 10 (all fast): the 50 new ones' median is slower
+    before = [(0.001, 10.0), (0.01, 10.0), (math.inf, 10.0)]
+    assert histogram_quantile(0.5, now, before) == pytest.approx(0.001 + 0.009 * 25 / 40)
+    # the 99th percentile falls in +Inf: the last finite bound answers
+    assert histogram_quantile(0.99, now, before) == 0.01
+    assert histogram_quantile(0.5, now, now) is None          # nothing observed in between
+
+
+def test_a_history_keeps_its_window_and_forgets_series_that_stop():
+    history = History(seconds=10, interval=1)
+    for t in range(100):
+        history.add("a", float(t), float(t))
+    history.add("b", 5.0, 1.0)
+    history.add("c", 99.0, float("nan"))                      # no figure: no point
+    assert len(history.since(0)["a"]) == history.maxlen == 11
+    history.prune(now=99.0)
+    assert history.names() == ["a"]
+    assert history.since(97.0) == {"a": [[98.0, 98.0], [99.0, 99.0]]}
