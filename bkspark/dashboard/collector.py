@@ -1,7 +1,8 @@
 """What the dashboard shows, sampled from the cluster on one thread.
 
 Every ``interval`` seconds: the bookie registry and each bookie's ``/metrics`` (its admin
-endpoint); every ``slow_interval`` seconds: logs (:meth:`LogStore.stats`, cursor lags), the
+endpoint); every ``slow_interval`` seconds: logs (:meth:`LogStore.stats`, cursor lags), Spark
+write jobs with pending ledgers (:func:`bkspark.spark.pending.reclaim`, a dry run), the
 under-replicated ledgers and the auditor. Nothing is written to the cluster.
 
 Derived figures: a rate is the difference of a counter between two scrapes over their
@@ -35,6 +36,8 @@ log = logging.getLogger("bkspark.dashboard")
 MAX_LOGS = 100
 #: under-replication records read at most (the count is always exact)
 MAX_UNDER_REPLICATED = 200
+#: Spark write jobs with pending ledgers listed at most
+MAX_PENDING_JOBS = 100
 #: seconds a scrape of a bookie's /metrics may take
 SCRAPE_TIMEOUT = 2.0
 
@@ -135,7 +138,8 @@ class Collector:
         self._lock = threading.Lock()
         self._bookies: dict[str, dict] = {}         # bookie id -> latest state and figures
         self._previous: dict[str, tuple[float, dict]] = {}    # bookie id -> (t, samples)
-        self._cluster: dict = {"logs": [], "under_replicated": [], "under_replicated_count": 0,
+        self._cluster: dict = {"logs": [], "pending_jobs": [], "under_replicated": [],
+                               "under_replicated_count": 0,
                                "auditor": None, "errors": {}}
         self._last_slow = 0.0
         self._stop = threading.Event()
@@ -286,6 +290,15 @@ class Collector:
                 self.history.add(f"log/{name}/bytes", now, doc["bytes"])
                 for cursor, c in doc["cursors"].items():
                     self.history.add(f"log/{name}/lag/{cursor}", now, c["lag"])
+        pending_jobs: list[dict] = []
+        if self.bk is not None:
+            from bkspark.log import LogStore
+            from bkspark.spark import pending
+            try:
+                pending_jobs = [j.to_dict() for j in
+                                pending.reclaim(LogStore(self.bk), dry_run=True)[:MAX_PENDING_JOBS]]
+            except BKError as exc:
+                errors["pending_jobs"] = str(exc)
         from bkspark.recovery.urm import UnderReplicationManager
         urm = UnderReplicationManager(self.store)
         under, count, auditor = [], 0, None
@@ -303,7 +316,7 @@ class Collector:
             errors["under_replicated"] = str(exc)
         self.history.add("cluster/under_replicated", now, float(count))
         with self._lock:
-            self._cluster = {"logs": logs, "under_replicated": under,
+            self._cluster = {"logs": logs, "pending_jobs": pending_jobs, "under_replicated": under,
                              "under_replicated_count": count, "auditor": auditor,
                              "errors": errors}
 

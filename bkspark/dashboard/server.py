@@ -12,9 +12,11 @@ Routes (GET unless said):
   segments.
 * ``/static/plotly.min.js`` -- the charting library, from the installed ``plotly`` package
   (the page works offline).
-* POST ``/api/actions/readonly`` ``{"bookie", "readOnly"}`` and ``/api/actions/audit`` --
-  only with the token given at start (``Authorization: Bearer <token>``); without a token
-  the dashboard is read-only and refuses them (403).
+* POST ``/api/actions/readonly`` ``{"bookie", "readOnly"}``, ``/api/actions/audit`` and
+  ``/api/actions/reclaim-pending`` ``{"grace": seconds}`` (Spark write jobs abandoned that
+  long: their unlisted ledgers are deleted) -- only with the token given at start
+  (``Authorization: Bearer <token>``); without a token the dashboard is read-only and
+  refuses them (403).
 """
 from __future__ import annotations
 
@@ -104,6 +106,15 @@ class Dashboard(HttpEndpoint):
         with urllib.request.urlopen(req, timeout=10) as resp:
             return json.loads(resp.read())
 
+    def reclaim_pending(self, grace: float) -> list[dict]:
+        """Reclaim Spark write jobs abandoned for ``grace`` seconds: their ledgers that no
+        log lists are deleted (:func:`bkspark.spark.pending.reclaim`)."""
+        from bkspark.log import LogStore
+        from bkspark.spark import pending
+        if self.collector.bk is None:
+            raise ValueError("this dashboard has no client")
+        return [j.to_dict() for j in pending.reclaim(LogStore(self.collector.bk), grace=grace)]
+
     def trigger_audit(self) -> dict:
         from bkspark.recovery.urm import UnderReplicationManager
         urm = UnderReplicationManager(self.collector.store, "dashboard")
@@ -112,6 +123,11 @@ class Dashboard(HttpEndpoint):
 
 class NoSuchBookie(LookupError):
     pass
+
+
+def pending_grace() -> float:
+    from bkspark.spark.pending import DEFAULT_GRACE_S
+    return DEFAULT_GRACE_S
 
 
 def _handler_for(dash: Dashboard):
@@ -164,6 +180,11 @@ def _handler_for(dash: Dashboard):
                     self.json(200, dash.set_read_only(body["bookie"], value))
                 elif path == "/api/actions/audit":
                     self.json(200, dash.trigger_audit())
+                elif path == "/api/actions/reclaim-pending":
+                    grace = body.get("grace", pending_grace())
+                    if not isinstance(grace, (int, float)) or grace < 0:
+                        raise ValueError("give {\"grace\": seconds >= 0}")
+                    self.json(200, {"jobs": dash.reclaim_pending(float(grace))})
                 else:
                     self.not_found(path)
             except NoSuchBookie as exc:

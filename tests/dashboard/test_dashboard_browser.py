@@ -116,6 +116,41 @@ def test_actions_need_the_token(cluster, dashboard):
             assert json.loads(resp.read())["readOnly"] is value
 
 
+def test_an_abandoned_spark_job_shows_and_is_reclaimed_with_the_token(cluster, dashboard):
+    from bkspark.errors import NoSuchLedgerError
+    from bkspark.spark import pending
+    bk = BookKeeper(cluster.metadata_uri)
+    try:
+        logs = LogStore(bk)
+        key = "dash-job-1"
+        alive = pending.begin_task(logs.store, key, "dash-out")
+        lh = bk.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2)
+        pending.register(logs.store, key, lh.ledger_id, {"partition": 0, "attempt": 0})
+        lh.append(b"row")
+        lh.close()
+        pending.end_task(logs.store, key, alive, lh.ledger_id)      # the driver never commits
+
+        def overview():
+            with urllib.request.urlopen(dashboard.url + "api/overview", timeout=10) as resp:
+                return json.loads(resp.read())
+        deadline = time.monotonic() + 30
+        while not any(j["job"] == key for j in overview()["pending_jobs"]):
+            assert time.monotonic() < deadline, "the abandoned job never showed"
+            time.sleep(0.2)
+        (job,) = [j for j in overview()["pending_jobs"] if j["job"] == key]
+        assert job["ledgers"] == [lh.ledger_id] and job["log"] == "dash-out"
+        request = urllib.request.Request(
+            dashboard.url + "api/actions/reclaim-pending", method="POST",
+            data=json.dumps({"grace": 0}).encode(), headers={"Authorization": f"Bearer {TOKEN}"})
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            (done,) = [j for j in json.loads(resp.read())["jobs"] if j["job"] == key]
+        assert done["verdict"] == "reclaimed" and done["deleted"] == [lh.ledger_id]
+        with pytest.raises(NoSuchLedgerError):
+            bk.ledger_metadata(lh.ledger_id)
+    finally:
+        bk.close()
+
+
 def test_a_killed_bookie_turns_red_and_its_ledger_shows_under_replicated_until_repaired(
         browser, cluster, dashboard):
     from bkspark.recovery.service import AutoRecovery, AutoRecoveryConfig
