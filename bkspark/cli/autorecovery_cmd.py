@@ -87,12 +87,9 @@ def config_from_args(args):
 
 def run(args: argparse.Namespace) -> int:
     from bkspark.logging_setup import setup_logging
-    from bkspark.cluster_registry import NO_METADATA_SERVICE, default_metadata_uri
     from bkspark.recovery.service import AutoRecovery
-    uri = default_metadata_uri(args.metadata)
+    uri = client_args.metadata_uri("autorecovery", args.metadata)
     if not uri:
-        print("bkspark autorecovery: " + NO_METADATA_SERVICE.replace("pass a URI", "pass --metadata URI"),
-              file=sys.stderr)
         return 2
     try:
         config = config_from_args(args)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 CONFIG_ENV = "BKSPARK_CLIENT_CONFIG"
 
@@ -45,3 +46,15 @@ def client_settings(args: argparse.Namespace, environ=os.environ) -> dict:
     if tls is not None:
         settings.update(validate({"--tls-ca-file": tls}, what="flag"))   # names tls_ca_file
     return settings
+
+
+def metadata_uri(command: str, explicit: str | None) -> str | None:
+    """The metadata URI a long-running command uses: ``--metadata``, else
+    ``$BKSPARK_METADATA_URI``, else the running local cluster's; None after saying on stderr
+    that there is none (the command then exits with 2)."""
+    from bkspark.cluster_registry import NO_METADATA_SERVICE, default_metadata_uri
+    uri = default_metadata_uri(explicit)
+    if not uri:
+        print(f"bkspark {command}: "
+              + NO_METADATA_SERVICE.replace("pass a URI", "pass --metadata URI"), file=sys.stderr)
+    return uri

@@ -58,12 +58,9 @@ def stop_dashboard(dash) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bkspark.cluster_registry import NO_METADATA_SERVICE, default_metadata_uri
     from bkspark.logging_setup import setup_logging
-    uri = default_metadata_uri(args.metadata)
+    uri = client_args.metadata_uri("dashboard", args.metadata)
     if not uri:
-        print("bkspark dashboard: " + NO_METADATA_SERVICE.replace("pass a URI", "pass --metadata URI"),
-              file=sys.stderr)
         return 2
     setup_logging(args.log_level, "text")
     try:

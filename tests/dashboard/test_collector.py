@@ -48,3 +48,14 @@ def test_a_history_keeps_its_window_and_forgets_series_that_stop():
     history.prune(now=99.0)
     assert history.names() == ["a"]
     assert history.since(97.0) == {"a": [[98.0, 98.0], [99.0, 99.0]]}
+
+
+@pytest.mark.parametrize("command", ["dashboard", "autorecovery"])
+def test_a_daemon_without_a_metadata_service_says_how_to_name_one(command, tmp_path, monkeypatch,
+                                                                   capsys):
+    from bkspark.cli.main import main
+    monkeypatch.setenv("HOME", str(tmp_path))                 # no running local cluster
+    monkeypatch.delenv("BKSPARK_METADATA_URI", raising=False)
+    assert main([command]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"bkspark {command}: no metadata service") and "--metadata URI" in err
