@@ -37,8 +37,8 @@ FATAL_ADD = (errors.EFENCED, errors.EUA)
 class WriteBack:
     """The RECOVERY_ADD of one entry to a set of bookies (see the module docstring)."""
 
-    __slots__ = ("adds", "entry_id", "bookies", "qa", "t0", "answered", "fails", "fatal",
-                 "payload", "done", "_listeners")
+    __slots__ = ("adds", "entry_id", "bookies", "qa", "t0", "answered", "acks", "fails",
+                 "fatal", "payload", "done", "_listeners")
 
     def __init__(self, adds: "RecoveryAdds", entry_id: int, bookies, qa: int, payload):
         self.adds = adds
@@ -47,15 +47,12 @@ class WriteBack:
         self.qa = qa
         self.t0 = time.monotonic()
         self.answered: dict[str, bool] = {}
+        self.acks = 0                         # bookies that acknowledged it
         self.fails: dict[str, str] = {}       # bookie -> why it failed
         self.fatal: str | None = None         # the first fatal answer: never replaced
         self.payload = payload                # what a resend sends; dropped once done
         self.done = False
         self._listeners: list | None = None
-
-    @property
-    def acks(self) -> int:
-        return sum(1 for ok in self.answered.values() if ok)
 
     @property
     def ok(self) -> bool:
@@ -72,7 +69,9 @@ class WriteBack:
             if bookie not in self.bookies or bookie in self.answered:
                 return
             self.answered[bookie] = ok
-            if not ok:
+            if ok:
+                self.acks += 1
+            else:
                 self.fails[bookie] = note
                 if fatal and self.fatal is None:
                     self.fatal = f"{bookie}: {note}"
@@ -98,7 +97,8 @@ class WriteBack:
         self.done = True
         self.payload = None
         self.adds._forget_locked(self)
-        self.adds.cond.notify_all()
+        if self.adds._waiting:
+            self.adds.cond.notify_all()
         listeners, self._listeners = self._listeners or [], None
         return listeners
 
@@ -113,7 +113,7 @@ class WriteBack:
     def _resend(self, bookie: str) -> None:
         payload = self.payload
         if payload is not None:
-            self.adds._send(self, bookie, payload, at_once=True)
+            self.adds._resend(self, bookie, payload)
 
     def add_listener(self, fn) -> None:
         """Call ``fn(self)`` once done (now, if it is)."""
@@ -136,13 +136,19 @@ class WriteBack:
     def wait(self) -> bool:
         """Wait until done, at most until the deadline (then :meth:`expire`); return
         :attr:`ok`. The caller must have flushed (:meth:`RecoveryAdds.flush`)."""
-        cond = self.adds.cond
+        if self.done:
+            return self.ok
+        adds, cond = self.adds, self.adds.cond
         with cond:
             while not self.done:
                 left = self.deadline - time.monotonic()
                 if left <= 0:
                     break
-                cond.wait(left)
+                adds._waiting += 1
+                try:
+                    cond.wait(left)
+                finally:
+                    adds._waiting -= 1
         if not self.done:
             self.expire()
         return self.ok
@@ -169,6 +175,7 @@ class RecoveryAdds:
         self.prefix = wire.request_prefix(ledger_id, master_key)
         self.cond = threading.Condition()
         self._entries: dict[int, WriteBack] = {}           # streamed and not done
+        self._waiting = 0                                   # threads in WriteBack.wait
         self._buffered: dict[str, list] = {}                # bookie -> [(wb, elem)]
         pool = ctx.pool
         with RecoveryAdds._opening:
@@ -180,36 +187,38 @@ class RecoveryAdds:
     def add(self, entry_id: int, body: bytes, bookies, qa: int) -> WriteBack:
         """Send entry ``entry_id`` (``body``: its digest-framed bytes) to every one of
         ``bookies``; done once ``qa`` of them acknowledged it."""
-        if self.streamed:
-            wb = WriteBack(self, entry_id, bookies, qa,
-                           wire.encode_add(self.prefix, entry_id, wire.RECOVERY_ADD, [body]))
-            with self.cond:
-                # an entry written again (after a recovery ensemble change): acks of the
-                # earlier sends count for the new one too -- an ack means the bookie has it
-                self._entries[entry_id] = wb
-        else:
+        if not self.streamed:
             wb = WriteBack(self, entry_id, bookies, qa, bytes(body))
-        payload = wb.payload
+            for b in wb.bookies:
+                self._send_unary(wb, b, wb.payload)
+            return wb
         # every bookie gets the payload in hand: Qa fast acks can finish the write-back (and
         # drop wb.payload) before the last bookie's send
-        for b in wb.bookies:
-            self._send(wb, b, payload)
+        payload = wire.encode_add(self.prefix, entry_id, wire.RECOVERY_ADD, [body])
+        wb = WriteBack(self, entry_id, bookies, qa, payload)
+        full = []
+        with self.cond:
+            # an entry written again (after a recovery ensemble change): acks of the earlier
+            # sends count for the new one too -- an ack means the bookie has it
+            self._entries[entry_id] = wb
+            if self.batch > 1:
+                for b in wb.bookies:
+                    buffered = self._buffered.setdefault(b, [])
+                    buffered.append((wb, payload))
+                    if len(buffered) >= self.batch:
+                        full.append((b, self._buffered.pop(b)))
+        if self.batch == 1:
+            full = [(b, [(wb, payload)]) for b in wb.bookies]
+        for b, items in full:
+            self._send_stream(b, items)
         return wb
 
-    def _send(self, wb: WriteBack, bookie: str, payload, at_once: bool = False) -> None:
-        if not self.streamed:
-            self._send_unary(wb, bookie, payload)
-            return
-        if self.batch > 1 and not at_once:
-            with self.cond:
-                buffered = self._buffered.setdefault(bookie, [])
-                buffered.append((wb, payload))
-                if len(buffered) < self.batch:
-                    return
-                del self._buffered[bookie]
+    def _resend(self, wb: WriteBack, bookie: str, payload) -> None:
+        """Send ``wb``'s entry to ``bookie`` again, now (a busy bookie's turn came)."""
+        if self.streamed:
+            self._send_stream(bookie, [(wb, payload)])
         else:
-            buffered = [(wb, payload)]
-        self._send_stream(bookie, buffered)
+            self._send_unary(wb, bookie, payload)
 
     def _send_stream(self, bookie: str, items) -> None:
         try:

@@ -514,7 +514,7 @@ class LedgerReplicator:
     def _acked(lid: int, target: str, wb, size: int) -> int:
         """Wait for ``target``'s answer to the copy of ``wb``; return its size in bytes.
         :raises ReplicationError: it did not take the entry."""
-        if not wb.wait():
+        if not (wb.done and wb.ok) and not wb.wait():
             raise ReplicationError(f"ledger {lid} entry {wb.entry_id}: {target} did not take "
                                    f"the recovery add ({'; '.join(wb.notes())})")
         return size
