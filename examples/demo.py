@@ -30,7 +30,7 @@ def main() -> int:
     with LocalCluster(num_bookies=3, data_dir=data_dir, publish=True) as cluster:
         uri = cluster.metadata_uri
         print(f"   metadata service: {uri}; bookies: {', '.join(cluster.bookie_ids)}")
-        dash = start_dashboard(uri, port=0)
+        dash = start_dashboard(uri, port=0, slow_interval=1.0)
         print(f"   dashboard (live while the demo runs): {dash.url}")
         spark = spark_common.spark_session("bkspark-demo")
         try:
@@ -62,9 +62,11 @@ def main() -> int:
                 for cursor, (pos, lag) in logs.cursor_lags("demo-clicks").items():
                     print(f"   cursor {cursor!r} on demo-clicks at {tuple(pos)}, lag {lag} "
                           "(a micro-batch's offsets are committed when the next is planned)")
+            time.sleep(1.5)                 # (its next sample of the logs)
             overview = json.load(urllib.request.urlopen(dash.url + "api/overview", timeout=10))
-            print(f"   the dashboard saw {overview['bookie_states']['writable']} writable bookies "
-                  f"and {len(overview['logs'])} logs ({dash.url})")
+            seen = ", ".join(f"{d['log']} ({d.get('entries', '?')} entries)" for d in overview["logs"])
+            print(f"   the dashboard ({dash.url}) saw {overview['bookie_states']['writable']} "
+                  f"writable bookies and the logs {seen or '(none yet)'}")
         finally:
             spark.stop()
             stop_dashboard(dash)
