@@ -3,7 +3,8 @@
 Every ``interval`` seconds: the bookie registry and each bookie's ``/metrics`` (its admin
 endpoint); every ``slow_interval`` seconds: logs (:meth:`LogStore.stats`, cursor lags), Spark
 write jobs with pending ledgers (:func:`bkspark.spark.pending.reclaim`, a dry run), the
-under-replicated ledgers and the auditor. Nothing is written to the cluster.
+under-replicated ledgers, the auditor, autorecovery's copy rate (bookies hosting it export
+it), and :data:`LEDGER_SCAN_CHUNK` ledgers' metadata towards a count of ledgers by state. Nothing is written to the cluster.
 
 Derived figures: a rate is the difference of a counter between two scrapes over their
 interval; a latency quantile comes from the difference of a histogram's buckets between two
@@ -38,6 +39,9 @@ MAX_LOGS = 100
 MAX_UNDER_REPLICATED = 200
 #: Spark write jobs with pending ledgers listed at most
 MAX_PENDING_JOBS = 100
+#: ledgers whose metadata one sample reads to count their states (a full count takes
+#: ledgers / this many samples: the cost of a sample does not grow with the cluster)
+LEDGER_SCAN_CHUNK = 500
 #: seconds a scrape of a bookie's /metrics may take
 SCRAPE_TIMEOUT = 2.0
 
@@ -138,10 +142,14 @@ class Collector:
         self._lock = threading.Lock()
         self._bookies: dict[str, dict] = {}         # bookie id -> latest state and figures
         self._previous: dict[str, tuple[float, dict]] = {}    # bookie id -> (t, samples)
-        self._cluster: dict = {"logs": [], "pending_jobs": [], "under_replicated": [],
+        self._cluster: dict = {"logs": [], "pending_jobs": [], "ledger_states": None,
+                               "under_replicated": [],
                                "under_replicated_count": 0,
                                "auditor": None, "errors": {}}
         self._last_slow = 0.0
+        self._scan: list[int] = []                  # ledgers of the state count under way
+        self._scan_counts: dict[str, int] = {}
+        self._ledger_states: dict | None = None     # the last complete count
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.samples = 0
@@ -224,6 +232,8 @@ class Collector:
         add = self.history.add
         key = f"bookie/{bookie}"
         doc["read_only"] = bool(total(samples, "bookie_read_only") or 0)
+        # a bookie hosting autorecovery (--autorecovery) exports its copy rate too
+        doc["copy_rate"] = total(samples, "autorecovery_copy_rate_bytes")
         cache = total(samples, "bookie_storage_cache_bytes")
         capacity = total(samples, "bookie_write_cache_capacity_bytes")
         if cache is not None and capacity:
@@ -315,10 +325,44 @@ class Collector:
         except BKError as exc:
             errors["under_replicated"] = str(exc)
         self.history.add("cluster/under_replicated", now, float(count))
+        try:
+            self._count_ledger_states(now)
+        except BKError as exc:
+            errors["ledger_states"] = str(exc)
         with self._lock:
-            self._cluster = {"logs": logs, "pending_jobs": pending_jobs, "under_replicated": under,
+            copy_rate = [b["copy_rate"] for b in self._bookies.values()
+                         if b.get("copy_rate") is not None]
+        if copy_rate:
+            self.history.add("cluster/copy_rate", now, float(sum(copy_rate)))
+        with self._lock:
+            self._cluster = {"logs": logs, "pending_jobs": pending_jobs,
+                             "ledger_states": self._ledger_states, "under_replicated": under,
                              "under_replicated_count": count, "auditor": auditor,
                              "errors": errors}
+
+    def _count_ledger_states(self, now: float) -> None:
+        """Read the next :data:`LEDGER_SCAN_CHUNK` ledgers' metadata of the count under way;
+        once every ledger of the list it started from is read, publish the count (by state,
+        with the time it completed) and start the next one."""
+        from metadata import ledgers as ledger_store
+        from metadata.layout import ledger_path
+        from metadata.ledger_metadata import LedgerMetadata
+        if not self._scan:
+            self._scan = sorted(ledger_store.list_ledgers(self.store), reverse=True)
+            self._scan_counts = {}
+        chunk = [self._scan.pop() for _ in range(min(LEDGER_SCAN_CHUNK, len(self._scan)))]
+        for item in self.store.get_many([ledger_path(lid) for lid in chunk]):
+            if item is None:
+                continue                        # deleted since the list was read
+            try:
+                state = LedgerMetadata.deserialize(item[0]).state.value
+            except BKError:
+                state = "unreadable"
+            self._scan_counts[state] = self._scan_counts.get(state, 0) + 1
+        if not self._scan:
+            self._ledger_states = {"counts": dict(self._scan_counts), "at": now}
+            for state, n in self._scan_counts.items():
+                self.history.add(f"cluster/ledgers/{state}", now, float(n))
 
     # ---- what the page asks for --------------------------------------------------------------
     def overview(self) -> dict:

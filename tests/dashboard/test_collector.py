@@ -59,3 +59,24 @@ def test_a_daemon_without_a_metadata_service_says_how_to_name_one(command, tmp_p
     assert main([command]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"bkspark {command}: no metadata service") and "--metadata URI" in err
+
+
+def test_ledger_states_are_counted_a_bounded_chunk_per_sample(tmp_path, monkeypatch):
+    from bkspark.dashboard import collector as col
+    from metadata import ledgers, open_store
+    from metadata.ledger_metadata import LedgerMetadata
+    monkeypatch.setattr(col, "LEDGER_SCAN_CHUNK", 4)
+    with open_store(f"sqlite://{tmp_path}/m.db", create=True) as store:
+        ids = [ledgers.create_ledger(store, LedgerMetadata.new(["a:1", "b:1"], 2, 2)).ledger_id
+               for _ in range(10)]
+        for lid in ids[:3]:
+            md, version = ledgers.read_ledger(store, lid)
+            ledgers.write_ledger(store, md.with_closed(-1, 0), version)
+        c = col.Collector(store, interval=1.0, slow_interval=0.0)
+        c._count_ledger_states(now=1.0)
+        c._count_ledger_states(now=2.0)
+        assert c._ledger_states is None                 # 8 of 10 read: no count yet
+        ledgers.delete_ledger(store, ids[-1])           # gone before its turn: not counted
+        c._count_ledger_states(now=3.0)
+        assert c._ledger_states == {"counts": {"CLOSED": 3, "OPEN": 6}, "at": 3.0}
+        assert c.history.since(0)["cluster/ledgers/OPEN"] == [[3.0, 6.0]]

@@ -83,6 +83,7 @@ def test_the_overview_loads_and_its_plots_receive_points(browser, cluster, dashb
             _wait(page, f"() => {{ const d = document.getElementById('plot-{plot}').data; "
                         "return d.length > 0 && d[0].x.length > 1; }")
         _wait(page, "document.querySelector('#logs tbody').textContent.includes('dash-log')")
+        _wait(page, "document.getElementById('ledger-states').textContent.includes('CLOSED')")
         adds = page.evaluate("Math.max(...document.getElementById('plot-adds_per_s').data"
                              ".flatMap(t => t.y))")
         assert adds > 0
