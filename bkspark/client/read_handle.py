@@ -270,13 +270,11 @@ class ReadHandle:
                 yield lo, hi, list(bookies)
 
     def _iter_entries(self, first: int, last: int):
+        """The entries ``first..last`` in order (lazily); counted when the client keeps
+        metrics (without them no generator layer is added to the read path)."""
+        entries = self._entries(first, last)
         metrics = self._ctx.metrics
-        if metrics is None:
-            yield from self._entries(first, last)
-            return
-        for entry in self._entries(first, last):
-            metrics.read_entries.inc()
-            yield entry
+        return entries if metrics is None else _counted(entries, metrics.read_entries)
 
     def _entries(self, first: int, last: int):
         qw, e = self._md.write_quorum, self._md.ensemble_size
@@ -486,6 +484,13 @@ class ReadHandle:
     def __repr__(self):
         return (f"ReadHandle(ledger_id={self.ledger_id}, state={self._md.state.value}, "
                 f"lac={self._lac})")
+
+
+def _counted(entries, counter):
+    """``entries``, counting each one in ``counter`` as it is yielded."""
+    for entry in entries:
+        counter.inc()
+        yield entry
 
 
 __all__ = ["ReadHandle", "LedgerEntry", "peek_header"]
