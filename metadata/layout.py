@@ -11,7 +11,7 @@ so operators find what BookKeeper puts there:
 ``/ledgers/cookies/<bookie>``          bookie cookies
 ``/ledgers/INSTANCEID``, ``LAYOUT``    cluster identity and layout version
 ``/ledgers/idgen``                     ledger-id counter
-``/ledgers/underreplication/...``      ledgers/, locks/, auditorelection/, disable
+``/ledgers/underreplication/...``      ledgers/, locks/, auditorelection/, endpoints/, disable
 ``/ledgers/logs/<name>``               bkspark logs (head; segments/, ledgers/, cursors/)
 ``/ledgers/logs-retention/election``   the process applying logs' retention policies
 =====================================  ===================================================
@@ -23,6 +23,7 @@ collide with the named nodes above.
 from __future__ import annotations
 
 import re
+import urllib.parse
 
 from bkspark.errors import BadRequestError
 
@@ -45,6 +46,8 @@ AUDIT_REQUEST = UNDERREPLICATION + "/auditRequest"
 UR_PUBLISHED = UNDERREPLICATION + "/published"
 #: what elected auditors recorded of their periodic checks, so the next one goes on from there
 AUDITOR_CHECKS = UNDERREPLICATION + "/auditorChecks"
+#: HTTP endpoints of running ``bkspark autorecovery`` processes (ephemeral, one per process)
+AUTORECOVERY_ENDPOINTS = UNDERREPLICATION + "/endpoints"
 #: the Spark connector's records of write jobs under way (bkspark/spark/pending.py)
 SPARK_PENDING = "/spark/pending"
 #: election of the one process that applies logs' retention policies
@@ -141,6 +144,14 @@ def underreplicated_path(ledger_id: int) -> str:
     check_ledger_id(ledger_id)
     h = f"{ledger_id:016x}"
     return f"{UR_LEDGERS}/{h[0:4]}/{h[4:8]}/{h[8:12]}/{h[12:16]}/urL{ledger_id:010d}"
+
+
+def autorecovery_endpoint_path(identifier: str) -> str:
+    """The endpoint record of the autorecovery process ``identifier`` (any text: quoted into
+    one node name)."""
+    if not identifier:
+        raise BadRequestError("an autorecovery identifier must not be empty")
+    return f"{AUTORECOVERY_ENDPOINTS}/{urllib.parse.quote(identifier, safe=':@-_.')}"
 
 
 def underreplication_lock_path(ledger_id: int) -> str:

@@ -3,8 +3,10 @@
 Every ``interval`` seconds: the bookie registry and each bookie's ``/metrics`` (its admin
 endpoint); every ``slow_interval`` seconds: logs (:meth:`LogStore.stats`, cursor lags), Spark
 write jobs with pending ledgers (:func:`bkspark.spark.pending.reclaim`, a dry run), the
-under-replicated ledgers, the auditor, autorecovery's copy rate (bookies hosting it export
-it), and :data:`LEDGER_SCAN_CHUNK` ledgers' metadata towards a count of ledgers by state. Nothing is written to the cluster.
+under-replicated ledgers, the auditor, the autorecovery processes (each standalone one
+publishes its HTTP endpoint, whose ``/metrics`` are scraped; bookies hosting autorecovery
+export its figures with their own) and their copy rate, and :data:`LEDGER_SCAN_CHUNK` ledgers'
+metadata towards a count of ledgers by state. Nothing is written to the cluster.
 
 Derived figures: a rate is the difference of a counter between two scrapes over their
 interval; a latency quantile comes from the difference of a histogram's buckets between two
@@ -39,10 +41,12 @@ MAX_LOGS = 100
 MAX_UNDER_REPLICATED = 200
 #: Spark write jobs with pending ledgers listed at most
 MAX_PENDING_JOBS = 100
+#: published autorecovery processes scraped at most (the first ones by identifier)
+MAX_AUTORECOVERY = 20
 #: ledgers whose metadata one sample reads to count their states (a full count takes
 #: ledgers / this many samples: the cost of a sample does not grow with the cluster)
 LEDGER_SCAN_CHUNK = 500
-#: seconds a scrape of a bookie's /metrics may take
+#: seconds a scrape of a bookie's (or an autorecovery process's) /metrics may take
 SCRAPE_TIMEOUT = 2.0
 
 
@@ -145,7 +149,7 @@ class Collector:
         self._cluster: dict = {"logs": [], "pending_jobs": [], "ledger_states": None,
                                "under_replicated": [],
                                "under_replicated_count": 0,
-                               "auditor": None, "errors": {}}
+                               "auditor": None, "autorecovery": [], "errors": {}}
         self._last_slow = 0.0
         self._scan: list[int] = []                  # ledgers of the state count under way
         self._scan_counts: dict[str, int] = {}
@@ -206,7 +210,8 @@ class Collector:
                 doc["address"] = info.get("address", bookie)
                 doc["http_port"] = info.get("http_port")
                 doc["rack"] = info.get("rack", "")
-            samples = self._scrape(doc) if doc.get("http_port", -1) not in (None, -1) else None
+            samples = self._scrape(doc.get("address", bookie).rsplit(":", 1)[0],
+                                   doc.get("http_port"))
             if samples is None:
                 state = "down"
                 self._previous.pop(bookie, None)
@@ -217,10 +222,13 @@ class Collector:
             self.history.add(f"bookie/{bookie}/up", now, 0.0 if state == "down" else 1.0)
 
     @staticmethod
-    def _scrape(doc: dict) -> dict | None:
-        host = doc.get("address", doc["bookie_id"]).rsplit(":", 1)[0]
+    def _scrape(host: str, http_port) -> dict | None:
+        """The parsed ``/metrics`` of ``host:http_port``; None when it does not answer (or
+        has no endpoint: port None or -1)."""
+        if http_port in (None, -1):
+            return None
         try:
-            with urllib.request.urlopen(f"http://{host}:{doc['http_port']}/metrics",
+            with urllib.request.urlopen(f"http://{host}:{http_port}/metrics",
                                         timeout=SCRAPE_TIMEOUT) as resp:
                 return parse_metrics(resp.read().decode("utf-8", "replace"))
         except (OSError, ValueError):
@@ -324,13 +332,17 @@ class Collector:
             auditor = urm.auditor()
         except BKError as exc:
             errors["under_replicated"] = str(exc)
+        try:
+            processes = self._sample_autorecovery(urm.endpoints())
+        except BKError as exc:
+            processes, errors["autorecovery"] = [], str(exc)
         self.history.add("cluster/under_replicated", now, float(count))
         try:
             self._count_ledger_states(now)
         except BKError as exc:
             errors["ledger_states"] = str(exc)
         with self._lock:
-            copy_rate = [b["copy_rate"] for b in self._bookies.values()
+            copy_rate = [b["copy_rate"] for b in [*self._bookies.values(), *processes]
                          if b.get("copy_rate") is not None]
         if copy_rate:
             self.history.add("cluster/copy_rate", now, float(sum(copy_rate)))
@@ -338,7 +350,25 @@ class Collector:
             self._cluster = {"logs": logs, "pending_jobs": pending_jobs,
                              "ledger_states": self._ledger_states, "under_replicated": under,
                              "under_replicated_count": count, "auditor": auditor,
-                             "errors": errors}
+                             "autorecovery": processes, "errors": errors}
+
+    def _sample_autorecovery(self, endpoints: dict[str, dict]) -> list[dict]:
+        """The published autorecovery processes (at most :data:`MAX_AUTORECOVERY`), each with
+        the figures of its ``/metrics`` -- or ``up: False`` when it does not answer."""
+        out = []
+        for ident, info in sorted(endpoints.items())[:MAX_AUTORECOVERY]:
+            host, port = info.get("host", ""), info.get("http_port")
+            samples = self._scrape(host, port)
+            doc = {"id": ident, "address": f"{host}:{port}", "up": samples is not None}
+            if samples is not None:
+                doc.update({
+                    "is_auditor": bool(total(samples, "autorecovery_is_auditor") or 0),
+                    "copy_rate": total(samples, "autorecovery_copy_rate_bytes"),
+                    "ledgers_replicated": total(samples, "autorecovery_ledgers_replicated_total"),
+                    "failures": total(samples, "autorecovery_replication_failures_total"),
+                    "bytes_copied": total(samples, "autorecovery_bytes_copied_total")})
+            out.append(doc)
+        return out
 
     def _count_ledger_states(self, now: float) -> None:
         """Read the next :data:`LEDGER_SCAN_CHUNK` ledgers' metadata of the count under way;

@@ -3,7 +3,9 @@
 
 ``bkspark autorecovery`` runs it standalone; ``bkspark bookie --autorecovery`` runs it inside
 the bookie process. It uses its own metadata session, so its election record and worker
-locks vanish when the process dies.
+locks vanish when the process dies. With an HTTP endpoint (``http_port`` >= 0) it publishes
+where that answers (:meth:`UnderReplicationManager.publish_endpoint`, ephemeral, re-published
+after a session expiry), which is how the dashboard finds it.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from bkspark.errors import BKError
 from metadata import open_store
 from metadata.layout import AUDITOR_ELECTION, UR_LEDGERS, UR_LOCKS
 
@@ -23,6 +26,7 @@ from .auditor import Auditor, AuditorConfig
 from .election import LeaderElection
 from .http import RATE_WINDOW, AutoRecoveryHttp, metrics_registry
 from .throttle import DEFAULT_DAEMON_MB_PER_S
+from .urm import UnderReplicationManager
 from .worker import ReplicationWorker, WorkerConfig
 
 log = logging.getLogger("bkspark.recovery")
@@ -96,6 +100,8 @@ class AutoRecovery:
             self.worker.start()
         if c.http_port >= 0:
             self.http = AutoRecoveryHttp(self, c.http_host, c.http_port).start()
+            self._publish_endpoint()
+            self.store.on_session_lost(self._publish_endpoint)
         if c.retention_interval > 0:
             from .retention import RetentionService
             self.retention = RetentionService(self.bk, self.identifier, c.retention_interval).start()
@@ -105,6 +111,19 @@ class AutoRecovery:
                  self.worker.throttle.describe() if self.worker else "-",
                  self.http.port if self.http else None)
         return self
+
+    def _publish_endpoint(self, *_args) -> None:
+        """Announce where this process's HTTP endpoint answers; a failure is logged (the
+        endpoint serves on: only the dashboard's discovery misses it)."""
+        host = self.config.http_host
+        if host in ("", "0.0.0.0", "::"):
+            host = socket.getfqdn()
+        try:
+            UnderReplicationManager(self.store, self.identifier).publish_endpoint(
+                self.identifier, {"host": host, "http_port": self.http.port})
+        except BKError as exc:
+            log.warning("autorecovery %s: its HTTP endpoint is not published: %s",
+                        self.identifier, exc)
 
     @property
     def is_auditor(self) -> bool:

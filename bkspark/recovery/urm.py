@@ -10,6 +10,7 @@ Layout (BookKeeper's, relative to the metadata root)::
     /underreplication/auditorChecks                                  the auditors' check times
     /underreplication/published                                      changed: records published
     /underreplication/auditorelection/...                            auditor election
+    /underreplication/endpoints/<identifier>                         ephemeral: a process's HTTP
 
 A record's data is JSON ``{"missing": [bookie ids], "ctime_ms": ..., "by": ...}``. The
 auditor creates a record or merges more lost bookies into it (a CAS, which bumps the
@@ -23,6 +24,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import urllib.parse
 from typing import Callable
 
 from bkspark.errors import BadVersionError, MetadataFormatError, NodeExistsError, NoNodeError
@@ -30,11 +32,13 @@ from metadata.layout import (
     AUDIT_REQUEST,
     AUDITOR_CHECKS,
     AUDITOR_ELECTION,
+    AUTORECOVERY_ENDPOINTS,
     LOST_BOOKIE_RECOVERY_DELAY,
     UR_DISABLE,
     UR_LEDGERS,
     UR_LOCKS,
     UR_PUBLISHED,
+    autorecovery_endpoint_path,
     underreplicated_path,
     underreplication_lock_path,
 )
@@ -254,6 +258,49 @@ class UnderReplicationManager:
     def auditor(self) -> str | None:
         """Identifier of the elected auditor (lowest election sequence), or None."""
         return current_leader(self.store, AUDITOR_ELECTION)
+
+    # ---- where autorecovery processes answer ----------------------------------------------
+    def publish_endpoint(self, identifier: str, info: dict) -> None:
+        """Announce the HTTP endpoint of the autorecovery process ``identifier`` (``info``:
+        ``host``, ``http_port``) as an ephemeral record of this store's session, so that the
+        dashboard finds standalone processes as it finds bookies; it vanishes with the session
+        (re-publish from ``store.on_session_lost``).
+
+        A record already there is either this session's (a create whose answer was lost, a
+        second publication: it stays, and is kept) or another live session's under the same
+        identifier (:class:`NodeExistsError` naming it)."""
+        path = autorecovery_endpoint_path(identifier)
+        mine = str(self.store.session_id)
+        for _ in range(3):
+            try:
+                self.store.create(path, _dumps({**info, "session": mine}), ephemeral=True,
+                                  makepath=True)
+                return
+            except NodeExistsError:
+                try:
+                    data, _ = self.store.get(path)
+                except NoNodeError:
+                    continue                    # the other session ended meanwhile: again
+                if _loads(data).get("session") == mine:
+                    return
+                raise NodeExistsError(
+                    f"an autorecovery process with identifier {identifier!r} is already "
+                    f"published at {path} by another live session; give each process its own "
+                    f"--id") from None
+        raise NodeExistsError(f"could not publish {path}: it kept reappearing")
+
+    def endpoints(self) -> dict[str, dict]:
+        """Published autorecovery endpoints: identifier -> ``{"host", "http_port", ...}``."""
+        try:
+            names = self.store.children(AUTORECOVERY_ENDPOINTS)
+        except NoNodeError:
+            return {}
+        out = {}
+        for name, item in zip(names, self.store.get_many(
+                [f"{AUTORECOVERY_ENDPOINTS}/{n}" for n in names])):
+            if item is not None:                # (gone since the listing)
+                out[urllib.parse.unquote(name)] = _loads(item[0])
+        return out
 
 
 def election_contenders(store, path: str) -> list[tuple[str, str]]:

@@ -177,9 +177,13 @@ def test_a_killed_bookie_turns_red_and_its_ledger_shows_under_replicated_until_r
                           "dash-auditor"):
             _wait(page, f"{ledger_row} !== null", timeout_s=60)
             assert victim in page.evaluate(f"{ledger_row}.textContent")
-            with AutoRecovery(cluster.metadata_uri, AutoRecoveryConfig(run_auditor=False, **base),
-                              "dash-worker"):
+            # the worker serves HTTP, so it publishes its endpoint: the page lists it
+            with AutoRecovery(cluster.metadata_uri, AutoRecoveryConfig(
+                    run_auditor=False, http_port=0, http_host="127.0.0.1", **base),
+                    "dash-worker"):
                 _wait(page, f"{ledger_row} === null", timeout_s=90)
+                _wait(page, "document.querySelector('#autorecovery tr[data-id=\"dash-worker\"]"
+                            "[data-state=up]') !== null")
         assert page.evaluate("document.getElementById('auditor').textContent") != ""
     finally:
         page.close()

@@ -4,7 +4,8 @@
 A bookie dies while the recovery delay is long: the metrics show the lost bookie and no
 record is published; ``trigger_audit`` (HTTP) publishes at once and the worker repairs,
 which the copy counters show; the status switch and the record listing work over HTTP;
-bad requests get 400/404 naming the problem. ``bkspark shell triggeraudit`` is covered in
+bad requests get 400/404 naming the problem; the dashboard's collector finds the process by
+the endpoint it published, and loses it once it is killed. ``bkspark shell triggeraudit`` is covered in
 tests/cli/test_shell.py.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ import urllib.request
 import pytest
 
 from bkspark.client import BookKeeper
+from bkspark.dashboard.collector import Collector
 from bkspark.ports import free_port
 from bkspark.recovery.urm import UnderReplicationManager
 from bkspark.testing.cluster import BookieCluster
@@ -53,7 +55,7 @@ def test_metrics_and_routes_of_a_running_autorecovery(tmp_path):
             BookKeeper(uri, add_timeout=5, read_timeout=5) as bk:
         lh, payloads = write_ledger(bk, 60, size=2000)
         ar = AutoRecoveryProcess(uri, "ar-http", tmp_path, lost_bookie_recovery_delay=3600,
-                                 http_port=port, rate=0)
+                                 http_port=port, http_host="127.0.0.1", rate=0)
         try:
             wait_until(lambda: http(port, "/api/v1/autorecovery/who_is_auditor")[1] ==
                        {"Auditor": "ar-http"}, 30, what="the process to be elected auditor")
@@ -115,5 +117,20 @@ def test_metrics_and_routes_of_a_running_autorecovery(tmp_path):
                 (200, {"Auditor": "ar-http"})
             code, doc = http(bookie_port, "/api/v1/autorecovery/process")
             assert code == 404 and "no autorecovery runs in this process" in doc["error"]
+            # the dashboard finds the process by the endpoint it published, with its figures
+            collector = Collector(bk.store, slow_interval=0)
+            collector.sample()
+            [found] = collector.overview()["autorecovery"]
+            assert found["id"] == "ar-http" and found["up"] and found["is_auditor"], found
+            assert found["address"] == f"127.0.0.1:{port}" and found["ledgers_replicated"] == 1
+            # killed: shown as not answering while its record outlives it (a session timeout)
+            ar.kill()
+            collector.sample()
+            assert [(p["id"], p["up"]) for p in collector.overview()["autorecovery"]] in \
+                ([("ar-http", False)], [])
+            wait_until(lambda: UnderReplicationManager(bk.store).endpoints() == {}, 30,
+                       what="the killed process's endpoint record to expire")
+            collector.sample()
+            assert collector.overview()["autorecovery"] == []
         finally:
             ar.stop()

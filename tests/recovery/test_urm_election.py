@@ -5,7 +5,10 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from bkspark.recovery.election import LeaderElection
+from bkspark.errors import NodeExistsError
 from bkspark.recovery.urm import UnderReplicationManager
 from metadata.layout import UR_DISABLE, underreplicated_path
 
@@ -43,6 +46,27 @@ def test_records_and_locks(store_factory):
     wait_until(lambda: a.try_lock(12345678901) is not None, 30, what="the lock to vanish")
     a.release(12345678901)
     assert a.try_lock(99) is None                # no record: nothing to lock
+
+
+def test_an_autorecovery_endpoint_belongs_to_one_live_session(store_factory):
+    a_store, b_store = store_factory(), store_factory()
+    a, b = UnderReplicationManager(a_store, "a"), UnderReplicationManager(b_store, "b")
+    assert a.endpoints() == {}
+    ident = "host-1:42:ab/cd"                   # any text: quoted into one node name
+    a.publish_endpoint(ident, {"host": "127.0.0.1", "http_port": 8001})
+    # published again by its own session (a create whose answer was lost, a session
+    # re-established): kept as it is
+    a.publish_endpoint(ident, {"host": "127.0.0.1", "http_port": 8001})
+    assert b.endpoints() == {ident: {"host": "127.0.0.1", "http_port": 8001,
+                                     "session": str(a_store.session_id)}}
+    # another live session under the same identifier is refused, naming the fix
+    with pytest.raises(NodeExistsError, match="its own --id"):
+        b.publish_endpoint(ident, {"host": "127.0.0.2", "http_port": 8002})
+    # the record is ephemeral: once a's session ends, b may publish
+    a_store.close()
+    wait_until(lambda: b.endpoints() == {}, 30, what="the endpoint to vanish with its session")
+    b.publish_endpoint(ident, {"host": "127.0.0.2", "http_port": 8002})
+    assert b.endpoints()[ident]["http_port"] == 8002
 
 
 def test_switch_and_delay(store):
