@@ -223,7 +223,7 @@ def main() -> int:
         from bkspark.log import LogStore
         with BookKeeper(uri) as bk:
             md, _ = LogStore(bk).get(log)
-            stored_bytes = sum(e.get("length", 0) for e in md.ledgers)
+            stored_bytes = sum(e.sealed_length() for e in md.ledgers)
             n_ledgers, n_entries = len(md.ledgers), sum(e.last_entry_id + 1 for e in md.ledgers)
         parquet_bytes = sum(os.path.getsize(os.path.join(d, f))
                             for d, _, fs in os.walk(parquet_dir) for f in fs if f.endswith(".parquet"))
