@@ -143,8 +143,9 @@ class ZooKeeperServer:
                 [*self.launcher, self.java, "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
                  "-Dzookeeper.jmx.log4j.disable=true",
                  "-cp", classpath,
-                 "org.apache.zookeeper.server." + ("quorum.QuorumPeerMain" if self.quorum
-                                                   else "ZooKeeperServerMain"), cfg],
+                 # QuorumPeerMain also for a standalone server (no server.N lines): it starts
+                 # the autopurge task first, which ZooKeeperServerMain never runs
+                 "org.apache.zookeeper.server.quorum.QuorumPeerMain", cfg],
                 stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True, preexec_fn=_die_with_parent)
         if self.quorum is not None:

@@ -146,8 +146,12 @@ def test_a_write_refused_late_by_an_expiry_still_gets_the_new_session(zk_uri):
 
 def test_test_zookeeper_purges_its_old_snapshots(own_zookeeper):
     """A ZooKeeper of the harness (local clusters, benchmarks) must not keep every snapshot
-    and transaction log: a long run's data directory would grow without bound."""
+    and transaction log: a long run's data directory would grow without bound. The server
+    itself must run the purge task (a standalone ZooKeeperServerMain ignores the settings)."""
     with open(os.path.join(own_zookeeper.dir, "zoo.cfg")) as f:
         cfg = dict(line.strip().split("=", 1) for line in f if "=" in line)
     assert int(cfg["autopurge.purgeInterval"]) >= 1
     assert int(cfg["autopurge.snapRetainCount"]) >= 3
+    with open(own_zookeeper.log_path, errors="replace") as f:
+        log = f.read()
+    assert "Purge task started" in log, log[-2000:]
