@@ -125,6 +125,7 @@ def test_an_abandoned_spark_job_shows_and_is_reclaimed_with_the_token(cluster, d
         logs = LogStore(bk)
         key = "dash-job-1"
         alive = pending.begin_task(logs.store, key, "dash-out")
+        time.sleep(2)
         lh = bk.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2)
         pending.register(logs.store, key, lh.ledger_id, {"partition": 0, "attempt": 0})
         lh.append(b"row")
@@ -134,11 +135,16 @@ def test_an_abandoned_spark_job_shows_and_is_reclaimed_with_the_token(cluster, d
         def overview():
             with urllib.request.urlopen(dashboard.url + "api/overview", timeout=10) as resp:
                 return json.loads(resp.read())
+        # the collector snapshots every slow_interval: a snapshot taken between begin_task and
+        # register shows the job with no ledger yet (true then), so wait for the ended task's
         deadline = time.monotonic() + 30
-        while not any(j["job"] == key for j in overview()["pending_jobs"]):
-            assert time.monotonic() < deadline, "the abandoned job never showed"
+        while True:
+            jobs = [j for j in overview()["pending_jobs"] if j["job"] == key]
+            if jobs and jobs[0]["ledgers"]:
+                break
+            assert time.monotonic() < deadline, f"the abandoned job never showed whole: {jobs}"
             time.sleep(0.2)
-        (job,) = [j for j in overview()["pending_jobs"] if j["job"] == key]
+        (job,) = jobs
         assert job["ledgers"] == [lh.ledger_id] and job["log"] == "dash-out"
         request = urllib.request.Request(
             dashboard.url + "api/actions/reclaim-pending", method="POST",
