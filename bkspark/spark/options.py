@@ -55,7 +55,9 @@ client.<setting>         a ``ClientConfig`` field (``client.tlsCaFile``, ``clien
                          names and values: :mod:`bkspark.client.settings`
 =======================  ====================================================================
 
-Spark also passes ``checkpointLocation`` to streaming sinks; it is accepted and ignored.
+Spark also passes ``checkpointLocation`` and ``queryName`` (``writeStream.queryName(...)``)
+to streaming sinks; they are accepted and ignored (a query's writer id is option ``queryId``,
+or else Spark's query id, which its checkpoint keeps across restarts).
 
 Kafka's option names are accepted beside these (:data:`KAFKA_ALIASES`: ``subscribe``,
 ``subscribePattern``, ``assign``, ``topic``, ``maxOffsetsPerTrigger``, ...), and the offsets
@@ -85,7 +87,7 @@ KNOWN_OPTIONS = (
     "reclaimAbandonedAfter", "maxBytesPerTrigger", "minEntriesPerTrigger", "maxTriggerDelay",
     "startingTimestamp", "startingOffsetsByTimestamp", "endingTimestamp",
     "endingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy", "schema",
-    "includeHeaders", "retentionTime", "retentionSize", "retentionPassCursors",
+    "includeHeaders", "retentionTime", "retentionSize", "retentionPassCursors", "queryName",
     "_testFault",        # test-only fault injection (see bkspark.spark.writer)
 )
 #: Spark's Kafka source and sink option names, and the option each one is here

@@ -12,7 +12,7 @@ from bkspark.spark.writer import BookKeeperStreamWriter
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
 
-def pipeline(spark, uri, src, dst, ckpt, fault=None, available_now=True, **src_opts):
+def pipeline(spark, uri, src, dst, ckpt, fault=None, available_now=True, name=None, **src_opts):
     from pyspark.sql import functions as F
     r = spark.readStream.format("bookkeeper").option("metadataServiceUri", uri).option("log", src)
     for k, v in src_opts.items():
@@ -22,6 +22,8 @@ def pipeline(spark, uri, src, dst, ckpt, fault=None, available_now=True, **src_o
          .option("checkpointLocation", ckpt))
     if fault:
         w = w.option("_testFault", fault)
+    if name:            # Spark hands writeStream.queryName to the sink as option 'queryName'
+        w = w.queryName(name)
     w = w.trigger(availableNow=True) if available_now else w.trigger(processingTime="200 milliseconds")
     return w.start()
 
@@ -96,8 +98,9 @@ def test_tailing_the_open_ledger(spark, uri, logs, log_name, tmp_path):
     with logs.open_writer(src) as writer:
         writer.append(b"first")
         q = pipeline(spark, uri, src, dst, str(tmp_path / "ckpt"), available_now=False,
-                     startingOffsets="earliest", queryId="tail")
+                     name="tailing " + src, startingOffsets="earliest", queryId="tail")
         try:
+            assert q.name == "tailing " + src
             for i in range(12):
                 writer.append(f"t{i}".encode())
             q.processAllAvailable()
