@@ -25,6 +25,12 @@ micro-batch from the oldest the log still holds to the newest must be there whol
     python3 bench/streaming.py                        # 5,000 micro-batches (over an hour)
     python3 bench/streaming.py --batches 600 --keep-minutes 0
 
+Before it, the reference measured in the same run (``--reference-batches`` micro-batches
+each, 0: none): the same source and trigger into Spark's own ``noop`` sink (what Spark's
+micro-batch costs on this machine) and into a Python data source sink that writes nothing
+(what PySpark's Python sink adds: a Python worker per task, the commit in a Python process);
+the bookkeeper sink's micro-batch is quoted as a ratio to them.
+
 Ctrl-C (or SIGTERM) stops the query early; the summary and the check still run.
 """
 from __future__ import annotations
@@ -68,8 +74,11 @@ def spark_session(master: str):
     return spark
 
 
-def progress_listener(batches: list, lock: threading.Lock):
-    """A listener appending ``(batch id, triggerExecution ms, input rows)`` per micro-batch."""
+def progress_listener(batches: list, lock: threading.Lock, active: list):
+    """A listener appending ``(batch id, triggerExecution ms, input rows, durationMs)`` per
+    micro-batch (``durationMs``: Spark's split of the batch -- ``addBatch`` is the tasks and
+    the sink's commit, the rest is the source's offsets, planning and the checkpoint) -- of
+    the query named ``active[0]`` only (a stopped query's late events do not count)."""
     from pyspark.sql.streaming import StreamingQueryListener
 
     class Progress(StreamingQueryListener):
@@ -79,8 +88,10 @@ def progress_listener(batches: list, lock: threading.Lock):
         def onQueryProgress(self, event):
             p = event.progress
             with lock:
+                if p.name != active[0]:
+                    return
                 batches.append((p.batchId, p.durationMs.get("triggerExecution", 0),
-                                p.numInputRows))
+                                p.numInputRows, dict(p.durationMs)))
 
         def onQueryIdle(self, event):
             pass
@@ -88,6 +99,58 @@ def progress_listener(batches: list, lock: threading.Lock):
         def onQueryTerminated(self, event):
             pass
     return Progress()
+
+
+def null_sink_source():
+    """A Python data source whose streaming sink consumes its rows and stores nothing: the
+    reference for what PySpark's Python sink costs per micro-batch."""
+    from pyspark.sql.datasource import (DataSource, DataSourceStreamArrowWriter,
+                                        WriterCommitMessage)
+
+    class NullWriter(DataSourceStreamArrowWriter):
+        def write(self, iterator):
+            for _ in iterator:
+                pass
+            return WriterCommitMessage()
+
+        def commit(self, messages, batchId):
+            pass
+
+        def abort(self, messages, batchId):
+            pass
+
+    class NullSink(DataSource):
+        @classmethod
+        def name(cls):
+            return "bench-null-sink"
+
+        def streamWriter(self, schema, overwrite):
+            return NullWriter()
+    return NullSink
+
+
+def reference_durations(rows, root: str, fmt: str, batches: int, batch_lists: list,
+                        lock: threading.Lock, active: list) -> list[float]:
+    """Micro-batch durations of ``rows`` into sink ``fmt`` for ``batches`` micro-batches
+    (same trigger as the measured query)."""
+    with lock:
+        batch_lists.clear()
+        active[0] = f"reference-{fmt}"
+    query = (rows.writeStream.format(fmt).queryName(active[0])
+             .option("checkpointLocation", os.path.join(root, f"checkpoint-{fmt}"))
+             .trigger(processingTime="200 milliseconds").start())
+    try:
+        while True:
+            time.sleep(0.5)
+            if query.exception() is not None:
+                raise RuntimeError(f"reference query ({fmt}) failed: {query.exception()}")
+            with lock:
+                if len(batch_lists) >= batches:
+                    return [d for _, d, _, _ in batch_lists[:batches]]
+    finally:
+        query.stop()
+        with lock:
+            batch_lists.clear()
 
 
 def driver_jvm_pid(spark) -> int:
@@ -130,6 +193,8 @@ def main() -> None:
     ap.add_argument("--keep-minutes", type=float, default=5.0,
                     help="the log's retentionTime (0: keep everything)")
     ap.add_argument("--retention-every", type=float, default=10.0)
+    ap.add_argument("--reference-batches", type=int, default=300,
+                    help="micro-batches into each reference sink before the run (0: none)")
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--log", default="stream-endurance")
     add_cluster_arguments(ap)
@@ -153,13 +218,28 @@ def main() -> None:
             jvm = driver_jvm_pid(spark)
             batches: list = []
             lock = threading.Lock()
-            spark.streams.addListener(progress_listener(batches, lock))
+            active = [""]               # the query whose progress counts
+            spark.streams.addListener(progress_listener(batches, lock, active))
             from pyspark.sql import functions as F
             rows = (spark.readStream.format("rate-micro-batch")
                     .option("rowsPerBatch", args.rows_per_batch)
                     .option("numPartitions", PARTITIONS).load()
                     .select(F.col("value").cast("string").alias("value"), "timestamp"))
-            writer = (rows.writeStream.format("bookkeeper").option("metadataServiceUri", uri)
+            references = {}
+            if args.reference_batches > 0:
+                spark.dataSource.register(null_sink_source())
+                for fmt in ("noop", "bench-null-sink"):
+                    got = reference_durations(rows, root, fmt, args.reference_batches,
+                                              batches, lock, active)
+                    # the first micro-batches start the Python workers: the steady ones count
+                    steady = got[len(got) // 5:]
+                    references[fmt] = statistics.fmean(steady)
+                    print(f"reference: {args.reference_batches} micro-batches into "
+                          f"format({fmt!r}): mean {references[fmt]:.0f} ms, median "
+                          f"{pct(steady, .5):.0f} ms (the last {len(steady)})", flush=True)
+            with lock:
+                active[0] = "bookkeeper"
+            writer = (rows.writeStream.format("bookkeeper").queryName("bookkeeper").option("metadataServiceUri", uri)
                       .option("log", args.log)
                       .option("checkpointLocation", os.path.join(root, "checkpoint")))
             if args.keep_minutes > 0:
@@ -188,8 +268,8 @@ def main() -> None:
                     print(f"query failed: {query.exception()}")
                     break
                 with lock:
-                    durations = [d for _, d, _ in batches]
-                    rows_in = sum(r for _, _, r in batches)
+                    durations = [d for _, d, _, _ in batches]
+                    rows_in = sum(r for _, _, r, _ in batches)
                 if len(durations) < mark:
                     continue
                 tenth = durations[mark - step:mark]
@@ -216,6 +296,17 @@ def main() -> None:
                       f"median {tail_p50:.0f} / {head_p50:.0f} ms = {tail_p50 / head_p50:.2f}x "
                       f"(target <= 1.2x); ledgers committed to the log: "
                       f"{logs.bounds(args.log)[1]:,}")
+                for fmt, ref in references.items():
+                    print(f"the last {window} micro-batches over format({fmt!r})'s: "
+                          f"{tail_mean:.0f} / {ref:.0f} ms = {tail_mean / ref:.2f}x")
+            with lock:
+                phases = [split for _, _, _, split in batches]
+            if phases:
+                names = sorted({k for split in phases for k in split},
+                               key=lambda k: -statistics.fmean(s.get(k, 0) for s in phases))
+                print("where a micro-batch's time goes (mean ms over the run, Spark's durationMs): "
+                      + ", ".join(f"{k} {statistics.fmean(s.get(k, 0) for s in phases):.0f}"
+                                  for k in names), flush=True)
             logs.set_retention(args.log, None)     # the log holds still while it is checked
             print("exactly once:", check_exactly_once(spark, uri, args.log, args.rows_per_batch),
                   flush=True)

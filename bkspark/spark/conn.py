@@ -9,6 +9,7 @@ live until the process exits.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import os
 import threading
@@ -98,9 +99,33 @@ def freeze_worker_heap() -> None:
 PROFILE_ENV = "BKSPARK_SPARK_PROFILE"     # a directory: each task dumps <kind>-<pid>-<n>.prof
 
 
+def _dump(prof, kind: str, out: str) -> None:
+    os.makedirs(out, exist_ok=True)
+    prof.dump_stats(os.path.join(out, f"{kind}-{os.getpid()}-{next(_profile_seq)}.prof"))
+
+
+@contextlib.contextmanager
+def profile(kind: str):
+    """The block (a write task, a sink's commit), profiled with cProfile into
+    ``$BKSPARK_SPARK_PROFILE`` when that variable is set."""
+    out = os.environ.get(PROFILE_ENV)
+    if not out:
+        yield
+        return
+    import cProfile
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        yield
+    finally:
+        prof.disable()
+        _dump(prof, kind, out)
+
+
 def profiled(kind: str, gen):
     """``gen`` (an iterator of a task), profiled with cProfile into ``$BKSPARK_SPARK_PROFILE``
-    when that variable is set (Spark's Python workers inherit the driver's environment)."""
+    when that variable is set (Spark's Python workers inherit the driver's environment); the
+    time between its items (the consumer's) does not count."""
     out = os.environ.get(PROFILE_ENV)
     if not out:
         yield from gen
@@ -119,9 +144,7 @@ def profiled(kind: str, gen):
                 prof.disable()
             yield item
     finally:
-        os.makedirs(out, exist_ok=True)
-        n = next(_profile_seq)
-        prof.dump_stats(os.path.join(out, f"{kind}-{os.getpid()}-{n}.prof"))
+        _dump(prof, kind, out)
 
 
 _profile_seq = itertools.count()

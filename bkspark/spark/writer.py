@@ -196,17 +196,9 @@ class BookKeeperBatchWriter(importguard.Guarded, DataSourceArrowWriter):
         self.started_ms = int(time.time() * 1000)       # (before any commit of this job)
 
     def write(self, iterator):
-        if os.environ.get(conn.PROFILE_ENV):
-            box = []
-            def run():
-                box.append(write_task(self.opts, self.fmt, self.schema_json, self.job, iterator,
-                                      {}, self.job))
-                yield None
-            for _ in conn.profiled("write", run()):
-                pass
-            return box[0]
-        return write_task(self.opts, self.fmt, self.schema_json, self.job, iterator, {},
-                          self.job)
+        with conn.profile("write"):
+            return write_task(self.opts, self.fmt, self.schema_json, self.job, iterator, {},
+                              self.job)
 
     def commit(self, messages):
         logs = conn.log_store(self.opts)
@@ -305,12 +297,17 @@ class BookKeeperStreamWriter(importguard.Guarded, DataSourceStreamArrowWriter):
         from pyspark import TaskContext
         tc = TaskContext.get()
         batch = tc.getLocalProperty("streaming.sql.batchId") if tc else None
-        msg = write_task(self.opts, self.fmt, self.schema_json, f"sink-{wid}", iterator,
-                         {"batch": int(batch) if batch is not None else -1, "run": run}, wid)
+        with conn.profile("write"):
+            msg = write_task(self.opts, self.fmt, self.schema_json, f"sink-{wid}", iterator,
+                             {"batch": int(batch) if batch is not None else -1, "run": run}, wid)
         msg.query_id, msg.run_id = qid, run
         return msg
 
     def commit(self, messages, batchId):
+        with conn.profile("commit"):
+            self._commit(messages, batchId)
+
+    def _commit(self, messages, batchId):
         present = [m for m in messages if m is not None]
         ids = _ledger_ids(present)
         if not present:
