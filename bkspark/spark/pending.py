@@ -174,6 +174,34 @@ def unregister(store, key: str, ledger_id: int) -> None:
         pass
 
 
+#: registrations removed by one transaction (a ZooKeeper multi's request stays far below 1 MB)
+UNREGISTER_BATCH = 256
+
+
+def unregister_all(store, key: str, ledger_ids) -> None:
+    """Remove the registrations of ``ledger_ids``: a transaction per
+    :data:`UNREGISTER_BATCH` (one round trip instead of one each); when one fails -- a
+    registration was removed meanwhile, or the answer was lost -- that batch one at a time
+    (a registration already gone is what was wanted).
+
+    :raises MetadataConnectionError: the store did not answer; what remains is removed by a
+        later cleanup."""
+    ids = list(ledger_ids)
+    for i in range(0, len(ids), UNREGISTER_BATCH):
+        chunk = ids[i:i + UNREGISTER_BATCH]
+        if len(chunk) > 1:
+            txn = store.transaction()
+            for lid in chunk:
+                txn.delete(f"{job_path(key)}/{lid}")
+            try:
+                txn.commit()
+                continue
+            except errors.BKError:
+                pass
+        for lid in chunk:
+            unregister(store, key, lid)
+
+
 # ---- the driver side --------------------------------------------------------------------
 
 def begin_commit(store, key: str, ledger_ids) -> tuple[str, int] | None:
@@ -219,29 +247,19 @@ def clean(logs, key: str, log_name: str, keep=(), upto_batch: int | None = None,
         children = store.children(job_path(key))
     except NoNodeError:
         return []
-    candidates = []
     keep = set(keep)
-    for child in children:
-        if not child.isdigit():
-            continue
-        lid = int(child)
-        if upto_batch is not None:
-            try:
-                info = _decode(store.get(f"{job_path(key)}/{child}")[0])
-            except NoNodeError:
-                info = {}
-            if info.get("batch", -1) > upto_batch:
-                continue
-        if lid not in keep:
-            candidates.append(lid)
+    candidates = [int(c) for c in children if c.isdigit() and int(c) not in keep]
+    if upto_batch is not None and candidates:
+        records = store.get_many([f"{job_path(key)}/{lid}" for lid in candidates])
+        candidates = [lid for lid, record in zip(candidates, records)
+                      if _decode(record[0] if record else b"").get("batch", -1) <= upto_batch]
     try:
         deleted = logs.delete_unreferenced(log_name, candidates)
     except errors.BKError as exc:
         log.warning("log %s: pending ledgers of %s left for a later cleanup: %s", log_name,
                     key, exc)
         return []
-    for lid in candidates:          # deleted, or listed by the log: no longer pending
-        unregister(store, key, lid)
+    unregister_all(store, key, candidates)  # deleted, or listed by the log: no longer pending
     if remove_job:
         try:
             store.delete(job_path(key))

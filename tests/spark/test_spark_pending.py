@@ -147,3 +147,38 @@ def test_a_killed_driver_leaves_nothing_behind(spark, uri, logs, log_name, tmp_p
     assert pending.status(logs.store, job.key, 0).verdict == "tombstone"
     assert spark.read.format("bookkeeper").option("metadataServiceUri", uri).load(
         log_name).count() == 3
+
+
+def test_a_sink_cleans_the_batches_it_committed_and_leaves_later_ones(logs, log_name,
+                                                                       monkeypatch):
+    """The sink's cleanup after committing batch 1: ledgers the log lists lose their
+    registration, unlisted ones of batches <= 1 are deleted, batch 2's (running) are left.
+    A registration removed meanwhile (a concurrent cleanup) fails the removal transaction,
+    which then settles them one at a time."""
+    key = f"sink-{log_name}"
+    ledgers = {}
+    for batch in (0, 1, 1, 2):
+        lh = logs.bk.create_ledger(**logs.ledger_options)
+        pending.register(logs.store, key, lh.ledger_id, {"batch": batch})
+        lh.append(b"row")
+        lh.close()
+        ledgers.setdefault(batch, []).append(lh.ledger_id)
+    committed, failed_attempt = ledgers[1]
+    logs.append_ledgers(log_name, [ledgers[0][0], committed])
+    proving, unregister = logs.delete_unreferenced, pending.unregister
+
+    def concurrent_cleanup(name, ids):
+        unregister(logs.store, key, committed)
+        return proving(name, ids)
+    monkeypatch.setattr(logs, "delete_unreferenced", concurrent_cleanup)
+    one_at_a_time = []
+    monkeypatch.setattr(pending, "unregister",
+                        lambda store, k, lid: (one_at_a_time.append(lid),
+                                               unregister(store, k, lid)))
+    assert pending.clean(logs, key, log_name, upto_batch=1) == [failed_attempt]
+    assert _gone(logs, failed_attempt) and not _gone(logs, committed)
+    assert sorted(one_at_a_time) == sorted([ledgers[0][0], committed, failed_attempt])
+    assert logs.store.children(pending.job_path(key)) == [str(ledgers[2][0])]
+    monkeypatch.undo()
+    assert pending.clean(logs, key, log_name) == ledgers[2]
+    assert logs.store.children(pending.job_path(key)) == []
