@@ -239,8 +239,8 @@ def main() -> None:
                           f"{pct(steady, .5):.0f} ms (the last {len(steady)})", flush=True)
             with lock:
                 active[0] = "bookkeeper"
-            writer = (rows.writeStream.format("bookkeeper").queryName("bookkeeper").option("metadataServiceUri", uri)
-                      .option("log", args.log)
+            writer = (rows.writeStream.format("bookkeeper").queryName("bookkeeper")
+                      .option("metadataServiceUri", uri).option("log", args.log)
                       .option("checkpointLocation", os.path.join(root, "checkpoint")))
             if args.keep_minutes > 0:
                 writer = writer.option("retentionTime", f"{int(args.keep_minutes * 60_000)}")
