@@ -137,7 +137,7 @@ def test_an_abandoned_spark_job_shows_and_is_reclaimed_with_the_token(cluster, d
         logs = LogStore(bk)
         key = "dash-job-1"
         alive = pending.begin_task(logs.store, key, "dash-out")
-        time.sleep(2)
+        time.sleep(2)       # a collector snapshot (every 0.5 s) sees the job before its ledger
         lh = bk.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2)
         pending.register(logs.store, key, lh.ledger_id, {"partition": 0, "attempt": 0})
         lh.append(b"row")
