@@ -1,0 +1,7 @@
+"""`python -m bkspark.testing.userfaults ...`: see :mod:`bkspark.testing.userfaults.cli`."""
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

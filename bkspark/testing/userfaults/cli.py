@@ -1,0 +1,154 @@
+"""Sessions of user-level fault runs, their report and ``python -m bkspark.testing.userfaults``."""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+
+
+def run_campaign(seed: int, duration: float, store: str = "sqlite", run_seconds: float = 90.0,
+                 workdir: str | None = None, keep: bool = False, verbose: bool = False,
+                 runs: int | None = None, **run_kwargs) -> dict:
+    """Runs of ``run_seconds`` (run i uses seed ``seed + i``) until ``duration`` is spent (or
+    exactly ``runs``); ``store``: sqlite, zk or both (alternating)."""
+    from metadata.testing import ZooKeeperServer
+
+    from .runner import UserFaultRun
+    base = workdir or tempfile.mkdtemp(prefix="bkspark-userfaults-")
+    os.makedirs(base, exist_ok=True)
+    stores = ["sqlite", "zk"] if store == "both" else [store]
+    zk = None
+    if "zk" in stores:
+        zk = ZooKeeperServer(tick_time=500, max_session_timeout=60000)
+        zk.start()
+    results = []
+    started = time.monotonic()
+    try:
+        i = 0
+        while (i < runs) if runs is not None else \
+                (i == 0 or time.monotonic() - started + run_seconds * 0.8 < duration):
+            kind = stores[i % len(stores)]
+            run_dir = os.path.join(base, f"run-{i:03d}-{kind}")
+            os.makedirs(run_dir, exist_ok=True)
+            offset = time.monotonic() - started
+            r = UserFaultRun(seed + i, run_seconds, kind, run_dir, zookeeper=zk,
+                             verbose=verbose, **run_kwargs).run()
+            r["campaign_offset_s"] = round(offset, 1)
+            r["workdir"] = run_dir
+            results.append(r)
+            print(run_line(r), flush=True)
+            if not r["violations"] and not keep:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            i += 1
+    finally:
+        if zk is not None:
+            zk.stop()
+    summary = summarize(seed, results)
+    summary["workdir"] = base
+    if not keep and not summary["violations"]:
+        shutil.rmtree(base, ignore_errors=True)
+    return summary
+
+
+def run_line(r: dict) -> str:
+    return (f"run seed={r['seed']} store={r['store']} rows={r['rows_checked_total']} "
+            f"faults={sum(r['faults'].values())} violations="
+            f"{sum(r['violations_by_kind'].values())} "
+            f"{json.dumps(r['violations_by_kind'])} ({r['wall_seconds']}s)")
+
+
+def summarize(seed: int, runs: list[dict]) -> dict:
+    faults: collections.Counter = collections.Counter()
+    by_kind: collections.Counter = collections.Counter()
+    rows: collections.Counter = collections.Counter()
+    hits: collections.Counter = collections.Counter()
+    first = None
+    for r in runs:
+        faults.update(r["faults"])
+        by_kind.update(r["violations_by_kind"])
+        rows.update(r["rows_checked"])
+        hits.update(r.get("lost_answers_hit", {}))
+        if r["time_to_first_violation"] is not None:
+            t = r["campaign_offset_s"] + r["time_to_first_violation"]
+            first = t if first is None else min(first, t)
+    violations = [dict(v, seed=r["seed"], store=r["store"]) for r in runs
+                  for v in r["violations"]]
+    first_by_kind = {}
+    for r in runs:
+        for v in r["violations"]:
+            t = round(r["campaign_offset_s"] + v["t"], 1)
+            if v["kind"] not in first_by_kind or t < first_by_kind[v["kind"]]["t"]:
+                first_by_kind[v["kind"]] = {"t": t, "seed": r["seed"], "store": r["store"]}
+    return {"seed": seed, "runs": len(runs), "faults": dict(sorted(faults.items())),
+            "faults_total": sum(faults.values()), "lost_answers_hit": dict(hits),
+            "rows_checked": dict(rows), "rows_checked_total": sum(rows.values()),
+            "violations_by_kind": dict(by_kind),
+            "time_to_first_violation_s": None if first is None else round(first, 1),
+            "first_violation_by_kind": first_by_kind,
+            "violations": violations, "per_run": runs}
+
+
+def format_summary(s: dict) -> str:
+    lines = [f"user-level fault campaign: seed={s['seed']} runs={s['runs']} "
+             f"rows_checked={s['rows_checked_total']} "
+             f"violations={sum(s['violations_by_kind'].values())} "
+             f"time_to_first={s['time_to_first_violation_s']}s",
+             "faults: " + (", ".join(f"{k}={v}" for k, v in s["faults"].items()) or "none"),
+             "lost answers / expiries taken: " + json.dumps(s["lost_answers_hit"]),
+             "rows checked: " + json.dumps(s["rows_checked"]),
+             "violations by kind: " + json.dumps(s["violations_by_kind"]),
+             "first violation of each kind: " + json.dumps(s["first_violation_by_kind"])]
+    for v in s["violations"][:30]:
+        lines.append(f"VIOLATION {json.dumps(v, default=str)[:500]}")
+    for r in s.get("per_run", []):
+        if r["violations"]:
+            lines.append(f"replay: python -m bkspark.testing.userfaults --seed {r['seed']} "
+                         f"--runs 1 --store {r['store']} --run-seconds {r['duration']}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "worker":
+        from .workloads import worker_main
+        return worker_main(argv[1:])
+    p = argparse.ArgumentParser(prog="python -m bkspark.testing.userfaults",
+                                description="randomized fault runs of logs, readers, Spark "
+                                            "batch and streaming jobs, with a checker")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--duration", type=float, default=120.0, help="total seconds of runs")
+    p.add_argument("--run-seconds", type=float, default=None,
+                   help="length of one run (default: the duration, at most 300)")
+    p.add_argument("--runs", type=int, default=None, help="exactly this many runs")
+    p.add_argument("--store", choices=["sqlite", "zk", "both"], default="sqlite")
+    p.add_argument("--keys", type=int, default=None,
+                   help="writer ids the keys workload commits (default 1100)")
+    p.add_argument("--workdir", default=None)
+    p.add_argument("--keep", action="store_true", help="keep run directories")
+    p.add_argument("--report", default=None, help="write the JSON report here")
+    p.add_argument("--quiet", action="store_true", help="do not print every fault")
+    a = p.parse_args(argv)
+    import logging
+    logging.getLogger("bkspark").setLevel(logging.ERROR)
+    seed = a.seed if a.seed is not None else random.SystemRandom().randrange(1 << 31)
+    run_seconds = a.run_seconds or min(a.duration, 300.0)
+    if a.store == "both" and a.runs is None and a.run_seconds is None:
+        run_seconds = min(a.duration / 2, 300.0)
+    print(f"user-level fault campaign: seed={seed} store={a.store} duration={a.duration}s "
+          f"run_seconds={run_seconds}", flush=True)
+    kw = {} if a.keys is None else {"keys_count": a.keys}
+    summary = run_campaign(seed, a.duration, a.store, run_seconds, a.workdir, a.keep,
+                           not a.quiet, runs=a.runs, **kw)
+    summary["text"] = format_summary(summary)
+    summary["command"] = " ".join(["python -m bkspark.testing.userfaults"] + argv)
+    print(summary["text"], flush=True)
+    if a.report:
+        with open(a.report, "w") as f:
+            json.dump(summary, f, indent=1, default=str)
+    return 1 if summary["violations"] else 0

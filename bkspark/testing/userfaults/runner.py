@@ -1,0 +1,502 @@
+"""One user-level fault run: the cluster, the workload processes, the schedule, retention
+and truncation, then the checker (package docstring)."""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from bkspark import errors
+from bkspark.testing.faults.common import BOOKIE_ARGS, REPO_ROOT, wait_serving
+
+from .checker import Checker
+from .schedule import FAULT_KINDS, Fault, make_schedule
+from .workloads import (APP_LOGS, BATCH_LOG, CLIENT_CONF, KEYS_LOG, PASSWORD, RETAINED_LOGS,
+                        STREAM_SINK, STREAM_SOURCE, AckFile, now)
+
+SITEHOOK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sitehook")
+NUM_BOOKIES = 5
+KEYS_COUNT = 1100           # > metadata.log_segments.WRITER_KEYS_MAX (1,000)
+
+
+class UserFaultRun:
+    def __init__(self, seed: int, duration: float, store: str, workdir: str, *,
+                 zookeeper=None, verbose: bool = False, kinds=FAULT_KINDS,
+                 keys_count: int = KEYS_COUNT):
+        self.seed, self.duration, self.store_kind = seed, duration, store
+        self.workdir = workdir
+        self.zookeeper = zookeeper
+        self.verbose = verbose
+        self.keys_count = keys_count
+        self.schedule = make_schedule(seed, duration, NUM_BOOKIES, warmup=3.0, kinds=kinds)
+        self.faults_applied: collections.Counter = collections.Counter()
+        self.fault_errors: list[str] = []
+        self.arm_dir = os.path.join(workdir, "arm")
+        os.makedirs(self.arm_dir, exist_ok=True)
+        self.events = AckFile(os.path.join(workdir, "runner.events"))
+        self.procs: dict[str, subprocess.Popen] = {}     # slot -> process
+        self.incarnation: collections.Counter = collections.Counter()
+        self.paused: set[int] = set()
+        self._bg: list[threading.Thread] = []
+        self._stop = threading.Event()
+        self._arm_seq = 0
+        self._driver_lock = threading.RLock()
+        self._takeovers = 0
+        self.checkpoint = os.path.join(workdir, "ckpt-0")
+        self.prev_checkpoint = self.checkpoint
+        self.stream_mode = "normal"
+        self.uri = ""
+        self.started = 0.0
+        self.warmup = 0.0
+
+    def say(self, *a):
+        if self.verbose:
+            print(f"[{time.strftime('%H:%M:%S')} seed={self.seed}]", *a, flush=True)
+
+    # ---- processes ------------------------------------------------------------------------
+    def _spawn(self, slot: str, role: str, *extra: str, spark: bool = False) -> None:
+        self.incarnation[slot] += 1
+        run_id = f"{slot}-{self.incarnation[slot]}"
+        acks = os.path.join(self.workdir, f"{run_id}.acks")
+        cmd = [sys.executable, "-m", "bkspark.testing.userfaults", "worker", "--role", role,
+               "--uri", self.uri, "--seed", str(self.seed), "--acks", acks,
+               "--arm-dir", self.arm_dir, "--run-id", run_id,
+               "--worker-id", str(len(self.incarnation) * 100 + self.incarnation[slot]),
+               *extra]
+        env = dict(os.environ)
+        paths = [REPO_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if spark:
+            paths.insert(0, SITEHOOK)
+            env["BKSPARK_UF_ARM_DIR"] = self.arm_dir
+            env["BKSPARK_UF_ROLE"] = role if role == "stream" else "spark"
+            env["BKSPARK_HOME"] = os.path.join(self.workdir, "home")
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+        log = open(os.path.join(self.workdir, f"{run_id}.log"), "ab")
+        self.procs[slot] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, env=env,
+                                            start_new_session=True)
+        log.close()
+        self.events.write("P", slot, run_id, self.procs[slot].pid, now())
+
+    def _kill(self, slot: str) -> None:
+        """SIGKILL the slot's process group (a Spark driver: its JVM and Python workers)."""
+        proc = self.procs.get(slot)
+        if proc is None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+    def _spawn_slot(self, slot: str) -> None:
+        if slot.startswith("appender-"):
+            self._spawn(slot, "appender", "--log", slot[len("appender-"):])
+        elif slot == "tailer":
+            self._spawn(slot, "tailer", "--log", STREAM_SOURCE)
+        elif slot == "cursor":
+            self._spawn(slot, "tailer", "--log", "app-1", "--cursor")
+        elif slot == "keys":
+            self._spawn(slot, "keys", "--count", str(self.keys_count))
+        elif slot == "batch":
+            self._spawn(slot, "batch", spark=True)
+        elif slot == "stream":
+            self._spawn(slot, "stream", "--checkpoint", self.checkpoint, "--mode",
+                        self.stream_mode, spark=True)
+
+    SLOTS = ("appender-app-0", "appender-app-1", "appender-ow-0", "tailer", "cursor", "keys",
+             "batch", "stream")
+
+    def _respawn_dead(self) -> None:
+        with self._driver_lock:
+            self._respawn_dead_locked()
+
+    def _respawn_dead_locked(self) -> None:
+        for slot, proc in list(self.procs.items()):
+            rc = proc.poll()
+            if rc is None:
+                continue
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)     # (what is left of a driver's group)
+            except ProcessLookupError:
+                pass
+            if slot == "stream":
+                if self.stream_mode == "lost":
+                    # the lost-checkpoint run refused to run (or died): back to the old one
+                    self.checkpoint = self.prev_checkpoint
+                self.stream_mode = "normal"
+            elif slot != "keys" or rc != 0:
+                self.fault_errors.append(f"{slot} exited on its own (rc {rc}); respawned")
+            self._spawn_slot(slot)
+
+    # ---- the run ----------------------------------------------------------------------------
+    def run(self) -> dict:
+        from bkspark.client import BookKeeper
+        from bkspark.log import LogStore
+        from bkspark.log.retention import RetentionPolicy
+        from bkspark.testing.cluster import BookieCluster
+        from metadata.testing import unique_root
+        if self.store_kind == "zk":
+            self.uri = self.zookeeper.uri(unique_root("userchaos"))
+        else:
+            self.uri = f"sqlite:///{os.path.join(self.workdir, 'meta.db')}"
+        with open(os.path.join(self.workdir, "schedule.json"), "w") as f:
+            json.dump([x.to_json() for x in self.schedule], f, indent=0)
+        cluster = BookieCluster(self.uri, num_bookies=NUM_BOOKIES,
+                                data_dir=os.path.join(self.workdir, "bookies"),
+                                extra_args=BOOKIE_ARGS, session_timeout=2.0)
+        self.cluster = cluster
+        cluster.start_all()
+        self.started = time.monotonic()
+        self.events.write("T0", now())
+        try:
+            with BookKeeper(self.uri, **CLIENT_CONF) as bk:
+                self.bk = bk
+                self.logs = LogStore(bk, password=PASSWORD)
+                for name in APP_LOGS + (BATCH_LOG, STREAM_SINK, KEYS_LOG):
+                    self.logs.create(name)
+                self.logs.set_retention("app-1", RetentionPolicy(ms=4000))
+                self.logs.set_retention(BATCH_LOG, RetentionPolicy(bytes=20_000))
+                for slot in self.SLOTS:
+                    self._spawn_slot(slot)
+                self._background(self._retention_loop)
+                deadline = time.monotonic() + 90
+                while time.monotonic() < deadline and not (
+                        self._ready("batch", "J") and self._ready("stream", "Q")):
+                    self._respawn_dead()
+                    time.sleep(0.5)
+                self.events.write("T1", "drivers-up", now())
+                self.warmup = time.monotonic() - self.started
+                self.started = time.monotonic()
+                self._drive()
+                self._stop.set()
+                for slot in list(self.procs):
+                    self._kill(slot)
+                for t in self._bg:
+                    t.join(60)
+                self._heal()
+            result = Checker(self.uri, self.workdir, say=self.say).check()
+        finally:
+            self._stop.set()
+            for slot in list(self.procs):
+                self._kill(slot)
+            cluster.stop_all()
+        result.update(seed=self.seed, store=self.store_kind, duration=self.duration,
+                      faults=dict(self.faults_applied), fault_errors=self.fault_errors[:30],
+                      lost_answers_hit=self._lost_hits(),
+                      warmup_seconds=round(self.warmup, 1),
+                      wall_seconds=round(time.monotonic() - self.started + self.warmup, 1))
+        return result
+
+    def _lost_hits(self) -> dict:
+        hits: collections.Counter = collections.Counter()
+        for name in os.listdir(self.arm_dir):
+            if name.endswith(".result"):
+                try:
+                    with open(os.path.join(self.arm_dir, name)) as f:
+                        r = json.load(f)
+                except (OSError, ValueError):
+                    continue
+                if r.get("kind") == "lost" and r.get("lost"):
+                    hits[f"{r['role']}:{'applied' if r.get('applied') else 'not-applied'}"] += 1
+                elif r.get("kind") == "expire" and r.get("expired"):
+                    hits[f"{r['role']}:expired"] += 1
+        return dict(hits)
+
+    def _drive(self) -> None:
+        actions = []
+        for i, f in enumerate(self.schedule):
+            actions.append((f.t, i, 0, f))
+            if f.duration:
+                actions.append((f.t + f.duration, i, 1, f))
+        actions.sort(key=lambda a: (a[0], a[1], a[2]))
+        next_check = 0.0
+        for t, _, phase, fault in actions:
+            while True:
+                elapsed = time.monotonic() - self.started
+                if elapsed >= next_check:
+                    self._respawn_dead()
+                    self._keys_done()
+                    next_check = elapsed + 0.5
+                if elapsed >= t:
+                    break
+                time.sleep(min(0.05, t - elapsed))
+            try:
+                if phase == 0:
+                    self.say("begin", fault.kind, fault.target, round(fault.duration, 2),
+                             fault.params or "")
+                    self.events.write("F", fault.kind, fault.target,
+                                      json.dumps(fault.params, separators=(",", ":")), now())
+                    if self._apply(fault) is not False:
+                        self.faults_applied[fault.kind] += 1
+                else:
+                    self._end(fault)
+            except Exception as exc:  # noqa: BLE001 - a fault that could not be applied
+                self.fault_errors.append(f"{fault.kind}@{fault.t:.1f}: {type(exc).__name__}: "
+                                         f"{exc}"[:300])
+                self.say("fault error", fault.kind, exc)
+        while time.monotonic() - self.started < self.duration:
+            self._respawn_dead()
+            self._keys_done()
+            time.sleep(0.5)
+
+    def _keys_done(self) -> None:
+        flag = os.path.join(self.workdir, "keys.done")
+        if os.path.exists(flag):
+            return
+        for name in os.listdir(self.workdir):
+            if name.startswith("keys-") and name.endswith(".acks"):
+                with open(os.path.join(self.workdir, name)) as f:
+                    if any(line.startswith("D keys-done") for line in f):
+                        open(flag, "w").close()
+                        return
+
+    # ---- faults -----------------------------------------------------------------------------
+    def _pause(self, i: int) -> None:
+        self.cluster.pause(i, anywhere=self.store_kind == "zk")
+        self.paused.add(i)
+
+    def _apply(self, f: Fault):
+        c = self.cluster
+        if f.kind == "bookie_pause":
+            self._pause(f.target)
+        elif f.kind == "bookie_kill":
+            c.kill(f.target)
+        elif f.kind == "bookie_pause_tail":
+            last = self.logs.last_listed(STREAM_SOURCE)
+            if last is None:
+                return False
+            md = self.bk.ledger_metadata(last.ledger_id)
+            ensemble = list(md.last_ensemble())
+            targets = [i for i, b in enumerate(c.bookies) if b.bookie_id in ensemble]
+            f.params["paused"] = targets
+            f.params["ledger"] = last.ledger_id
+            for i in targets:
+                if c.bookies[i].alive and i not in self.paused:
+                    self._pause(i)
+        elif f.kind in ("lost_answer_applied", "lost_answer_not_applied"):
+            role = f.params["role"]
+            applied = f.kind == "lost_answer_applied"
+            log = {"spark": BATCH_LOG, "stream": STREAM_SINK}.get(role) or \
+                role[len("appender-"):]
+            self._arm("lost", role, log=log, applied=applied, delay=f.params.get("delay", 0.0))
+            if role == "spark" and applied:
+                self._background(self._truncation_storm, BATCH_LOG, 12.0)
+        elif f.kind == "session_expire":
+            role = f.params["role"]
+            if role in ("spark", "stream"):
+                self._arm("expire", role)
+            else:
+                slot = role
+                proc = self.procs[slot]
+                if not self._ready(slot):
+                    return False
+                proc.send_signal(signal.SIGUSR1)
+        elif f.kind == "takeover":
+            self._background(self._takeover, f.params["log"])
+        elif f.kind in ("batch_driver_kill", "stream_driver_kill", "stream_lost_checkpoint",
+                        "python_worker_kill"):
+            self._background(self._driver_fault, f)
+            return False                # counted once applied
+        elif f.kind == "truncate":
+            self._background(self._truncate, f.params["log"])
+        elif f.kind == "shell_retention":
+            self._background(self._shell_retention)
+
+    def _driver_fault(self, f: Fault) -> None:
+        """Faults of the Spark drivers wait (up to 40 s) until the driver is up: a JVM
+        starting under load takes long, and killing it then exercises nothing."""
+        slot = "batch" if f.kind == "batch_driver_kill" else \
+            f.params.get("driver", "stream")
+        deadline = time.monotonic() + 40
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            with self._driver_lock:
+                if self._ready(slot, need="P" if slot == "stream" else "J"):
+                    if f.kind == "python_worker_kill":
+                        if not self._kill_python_worker(slot):
+                            break
+                    elif f.kind == "batch_driver_kill":
+                        self._kill("batch")
+                        self._spawn_slot("batch")
+                    elif f.kind == "stream_driver_kill":
+                        self._kill("stream")
+                        self.stream_mode = "normal"
+                        self._spawn_slot("stream")
+                    else:
+                        self._kill("stream")
+                        self.prev_checkpoint = self.checkpoint
+                        self.checkpoint = os.path.join(self.workdir,
+                                                       f"ckpt-{self.incarnation['stream']}")
+                        self.stream_mode = "lost"
+                        self.events.write("L", "lost-checkpoint", self.prev_checkpoint,
+                                          self.checkpoint, now())
+                        self._spawn_slot("stream")
+                    self.faults_applied[f.kind] += 1
+                    self.events.write("FA", f.kind, now())
+                    return
+            time.sleep(0.3)
+        self.fault_errors.append(f"{f.kind}@{f.t:.1f}: driver not ready in time")
+
+    def _end(self, f: Fault) -> None:
+        c = self.cluster
+        if f.kind == "bookie_pause":
+            c.resume(f.target)
+            self.paused.discard(f.target)
+        elif f.kind == "bookie_pause_tail":
+            for i in f.params.get("paused", []):
+                c.resume(i)
+                self.paused.discard(i)
+        elif f.kind == "bookie_kill":
+            c.start(f.target)
+
+    def _ready(self, slot: str, need: str = "W") -> bool:
+        """The slot's process is alive and wrote a line starting with ``need``."""
+        proc = self.procs.get(slot)
+        if proc is None or proc.poll() is not None:
+            return False
+        path = os.path.join(self.workdir, f"{slot}-{self.incarnation[slot]}.acks")
+        try:
+            with open(path) as f:
+                return any(line.startswith(need + " ") for line in f)
+        except OSError:
+            return False
+
+    def _arm(self, kind: str, role: str, **params) -> None:
+        self._arm_seq += 1
+        arm = dict(id=self._arm_seq, kind=kind, role=role, t_armed=time.time(), **params)
+        path = os.path.join(self.arm_dir, f"{self._arm_seq:04d}.{role}.arm")
+        with open(path + ".tmp", "w") as f:
+            json.dump(arm, f)
+        os.replace(path + ".tmp", path)
+
+    def _kill_python_worker(self, driver: str):
+        proc = self.procs.get(driver)
+        if proc is None or proc.poll() is not None:
+            return False
+        deadline = time.monotonic() + 4.0
+        while time.monotonic() < deadline:
+            daemons, workers = [], []
+            for pid in os.listdir("/proc"):
+                if not pid.isdigit():
+                    continue
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                        cmd = fh.read().replace(b"\0", b" ")
+                    with open(f"/proc/{pid}/stat") as fh:
+                        stat = fh.read().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                ppid, pgid = int(stat[1]), int(stat[2])
+                if pgid != proc.pid or int(pid) == proc.pid or b"java" in cmd.split(b" ")[0] \
+                        or not (b"pyspark.daemon" in cmd or b"pyspark.worker" in cmd
+                                or b"pyspark.sql.worker" in cmd):
+                    continue
+                (daemons if b"pyspark.daemon" in cmd else workers).append((int(pid), ppid))
+            daemon_pids = {p for p, _ in daemons}
+            children = [p for p, pp in daemons + workers if pp in daemon_pids]
+            victims = children or [p for p, _ in workers]
+            if victims:
+                victim = victims[int(time.monotonic() * 1000) % len(victims)]
+                os.kill(victim, signal.SIGKILL)
+                self.events.write("K", "python-worker", driver, victim, now())
+                return True
+            time.sleep(0.1)
+        return False
+
+    def _background(self, fn, *args) -> None:
+        t = threading.Thread(target=fn, args=args, daemon=True)
+        t.start()
+        self._bg.append(t)
+
+    def _cut(self, log: str, how: str, t0: str, removed) -> None:
+        self.events.write("C", log, how, t0, now(), len(removed) if removed is not None else -1)
+
+    def _truncate(self, log: str) -> None:
+        """Truncate before the second-to-last listed ledger (app-1: respecting cursors)."""
+        from bkspark.log import Position
+        t0 = now()
+        try:
+            segs = self.logs.segments(log)
+            if len(segs) < 3:
+                return
+            removed = self.logs.truncate(log, Position(segs[-2].ledger_id, 0),
+                                         force=log != "app-1")
+            self._cut(log, "truncate", t0, removed)
+        except errors.BadRequestError as exc:
+            self.events.write("CR", log, "refused", str(exc).replace("\n", " ")[:120])
+        except errors.BKError as exc:
+            self._cut(log, "truncate-error", t0, None)
+            self.fault_errors.append(f"truncate {log}: {exc!r}"[:300])
+
+    def _truncation_storm(self, log: str, seconds: float) -> None:
+        """Truncate before the last listed ledger again and again: a commit whose answer was
+        lost races a cut of the ledgers it just appended."""
+        from bkspark.log import Position
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and not self._stop.is_set():
+            t0 = now()
+            try:
+                last = self.logs.last_listed(log)
+                if last is not None:
+                    removed = self.logs.truncate(log, Position(last.ledger_id, 0), force=True)
+                    if removed:
+                        self._cut(log, "storm", t0, removed)
+            except errors.BKError:
+                self._cut(log, "storm-error", t0, None)
+            time.sleep(0.03)
+
+    def _shell_retention(self) -> None:
+        t0 = now()
+        cmd = [sys.executable, "-m", "bkspark.cli.main", "shell", "--metadata", self.uri,
+               "--json", "apply-retention", *RETAINED_LOGS]
+        env = dict(os.environ, PYTHONPATH=REPO_ROOT)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+        for log in RETAINED_LOGS:
+            self._cut(log, "shell", t0, None)
+        if out.returncode != 0:
+            self.fault_errors.append(f"shell apply-retention rc {out.returncode}: "
+                                     f"{out.stderr[-200:]}")
+
+    def _retention_loop(self) -> None:
+        from bkspark.log.retention import enforce
+        while not self._stop.wait(1.0):
+            for log in RETAINED_LOGS:
+                t0 = now()
+                try:
+                    cut = enforce(self.logs, log)
+                    if cut.removed:
+                        self._cut(log, "retention", t0, cut.removed)
+                        self.faults_applied["retention_cut"] += 1
+                except errors.BKError:
+                    self._cut(log, "retention-error", t0, None)
+
+    def _takeover(self, log: str) -> None:
+        from bkspark.log import LogStore
+        self._takeovers += 1
+        n = self._takeovers
+        acks = AckFile(os.path.join(self.workdir, f"takeover-{n}.acks"))
+        logs = LogStore(self.bk, password=PASSWORD, ensemble_size=2 if log == STREAM_SOURCE
+                        else 3, write_quorum=2, ack_quorum=2)
+        try:
+            writer = logs.open_writer(log)
+            acks.write("O", log, writer.epoch, writer.ledger_id, now())
+            for seq in range(10):
+                pos = writer.append(f"t:{n}:{seq}:".encode())
+                acks.write("A", log, pos.ledger_id, pos.entry_id, f"t:{n}:{seq}", now())
+            writer.close()
+        except errors.BKError as exc:
+            acks.write("X", type(exc).__name__, now())
+
+    def _heal(self) -> None:
+        c = self.cluster
+        for i, b in enumerate(c.bookies):
+            b.signal(signal.SIGCONT)
+            if not b.alive:
+                c.start(i)
+        wait_serving(c)
+        c.clear_faults()
