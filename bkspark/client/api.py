@@ -265,9 +265,14 @@ class BookKeeper:
 
         ``recovery=True`` (default) fences and recovers an OPEN ledger and closes it (see
         :mod:`bkspark.client.recovery`); the handle then sees the final end. ``recovery=False``
-        neither fences nor closes: for tailing a ledger still being written.
+        neither fences nor closes: for tailing a ledger still being written. Its LAC is read
+        from the bookies of the last ensemble (any answer will do, the highest counts); when
+        none answers the open fails -- a handle never pretends the LAC is -1 (a caller would
+        take that for "nothing written" and skip acknowledged entries).
 
         :raises NoSuchLedgerError: no such ledger. :raises UnauthorizedError: wrong password.
+        :raises BookieUnavailableError: ``recovery=False`` on a ledger not CLOSED and no
+            bookie of its last ensemble answered the LAC read (the message names them).
         :raises LedgerRecoveryError: recovery could not decide the end, or a write-back found
             no bookie to replace a failed one (the ledger stays IN_RECOVERY; retry later).
         """
@@ -283,10 +288,7 @@ class BookKeeper:
             return ReadHandle(self.ctx, md, version, password)
         rh = ReadHandle(self.ctx, md, version, password)
         if md.state is not LedgerState.CLOSED:
-            try:
-                rh.try_read_last_add_confirmed()
-            except errors.BKError as exc:
-                log.info("ledger %d: LAC unknown at open: %s", ledger_id, exc)
+            rh.try_read_last_add_confirmed()
         return rh
 
     def open_ledger_async(self, ledger_id: int, password: bytes = b"",

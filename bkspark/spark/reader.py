@@ -62,10 +62,22 @@ def ledger_last(logs, entry: dict) -> int:
 
 
 def spans(logs, name: str, start: Position, end: Position | None, fail_on_data_loss: bool,
-          ledger_ok=None) -> list[tuple[int, int, int, dict]]:
+          ledger_ok=None, *, planned: bool = False) -> list[tuple[int, int, int, dict]]:
     """(ledger_id, first, last, list entry) for the entries of ``name`` in [start, end); each
     list entry carries its ``offset``. Reads the segments from ``start``'s ledger to ``end``'s
-    (the end of the log without one), not the rest of the list."""
+    (the end of the log without one), not the rest of the list.
+
+    Without ``end`` the span stops after the first ledger whose end is not final (an open
+    ledger, read to its LAC): a position past it could never be reached again by the entries
+    its writer acknowledges later. ``planned``: ``end`` was fixed by an earlier planning of
+    this very batch (a streaming offset): it is final, and the entries before it are read
+    whatever the LAC reads now -- they were confirmed when it was planned (a LAC read now
+    may answer lower, or not at all, and a batch cut short would be skipped for good).
+    Otherwise an ``end`` is also bounded by what is readable now (a user's ending position
+    beyond the LAC must not read unconfirmed entries).
+
+    :raises BKError: the LAC of an open ledger could not be read (no bookie answered).
+    """
     first_seq, next_seq = logs.bounds(name)
     if first_seq == next_seq or (end is not None and end.ledger_id == -1):
         return []
@@ -90,14 +102,17 @@ def spans(logs, name: str, start: Position, end: Position | None, fail_on_data_l
     entries = logs.segments(name, si, ei + 1)
     for entry in entries:
         lid = entry.ledger_id
-        if ledger_ok is not None and not ledger_ok(lid):
-            continue
         first = start_entry if entry.seq == si else 0
-        last = ledger_last(logs, entry)
+        if planned and end is not None and entry.seq == ei and not entry.closed:
+            last, final = end.entry_id - 1, True
+        else:
+            last, final = logs.readable_end(entry)
         if end is not None and entry.seq == ei:
             last = min(last, end.entry_id - 1)
-        if first <= last:
+        if first <= last and (ledger_ok is None or ledger_ok(lid)):
             out.append((lid, first, last, entry))
+        if end is None and not final:
+            break
     return out
 
 

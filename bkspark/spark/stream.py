@@ -147,9 +147,10 @@ class BookKeeperStreamReader(importguard.Guarded, DataSourceStreamReader,
     def _names(self, logs) -> list[str]:
         return self.opts.matching_logs(logs.list_logs())
 
-    def _available(self, logs, name: str, start: Position, end: Position | None):
+    def _available(self, logs, name: str, start: Position, end: Position | None, *,
+                   planned: bool = False):
         try:
-            return spans(logs, name, start, end, self.opts.fail_on_data_loss)
+            return spans(logs, name, start, end, self.opts.fail_on_data_loss, planned=planned)
         except NoSuchLogError:
             return []
 
@@ -309,7 +310,9 @@ class BookKeeperStreamReader(importguard.Guarded, DataSourceStreamReader,
             e = _pos(e)
             if s == e or e.ledger_id == -1:
                 continue
-            for lid, first, last, entry in self._available(logs, name, s, e):
+            # the batch's end was fixed by latestOffset (maybe before a driver restart):
+            # plan exactly [s, e), whatever a LAC read answers now (spans: ``planned``)
+            for lid, first, last, entry in self._available(logs, name, s, e, planned=True):
                 for lid2, lo, hi in split_span(self.opts, lid, first, last, entry, self.fmt):
                     parts.append(LedgerRange(name, lid2, lo, hi, entry.offset))
         return spread(parts, self.opts.min_partitions)

@@ -46,10 +46,13 @@ class FakeLogs:
     def entry_of(self, name, ledger_id):
         return next((e for e in self.segments(name) if e.ledger_id == ledger_id), None)
 
-    def ledger_end(self, entry):
+    def readable_end(self, entry):
         if entry.closed:
-            return entry.last_entry_id
-        return self.lac.get(entry.ledger_id, -1)
+            return entry.last_entry_id, True
+        return self.lac.get(entry.ledger_id, -1), False
+
+    def ledger_end(self, entry):
+        return self.readable_end(entry)[0]
 
     def commit_cursor(self, name, cursor, position):
         self.cursors[(name, cursor)] = position
