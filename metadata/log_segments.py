@@ -18,8 +18,19 @@ records are being removed (in batches, by the truncating caller:
 last changes (a ledger unlisted from the middle), so a reader's copy of the list knows to
 reload it; ``writers`` -- idempotency keys, ``writer id -> {"seq", "epoch", "t"}`` (last
 committed sequence, owner epoch, commit time in ms); ``expired`` -- how many keys expired and
-the newest ``t`` among them; ``properties``; ``stamp`` -- a fresh token per write, so a write
-whose answer was lost is recognised by the head's bytes alone.
+the newest ``t`` among them; ``properties``; ``stamp`` -- a fresh token per write;
+``recent`` -- the stamps of the last :data:`RECENT_CHANGES` writes (their first
+:data:`RECENT_TOKEN` characters, 32 random bits: a window of 16 confuses two with odds of
+~4 in 10^9), oldest first (the head's versions ``v - len(recent) + 1 .. v``).
+
+**A lost answer is settled by the writer's own token** (:func:`change_outcome`), never by what
+the list looks like: the change whose answer was lost would be version ``v + 1`` of the head it
+read at ``v``; a synced re-read at version ``w`` shows it applied exactly when its stamp is
+among ``recent``, not applied when ``recent`` reaches back to ``v + 1`` without it, and
+unknown when more than :data:`RECENT_CHANGES` changes came since (the caller then decides from
+a mark of its own -- an idempotency key, a Spark job's commit record -- or reports the outcome
+unknown). A property of the list ("are my ledgers listed?") is no such proof: a truncation or
+retention may have removed them since.
 
 Rules (every reader and writer relies on them):
 
@@ -74,7 +85,14 @@ WRITER_KEY_MAX_AGE_MS = 7 * 24 * 3600 * 1000
 #: clocks of the clients that stamp keys and start writers may disagree by this much
 CLOCK_SKEW_MS = 60 * 1000
 
-_HEAD_FIELDS = {"name", "uid", "first", "next", "gc", "rev", "writers", "expired", "properties", "stamp"}
+#: stamps of the last writes a head keeps (a lost answer is settled within that many changes)
+RECENT_CHANGES = 16
+#: characters of a stamp kept in ``recent`` (the head stays small: it is read by every change)
+RECENT_TOKEN = 8
+
+_HEAD_FIELDS = {"name", "uid", "first", "next", "gc", "rev", "writers", "expired", "properties",
+                "stamp", "recent"}
+_OPTIONAL_HEAD_FIELDS = {"recent"}      # (heads written before it have none)
 
 
 class WriterKeyExpiredError(BKError):
@@ -134,6 +152,7 @@ class LogHead:
     expired: dict = field(default_factory=lambda: {"count": 0, "t": 0})
     properties: dict = field(default_factory=dict)
     stamp: str = ""
+    recent: list = field(default_factory=list)
 
     def validate(self) -> "LogHead":
         if not isinstance(self.name, str) or not self.name:
@@ -153,6 +172,8 @@ class LogHead:
         if not isinstance(self.expired, dict) or not _is_int(self.expired.get("count")) \
                 or not _is_int(self.expired.get("t")):
             raise BadRequestError(f"log {self.name}: bad expired-keys summary {self.expired!r}")
+        if not isinstance(self.recent, list) or not all(isinstance(t, str) for t in self.recent):
+            raise BadRequestError(f"log {self.name}: recent stamps must be a list of str")
         if not isinstance(self.properties, dict) or not all(isinstance(k, str) for k in self.properties):
             raise BadRequestError(f"log {self.name}: properties must be a dict with str keys")
         return self
@@ -162,7 +183,13 @@ class LogHead:
         return encode_record(self.name, FORMAT_VERSION, {
             "name": self.name, "uid": self.uid, "first": self.first, "next": self.next,
             "gc": self.gc, "rev": self.rev, "writers": self.writers, "expired": self.expired,
-            "properties": self.properties, "stamp": self.stamp})
+            "properties": self.properties, "stamp": self.stamp, "recent": self.recent})
+
+    def restamp(self) -> str:
+        """A fresh stamp for the write about to be made, remembered among ``recent``."""
+        self.stamp = new_stamp()
+        self.recent = (self.recent + [self.stamp[:RECENT_TOKEN]])[-RECENT_CHANGES:]
+        return self.stamp
 
     @classmethod
     def deserialize(cls, data: bytes) -> "LogHead":
@@ -175,9 +202,11 @@ class LogHead:
             obj = json.loads(body.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as e:
             raise MetadataFormatError(f"corrupt log head: bad JSON body: {e}") from None
-        if not isinstance(obj, dict) or set(obj) != _HEAD_FIELDS:
-            raise MetadataFormatError(f"corrupt log head: expected exactly the fields "
-                                      f"{', '.join(sorted(_HEAD_FIELDS))}")
+        if not isinstance(obj, dict) or not _HEAD_FIELDS - _OPTIONAL_HEAD_FIELDS <= set(obj) \
+                or not set(obj) <= _HEAD_FIELDS:
+            raise MetadataFormatError(f"corrupt log head: expected the fields "
+                                      f"{', '.join(sorted(_HEAD_FIELDS))} (optional: "
+                                      f"{', '.join(sorted(_OPTIONAL_HEAD_FIELDS))})")
         try:
             return cls(**obj).validate()
         except BadRequestError as e:
@@ -190,6 +219,23 @@ class LogHead:
     def writer_epoch(self, writer_id: str) -> int | None:
         key = self.writers.get(writer_id)
         return None if key is None else key.get("epoch")
+
+
+APPLIED, NOT_APPLIED, UNKNOWN = "applied", "not applied", "unknown"
+
+
+def change_outcome(head: "LogHead", version: int, stamp: str, read_version: int) -> str:
+    """Whether the write stamped ``stamp``, made on the head read at ``read_version`` and whose
+    answer was lost, is stored, told by ``head`` (read after a sync) at ``version``: APPLIED,
+    NOT_APPLIED, or UNKNOWN when more than :data:`RECENT_CHANGES` writes came since (module
+    docstring)."""
+    if stamp[:RECENT_TOKEN] in head.recent:
+        return APPLIED
+    if version == read_version:
+        return NOT_APPLIED          # nothing was written since that read
+    if head.recent and version - len(head.recent) + 1 <= read_version + 1:
+        return NOT_APPLIED          # ``recent`` reaches back to where it would be
+    return UNKNOWN
 
 
 def encode_segment(entry: LogLedger) -> bytes:

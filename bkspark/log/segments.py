@@ -33,7 +33,11 @@ from metadata.layout import log_path
 from metadata.log_entry import CLOSED, LogLedger
 from metadata.log_metadata import LogMetadata
 from metadata.log_segments import (
+    APPLIED,
     FORMAT_VERSION,
+    RECENT_CHANGES,
+    UNKNOWN,
+    change_outcome,
     GC_BATCH,
     LogHead,
     WriterKeyExpiredError,
@@ -65,6 +69,21 @@ DELETED = "__deleted"   # head property of a log being deleted
 
 class LogDeletedError(errors.NoSuchLogError):
     """The log is being deleted (its head says so)."""
+
+
+class LedgerTruncatedError(BadRequestError):
+    """A change would list a ledger again that the log listed and truncated away (a truncated
+    ledger is deleted once its truncation is stored: listing it again would make the log
+    name a deleted ledger)."""
+
+
+def truncated_leftover(head: LogHead, index: tuple[bytes, int]) -> bool:
+    """Whether a ledger-index record is the leftover of a truncated segment (its seq lies
+    before the list's start and its record is not collected yet)."""
+    try:
+        return int(index[0]) < head.first
+    except ValueError:
+        return False
 
 
 def read_head(store, name: str, *, settle: bool = False) -> tuple[bytes, int]:
@@ -193,6 +212,11 @@ class LogEdit:
         stamp_closed(entry, now_ms())
         index = self._index_record(ledger_id)
         if index is not None:
+            if truncated_leftover(self.head, index):
+                raise LedgerTruncatedError(
+                    f"log {self.name}: ledger {ledger_id} was listed and truncated away "
+                    f"(segment {int(index[0])}; the list starts at {self.head.first}): a ledger "
+                    "is listed once, never again (its deletion may be under way)")
             self._index_versions[ledger_id] = index[1]     # a leftover: overwritten
         self.head.next += 1
         self._appended.append(entry)
@@ -370,7 +394,7 @@ def lookup(store, name: str, head: LogHead, ledger_id: int,
 def _apply(store, name: str, edit: LogEdit, guard) -> None:
     """Commit the edit: [guard check,] set head at the version read, then its operations."""
     ops = edit.operations()             # (may move the head's gc bound: before serialising)
-    edit.head.stamp = new_stamp()
+    edit.head.restamp()
     data = edit.head.serialize()
     txn = store.transaction()
     if guard is not None:
@@ -401,7 +425,7 @@ def commit_edit(store, name: str, change: Callable[[LogEdit], None], *,
     from metadata.update import check_guard
     what = f"log {name}"
     conflicts = unknowns = 0
-    in_doubt: tuple[bytes, int] | None = None
+    in_doubt: tuple[str, int] | None = None        # (stamp, version read) of a lost answer
     while True:
         try:
             data, version = read_head(store, name, settle=in_doubt is not None)
@@ -419,9 +443,17 @@ def commit_edit(store, name: str, change: Callable[[LogEdit], None], *,
             continue
         head = LogHead.deserialize(data)
         edit = LogEdit(store, name, head, version)
-        if in_doubt is not None and (data, version) == (in_doubt[0], in_doubt[1] + 1):
-            log.info("%s: the change whose answer was lost had been applied", what)
-            return Updated(edit, version, True)
+        if in_doubt is not None:
+            outcome = change_outcome(head, version, *in_doubt)
+            if outcome == APPLIED:
+                log.info("%s: the change whose answer was lost had been applied", what)
+                return Updated(edit, version, True)
+            if outcome == UNKNOWN and not (done is not None and done(edit)):
+                raise OutcomeUnknownError(
+                    f"{what}: the answer to a change was lost and {RECENT_CHANGES}+ changes "
+                    "came since, so whether it was applied is unknown (its ledgers are kept; "
+                    "a commit with an idempotency key can simply be retried)")
+            in_doubt = None
         if head.properties.get(DELETED):
             raise LogDeletedError(f"no log named {name!r} (it is being deleted)")
         if done is not None and done(edit):
@@ -443,7 +475,7 @@ def commit_edit(store, name: str, change: Callable[[LogEdit], None], *,
             after_conflict(conflicts, what, str(exc))
         except MetadataConnectionError as exc:
             unknowns += 1
-            in_doubt = (edit.head.serialize(), version)   # as _apply wrote it (its stamp)
+            in_doubt = (edit.head.stamp, version)         # the stamp _apply wrote
             after_lost_answer(unknowns, what, exc)
 
 
