@@ -299,9 +299,14 @@ class LogStore:
     def unlist_ledger(self, name: str, ledger_id: int) -> None:
         """Remove ``ledger_id`` from the log's list (its entries are no longer part of the
         log); the ledger itself is left as it is."""
+        sealed: dict[int, LogLedger] = {}
+
         def change(edit: seg.LogEdit) -> None:
-            if not edit.lists(ledger_id):
+            entry = edit.entry(ledger_id)
+            if entry is None:
                 raise NoChange
+            if not entry.closed:
+                self._seal_open_tail(edit, sealed, before=entry.seq + 1)
             edit.unlist(ledger_id)
         self.update(name, change, done=lambda edit: not edit.lists(ledger_id))
 
@@ -322,7 +327,10 @@ class LogStore:
         any more)."""
         head, _ = self._head(name)
         if not isinstance(head, LogMetadata):
+            sealed: dict[int, LogLedger] = {}
+
             def mark(edit: seg.LogEdit) -> None:
+                self._seal_open_tail(edit, sealed)      # its writer learns it at once
                 edit.properties[seg.DELETED] = True
             try:
                 self.update(name, mark)
@@ -474,13 +482,24 @@ class LogStore:
         writer's own keys: :meth:`LogLedger.set`)."""
         return [self.closed_ledger_entry(lid).set(**(info or {}).get(lid, {})) for lid in ledger_ids]
 
-    def _seal_open_tail(self, edit: seg.LogEdit) -> None:
-        """Recover (fence) every ledger at the end of the list still marked open and record its
-        end (only the last two can be open: a writer may still write the second-to-last while
-        listing the last)."""
+    def _seal_open_tail(self, edit: seg.LogEdit, sealed: dict[int, LogLedger] | None = None,
+                        before: int | None = None) -> None:
+        """Recover (fence) every ledger at the end of the list still marked open (of segments
+        before ``before`` only, if given) and record its end (only the last two can be open:
+        a writer may still write the second-to-last while listing the last).
+
+        The one rule of every change that takes the log's tail away from its writer (a batch
+        commit, an overwrite, a truncation or deletion reaching the tail, an unlist): the
+        writer's ledger is fenced first, so its next append fails with LogFencedError, as
+        after a takeover -- never an acknowledgement of an entry the log no longer holds.
+        ``sealed``: ends recovered by an earlier attempt of the same change (a conflict re-runs
+        it; a ledger once recovered stays closed)."""
+        sealed = {} if sealed is None else sealed
         for entry in edit.ledgers:
-            if not entry.closed:
-                edit.seal(self.closed_ledger_entry(entry.ledger_id))
+            if not entry.closed and (before is None or entry.seq < before):
+                if entry.ledger_id not in sealed:
+                    sealed[entry.ledger_id] = self.closed_ledger_entry(entry.ledger_id)
+                edit.seal(sealed[entry.ledger_id])
 
     def append_ledgers(self, name: str, ledger_ids: list[int], writer_id: str | None = None,
                        sequence: int | None = None, epoch: int | None = None,
@@ -510,6 +529,7 @@ class LogStore:
         entries = self._closed_entries(ledger_ids, info)
         keep = [e for e in entries if e.last_entry_id >= 0]
         keep_ids = [e.ledger_id for e in keep]
+        sealed: dict[int, LogLedger] = {}
 
         def listed(edit: seg.LogEdit) -> bool:
             edit.prefetch(keep_ids)
@@ -523,7 +543,7 @@ class LogStore:
                         f"log {name}: writer {writer_id} epoch {epoch} was superseded")
                 if edit.writer_seq(writer_id) >= sequence:
                     raise NoChange()
-            self._seal_open_tail(edit)
+            self._seal_open_tail(edit, sealed)
             edit.prefetch(keep_ids)
             for entry in keep:
                 if not edit.lists(entry.ledger_id):
@@ -551,6 +571,7 @@ class LogStore:
         keep = [e for e in entries if e.last_entry_id >= 0]
         keep_ids = [e.ledger_id for e in keep]
         replaced: set[int] = set()
+        sealed: dict[int, LogLedger] = {}
 
         def listed(edit: seg.LogEdit) -> bool:
             return bool(keep_ids) and all(edit.lists(lid) for lid in keep_ids)
@@ -558,6 +579,9 @@ class LogStore:
         def change(edit: seg.LogEdit) -> None:
             if writer_id is not None and edit.writer_seq(writer_id) >= sequence:
                 raise NoChange()
+            # the writer of an open tail learns it was replaced, as after a takeover: its
+            # ledger is fenced (recovered) and sealed before the list stops naming it
+            self._seal_open_tail(edit, sealed)
             old = seg.read_segments(self.store, name, edit.head.first, edit.head.next)
             replaced.update(e.ledger_id for e in old if e.listed)
             tail = edit.last()
@@ -613,9 +637,12 @@ class LogStore:
         candidates: dict[int, None] = {}        # in list order
         known: dict[int, int | None] = {}       # seq -> its listed ledger (None: unlisted)
 
+        sealed: dict[int, LogLedger] = {}
+
         def change(edit: seg.LogEdit) -> None:
             if cut <= edit.head.first:
                 raise NoChange()
+            self._seal_open_tail(edit, sealed, before=cut)
             todo = [q for q in range(edit.head.first, cut) if q not in known]
             if todo:
                 for e in seg.read_segments(self.store, name, todo[0], todo[-1] + 1):

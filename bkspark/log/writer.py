@@ -269,11 +269,13 @@ class LogWriter:
                 self._discard(self._roll_in_doubt)
                 self._roll_in_doubt = None
             handle = self._handle
+            if self._fenced is not None:
+                return      # the new owner (or the change that took the tail) recorded its end
             try:
                 handle.close()
                 end = self._closed_end(handle.ledger_id)
-            except (*_LOST, LogFencedError):
-                return      # the new owner records this ledger's end
+            except (*_LOST, LogFencedError, errors.NoSuchLedgerError):
+                return      # the new owner records this ledger's end (or it left the log)
 
             def change(edit):
                 entry = edit.entry(handle.ledger_id)

@@ -1,0 +1,185 @@
+"""Changes that take a log's tail, and lost answers settled by the writer's own token
+(issue 45), on both metadata stores and real bookies.
+
+* An overwrite, a truncation reaching the tail, an unlist or a deletion fences the writer of
+  the open ledger first: its next append fails with LogFencedError, as after a takeover --
+  before, an overwrite left it appending, acknowledged, into a ledger it then deleted.
+* A change whose answer was lost is settled by its stamp among the head's recent stamps,
+  never by the list's content: a truncation between the lost answer and the re-read made an
+  append apply twice and the log name a deleted ledger.
+* A ledger the log listed and truncated is never listed again.
+"""
+from __future__ import annotations
+
+import pytest
+
+from bkspark import errors
+from bkspark.client import BookKeeper
+from bkspark.log import EARLIEST, LogStore
+from bkspark.log.segments import LedgerTruncatedError
+from metadata.layout import log_path
+from metadata.log_segments import (APPLIED, NOT_APPLIED, RECENT_CHANGES, UNKNOWN, LogHead,
+                                   change_outcome)
+from metadata.testing import lost_answers
+from metadata.update import OutcomeUnknownError
+
+
+def read_all(logs, name):
+    with logs.open_reader(name, EARLIEST, tail=False) as reader:
+        return [r.data for r in reader]
+
+
+def closed_ledger(bk, datas):
+    lh = bk.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2, password=b"pw")
+    for d in datas:
+        lh.append(d)
+    lh.close()
+    return lh.ledger_id
+
+
+def assert_every_listed_ledger_exists(bk, logs, name):
+    for lid in logs.get(name)[0].ledger_ids():
+        bk.ledger_metadata(lid)         # NoSuchLedgerError if a listed ledger was deleted
+
+
+@pytest.fixture
+def other(cluster):
+    """A second client: another process's view of the same log."""
+    with BookKeeper(cluster.metadata_uri) as client:
+        yield LogStore(client, password=b"pw")
+
+
+# ---- the tail's writer is fenced first -------------------------------------------------------
+
+def test_an_overwrite_fences_the_live_writer(bk, logs, other, log_name):
+    writer = logs.open_writer(log_name)
+    writer.append(b"old")
+    new = closed_ledger(bk, [b"new"])
+    assert other.overwrite(log_name, [new])
+    with pytest.raises(errors.LogFencedError):
+        writer.append(b"late")          # before: acknowledged, then lost with its ledger
+    writer.close()                      # (before: NoSuchLedgerError)
+    assert read_all(logs, log_name) == [b"new"]
+    assert_every_listed_ledger_exists(bk, logs, log_name)
+
+
+def test_a_truncation_reaching_the_tail_fences_the_live_writer(bk, logs, other, log_name):
+    writer = logs.open_writer(log_name)
+    writer.append(b"a")
+    _, nxt = other.bounds(log_name)
+    assert other.truncate_segments(log_name, nxt) == [writer.ledger_id]
+    with pytest.raises(errors.LogFencedError):
+        writer.append(b"b")
+    writer.close()
+    assert logs.get(log_name)[0].ledger_ids() == []
+
+
+def test_unlisting_the_open_ledger_fences_its_writer(bk, logs, other, log_name):
+    writer = logs.open_writer(log_name)
+    writer.append(b"a")
+    other.unlist_ledger(log_name, writer.ledger_id)
+    with pytest.raises(errors.LogFencedError):
+        writer.append(b"b")
+    writer.close()
+
+
+def test_deleting_a_log_fences_its_writer(bk, logs, other, log_name):
+    writer = logs.open_writer(log_name)
+    writer.append(b"a")
+    other.delete(log_name)
+    with pytest.raises(errors.LogFencedError):
+        writer.append(b"b")
+    writer.close()
+
+
+# ---- lost answers settled by the change's own stamp -----------------------------------------
+
+def test_a_lost_answer_and_a_truncation_never_apply_an_append_twice(bk, logs, other, log_name):
+    logs.create(log_name)
+    logs.append_ledgers(log_name, [closed_ledger(bk, [b"base"])])
+    mine = closed_ledger(bk, [b"x1", b"x2"])
+    truncated = []
+    with lost_answers(bk.store, log_path(log_name)) as injected:
+        settle = bk.store.sync
+
+        def sync(path="/"):
+            if injected.lost and not truncated:     # between the lost answer and the re-read
+                truncated.extend(other.truncate_segments(log_name, other.bounds(log_name)[1]))
+            return settle(path)
+        bk.store.sync = sync
+        assert logs.append_ledgers(log_name, [mine]) is True
+    assert injected.lost == [("transaction", log_path(log_name))]
+    assert mine in truncated            # it had been applied, and was truncated away
+    assert logs.get(log_name)[0].ledger_ids() == []     # before: [mine], a deleted ledger
+    assert_every_listed_ledger_exists(bk, logs, log_name)
+
+
+def test_a_lost_overwrite_and_a_truncation_are_settled_by_the_stamp(bk, logs, other, log_name):
+    logs.create(log_name)
+    logs.append_ledgers(log_name, [closed_ledger(bk, [b"base"])])
+    mine = closed_ledger(bk, [b"new"])
+    truncated = []
+    with lost_answers(bk.store, log_path(log_name)) as injected:
+        settle = bk.store.sync
+
+        def sync(path="/"):
+            if injected.lost and not truncated:
+                truncated.extend(other.truncate_segments(log_name, other.bounds(log_name)[1]))
+            return settle(path)
+        bk.store.sync = sync
+        assert logs.overwrite(log_name, [mine]) is True
+    assert mine in truncated
+    assert logs.get(log_name)[0].ledger_ids() == []
+    assert_every_listed_ledger_exists(bk, logs, log_name)
+
+
+def test_a_truncated_ledger_is_never_listed_again(bk, logs, log_name):
+    logs.create(log_name)
+    lid = closed_ledger(bk, [b"a"])
+    logs.append_ledgers(log_name, [lid])
+    logs.append_ledgers(log_name, [closed_ledger(bk, [b"b"])])
+
+    def cut_without_cleanup(edit):      # the truncation stored; its deletion not yet done
+        edit.truncate_before(edit.head.first + 1)
+    logs.update(log_name, cut_without_cleanup)
+    with pytest.raises(LedgerTruncatedError, match="listed once"):
+        logs.append_ledgers(log_name, [lid])
+    assert read_all(logs, log_name) == [b"b"]
+
+
+def test_a_lost_answer_beyond_the_recent_stamps_is_reported_unknown(bk, logs, other, log_name):
+    logs.create(log_name)
+    mine = closed_ledger(bk, [b"m"])
+    others = [closed_ledger(bk, [b"o%d" % i]) for i in range(RECENT_CHANGES + 1)]
+    busy = []
+    with lost_answers(bk.store, log_path(log_name)) as injected:
+        settle = bk.store.sync
+
+        def sync(path="/"):
+            if injected.lost and not busy:          # many changes before the re-read
+                for lid in others:
+                    other.append_ledgers(log_name, [lid])
+                busy.append(True)
+                other.truncate_segments(log_name, other.bounds(log_name)[1])
+            return settle(path)
+        bk.store.sync = sync
+        with pytest.raises(OutcomeUnknownError, match="unknown"):
+            logs.append_ledgers(log_name, [mine])
+    assert_every_listed_ledger_exists(bk, logs, log_name)
+
+
+def test_change_outcome_reads_the_recent_stamps():
+    head = LogHead(name="x", recent=["a", "b", "c"])
+    assert change_outcome(head, 10, "b", 8) == APPLIED
+    assert change_outcome(LogHead(name="x", recent=["0123abcd"]), 3, "0123abcd99887766", 2) \
+        == APPLIED                                               # (its token: 8 characters)
+    assert change_outcome(head, 10, "z", 8) == NOT_APPLIED     # 8..10 covered, absent
+    assert change_outcome(head, 10, "z", 7) == NOT_APPLIED     # its version 8 is covered
+    assert change_outcome(head, 10, "z", 6) == UNKNOWN         # version 7 is not
+    assert change_outcome(LogHead(name="x"), 4, "z", 4) == NOT_APPLIED
+    assert change_outcome(LogHead(name="x"), 5, "z", 4) == UNKNOWN
+    head = LogHead(name="x")
+    for _ in range(RECENT_CHANGES + 5):
+        head.restamp()
+    assert len(head.recent) == RECENT_CHANGES and head.recent[-1] == head.stamp[:8]
+    assert LogHead.deserialize(head.serialize()).recent == head.recent
