@@ -47,6 +47,9 @@ CHAOS_REPORT ?= chaos-report.json
 # the multi-host campaign (network namespaces: needs root, iproute2 and nftables)
 CHAOS_MULTIHOST_SECONDS ?= 600
 CHAOS_MULTIHOST_REPORT ?= chaos-multihost.json
+# the user-level campaign (logs, readers, Spark batch and streaming jobs; needs Java)
+CHAOS_USER_SECONDS ?= 600
+CHAOS_USER_REPORT ?= chaos-user.json
 
 chaos: build
 	$(PYTHON) -m bkspark.testing.faults --seed $(CHAOS_SEED) --duration $(CHAOS_DURATION) \
@@ -54,6 +57,8 @@ chaos: build
 		--crash-kills $(CHAOS_KILLS) --quiet --report $(CHAOS_REPORT)
 	$(PYTHON) -m bkspark.testing.faults multihost --seed $(CHAOS_SEED) \
 		--duration $(CHAOS_MULTIHOST_SECONDS) --report $(CHAOS_MULTIHOST_REPORT)
+	$(PYTHON) -m bkspark.testing.userfaults --seed $(CHAOS_SEED) --duration $(CHAOS_USER_SECONDS) \
+		--store $(CHAOS_STORE) --quiet --report $(CHAOS_USER_REPORT)
 
 clean:
 	rm -rf build *.egg-info bkspark/_native*.so

@@ -172,8 +172,8 @@ class Checker:
             for p in lines:
                 if p[0] != "J":
                     continue
-                if p[2].endswith("start") and p[5] in ("overwrite-live", "overwrite-batch"):
-                    open_ow = (p[3], float(p[7]))
+                if p[2].endswith("start") and p[4] in ("overwrite-live", "overwrite-batch"):
+                    open_ow = (p[3], float(p[6]))
                 elif open_ow and (p[2].endswith("committed") or p[2].endswith("failed")):
                     cuts[open_ow[0]].append((open_ow[1], float(p[3])))
                     open_ow = None

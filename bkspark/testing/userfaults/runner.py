@@ -12,13 +12,18 @@ import threading
 import time
 
 from bkspark import errors
-from bkspark.testing.faults.common import BOOKIE_ARGS, REPO_ROOT, wait_serving
+from bkspark.testing.faults.common import REPO_ROOT, wait_serving
 
 from .checker import Checker
 from .schedule import FAULT_KINDS, Fault, make_schedule
 from .workloads import (APP_LOGS, BATCH_LOG, CLIENT_CONF, KEYS_LOG, PASSWORD, RETAINED_LOGS,
                         STREAM_SINK, STREAM_SOURCE, AckFile, now)
 
+#: bookies of a run: small caches and journals, but milder than the ledger campaign's (five
+#: bookies share two cores with two Spark drivers here)
+BOOKIE_ARGS = ["--write-cache-mb", "2", "--checkpoint-interval-s", "2",
+               "--journal-max-size-mb", "2", "--entry-log-max-size-mb", "4",
+               "--gc-interval-s", "5", "--disk-check-interval-s", "1"]
 SITEHOOK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sitehook")
 NUM_BOOKIES = 5
 KEYS_COUNT = 1100           # > metadata.log_segments.WRITER_KEYS_MAX (1,000)
@@ -316,10 +321,11 @@ class UserFaultRun:
         deadline = time.monotonic() + 40
         while not self._stop.is_set() and time.monotonic() < deadline:
             with self._driver_lock:
-                if self._ready(slot, need="P" if slot == "stream" else "J"):
+                if self._ready(slot, need="Q" if slot == "stream" else "J"):
                     if f.kind == "python_worker_kill":
                         if not self._kill_python_worker(slot):
-                            break
+                            time.sleep(0.5)
+                            continue
                     elif f.kind == "batch_driver_kill":
                         self._kill("batch")
                         self._spawn_slot("batch")

@@ -27,7 +27,7 @@ EXPIRE_TARGETS = ("appender-app-0", "appender-app-1", "appender-ow-0", "tailer",
 TAKEOVER_LOGS = ("app-0", "app-1", "ow-0")
 WEIGHTS = {"bookie_pause": 3, "bookie_pause_tail": 4, "bookie_kill": 3,
            "lost_answer_applied": 5, "lost_answer_not_applied": 2, "session_expire": 2,
-           "takeover": 3, "batch_driver_kill": 1, "stream_driver_kill": 1,
+           "takeover": 3, "batch_driver_kill": 1, "stream_driver_kill": 0,
            "stream_lost_checkpoint": 0, "python_worker_kill": 2, "truncate": 3,
            "shell_retention": 1}
 BOOKIE_KINDS = ("bookie_pause", "bookie_pause_tail", "bookie_kill")
@@ -55,26 +55,28 @@ def make_schedule(seed: int, duration: float, num_bookies: int = 5, warmup: floa
     rng = random.Random(seed)
     faults: list[Fault] = []
     busy_until = [0.0] * num_bookies
-    stream_free = 0.0
     t = warmup + rng.uniform(0.0, 2.0)
     end = max(warmup + 5.0, duration * 0.8)
     names = [k for k in kinds if k in WEIGHTS]
     first = [k for k in names]
     rng.shuffle(first)
-    # the lost checkpoint: once, in the middle (after a plain restart had time to happen)
+    # the streaming driver (a new JVM each restart): killed at fixed points -- once early,
+    # then its checkpoint lost once in the middle, then every ~60 s in a long run
+    fixed: list[Fault] = []
+    span = end - warmup
+    if "stream_driver_kill" in names:
+        fixed.append(Fault(warmup + span * rng.uniform(0.12, 0.25), "stream_driver_kill"))
     if "stream_lost_checkpoint" in names:
-        first.remove("stream_lost_checkpoint")
-        lost_at = warmup + (end - warmup) * rng.uniform(0.35, 0.55)
-    else:
-        lost_at = None
-    drawable = [k for k in names if WEIGHTS[k] > 0]
+        fixed.append(Fault(warmup + span * rng.uniform(0.5, 0.62), "stream_lost_checkpoint"))
+    if "stream_driver_kill" in names:
+        at = warmup + span * 0.62 + 60.0
+        while at < end:
+            fixed.append(Fault(at + rng.uniform(-10, 10), "stream_driver_kill"))
+            at += 60.0
+    first = [k for k in first if k not in ("stream_driver_kill", "stream_lost_checkpoint")]
+    drawable = [k for k in names if WEIGHTS[k] > 0 and k not in
+                ("stream_driver_kill", "stream_lost_checkpoint")]
     while t < end:
-        if lost_at is not None and t >= lost_at and t >= stream_free:
-            faults.append(Fault(t, "stream_lost_checkpoint"))
-            stream_free = t + 25.0
-            lost_at = None
-            t += rng.uniform(0.5, 1.5)
-            continue
         kind = first[0] if first else rng.choices(drawable, [WEIGHTS[k] for k in drawable])[0]
         down = sum(1 for u in busy_until if u > t)
         if kind in BOOKIE_KINDS:
@@ -94,14 +96,6 @@ def make_schedule(seed: int, duration: float, num_bookies: int = 5, warmup: floa
                 dur = rng.uniform(1.0, 5.0) if kind == "bookie_pause" else rng.uniform(0.5, 3.0)
                 f = Fault(t, kind, target, dur)
                 busy_until[target] = t + dur + 1.5
-        elif kind in ("stream_driver_kill",):
-            if t < stream_free:
-                t += rng.uniform(0.3, 1.0)
-                if first and first[0] == kind and t > end * 0.9:
-                    first.pop(0)
-                continue
-            f = Fault(t, kind)
-            stream_free = t + 25.0
         elif kind in ("lost_answer_applied", "lost_answer_not_applied"):
             target = rng.randrange(len(LOST_TARGETS))
             params = {"role": LOST_TARGETS[target]}
@@ -124,4 +118,4 @@ def make_schedule(seed: int, duration: float, num_bookies: int = 5, warmup: floa
             first.pop(0)
         faults.append(f)
         t += rng.expovariate(1 / 1.6)
-    return faults
+    return sorted(faults + fixed)

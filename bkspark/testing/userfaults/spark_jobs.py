@@ -41,6 +41,9 @@ def session(app: str):
          .config("spark.default.parallelism", "2")
          .config("spark.driver.memory", "768m")
          .config("spark.sql.streaming.stopTimeout", "5s")
+         # (C1 only, serial GC: a JVM that starts and runs on a busy 2-core machine)
+         .config("spark.driver.extraJavaOptions",
+                 "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:CICompilerCount=1")
          .getOrCreate())
     s.sparkContext.setLogLevel("ERROR")
     return s
@@ -147,7 +150,7 @@ def stream_main(a) -> None:
     acks.write("W", "stream", os.getpid(), a.run_id, now())
     src = (spark.readStream.format("bookkeeper").option("metadataServiceUri", a.uri)
            .option("log", STREAM_SOURCE).option("startingOffsets", "earliest")
-           .option("queryId", QUERY_ID).option("maxEntriesPerTrigger", "300")
+           .option("queryId", QUERY_ID)
            .option("client.readTimeout", "1.0").option("client.speculativeReadTimeout", "0.3")
            .load())
     out = src.selectExpr("value", "cast(concat(cast(ledger_id as string), ':', "

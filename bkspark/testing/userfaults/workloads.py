@@ -240,6 +240,8 @@ def appender_main(args) -> None:
             try:
                 if args.log == "ow-0":      # (long ledgers: overwrites land mid-ledger)
                     roll = dict(roll_bytes=400_000, roll_age_s=rng.uniform(3.0, 6.0))
+                elif args.log == STREAM_SOURCE:     # (each ledger is a task of a batch)
+                    roll = dict(roll_bytes=400_000, roll_age_s=rng.uniform(2.0, 5.0))
                 else:
                     roll = dict(roll_bytes=rng.randint(2_000, 8_000),
                                 roll_age_s=rng.uniform(1.0, 4.0))
@@ -276,7 +278,7 @@ def appender_main(args) -> None:
                     except BaseException as exc:  # noqa: BLE001
                         failed = exc
                         break
-                time.sleep(rng.uniform(0.015, 0.035))
+                time.sleep(rng.uniform(0.02, 0.05))
             for fut in window:
                 try:
                     fut.result(timeout=30)
@@ -320,8 +322,9 @@ def tailer_main(args) -> None:
                     while True:
                         for rec in reader.read_batch(200):
                             _, value, _, _ = _decode(rec.data)
-                            acks.write("R", rec.position.ledger_id, rec.position.entry_id,
-                                       _payload_id(value))
+                            if not args.cursor:     # (the cursor reader only moves it)
+                                acks.write("R", rec.position.ledger_id,
+                                           rec.position.entry_id, _payload_id(value))
                             start = Position(rec.position.ledger_id, rec.position.entry_id + 1)
                         if args.cursor and time.monotonic() - last_commit > 1.0 \
                                 and isinstance(start, Position):
@@ -391,7 +394,7 @@ def keys_main(args) -> None:
                                type(exc).__name__)
                     time.sleep(0.2)
 
-        with ThreadPoolExecutor(2) as pool:
+        with ThreadPoolExecutor(1) as pool:
             list(pool.map(lambda i: commit(i, False),
                           [i for i in range(args.count) if i not in done]))
         for i in range(args.reruns):
