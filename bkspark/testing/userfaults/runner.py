@@ -386,7 +386,8 @@ class UserFaultRun:
             return False
         deadline = time.monotonic() + 4.0
         while time.monotonic() < deadline:
-            daemons, workers = [], []
+            # (pyspark.daemon makes itself a process group of its own: found by ancestry)
+            procs = {}
             for pid in os.listdir("/proc"):
                 if not pid.isdigit():
                     continue
@@ -397,12 +398,23 @@ class UserFaultRun:
                         stat = fh.read().rsplit(")", 1)[1].split()
                 except OSError:
                     continue
-                ppid, pgid = int(stat[1]), int(stat[2])
-                if pgid != proc.pid or int(pid) == proc.pid or b"java" in cmd.split(b" ")[0] \
-                        or not (b"pyspark.daemon" in cmd or b"pyspark.worker" in cmd
-                                or b"pyspark.sql.worker" in cmd):
+                procs[int(pid)] = (int(stat[1]), cmd)
+
+            def descends(pid: int) -> bool:
+                for _ in range(10):
+                    pid = procs.get(pid, (0, b""))[0]
+                    if pid == proc.pid:
+                        return True
+                    if pid <= 1:
+                        return False
+                return False
+            daemons, workers = [], []
+            for pid, (ppid, cmd) in procs.items():
+                if b"java" in cmd.split(b" ")[0] or not descends(pid) or not (
+                        b"pyspark.daemon" in cmd or b"pyspark.worker" in cmd
+                        or b"pyspark.sql" in cmd):
                     continue
-                (daemons if b"pyspark.daemon" in cmd else workers).append((int(pid), ppid))
+                (daemons if b"pyspark.daemon" in cmd else workers).append((pid, ppid))
             daemon_pids = {p for p, _ in daemons}
             children = [p for p, pp in daemons + workers if pp in daemon_pids]
             victims = children or [p for p, _ in workers]
