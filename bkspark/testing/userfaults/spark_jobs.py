@@ -82,6 +82,7 @@ def batch_main(a) -> None:
             w.save()
         except Exception as exc:  # noqa: BLE001 - a failed job is recorded, not fatal
             acks.write("J", job, f"{event}failed", now(), _short(exc))
+            print(f"job {job} {event}failed: {str(exc)[:3000]}", file=sys.stderr, flush=True)
             return False
         acks.write("J", job, f"{event}committed", now())
         return True
@@ -163,6 +164,7 @@ def stream_main(a) -> None:
              .trigger(processingTime="500 milliseconds").start())
     except Exception as exc:  # noqa: BLE001
         acks.write("Q", a.run_id, "failed", now(), _short(exc))
+        print(f"query failed to start: {str(exc)[:3000]}", file=sys.stderr, flush=True)
         sys.exit(3)
     seen = -1
     while True:
@@ -174,6 +176,8 @@ def stream_main(a) -> None:
             acks.write("P", a.run_id, f[0], f[1], json.dumps(f[2], separators=(",", ":")), now())
         if not q.isActive:
             exc = q.exception()
+            if exc:
+                print(f"query failed: {str(exc)[:3000]}", file=sys.stderr, flush=True)
             acks.write("Q", a.run_id, "failed" if exc else "stopped", now(),
                        _short(exc) if exc else "-",
                        (str(exc).replace("\n", " ")[:300] if exc else ""))
