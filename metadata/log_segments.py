@@ -9,6 +9,7 @@ per ledger ("segment") under the log and a head that stays small::
     /logs/<name>/segments/<seq>     one ledger of the list (its list entry, JSON); seq = %012d
     /logs/<name>/ledgers/<id>       the seq of the segment that lists ledger <id> (ascii)
     /logs/<name>/cursors/<cursor>   cursor positions (unchanged)
+    /logs/<name>/expired-writers/<shard>   the filter of expired writer ids (below)
 
 Head fields: ``uid`` -- a fresh id per log created (a log deleted and created again under the
 same name is another log); ``first`` / ``next`` -- the list is the segments ``first ..
@@ -16,8 +17,9 @@ next-1``, contiguous, in order; ``gc`` -- segments ``gc .. first-1`` were trunca
 records are being removed (in batches, by the truncating caller:
 :meth:`bkspark.log.LogStore.collect_truncated`); ``rev`` -- grows when a segment other than the
 last changes (a ledger unlisted from the middle), so a reader's copy of the list knows to
-reload it; ``writers`` -- idempotency keys, ``writer id -> {"seq", "epoch", "t"}`` (last
-committed sequence, owner epoch, commit time in ms); ``expired`` -- how many keys expired and
+reload it; ``writers`` -- idempotency keys, ``writer id -> {"seq", "epoch", "t", "n"}`` (last
+committed sequence, owner epoch, commit time in ms, and the head version of that commit,
+which orders keys by use); ``expired`` -- how many keys expired and
 the newest ``t`` among them; ``properties``; ``stamp`` -- a fresh token per write;
 ``recent`` -- the stamps of the last :data:`RECENT_CHANGES` writes (their first
 :data:`RECENT_TOKEN` characters, 32 random bits: a window of 16 confuses two with odds of
@@ -57,14 +59,25 @@ size, entry count and the age of its oldest ledgers two reads away, whatever its
 Idempotency keys are bounded (:func:`expire_writers`): a key is kept while it is among the
 :data:`WRITER_KEYS_MAX` most recently used and younger than :data:`WRITER_KEY_MAX_AGE_MS`
 (Kafka's producer-id expiry); ``expired.t`` is the newest commit time of any key that expired.
-A commit from a writer id the head does not know is applied only if the writer says when it
-started (``started_ms``, taken before its first commit attempt) and that is later than
-``expired.t`` + :data:`CLOCK_SKEW_MS`: such a writer cannot own an expired key. Otherwise --
-it may be the retry of an expired writer's commit, which could then apply twice -- it is
-refused with :class:`WriterKeyExpiredError`. While no key has expired, every writer id is new.
+
+**An expired key is never forgotten silently.** Its writer id goes into the log's filter of
+expired writer ids (:class:`ExpiredWriters`: a Bloom filter in :data:`FILTER_SHARDS` records of
+:data:`FILTER_BITS` bits under ``/logs/<name>/expired-writers``, written by the transaction
+that expires the key; ``expired.filtered`` counts them). A commit from a writer id the head
+does not know is refused with :class:`WriterKeyExpiredError` when the filter holds that id
+(it may be the rerun of a commit already applied: a batch job rerun under the same
+``(writerId, writerSequence)`` long after), and applied when it does not (the id never
+committed to this log). A filter answers "maybe" for an id it never held with a small
+probability (~1% per shard at ~400 ids, :data:`FILTER_SHARDS` x that in all): such a new
+writer is refused too and takes another id -- a refusal, never a duplicate. Keys that expired
+before the filter existed (``expired.count`` > ``expired.filtered``) keep the older rule: a
+writer id the head does not know is applied only if the writer says when it started
+(``started_ms``, taken before its first commit attempt) and that is later than ``expired.t`` +
+:data:`CLOCK_SKEW_MS`.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -93,6 +106,52 @@ RECENT_TOKEN = 8
 _HEAD_FIELDS = {"name", "uid", "first", "next", "gc", "rev", "writers", "expired", "properties",
                 "stamp", "recent"}
 _OPTIONAL_HEAD_FIELDS = {"recent"}      # (heads written before it have none)
+
+
+#: shards of the filter of expired writer ids, and bits per shard (512 bytes a record)
+FILTER_SHARDS = 256
+FILTER_BITS = 4096
+FILTER_HASHES = 7
+
+
+class ExpiredWriters:
+    """The Bloom filter of a log's expired writer ids (module docstring): which shard record
+    holds an id, and its bits there."""
+
+    @staticmethod
+    def _digest(writer_id: str) -> tuple[int, list[int]]:
+        d = hashlib.blake2b(writer_id.encode("utf-8"), digest_size=16).digest()
+        rest = int.from_bytes(d[1:], "big")
+        return d[0] % FILTER_SHARDS, [(rest >> (12 * i)) % FILTER_BITS
+                                      for i in range(FILTER_HASHES)]
+
+    @classmethod
+    def shard(cls, writer_id: str) -> int:
+        return cls._digest(writer_id)[0]
+
+    @classmethod
+    def holds(cls, bits: bytes | None, writer_id: str) -> bool:
+        """Whether shard ``bits`` (None: the shard was never written) may hold ``writer_id``."""
+        if not bits:
+            return False
+        return all(len(bits) > b // 8 and bits[b // 8] >> (b % 8) & 1
+                   for b in cls._digest(writer_id)[1])
+
+    @classmethod
+    def add(cls, bits: bytes | None, writer_id: str) -> bytes:
+        out = bytearray(bits or bytes(FILTER_BITS // 8))
+        out.extend(bytes(max(0, FILTER_BITS // 8 - len(out))))
+        for b in cls._digest(writer_id)[1]:
+            out[b // 8] |= 1 << (b % 8)
+        return bytes(out)
+
+
+def expired_writers_path(name: str) -> str:
+    return f"{log_path(name)}/expired-writers"
+
+
+def expired_writers_shard_path(name: str, shard: int) -> str:
+    return f"{log_path(name)}/expired-writers/{shard:03d}"
 
 
 class WriterKeyExpiredError(BKError):
@@ -166,6 +225,7 @@ class LogHead:
         if not isinstance(self.writers, dict) or not all(
                 isinstance(k, str) and isinstance(v, dict) and _is_int(v.get("seq"))
                 and _is_int(v.get("t")) and (v.get("epoch") is None or _is_int(v.get("epoch")))
+                and (v.get("n") is None or _is_int(v.get("n")))
                 for k, v in self.writers.items()):
             raise BadRequestError(f"log {self.name}: writers must map str -> "
                                   "{seq: int, t: int, epoch: int|None}")
@@ -283,22 +343,30 @@ def stamp_closed(entry: LogLedger, now: int) -> None:
 
 
 def may_be_expired(head: LogHead, writer_id: str, started_ms: int | None) -> bool:
-    """Whether a commit of ``writer_id`` could be an expired writer's (module docstring)."""
-    if writer_id in head.writers or not head.expired["count"]:
+    """Whether a commit of ``writer_id`` could be the writer of a key that expired before the
+    filter of expired writer ids recorded them (module docstring)."""
+    if writer_id in head.writers or head.expired["count"] <= head.expired.get("filtered", 0):
         return False
     return started_ms is None or started_ms <= head.expired["t"] + CLOCK_SKEW_MS
 
 
-def expire_writers(head: LogHead, now: int, keep: str | None = None) -> None:
+def expire_writers(head: LogHead, now: int, keep: str | None = None) -> list[str]:
     """Expire idempotency keys beyond the bounds (module docstring); ``keep``: a key being
-    written now, never expired by its own commit."""
-    keys = sorted(head.writers.items(), key=lambda kv: (kv[0] != keep, -kv[1]["t"]))
+    written now, never expired by its own commit. Returns the expired writer ids (the caller
+    records them in the filter of expired writer ids, in the same transaction)."""
+    gone = []
+    # most recently used first: by the head version of the last commit (``n``; keys written
+    # before it had none), then by commit time
+    keys = sorted(head.writers.items(),
+                  key=lambda kv: (kv[0] != keep, -kv[1].get("n", 0), -kv[1]["t"]))
     survivors = {}
     for wid, key in keys:
         young = now - key["t"] <= WRITER_KEY_MAX_AGE_MS
         if wid == keep or (young and len(survivors) < WRITER_KEYS_MAX):
             survivors[wid] = key
         else:
-            head.expired = {"count": head.expired["count"] + 1,
-                            "t": max(head.expired["t"], key["t"])}
+            head.expired = dict(head.expired, count=head.expired["count"] + 1,
+                                t=max(head.expired["t"], key["t"]))
+            gone.append(wid)
     head.writers = survivors
+    return gone

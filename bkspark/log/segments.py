@@ -35,6 +35,8 @@ from metadata.log_metadata import LogMetadata
 from metadata.log_segments import (
     APPLIED,
     FORMAT_VERSION,
+    ExpiredWriters,
+    NOT_APPLIED,
     RECENT_CHANGES,
     UNKNOWN,
     change_outcome,
@@ -44,6 +46,8 @@ from metadata.log_segments import (
     decode_segment,
     encode_segment,
     expire_writers,
+    expired_writers_path,
+    expired_writers_shard_path,
     may_be_expired,
     format_version,
     ledger_index_path,
@@ -56,7 +60,8 @@ from metadata.log_segments import (
     segments_path,
     stamp_closed,
 )
-from metadata.update import NoChange, OutcomeUnknownError, Updated, after_conflict, after_lost_answer
+from metadata.update import (NoChange, OutcomeUnknownError, Updated, after_conflict,
+                             after_lost_answer, transaction_applied)
 
 log = logging.getLogger("bkspark.log")
 
@@ -152,6 +157,9 @@ class LogEdit:
         self._unlisted: list[LogLedger] = []
         self._index_versions: dict[int, int] = {}      # leftover index records to overwrite
         self._collected: list[tuple] = []              # deletes of truncated segments' records
+        self._filter: dict[int, tuple] = {}            # shard -> (bits, version) as read
+        self._filter_changed: set[int] = set()
+        self._filter_parent_missing = False
 
     # ---- what is listed ---------------------------------------------------------------
     @property
@@ -296,17 +304,45 @@ class LogEdit:
         """Record ``writer_id``'s last committed sequence (and owner epoch); ``started_ms``:
         when the writer started, for a writer the log does not know (module docstring of
         :mod:`metadata.log_segments`)."""
-        if may_be_expired(self.head, writer_id, started_ms):
-            raise WriterKeyExpiredError(
-                f"log {self.name}: writer {writer_id!r} is not known to the log and "
-                f"{self.head.expired['count']} idempotency key(s) have expired since it may "
-                "have started (keys idle for 7 days, or beyond the 1,000 most recently used, "
-                "expire): this commit could repeat one already applied, so it is refused. "
-                "Commit under a new writer id (Spark: a new queryId / writerId).")
-        key = {"seq": seq, "t": now_ms(),
+        if writer_id not in self.head.writers and self.head.expired["count"]:
+            if ExpiredWriters.holds(self._filter_shard(ExpiredWriters.shard(writer_id)), writer_id):
+                raise WriterKeyExpiredError(
+                    f"log {self.name}: the idempotency key of writer {writer_id!r} expired "
+                    "(keys idle for 7 days, or beyond the 1,000 most recently used, expire) "
+                    "and the log cannot tell which sequence it committed last: this commit "
+                    "could repeat one already applied, so it is refused. Commit under a writer "
+                    "id this log has never seen (Spark: a new writerId / queryId). (A new "
+                    "writer id is refused like this with a small probability: take another.)")
+            if may_be_expired(self.head, writer_id, started_ms):
+                raise WriterKeyExpiredError(
+                    f"log {self.name}: writer {writer_id!r} is not known to the log and "
+                    f"{self.head.expired['count']} idempotency key(s) have expired since it "
+                    "may have started (keys idle for 7 days, or beyond the 1,000 most recently "
+                    "used, expire): this commit could repeat one already applied, so it is "
+                    "refused. Commit under a new writer id (Spark: a new queryId / writerId).")
+        key = {"seq": seq, "t": now_ms(), "n": self.version + 1,   # (the head's next version)
                "epoch": epoch if epoch is not None else self.head.writer_epoch(writer_id)}
         self.head.writers[writer_id] = key
-        expire_writers(self.head, key["t"], keep=writer_id)
+        for gone in expire_writers(self.head, key["t"], keep=writer_id):
+            self._record_expired(gone)
+
+    def _filter_shard(self, shard: int) -> bytes | None:
+        """The bits of a shard of the filter of expired writer ids as this edit knows them."""
+        if shard not in self._filter:
+            got = self.store.get_many([expired_writers_shard_path(self.name, shard)])[0]
+            self._filter[shard] = (got[0], got[1]) if got is not None else (None, None)
+        return self._filter[shard][0]
+
+    def _record_expired(self, writer_id: str) -> None:
+        """Add an expired key's writer id to the filter (in this edit's transaction)."""
+        if not self._filter_changed:
+            self._filter_parent_missing = \
+                self.store.exists(expired_writers_path(self.name)) is None
+        shard = ExpiredWriters.shard(writer_id)
+        bits = ExpiredWriters.add(self._filter_shard(shard), writer_id)
+        self._filter[shard] = (bits, self._filter[shard][1])
+        self._filter_changed.add(shard)
+        self.head.expired["filtered"] = self.head.expired.get("filtered", 0) + 1
 
     # ---- the transaction --------------------------------------------------------------
     def operations(self) -> list[tuple]:
@@ -326,6 +362,14 @@ class LogEdit:
             else:
                 ops.append(("create", idx, data))
         ops.extend(self._collected)
+        if self._filter_changed:
+            if self._filter_parent_missing:
+                ops.append(("create", expired_writers_path(self.name), b""))
+            for shard in sorted(self._filter_changed):
+                bits, version = self._filter[shard]
+                path = expired_writers_shard_path(self.name, shard)
+                ops.append(("create", path, bits) if version is None
+                           else ("set", path, bits, version))
         return ops
 
     def collect(self, leftovers: "Leftovers") -> None:
@@ -391,8 +435,9 @@ def lookup(store, name: str, head: LogHead, ledger_id: int,
     return entry if entry.ledger_id == ledger_id and entry.listed else None
 
 
-def _apply(store, name: str, edit: LogEdit, guard) -> None:
-    """Commit the edit: [guard check,] set head at the version read, then its operations."""
+def _apply(store, name: str, edit: LogEdit, guard, mark: str | None = None) -> None:
+    """Commit the edit: [guard check,] set head at the version read, then its operations
+    [, then create ``mark``]."""
     ops = edit.operations()             # (may move the head's gc bound: before serialising)
     edit.head.restamp()
     data = edit.head.serialize()
@@ -407,17 +452,23 @@ def _apply(store, name: str, edit: LogEdit, guard) -> None:
             txn.set(op[1], op[2], version=op[3] if len(op) > 3 else -1)
         else:
             txn.delete(op[1], version=op[2] if len(op) > 2 else -1)
+    if mark is not None:
+        txn.create(mark, b"")
     txn.commit()
 
 
 def commit_edit(store, name: str, change: Callable[[LogEdit], None], *,
                 done: Callable[[LogEdit], bool] | None = None,
-                guard: tuple[str, int] | None = None,
+                guard: tuple[str, int] | None = None, mark: str | None = None,
                 on_v1: Callable[[bytes, int], None] | None = None) -> Updated[LogEdit]:
     """The update loop of a format-2 log (module docstring). ``change`` edits a
     :class:`LogEdit` in place or raises NoChange; ``done`` tells whether the change is already
-    stored (a lost answer's write applied). ``on_v1(data, version)`` converts a format-1
-    record met on the way. ``guard`` as in :func:`metadata.update.update_record`.
+    stored (checked before every attempt, and after a lost answer that the head's recent
+    stamps cannot settle: it may only answer True on proof). ``on_v1(data, version)`` converts
+    a format-1 record met on the way. ``guard`` as in :func:`metadata.update.update_record`.
+    ``mark``: a path that only this change creates (in its transaction; a Spark job's commit
+    record): a lost answer is then settled by whether it exists, however many changes came
+    since (:func:`metadata.update.transaction_applied`).
 
     :raises NoNodeError: the log does not exist. :raises OutcomeUnknownError: an answer was
         lost and the head could not be re-read.
@@ -445,6 +496,8 @@ def commit_edit(store, name: str, change: Callable[[LogEdit], None], *,
         edit = LogEdit(store, name, head, version)
         if in_doubt is not None:
             outcome = change_outcome(head, version, *in_doubt)
+            if outcome == UNKNOWN and mark is not None:
+                outcome = APPLIED if transaction_applied(store, mark) else NOT_APPLIED
             if outcome == APPLIED:
                 log.info("%s: the change whose answer was lost had been applied", what)
                 return Updated(edit, version, True)
@@ -463,7 +516,7 @@ def commit_edit(store, name: str, change: Callable[[LogEdit], None], *,
         except NoChange:
             return Updated(edit, version, False)
         try:
-            _apply(store, name, edit, guard)
+            _apply(store, name, edit, guard, mark)
             edit.version = version + 1
             return Updated(edit, version + 1, True)
         except (BadVersionError, NodeExistsError, NoNodeError) as exc:

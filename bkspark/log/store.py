@@ -39,6 +39,7 @@ from metadata.log_metadata import LogMetadata
 from metadata.log_segments import (
     FORMAT_VERSION,
     LogHead,
+    expired_writers_path,
     format_version,
     ledger_index_path,
     ledgers_index_path,
@@ -359,7 +360,8 @@ class LogStore:
             for e in gone:
                 self._delete_node(segment_path(name, e.seq))
                 self._delete_node(ledger_index_path(name, e.ledger_id))
-        for parent in (segments_path(name), ledgers_index_path(name)):
+        for parent in (segments_path(name), ledgers_index_path(name),
+                       expired_writers_path(name)):
             self._delete_tree(parent)       # (and leftovers of an interrupted conversion)
         for cursor in self._cursor_names(name):
             self._delete_node(cursor_path(name, cursor))
@@ -391,15 +393,17 @@ class LogStore:
 
     def update(self, name: str, change: Callable[[seg.LogEdit], None], *,
                create: bool = False, done: Callable[[seg.LogEdit], bool] | None = None,
-               guard: tuple[str, int] | None = None) -> Updated[seg.LogEdit]:
+               guard: tuple[str, int] | None = None,
+               mark: str | None = None) -> Updated[seg.LogEdit]:
         """Change the log through the update loop (:func:`bkspark.log.segments.commit_edit`):
         ``change`` edits a :class:`~bkspark.log.segments.LogEdit` (it is re-run on the latest
         head after a conflict or a lost answer), may raise :class:`NoChange` to leave the log
         as it is or any error to abort; ``done`` tells whether the change is already there (a
         lost answer's write applied). ``create``: create a missing log first, else
         NoSuchLogError. ``guard``: ``(path, version)`` of a record that must be unchanged when
-        the change is stored (:class:`GuardChangedError` otherwise). A format-1 log is
-        converted first.
+        the change is stored (:class:`GuardChangedError` otherwise). ``mark``: a path only this
+        change creates (in its transaction), which settles a lost answer for good. A format-1
+        log is converted first.
 
         :raises OutcomeUnknownError: an answer was lost and the log could not be re-read;
             the change may or may not be stored.
@@ -410,7 +414,8 @@ class LogStore:
             seg.convert_v1(self.store, name, data, version)
         while True:
             try:
-                return seg.commit_edit(self.store, name, change, done=done, guard=guard, on_v1=on_v1)
+                return seg.commit_edit(self.store, name, change, done=done, guard=guard,
+                                       mark=mark, on_v1=on_v1)
             except NoNodeError:
                 if self.store.exists(log_path(name)) is not None:
                     raise
@@ -504,7 +509,8 @@ class LogStore:
     def append_ledgers(self, name: str, ledger_ids: list[int], writer_id: str | None = None,
                        sequence: int | None = None, epoch: int | None = None,
                        guard: tuple[str, int] | None = None,
-                       info: dict[int, dict] | None = None, writer_started_ms: int | None = None) -> bool:
+                       info: dict[int, dict] | None = None, writer_started_ms: int | None = None,
+                       mark: str | None = None) -> bool:
         """Append closed ledgers to a log in one transaction; False if ``(writer_id, sequence)``
         was applied.
 
@@ -516,9 +522,12 @@ class LogStore:
         commit attempt): a writer the log does not know is refused without it once any
         idempotency key has expired (:class:`~metadata.log_segments.WriterKeyExpiredError`).
 
-        A lost answer is settled from the stored list: the commit took effect exactly when its
-        ledgers are listed. When an earlier commit of ``(writer_id, sequence)`` holds the place,
-        this call's ledgers are deleted once proven unlisted.
+        A lost answer is settled by the commit's own stamp among the head's recent ones
+        (:mod:`metadata.log_segments`), or by ``mark`` (a path this commit alone creates, in its
+        transaction: a Spark job's commit record) -- never by whether its ledgers are listed
+        now, which a truncation since may have undone. When an earlier commit of
+        ``(writer_id, sequence)`` holds the place, this call's ledgers are deleted once proven
+        unlisted.
 
         :raises OutcomeUnknownError: the answer was lost and the list could not be re-read;
             the ledgers are kept (the commit may have been applied).
@@ -551,7 +560,8 @@ class LogStore:
             if writer_id is not None:
                 edit.set_writer(writer_id, sequence, epoch, started_ms=writer_started_ms)
 
-        result = self.update(name, change, create=True, done=listed, guard=guard)
+        result = self.update(name, change, create=True, done=listed, guard=guard,
+                             mark=mark)
         if not result.changed:
             log.info("log %s: commit %s/%s already applied; deleting duplicate ledgers", name, writer_id, sequence)
             self.delete_unreferenced(name, ledger_ids)
@@ -562,7 +572,8 @@ class LogStore:
 
     def overwrite(self, name: str, ledger_ids: list[int], writer_id: str | None = None,
                   sequence: int | None = None, guard: tuple[str, int] | None = None,
-                  info: dict[int, dict] | None = None, writer_started_ms: int | None = None) -> bool:
+                  info: dict[int, dict] | None = None, writer_started_ms: int | None = None,
+                  mark: str | None = None) -> bool:
         """Replace the whole ledger list in one transaction (the old segments are truncated,
         their records removed in batches afterwards); the old ledgers are deleted too
         (once proven unlisted). The new ledgers' offsets continue from the old
@@ -597,7 +608,8 @@ class LogStore:
             if writer_id is not None:
                 edit.set_writer(writer_id, sequence, started_ms=writer_started_ms)
 
-        result = self.update(name, change, create=True, done=listed, guard=guard)
+        result = self.update(name, change, create=True, done=listed, guard=guard,
+                             mark=mark)
         if not result.changed:
             self.delete_unreferenced(name, ledger_ids)
             return False

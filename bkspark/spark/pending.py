@@ -8,6 +8,7 @@ behind for good. Layout in the metadata store::
     /spark/pending/<job>                 the job record: {"log", "state", "created_ms"}
     /spark/pending/<job>/<ledger id>     a registered ledger: {"partition", "attempt", ...}
     /spark/pending/<job>/alive-<id>      ephemeral: a task of the job is writing right now
+    /spark/pending/<job>/committed       created by the job's commit transaction (batch jobs)
 
 ``<job>`` is ``batch-<uuid>`` for a batch write and ``sink-<query>`` for a streaming sink.
 
@@ -25,7 +26,9 @@ Rules (one place for each):
   more (the late task deletes its own ledger and fails).
 * **Commit.** The driver moves the job ``writing -> committing`` and appends to the log with
   a compare-and-set guarded by that version of the job record (one transaction,
-  :func:`metadata.update.update_record`'s ``guard``).
+  :func:`metadata.update.update_record`'s ``guard``), which also creates the job's
+  ``committed`` record (:func:`commit_mark`): a commit whose answer was lost is applied
+  exactly when that record exists, whatever changed in the log since.
 * **Reclaim** (:func:`reclaim`: the next write to the log at planning, and ``bkspark shell
   gc-pending``) moves an abandoned batch job to ``reclaimed`` by compare-and-set -- after
   which its commit can no longer be stored -- then deletes the registered ledgers the log
@@ -167,6 +170,14 @@ def register(store, key: str, ledger_id: int, info: dict) -> None:
                                f"record changed {MAX_CONFLICTS} times in a row")
 
 
+COMMITTED = "committed"
+
+
+def commit_mark(key: str) -> str:
+    """The record the job's commit transaction creates (module docstring, "Commit")."""
+    return f"{job_path(key)}/{COMMITTED}"
+
+
 def unregister(store, key: str, ledger_id: int) -> None:
     try:
         store.delete(f"{job_path(key)}/{ledger_id}")
@@ -261,11 +272,21 @@ def clean(logs, key: str, log_name: str, keep=(), upto_batch: int | None = None,
         return []
     unregister_all(store, key, candidates)  # deleted, or listed by the log: no longer pending
     if remove_job:
-        try:
-            store.delete(job_path(key))
-        except (NoNodeError, errors.NotEmptyError):
-            pass
+        _remove_job_record(store, key)
     return deleted
+
+
+def _remove_job_record(store, key: str) -> None:
+    """Delete the job record and its commit record (kept while a straggling task is still
+    alive under it, or a registration remains)."""
+    try:
+        store.delete(commit_mark(key))
+    except NoNodeError:
+        pass
+    try:
+        store.delete(job_path(key))
+    except (NoNodeError, errors.NotEmptyError):
+        pass
 
 
 # ---- reclaiming abandoned jobs ----------------------------------------------------------
@@ -346,10 +367,7 @@ def reclaim(logs, *, grace: float = DEFAULT_GRACE_S, log_name: str | None = None
             continue
         out.append(job)
         if job.verdict == "tombstone" and not dry_run and job.idle_s > TOMBSTONE_TTL_S:
-            try:
-                store.delete(job_path(key))
-            except (NoNodeError, errors.NotEmptyError):
-                pass
+            _remove_job_record(store, key)
         if job.verdict != "abandoned" or dry_run:
             continue
         try:

@@ -210,6 +210,8 @@ class BookKeeperBatchWriter(importguard.Guarded, DataSourceArrowWriter):
                   info=_ledger_info(messages), writer_started_ms=started)
         try:
             kw["guard"] = pending.begin_commit(logs.store, self.job, ids)
+            if kw["guard"] is not None:
+                kw["mark"] = pending.commit_mark(self.job)
             if self.overwrite:
                 applied = logs.overwrite(self.log_name, ids, **kw)
             else:

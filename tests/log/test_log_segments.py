@@ -255,6 +255,42 @@ def test_expired_writer_keys_never_let_a_retried_commit_apply_twice(logs, bk, lo
     assert read_all(logs, log_name) == [b"1", b"2", b"3"]
 
 
+def test_a_rerun_whose_key_was_expired_by_newer_writers_is_refused(logs, bk, log_name,
+                                                                     monkeypatch):
+    """(writerId, 0) commits, its key is expired by the most-recent bound, and the job is run
+    again (a fresh start time): refused, not applied a second time -- the expired writer ids
+    stay in the log's filter. A writer id the log never saw still commits."""
+    monkeypatch.setattr(ls, "WRITER_KEYS_MAX", 20)
+    logs.create(log_name)
+    assert logs.append_ledgers(log_name, [closed_ledger(bk, [b"job7"])], writer_id="job7",
+                               sequence=0, writer_started_ms=ls.now_ms())
+    for i in range(20):
+        logs.append_ledgers(log_name, [], writer_id=f"other-{i}", sequence=0,
+                            writer_started_ms=ls.now_ms())
+    head = ls.LogHead.deserialize(bk.store.get(log_path(log_name))[0])
+    assert "job7" not in head.writers and head.expired["filtered"] == head.expired["count"] == 1
+    rerun = closed_ledger(bk, [b"job7"])
+    with pytest.raises(ls.WriterKeyExpiredError, match="never seen"):
+        logs.append_ledgers(log_name, [rerun], writer_id="job7", sequence=0,
+                            writer_started_ms=ls.now_ms() + 1)
+    assert logs.append_ledgers(log_name, [closed_ledger(bk, [b"new"])], writer_id="brand-new",
+                               sequence=0, writer_started_ms=0)
+    assert read_all(logs, log_name) == [b"job7", b"new"]
+
+
+def test_the_filter_of_expired_writer_ids_holds_what_it_was_given():
+    bits = None
+    for i in range(300):
+        bits = ls.ExpiredWriters.add(bits, f"w{i}")
+    assert all(ls.ExpiredWriters.holds(bits, f"w{i}") for i in range(300))
+    assert not ls.ExpiredWriters.holds(None, "w1")
+    assert len(bits) == ls.FILTER_BITS // 8
+    # one shard given 300 ids: few of 10,000 other ids look held (a Bloom filter's odds)
+    false = sum(ls.ExpiredWriters.holds(bits, f"x{i}") for i in range(10_000))
+    assert false < 200
+    assert {ls.ExpiredWriters.shard(f"w{i}") for i in range(2000)} == set(range(ls.FILTER_SHARDS))
+
+
 def test_writer_keys_are_bounded_by_count(monkeypatch):
     monkeypatch.setattr(ls, "WRITER_KEYS_MAX", 3)
     head = ls.LogHead("x")

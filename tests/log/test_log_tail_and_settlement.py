@@ -183,3 +183,31 @@ def test_change_outcome_reads_the_recent_stamps():
         head.restamp()
     assert len(head.recent) == RECENT_CHANGES and head.recent[-1] == head.stamp[:8]
     assert LogHead.deserialize(head.serialize()).recent == head.recent
+
+
+@pytest.mark.parametrize("applied", [True, False], ids=["applied", "not-applied"])
+def test_a_commit_with_a_mark_is_settled_by_it_beyond_the_recent_stamps(bk, logs, other,
+                                                                       log_name, applied):
+    """A Spark job's commit creates its own record in its transaction: a lost answer is
+    settled by that record however many changes came before the re-read."""
+    logs.create(log_name)
+    parent = f"/marks-{log_name}"
+    bk.store.create(parent, b"")
+    mine = closed_ledger(bk, [b"m"])
+    others = [closed_ledger(bk, [b"o%d" % i]) for i in range(RECENT_CHANGES + 1)]
+    busy = []
+    with lost_answers(bk.store, log_path(log_name), applied=applied) as injected:
+        settle = bk.store.sync
+
+        def sync(path="/"):
+            if injected.lost and not busy:
+                busy.append(True)
+                for lid in others:
+                    other.append_ledgers(log_name, [lid])
+            return settle(path)
+        bk.store.sync = sync
+        assert logs.append_ledgers(log_name, [mine], mark=f"{parent}/committed") is True
+    assert injected.lost
+    listed = logs.get(log_name)[0].ledger_ids()
+    assert listed.count(mine) == 1 and len(listed) == len(others) + 1
+    assert bk.store.exists(f"{parent}/committed") is not None
