@@ -323,7 +323,7 @@ class BookKeeperStreamWriter(importguard.Guarded, DataSourceStreamArrowWriter):
             store = _sink_store(logs, self.opts, wid, fresh=attempt > 0)
             try:
                 self._commit_once(logs, store, wid, run, ids, _ledger_info(present), batchId,
-                                  fault)
+                                  fault, spark_query=qid)
                 break
             except LogFencedError:
                 # someone opened our store (maybe a later commit process of this same run):
@@ -333,14 +333,15 @@ class BookKeeperStreamWriter(importguard.Guarded, DataSourceStreamArrowWriter):
                     raise
         pending.clean(logs, f"sink-{wid}", self.log_name, keep=(), upto_batch=batchId)
 
-    def _commit_once(self, logs, store, wid, run, ids, info, batch_id, fault):
+    def _commit_once(self, logs, store, wid, run, ids, info, batch_id, fault, spark_query=None):
         latest = store.latest()
-        owner, superseded = None, []
+        owner, superseded, committed_for = None, [], None
         since = int(time.time() * 1000)     # when this query started committing (kept below)
         if latest is not None:
             payload = latest[1] or {}
             owner, superseded = payload.get("run"), list(payload.get("superseded", []))
             since = payload.get("since", 0)
+            committed_for = payload.get("spark_query")
         if run in superseded:
             raise LogFencedError(f"streaming query {wid}: this run ({run}) was superseded by a "
                                  f"newer run ({owner}) of the same query; it may not commit")
@@ -351,13 +352,25 @@ class BookKeeperStreamWriter(importguard.Guarded, DataSourceStreamArrowWriter):
             done = logs.writer_sequence(self.log_name, wid)     # (the head only)
         except NoSuchLogError:
             done = -1
+        if done >= 0 and committed_for and spark_query and committed_for != spark_query:
+            # another Spark query (a new or reset checkpoint) under the same queryId: its batch
+            # ids restart at 0, so the sink can neither tell which of them the log holds nor
+            # where its source started -- committing would skip or repeat rows
+            raise BadRequestError(
+                f"log {self.log_name!r} holds batches 0..{done} of query {wid!r} committed by "
+                f"Spark query {committed_for}, but this is Spark query {spark_query} (its "
+                "checkpoint was reset or lost, or another query re-uses the queryId): "
+                "committing its batches could skip or repeat rows, so it is refused. Restart "
+                "the query from its original checkpointLocation, or use a new 'queryId' (and "
+                "choose its startingOffsets) with the new checkpoint")
         if batch_id < done:
             raise BadRequestError(
                 f"log {self.log_name!r} already holds batch {done} of query {wid!r}, but Spark "
                 f"is committing batch {batch_id}: the query's checkpoint was reset or belongs to "
                 "another query; use a new checkpointLocation together with a new 'queryId'")
         store.commit(batch_id, {"run": run, "superseded": superseded, "log": self.log_name,
-                                "ledgers": ids, "since": since})
+                                "ledgers": ids, "since": since,
+                                "spark_query": spark_query or committed_for})
         if fault.get("failCommitBeforeAppend") == batch_id:
             raise InjectedFault(f"_testFault: sink commit of batch {batch_id} fails before append")
         applied = logs.append_ledgers(self.log_name, ids, writer_id=wid, sequence=batch_id,

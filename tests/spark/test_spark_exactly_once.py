@@ -80,3 +80,41 @@ def test_a_lac_that_cannot_be_read_is_an_error_not_an_empty_log(bk_cluster, uri,
     assert logs.resolve(log_name, LATEST).entry_id == 4
     assert logs.resolve(log_name, EARLIEST).entry_id == 0
     writer.close()
+
+
+def _pipeline(spark, uri, src, dst, ckpt, query_id):
+    r = (spark.readStream.format("bookkeeper").option("metadataServiceUri", uri)
+         .option("log", src).option("startingOffsets", "earliest").option("queryId", query_id))
+    return (r.load().select("value", "key").writeStream.format("bookkeeper")
+            .option("metadataServiceUri", uri).option("log", dst).option("queryId", query_id)
+            .option("checkpointLocation", ckpt).trigger(availableNow=True).start())
+
+
+def _values(logs, name):
+    with logs.open_reader(name, EARLIEST, tail=False) as reader:
+        from bkspark.spark.codec import decode_record
+        return [decode_record(r.data)[1] for r in reader]
+
+
+def test_a_query_on_a_lost_checkpoint_under_the_same_query_id_is_refused(spark, uri, logs,
+                                                                          log_name, tmp_path):
+    src, dst = log_name, log_name + "-out"
+    with logs.open_writer(src) as writer:
+        for i in range(20):
+            writer.append(b"a%d" % i)
+    q = _pipeline(spark, uri, src, dst, str(tmp_path / "ckpt-1"), "q-" + log_name)
+    q.awaitTermination(300)
+    assert len(_values(logs, dst)) == 20
+    with logs.open_writer(src) as writer:
+        for i in range(10):
+            writer.append(b"b%d" % i)
+    # the checkpoint is lost: Spark numbers batches from 0 again under the same queryId
+    again = _pipeline(spark, uri, src, dst, str(tmp_path / "ckpt-2"), "q-" + log_name)
+    with pytest.raises(Exception, match="original checkpointLocation"):
+        again.awaitTermination(300)
+    assert len(_values(logs, dst)) == 20        # refused loudly, nothing appended
+    # from its own checkpoint the query goes on exactly where it stopped
+    q = _pipeline(spark, uri, src, dst, str(tmp_path / "ckpt-1"), "q-" + log_name)
+    q.awaitTermination(300)
+    out = _values(logs, dst)
+    assert sorted(out) == sorted([b"a%d" % i for i in range(20)] + [b"b%d" % i for i in range(10)])
