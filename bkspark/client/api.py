@@ -260,7 +260,7 @@ class BookKeeper:
         return self._executor.submit(self.create_ledger, *args, **kwargs)
 
     def open_ledger(self, ledger_id: int, password: bytes = b"",
-                    recovery: bool = True) -> ReadHandle:
+                    recovery: bool = True, read_lac: bool = True) -> ReadHandle:
         """Open a ledger for reading.
 
         ``recovery=True`` (default) fences and recovers an OPEN ledger and closes it (see
@@ -268,7 +268,9 @@ class BookKeeper:
         neither fences nor closes: for tailing a ledger still being written. Its LAC is read
         from the bookies of the last ensemble (any answer will do, the highest counts); when
         none answers the open fails -- a handle never pretends the LAC is -1 (a caller would
-        take that for "nothing written" and skip acknowledged entries).
+        take that for "nothing written" and skip acknowledged entries). ``read_lac=False``
+        (with ``recovery=False``) skips that read: for a reader of a range it knows to be
+        confirmed already (planned from an earlier LAC read), read with ``read_unconfirmed``.
 
         :raises NoSuchLedgerError: no such ledger. :raises UnauthorizedError: wrong password.
         :raises BookieUnavailableError: ``recovery=False`` on a ledger not CLOSED and no
@@ -287,7 +289,7 @@ class BookKeeper:
             md, version = LedgerRecovery(self.ctx, ledger_id, password).run(md, version)
             return ReadHandle(self.ctx, md, version, password)
         rh = ReadHandle(self.ctx, md, version, password)
-        if md.state is not LedgerState.CLOSED:
+        if md.state is not LedgerState.CLOSED and read_lac:
             rh.try_read_last_add_confirmed()
         return rh
 

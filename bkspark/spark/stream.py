@@ -46,7 +46,7 @@ except ImportError:  # pragma: no cover - older PySpark: no read limits
     class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
         pass
 
-from bkspark.errors import BKError, NoSuchLogError
+from bkspark.errors import BKError, BookieUnavailableError, NoSuchLogError
 from bkspark.log.position import LATEST, Position
 from bkspark.spark import conn, importguard
 from bkspark.spark.reader import (
@@ -67,6 +67,8 @@ CURSOR_KEY = "@cursor"          # offsets' key of the query's cursor name ('@': 
 BACKLOG_KEY = "@backlog"        # reportLatestOffset's key of the backlog
 LEGACY_CURSOR = "spark"
 UNKNOWN_ENTRY_BYTES = 1024      # estimate of an entry's size when no closed ledger says
+#: seconds a log's end may stay unreadable (no bookie answers its LAC) before the query fails
+LAC_UNAVAILABLE_LIMIT_S = 120.0
 
 
 def _pos(obj) -> Position:
@@ -139,6 +141,7 @@ class BookKeeperStreamReader(importguard.Guarded, DataSourceStreamReader,
         self._target: dict | None = None       # Trigger.AvailableNow end
         self._latest: dict | None = None
         self._last_trigger = time.monotonic()   # minEntriesPerTrigger: waiting since
+        self._unreadable: dict[str, float] = {}  # log -> since when its end cannot be read
 
     # ---- helpers (driver side) ----------------------------------------------------------
     def _logs(self):
@@ -153,6 +156,24 @@ class BookKeeperStreamReader(importguard.Guarded, DataSourceStreamReader,
             return spans(logs, name, start, end, self.opts.fail_on_data_loss, planned=planned)
         except NoSuchLogError:
             return []
+
+    def _available_now(self, logs, name: str, start: Position, end: Position | None):
+        """What ``latestOffset`` may add of one log: :meth:`_available`, except that a log
+        whose open ledger's LAC cannot be read (no bookie of its ensemble answers) stays
+        where it is for this trigger -- its offset does not move, so nothing is skipped or
+        claimed empty -- until it has been unreadable for :data:`LAC_UNAVAILABLE_LIMIT_S`;
+        then the error fails the query (as Kafka's source does after its retries)."""
+        try:
+            ranges = self._available(logs, name, start, end)
+        except BookieUnavailableError as exc:
+            since = self._unreadable.setdefault(name, time.monotonic())
+            if time.monotonic() - since >= LAC_UNAVAILABLE_LIMIT_S:
+                raise
+            log.warning("log %s: its end cannot be read now, the query stays at %s this "
+                        "trigger: %s", name, tuple(start), exc)
+            return []
+        self._unreadable.pop(name, None)
+        return ranges
 
     def _cursor(self, offset: dict | None) -> str:
         return self.opts.query_id or (offset or {}).get(CURSOR_KEY) or LEGACY_CURSOR
@@ -246,7 +267,7 @@ class BookKeeperStreamReader(importguard.Guarded, DataSourceStreamReader,
                 if end.ledger_id == -1:
                     ranges[name] = []
                     continue
-            ranges[name] = self._available(logs, name, s, end)
+            ranges[name] = self._available_now(logs, name, s, end)
         caps = self._caps(ranges, limit)
         waiting = caps is None
         if waiting:
@@ -255,7 +276,7 @@ class BookKeeperStreamReader(importguard.Guarded, DataSourceStreamReader,
         for name in names:
             out[name] = self._end_of(starts[name], caps[name], ranges[name]).to_json()
             unbounded = ranges[name] if self._target is None else \
-                self._available(logs, name, starts[name], None)
+                self._available_now(logs, name, starts[name], None)
             latest[name] = self._end_of(starts[name], None, unbounded).to_json()
             behind[name] = self._behind(unbounded, _pos(out[name]))
         for name, pos in positions.items():          # keep logs that vanished from a pattern

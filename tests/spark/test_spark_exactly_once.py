@@ -60,7 +60,9 @@ def test_a_planned_batch_is_read_whole_when_no_bookie_answers_at_planning(bk_clu
     writer.close()
 
 
-def test_a_lac_that_cannot_be_read_is_an_error_not_an_empty_log(bk_cluster, uri, logs, log_name):
+def test_a_lac_that_cannot_be_read_is_an_error_not_an_empty_log(bk_cluster, uri, logs, log_name,
+                                                                monkeypatch):
+    from bkspark.spark import stream
     writer = logs.open_writer(log_name)
     for i in range(4):
         writer.append(b"r%d" % i)
@@ -69,10 +71,14 @@ def test_a_lac_that_cannot_be_read_is_an_error_not_an_empty_log(bk_cluster, uri,
     start = source.initialOffset()
     with _paused(bk_cluster):
         t0 = time.monotonic()
+        # a trigger while the end cannot be read: the query stays where it is ...
+        assert source.latestOffset(start, ReadAllAvailable()) == start
+        # ... and fails once that lasts (LAC_UNAVAILABLE_LIMIT_S), naming the bookies
+        monkeypatch.setattr(stream, "LAC_UNAVAILABLE_LIMIT_S", 0.0)
         with pytest.raises(errors.BKError, match="bookie"):
             source.latestOffset(start, ReadAllAvailable())
         with pytest.raises(errors.BKError, match="bookie"):
-            logs.resolve(log_name, LATEST)
+            logs.resolve(log_name, LATEST)      # (before: the position of entry 0)
         assert time.monotonic() - t0 < 30
     # once the bookies answer, the same calls see every acknowledged entry
     end = source.latestOffset(start, ReadAllAvailable())
