@@ -14,6 +14,8 @@ the cuts the runner made (``runner.events``):
   or a committed writer key of the keys log is absent (nothing cuts that log);
 * ``superseded-write-acked`` -- an acknowledged append lies past the end its ledger was
   closed at, and another writer had opened the log by then (it was fenced, yet acknowledged);
+  or it was acknowledged after an overwrite that committed while its ledger was being written
+  (the overwrite replaced a list holding that ledger: its writer had to be fenced first);
 * ``duplicate`` -- a record (an appended payload, a row of a job without a writer id) is in
   its log more than once;
 * ``batch-not-exactly-once`` -- a job with a writer id (or its re-run) applied twice, or a
@@ -42,6 +44,9 @@ from .workloads import (BATCH_LOG, CLIENT_CONF, KEYS_LOG, OVERWRITE_LOG, PASSWOR
                         STREAM_SINK, STREAM_SOURCE, APP_LOGS, _payload_id)
 
 CUT_MARGIN_S = 0.5      # an ack recorded this long after a cut ended may still predate it
+#: an ack recorded this long after an overwrite committed may still predate it (a busy
+#: machine may delay the writer's record of an acknowledgement that came before the fence)
+OVERWRITE_MARGIN_S = 2.0
 
 
 def _lines(path: str):
@@ -146,11 +151,20 @@ class Checker:
                 for lid, eid, _, _ in contents[name]:
                     ends[(name, lid)] = max(ends.get((name, lid), -1), eid)
         cuts = self._cuts(acks, events)
+        for p in events:            # seen by the runner's monitor while the run went on
+            if p[0] == "V":
+                self.violation(p[1], t=float(p[4]), log=p[2], ledger=int(p[3]),
+                               detail="listed while its metadata was gone (seen during the run)")
         rows = collections.Counter()
         self._check_appends(acks, contents, cuts, ends, rows)
         self._check_tailer(acks, contents[STREAM_SOURCE], rows)
         self._check_jobs(acks, contents, rows)
         stream = self._check_stream(acks, contents[STREAM_SOURCE], contents[STREAM_SINK], rows)
+        for p in events:            # queries run twice, the second time on a new checkpoint
+            if p[0] == "LC":
+                sink = contents[p[2]] = self.read_log_named(p[2])
+                stream[p[2]] = self._check_stream(acks, contents[STREAM_SOURCE], sink, rows,
+                                                  runs_prefix=f"lc{p[1]}-", sink_name=p[2])
         firsts = [v["t"] for v in self.violations]
         return {"violations": self.violations, "violations_by_kind": dict(self.counts),
                 "rows_checked": dict(rows), "rows_checked_total": sum(rows.values()),
@@ -159,8 +173,10 @@ class Checker:
                 "stream": stream}
 
     def _cuts(self, acks, events) -> dict:
-        """log -> [(t_start, t_end)] of every cut: retention, truncation, overwrite jobs."""
+        """log -> [(t_start, t_end)] of every cut: retention, truncation, overwrite jobs; and
+        ``self.overwrites``: log -> [(t_start, t_end)] of the overwrite jobs that committed."""
         cuts = collections.defaultdict(list)
+        self.overwrites = collections.defaultdict(list)
         for p in events:
             if p[0] == "C":
                 cuts[p[1]].append((float(p[3]), float(p[4])))
@@ -176,6 +192,8 @@ class Checker:
                     open_ow = (p[3], float(p[6]))
                 elif open_ow and (p[2].endswith("committed") or p[2].endswith("failed")):
                     cuts[open_ow[0]].append((open_ow[1], float(p[3])))
+                    if p[2].endswith("committed"):
+                        self.overwrites[open_ow[0]].append((open_ow[1], float(p[3])))
                     open_ow = None
                 elif p[2].endswith("start"):
                     open_ow = None
@@ -199,6 +217,12 @@ class Checker:
                 where[pid] = [lid, eid]
             listed = {lid for lid, _, _, _ in contents[log]}
             order = {pid: i for i, (_, _, _, pid) in enumerate(contents[log])}
+            first_ack = {}                  # ledger -> when an append to it was first acked
+            for lines in acks.values():
+                for p in lines:
+                    if p[0] == "A" and p[1] == log:
+                        lid, t = int(p[2]), float(p[5])
+                        first_ack[lid] = min(first_ack.get(lid, t), t)
             for name, lines in acks.items():
                 last_seen = {}
                 for p in lines:
@@ -216,6 +240,17 @@ class Checker:
                             self.violation("out-of-order", t=t, log=log, id=pid,
                                            detail="a writer's records out of its order")
                         last_seen[writer] = i
+                        continue
+                    # an overwrite that committed while this ledger was written replaced a
+                    # list holding it: an append acknowledged after that was never in the log
+                    # (its writer must have been fenced first)
+                    replaced = [(a, b) for a, b in self.overwrites.get(log, [])
+                                if first_ack.get(lid, t) < a and b < t - OVERWRITE_MARGIN_S]
+                    if replaced:
+                        self.violation("superseded-write-acked", t=t, log=log, id=pid,
+                                       ledger=lid, entry=eid, writer=name,
+                                       detail=f"acknowledged {t - replaced[0][1]:.2f} s after an "
+                                              "overwrite replaced the list holding its ledger")
                         continue
                     if any(end > t - CUT_MARGIN_S for _, end in cuts.get(log, [])):
                         rows["appends-cut"] += 1
@@ -320,7 +355,14 @@ class Checker:
                                                   f"{earlier[-1]} is present")
 
     # ---- the streaming query ----------------------------------------------------------------
-    def _check_stream(self, acks, source, sink, rows) -> dict:
+    def read_log_named(self, name: str) -> list[tuple]:
+        from bkspark.client import BookKeeper
+        from bkspark.log import LogStore
+        with BookKeeper(self.uri, **CLIENT_CONF) as bk:
+            return self.read_log(bk, LogStore(bk, password=PASSWORD), name)
+
+    def _check_stream(self, acks, source, sink, rows, runs_prefix: str = "stream-",
+                      sink_name: str = STREAM_SINK) -> dict:
         index = {(lid, eid): i for i, (lid, eid, _, _) in enumerate(source)}
         last_of = {}
         for i, (lid, eid, _, _) in enumerate(source):
@@ -332,26 +374,26 @@ class Checker:
             try:
                 sl, se = (int(x) for x in (key or "").split(":"))
             except ValueError:
-                self.violation("out-of-order", log=STREAM_SINK, position=[lid, eid],
+                self.violation("out-of-order", log=sink_name, position=[lid, eid],
                                detail=f"a sink row without a source position (key {key!r})")
                 continue
             i = index.get((sl, se))
             if i is None or source[i][3] != pid:
-                self.violation("out-of-order", log=STREAM_SINK, source=[sl, se], id=pid,
+                self.violation("out-of-order", log=sink_name, source=[sl, se], id=pid,
                                detail="a sink row that is not the source's record there")
                 continue
             seen[i] += 1
             if seen[i] == 2:
-                self.violation("stream-repeat", log=STREAM_SINK, source=[sl, se], id=pid)
+                self.violation("stream-repeat", log=sink_name, source=[sl, se], id=pid)
             elif sl in prev_in_ledger and se < prev_in_ledger[sl] and seen[i] == 1:
-                self.violation("out-of-order", log=STREAM_SINK, source=[sl, se], id=pid,
+                self.violation("out-of-order", log=sink_name, source=[sl, se], id=pid,
                                detail=f"after entry {prev_in_ledger[sl]} of the same ledger")
             prev_in_ledger[sl] = max(se, prev_in_ledger.get(sl, -1))
         # committed micro-batches: everything before the highest reported end is in the sink
         runs, outcome = {}, {}
         committed_end, end_run, end_t = -1, None, None
         for name, lines in acks.items():
-            if not name.startswith("stream-"):
+            if not name.startswith(runs_prefix):
                 continue
             for p in lines:
                 if p[0] == "Q" and p[2] == "start":
@@ -378,7 +420,7 @@ class Checker:
         missing = [i for i in range(top) if not seen[i]]
         if missing:
             gap_kind = "stream-skip"
-            self.violation(gap_kind, t=end_t, log=STREAM_SINK, missing=len(missing),
+            self.violation(gap_kind, t=end_t, log=sink_name, missing=len(missing),
                            first_missing=list(source[missing[0]][:2]),
                            committed_through=committed_end, reported_by=end_run,
                            lost_checkpoint_runs=[r for r, m in runs.items() if m == "lost"])

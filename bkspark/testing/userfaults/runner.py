@@ -48,6 +48,7 @@ class UserFaultRun:
         self.incarnation: collections.Counter = collections.Counter()
         self.paused: set[int] = set()
         self._bg: list[threading.Thread] = []
+        self._scenarios: list[threading.Thread] = []    # faults the run waits for
         self._stop = threading.Event()
         self._arm_seq = 0
         self._driver_lock = threading.RLock()
@@ -170,6 +171,7 @@ class UserFaultRun:
                 for slot in self.SLOTS:
                     self._spawn_slot(slot)
                 self._background(self._retention_loop)
+                self._background(self._monitor_loop)
                 deadline = time.monotonic() + 90
                 while time.monotonic() < deadline and not (
                         self._ready("batch", "J") and self._ready("stream", "Q")):
@@ -245,7 +247,9 @@ class UserFaultRun:
                 self.fault_errors.append(f"{fault.kind}@{fault.t:.1f}: {type(exc).__name__}: "
                                          f"{exc}"[:300])
                 self.say("fault error", fault.kind, exc)
-        while time.monotonic() - self.started < self.duration:
+        while time.monotonic() - self.started < self.duration or (
+                any(t.is_alive() for t in self._scenarios)
+                and time.monotonic() - self.started < self.duration + 240):
             self._respawn_dead()
             self._keys_done()
             time.sleep(0.5)
@@ -304,6 +308,13 @@ class UserFaultRun:
                 proc.send_signal(signal.SIGUSR1)
         elif f.kind == "takeover":
             self._background(self._takeover, f.params["log"])
+        elif f.kind == "stream_replan_paused":
+            self._background(self._replan_paused, f)
+            return False                # counted once applied
+        elif f.kind == "stream_reset_checkpoint":
+            self._background(self._reset_checkpoint, f)
+            self._scenarios.append(self._bg[-1])
+            return False                # counted once applied
         elif f.kind in ("batch_driver_kill", "stream_driver_kill", "stream_lost_checkpoint",
                         "python_worker_kill"):
             self._background(self._driver_fault, f)
@@ -347,6 +358,136 @@ class UserFaultRun:
                     return
             time.sleep(0.3)
         self.fault_errors.append(f"{f.kind}@{f.t:.1f}: driver not ready in time")
+
+    def _replan_paused(self, f: Fault) -> None:
+        """Kill the streaming driver right after it wrote a batch's offsets (before that
+        batch committed), silence every bookie of the source's open ledger, and restart the
+        driver: Spark plans the batch again from its offset log (``partitions`` without
+        ``latestOffset``) while no bookie of that ledger answers. The bookies come back a
+        few seconds after the new driver started its query (at most 45 s after the kill)."""
+        deadline = time.monotonic() + 60
+        paused: list[int] = []
+        try:
+            while not self._stop.is_set() and time.monotonic() < deadline:
+                with self._driver_lock:     # (held from the kill to the respawn)
+                    if self.stream_mode == "normal" and self._ready("stream", need="Q") \
+                            and self._kill_after_offsets():
+                        last = self.logs.last_listed(STREAM_SOURCE)
+                        ensemble = list(self.bk.ledger_metadata(last.ledger_id)
+                                        .last_ensemble()) if last is not None else []
+                        for i, b in enumerate(self.cluster.bookies):
+                            if b.bookie_id in ensemble and b.alive and i not in self.paused:
+                                self._pause(i)
+                                paused.append(i)
+                        self.stream_mode = "normal"
+                        self._spawn_slot("stream")
+                        self.faults_applied[f.kind] += 1
+                        self.events.write("FA", f.kind, json.dumps(paused, separators=(",", ":")),
+                                          now())
+                        break
+                time.sleep(0.3)
+            else:
+                self.fault_errors.append(f"{f.kind}@{f.t:.1f}: no batch planned in time")
+                return
+            until = time.monotonic() + 45
+            while time.monotonic() < until and not self._stop.is_set() \
+                    and not self._ready("stream", need="Q"):
+                time.sleep(0.2)
+            self._stop.wait(min(6.0, max(0.0, until - time.monotonic())))
+        finally:
+            for i in paused:
+                self.cluster.resume(i)
+                self.paused.discard(i)
+
+    def _reset_checkpoint(self, f: Fault) -> None:
+        """A query of its own (``queryId`` ``uf-lc-<k>``, source ``app-0``, sink
+        ``lc-out-<k>``, ``Trigger.AvailableNow``) runs once, then again on a new checkpoint
+        under the same ``queryId`` (the first one's was lost) while the source keeps growing:
+        the second run must continue exactly or be refused -- never commit its batch 0 as
+        "already applied" and drop the new rows (the checker reads ``lc-out-<k>``)."""
+        k = self.faults_applied[f.kind] + 1
+        qid, sink = f"uf-lc-{k}", f"lc-out-{k}"
+        self.logs.create(sink)
+        self.events.write("LC", k, sink, qid, now())
+        for part in ("a", "b"):
+            # (a run that fails for another reason -- say, no bookie of the source's open
+            # ledger answered -- is tried again: the scenario is the second checkpoint's
+            # batch 0 reaching the sink's commit)
+            for attempt in range(3):
+                run_id = f"lc{k}-{part}{attempt}"
+                rc = self._one_off(run_id, qid, sink,
+                                   os.path.join(self.workdir, f"ckpt-lc{k}-{part}"))
+                self.events.write("LR", k, part, rc, now())
+                if self._stop.wait(1.0):
+                    return
+                if rc == 3 and self._query_outcome(run_id) in ("stopped", "refused"):
+                    break
+        self.faults_applied[f.kind] += 1
+
+    def _query_outcome(self, run_id: str) -> str:
+        """How a one-off query ended: ``stopped`` (done), ``refused`` (the sink refused
+        another Spark query's commit) or ``failed``."""
+        try:
+            with open(os.path.join(self.workdir, f"{run_id}.acks")) as f:
+                ends = [line for line in f if line.startswith(f"Q {run_id} ") and
+                        " start " not in line]
+        except OSError:
+            return "failed"
+        return ends[-1].split()[2] if ends else "failed"
+
+    def _one_off(self, run_id: str, query_id: str, sink: str, checkpoint: str) -> int | None:
+        """Run one Trigger.AvailableNow query in a driver of its own; its exit code (None:
+        killed after 150 s, or when the run ends)."""
+        cmd = [sys.executable, "-m", "bkspark.testing.userfaults", "worker", "--role", "stream",
+               "--uri", self.uri, "--seed", str(self.seed),
+               "--acks", os.path.join(self.workdir, f"{run_id}.acks"), "--arm-dir",
+               os.path.join(self.workdir, "no-arms"), "--run-id", run_id, "--checkpoint",
+               checkpoint, "--query-id", query_id, "--sink", sink, "--available-now"]
+        env = dict(os.environ, BKSPARK_HOME=os.path.join(self.workdir, "home"))
+        env["PYTHONPATH"] = os.pathsep.join(
+            [REPO_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        with open(os.path.join(self.workdir, f"{run_id}.log"), "ab") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        until = time.monotonic() + 150
+        while proc.poll() is None and time.monotonic() < until and not self._stop.is_set():
+            time.sleep(0.2)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return None
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)     # (what is left of the driver's group)
+        except ProcessLookupError:
+            pass
+        return proc.returncode
+
+    def _kill_after_offsets(self) -> bool:
+        """Wait (up to 10 s) for the streaming query to write the offsets of a new batch and
+        SIGKILL its driver at once; whether it was killed before that batch committed."""
+        offsets = os.path.join(self.checkpoint, "offsets")
+        commits = os.path.join(self.checkpoint, "commits")
+
+        def batches(d):
+            try:
+                return {int(n) for n in os.listdir(d) if n.isdigit()}
+            except OSError:
+                return set()
+        known = batches(offsets)
+        until = time.monotonic() + 10
+        while time.monotonic() < until:
+            new = batches(offsets) - known
+            if new:
+                self._kill("stream")
+                n = max(new)
+                if n in batches(commits):
+                    self.events.write("FR", "replan-missed", n, now())
+                    self._spawn_slot("stream")
+                    return False
+                self.events.write("FR", "killed-before-commit", n, now())
+                return True
+            time.sleep(0.005)
+        return False
 
     def _end(self, f: Fault) -> None:
         c = self.cluster
@@ -452,18 +593,15 @@ class UserFaultRun:
             self.fault_errors.append(f"truncate {log}: {exc!r}"[:300])
 
     def _truncation_storm(self, log: str, seconds: float) -> None:
-        """Truncate before the last listed ledger again and again: a commit whose answer was
-        lost races a cut of the ledgers it just appended."""
-        from bkspark.log import Position
+        """Truncate the whole list again and again: a commit whose answer was lost races a
+        cut of the ledgers it just appended."""
         end = time.monotonic() + seconds
         while time.monotonic() < end and not self._stop.is_set():
             t0 = now()
             try:
-                last = self.logs.last_listed(log)
-                if last is not None:
-                    removed = self.logs.truncate(log, Position(last.ledger_id, 0), force=True)
-                    if removed:
-                        self._cut(log, "storm", t0, removed)
+                removed = self.logs.truncate_segments(log, self.logs.bounds(log)[1])
+                if removed:
+                    self._cut(log, "storm", t0, removed)
             except errors.BKError:
                 self._cut(log, "storm-error", t0, None)
             time.sleep(0.03)
@@ -492,6 +630,38 @@ class UserFaultRun:
                         self.faults_applied["retention_cut"] += 1
                 except errors.BKError:
                     self._cut(log, "retention-error", t0, None)
+
+    MONITORED = APP_LOGS + (BATCH_LOG, STREAM_SINK, KEYS_LOG)
+
+    def _monitor_loop(self) -> None:
+        """While the run goes on, check the end of every log (where a commit lands) for a
+        listed ledger whose metadata is gone. The end state alone can miss it: a later cut
+        may remove it from the list again. A ledger found missing is checked once more after
+        a sync (it may have been truncated and deleted between the two reads): still listed
+        and still missing is recorded (``V`` in ``runner.events``) for the checker."""
+        reported = set()
+        while not self._stop.wait(0.3):
+            for log in self.MONITORED:
+                try:
+                    for entry in self.logs.segments(log, max(0, self.logs.bounds(log)[1] - 6)):
+                        lid = entry.ledger_id
+                        if (log, lid) in reported:
+                            continue
+                        try:
+                            self.bk.ledger_metadata(lid)
+                            continue
+                        except errors.NoSuchLedgerError:
+                            pass
+                        self.bk.store.sync("/")
+                        if self.logs.lists(log, lid):
+                            try:
+                                self.bk.ledger_metadata(lid)
+                            except errors.NoSuchLedgerError:
+                                reported.add((log, lid))
+                                self.events.write("V", "log-names-deleted-ledger", log, lid,
+                                                  now())
+                except errors.BKError:
+                    continue
 
     def _takeover(self, log: str) -> None:
         from bkspark.log import LogStore

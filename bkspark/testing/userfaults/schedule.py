@@ -15,6 +15,11 @@ FAULT_KINDS = (
     "batch_driver_kill",        # SIGKILL of the Spark batch driver (and its workers)
     "stream_driver_kill",       # SIGKILL of the streaming driver; restart from its checkpoint
     "stream_lost_checkpoint",   # ... restart with a new checkpointLocation, same queryId
+    "stream_reset_checkpoint",  # a query of its own run twice, the second time on a new
+                                #     checkpoint under the same queryId
+    "stream_replan_paused",     # ... killed between a batch's offsets and its commit, and
+                                #     restarted while every bookie of the source's tail is
+                                #     paused (the batch is planned again from its offsets)
     "python_worker_kill",       # SIGKILL of a PySpark worker (the executor side of local[2])
     "truncate",                 # LogStore.truncate of a retained log
     "shell_retention",          # `bkspark shell apply-retention` (a process of its own)
@@ -28,7 +33,8 @@ TAKEOVER_LOGS = ("app-0", "app-1", "ow-0")
 WEIGHTS = {"bookie_pause": 3, "bookie_pause_tail": 4, "bookie_kill": 3,
            "lost_answer_applied": 5, "lost_answer_not_applied": 2, "session_expire": 2,
            "takeover": 3, "batch_driver_kill": 1, "stream_driver_kill": 0,
-           "stream_lost_checkpoint": 0, "python_worker_kill": 2, "truncate": 3,
+           "stream_lost_checkpoint": 0, "stream_replan_paused": 0, "stream_reset_checkpoint": 0,
+           "python_worker_kill": 2, "truncate": 3,
            "shell_retention": 1}
 BOOKIE_KINDS = ("bookie_pause", "bookie_pause_tail", "bookie_kill")
 
@@ -66,6 +72,10 @@ def make_schedule(seed: int, duration: float, num_bookies: int = 5, warmup: floa
     span = end - warmup
     if "stream_driver_kill" in names:
         fixed.append(Fault(warmup + span * rng.uniform(0.12, 0.25), "stream_driver_kill"))
+    if "stream_reset_checkpoint" in names:
+        fixed.append(Fault(warmup + span * rng.uniform(0.02, 0.1), "stream_reset_checkpoint"))
+    if "stream_replan_paused" in names:
+        fixed.append(Fault(warmup + span * rng.uniform(0.3, 0.4), "stream_replan_paused"))
     if "stream_lost_checkpoint" in names:
         fixed.append(Fault(warmup + span * rng.uniform(0.5, 0.62), "stream_lost_checkpoint"))
     if "stream_driver_kill" in names:
@@ -73,9 +83,10 @@ def make_schedule(seed: int, duration: float, num_bookies: int = 5, warmup: floa
         while at < end:
             fixed.append(Fault(at + rng.uniform(-10, 10), "stream_driver_kill"))
             at += 60.0
-    first = [k for k in first if k not in ("stream_driver_kill", "stream_lost_checkpoint")]
-    drawable = [k for k in names if WEIGHTS[k] > 0 and k not in
-                ("stream_driver_kill", "stream_lost_checkpoint")]
+    driver = ("stream_driver_kill", "stream_lost_checkpoint", "stream_replan_paused",
+              "stream_reset_checkpoint")
+    first = [k for k in first if k not in driver]
+    drawable = [k for k in names if WEIGHTS[k] > 0 and k not in driver]
     while t < end:
         kind = first[0] if first else rng.choices(drawable, [WEIGHTS[k] for k in drawable])[0]
         down = sum(1 for u in busy_until if u > t)

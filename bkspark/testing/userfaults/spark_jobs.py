@@ -149,37 +149,43 @@ def stream_main(a) -> None:
     spark = session("uf-stream")
     acks = AckFile(a.acks)
     acks.write("W", "stream", os.getpid(), a.run_id, now())
+    query_id, sink = a.query_id or QUERY_ID, a.sink or STREAM_SINK
     src = (spark.readStream.format("bookkeeper").option("metadataServiceUri", a.uri)
            .option("log", STREAM_SOURCE).option("startingOffsets", "earliest")
-           .option("queryId", QUERY_ID)
+           .option("queryId", query_id)
            .option("client.readTimeout", "1.0").option("client.speculativeReadTimeout", "0.3")
            .load())
     out = src.selectExpr("value", "cast(concat(cast(ledger_id as string), ':', "
                                   "cast(entry_id as string)) as binary) as key")
     acks.write("Q", a.run_id, "start", a.mode, a.checkpoint, now())
     try:
-        q = (out.writeStream.format("bookkeeper").option("metadataServiceUri", a.uri)
-             .option("log", STREAM_SINK).option("queryId", QUERY_ID)
-             .option("checkpointLocation", a.checkpoint)
-             .trigger(processingTime="500 milliseconds").start())
+        w = (out.writeStream.format("bookkeeper").option("metadataServiceUri", a.uri)
+             .option("log", sink).option("queryId", query_id)
+             .option("checkpointLocation", a.checkpoint))
+        w = w.trigger(availableNow=True) if a.available_now else \
+            w.trigger(processingTime="500 milliseconds")
+        q = w.start()
     except Exception as exc:  # noqa: BLE001
         acks.write("Q", a.run_id, "failed", now(), _short(exc))
         print(f"query failed to start: {str(exc)[:3000]}", file=sys.stderr, flush=True)
         sys.exit(3)
     seen = -1
     while True:
+        active = q.isActive         # (before the progress: a batch that ends the query counts)
         for p in q.recentProgress:
             f = _progress_fields(p)
             if f is None or f[0] <= seen:
                 continue
             seen = f[0]
             acks.write("P", a.run_id, f[0], f[1], json.dumps(f[2], separators=(",", ":")), now())
-        if not q.isActive:
+        if not active:
             exc = q.exception()
             if exc:
                 print(f"query failed: {str(exc)[:3000]}", file=sys.stderr, flush=True)
-            acks.write("Q", a.run_id, "failed" if exc else "stopped", now(),
-                       _short(exc) if exc else "-",
+            # (the sink's refusal of another Spark query: the checker and runner tell it)
+            refused = exc is not None and "original checkpointLocation" in str(exc)
+            acks.write("Q", a.run_id, "refused" if refused else "failed" if exc else "stopped",
+                       now(), _short(exc) if exc else "-",
                        (str(exc).replace("\n", " ")[:300] if exc else ""))
             sys.exit(3)
         time.sleep(0.2)

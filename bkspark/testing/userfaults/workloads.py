@@ -429,6 +429,9 @@ def worker_main(argv) -> int:
     p.add_argument("--checkpoint", default=None)
     p.add_argument("--mode", default="normal")
     p.add_argument("--run-id", default="r0")
+    p.add_argument("--query-id", default=None)
+    p.add_argument("--sink", default=None)
+    p.add_argument("--available-now", action="store_true")
     a = p.parse_args(argv)
     if a.role == "appender":
         appender_main(a)
@@ -443,18 +446,33 @@ def worker_main(argv) -> int:
 
 
 def patch_spark_conn() -> None:
-    """In a Spark Python worker of a run (``sitehook/sitecustomize.py``): every LogStore the
-    connector makes (its commits, the stream's planning) first claims an arm file of role
-    ``$BKSPARK_UF_ROLE`` and applies it to the store client of that process."""
-    from bkspark.spark import conn
+    """In a Spark Python worker of a run (``sitehook/sitecustomize.py``): the LogStore a
+    sink's or a batch job's ``commit`` makes first claims an arm file of role
+    ``$BKSPARK_UF_ROLE`` and applies it to the store client of that process (only there: a
+    worker that plans or reads would hold the arm and never commit)."""
+    from bkspark.spark import conn, writer
     arm_dir = os.environ["BKSPARK_UF_ARM_DIR"]
     role = os.environ.get("BKSPARK_UF_ROLE", "spark")
     original = conn.log_store
+    committing = threading.local()
 
     def log_store(opts):
         logs = original(opts)
-        arm = claim_arm(arm_dir, role)
-        if arm is not None:
-            apply_arm(logs.store, arm, arm_dir)
+        if getattr(committing, "on", False):
+            committing.on = False
+            arm = claim_arm(arm_dir, role)
+            if arm is not None:
+                apply_arm(logs.store, arm, arm_dir)
         return logs
     conn.log_store = log_store
+
+    def claiming(commit):
+        def wrapped(self, *args, **kwargs):
+            committing.on = True
+            try:
+                return commit(self, *args, **kwargs)
+            finally:
+                committing.on = False
+        return wrapped
+    writer.BookKeeperBatchWriter.commit = claiming(writer.BookKeeperBatchWriter.commit)
+    writer.BookKeeperStreamWriter.commit = claiming(writer.BookKeeperStreamWriter.commit)
