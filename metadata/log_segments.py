@@ -21,7 +21,8 @@ reload it; ``writers`` -- idempotency keys, ``writer id -> {"seq", "epoch", "t",
 committed sequence, owner epoch, commit time in ms, and the head version of that commit,
 which orders keys by use); ``expired`` -- how many keys expired and
 the newest ``t`` among them; ``properties``; ``stamp`` -- a fresh token per write;
-``recent`` -- the stamps of the last :data:`RECENT_CHANGES` writes (their first
+``recent`` (the head property ``__recent``, which clients that predate it read as any
+property) -- the stamps of the last :data:`RECENT_CHANGES` writes (their first
 :data:`RECENT_TOKEN` characters, 32 random bits: a window of 16 confuses two with odds of
 ~4 in 10^9), oldest first (the head's versions ``v - len(recent) + 1 .. v``).
 
@@ -104,8 +105,9 @@ RECENT_CHANGES = 16
 RECENT_TOKEN = 8
 
 _HEAD_FIELDS = {"name", "uid", "first", "next", "gc", "rev", "writers", "expired", "properties",
-                "stamp", "recent"}
-_OPTIONAL_HEAD_FIELDS = {"recent"}      # (heads written before it have none)
+                "stamp"}
+#: the head property holding ``recent`` (a property: clients that predate it read such heads)
+RECENT_PROPERTY = "__recent"
 
 
 #: shards of the filter of expired writer ids, and bits per shard (512 bytes a record)
@@ -211,7 +213,15 @@ class LogHead:
     expired: dict = field(default_factory=lambda: {"count": 0, "t": 0})
     properties: dict = field(default_factory=dict)
     stamp: str = ""
-    recent: list = field(default_factory=list)
+
+    @property
+    def recent(self) -> list:
+        """Tokens of the last :data:`RECENT_CHANGES` writes, oldest first (module docstring)."""
+        return self.properties.get(RECENT_PROPERTY, [])
+
+    @recent.setter
+    def recent(self, tokens: list) -> None:
+        self.properties[RECENT_PROPERTY] = tokens
 
     def validate(self) -> "LogHead":
         if not isinstance(self.name, str) or not self.name:
@@ -243,7 +253,7 @@ class LogHead:
         return encode_record(self.name, FORMAT_VERSION, {
             "name": self.name, "uid": self.uid, "first": self.first, "next": self.next,
             "gc": self.gc, "rev": self.rev, "writers": self.writers, "expired": self.expired,
-            "properties": self.properties, "stamp": self.stamp, "recent": self.recent})
+            "properties": self.properties, "stamp": self.stamp})
 
     def restamp(self) -> str:
         """A fresh stamp for the write about to be made, remembered among ``recent``."""
@@ -262,11 +272,9 @@ class LogHead:
             obj = json.loads(body.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as e:
             raise MetadataFormatError(f"corrupt log head: bad JSON body: {e}") from None
-        if not isinstance(obj, dict) or not _HEAD_FIELDS - _OPTIONAL_HEAD_FIELDS <= set(obj) \
-                or not set(obj) <= _HEAD_FIELDS:
-            raise MetadataFormatError(f"corrupt log head: expected the fields "
-                                      f"{', '.join(sorted(_HEAD_FIELDS))} (optional: "
-                                      f"{', '.join(sorted(_OPTIONAL_HEAD_FIELDS))})")
+        if not isinstance(obj, dict) or set(obj) != _HEAD_FIELDS:
+            raise MetadataFormatError(f"corrupt log head: expected exactly the fields "
+                                      f"{', '.join(sorted(_HEAD_FIELDS))}")
         try:
             return cls(**obj).validate()
         except BadRequestError as e:
@@ -284,11 +292,14 @@ class LogHead:
 APPLIED, NOT_APPLIED, UNKNOWN = "applied", "not applied", "unknown"
 
 
-def change_outcome(head: "LogHead", version: int, stamp: str, read_version: int) -> str:
-    """Whether the write stamped ``stamp``, made on the head read at ``read_version`` and whose
-    answer was lost, is stored, told by ``head`` (read after a sync) at ``version``: APPLIED,
-    NOT_APPLIED, or UNKNOWN when more than :data:`RECENT_CHANGES` writes came since (module
-    docstring)."""
+def change_outcome(head: "LogHead", version: int, stamp: str, read_version: int,
+                   uid: str | None = None) -> str:
+    """Whether the write stamped ``stamp``, made on the head read at ``read_version`` (of the
+    log ``uid``) and whose answer was lost, is stored, told by ``head`` (read after a sync) at
+    ``version``: APPLIED, NOT_APPLIED, or UNKNOWN when more than :data:`RECENT_CHANGES` writes
+    came since, or the head is another log's (deleted and created again: module docstring)."""
+    if uid is not None and head.uid != uid:
+        return UNKNOWN
     if stamp[:RECENT_TOKEN] in head.recent:
         return APPLIED
     if version == read_version:

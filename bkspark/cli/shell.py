@@ -396,7 +396,7 @@ def cmd_deleteledger(args, out):
                 "leave the log naming a missing ledger (to drop a log's oldest data, truncate it: "
                 "LogStore.truncate); pass --force to remove the ledger from the log and delete it")
         for name in listing:
-            logs.unlist_ledger(name, lid)
+            logs.unlist_ledger(name, lid, force=True)     # (--force: even if it cannot be fenced)
         # deleted only once no log lists it, proven on every log's record (the scan above is
         # not a proof: a batch commit may append the ledger after it) -- one CAS per log
         if lid not in logs.delete_unreferenced(logs.list_logs(), [lid]):

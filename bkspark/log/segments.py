@@ -221,10 +221,7 @@ class LogEdit:
         index = self._index_record(ledger_id)
         if index is not None:
             if truncated_leftover(self.head, index):
-                raise LedgerTruncatedError(
-                    f"log {self.name}: ledger {ledger_id} was listed and truncated away "
-                    f"(segment {int(index[0])}; the list starts at {self.head.first}): a ledger "
-                    "is listed once, never again (its deletion may be under way)")
+                self._refuse_truncated(ledger_id, index)
             self._index_versions[ledger_id] = index[1]     # a leftover: overwritten
         self.head.next += 1
         self._appended.append(entry)
@@ -303,7 +300,19 @@ class LogEdit:
                    started_ms: int | None = None) -> None:
         """Record ``writer_id``'s last committed sequence (and owner epoch); ``started_ms``:
         when the writer started, for a writer the log does not know (module docstring of
-        :mod:`metadata.log_segments`)."""
+        :mod:`metadata.log_segments`). :raises WriterKeyExpiredError: :meth:`check_writer`."""
+        self.check_writer(writer_id, started_ms)
+        key = {"seq": seq, "t": now_ms(), "n": self.version + 1,   # (the head's next version)
+               "epoch": epoch if epoch is not None else self.head.writer_epoch(writer_id)}
+        self.head.writers[writer_id] = key
+        for gone in expire_writers(self.head, key["t"], keep=writer_id):
+            self._record_expired(gone)
+
+    def check_writer(self, writer_id: str, started_ms: int | None = None) -> None:
+        """WriterKeyExpiredError if a commit of ``writer_id`` could repeat one already applied
+        (its key expired: module docstring of :mod:`metadata.log_segments`). A change calls
+        it before anything else it does (before fencing a tail: a refused commit must leave
+        the log as it was)."""
         if writer_id not in self.head.writers and self.head.expired["count"]:
             if ExpiredWriters.holds(self._filter_shard(ExpiredWriters.shard(writer_id)), writer_id):
                 raise WriterKeyExpiredError(
@@ -320,11 +329,21 @@ class LogEdit:
                     "may have started (keys idle for 7 days, or beyond the 1,000 most recently "
                     "used, expire): this commit could repeat one already applied, so it is "
                     "refused. Commit under a new writer id (Spark: a new queryId / writerId).")
-        key = {"seq": seq, "t": now_ms(), "n": self.version + 1,   # (the head's next version)
-               "epoch": epoch if epoch is not None else self.head.writer_epoch(writer_id)}
-        self.head.writers[writer_id] = key
-        for gone in expire_writers(self.head, key["t"], keep=writer_id):
-            self._record_expired(gone)
+
+    def check_appendable(self, ledger_ids) -> None:
+        """LedgerTruncatedError if one of ``ledger_ids`` was listed and truncated away (see
+        :meth:`append`; a change checks before it fences a tail)."""
+        self.prefetch(ledger_ids)
+        for lid in ledger_ids:
+            index = self._index[lid]
+            if index is not None and truncated_leftover(self.head, index):
+                self._refuse_truncated(lid, index)
+
+    def _refuse_truncated(self, ledger_id: int, index: tuple[bytes, int]) -> None:
+        raise LedgerTruncatedError(
+            f"log {self.name}: ledger {ledger_id} was listed and truncated away (segment "
+            f"{int(index[0])}; the list starts at {self.head.first}): a ledger is listed once, "
+            "never again (its deletion may be under way)")
 
     def _filter_shard(self, shard: int) -> bytes | None:
         """The bits of a shard of the filter of expired writer ids as this edit knows them."""
@@ -476,10 +495,22 @@ def commit_edit(store, name: str, change: Callable[[LogEdit], None], *,
     from metadata.update import check_guard
     what = f"log {name}"
     conflicts = unknowns = 0
-    in_doubt: tuple[str, int] | None = None        # (stamp, version read) of a lost answer
+    in_doubt: tuple[str, int, str] | None = None   # (stamp, version read, uid): lost answer
     while True:
         try:
             data, version = read_head(store, name, settle=in_doubt is not None)
+        except NoNodeError:
+            if in_doubt is None:
+                raise
+            # deleted since (maybe re-created after): what it held is gone, and the change
+            # must not be made again on another log of the same name
+            if mark is not None and transaction_applied(store, mark):
+                raise OutcomeUnknownError(
+                    f"{what}: a change was applied (its answer was lost), then the log was "
+                    "deleted") from None
+            raise OutcomeUnknownError(
+                f"{what}: the answer to a change was lost and the log was deleted before it "
+                "could be re-read; whether the change was applied is unknown") from None
         except MetadataConnectionError as exc:
             if in_doubt is None:
                 raise
@@ -528,7 +559,7 @@ def commit_edit(store, name: str, change: Callable[[LogEdit], None], *,
             after_conflict(conflicts, what, str(exc))
         except MetadataConnectionError as exc:
             unknowns += 1
-            in_doubt = (edit.head.stamp, version)         # the stamp _apply wrote
+            in_doubt = (edit.head.stamp, version, edit.head.uid)   # what _apply wrote
             after_lost_answer(unknowns, what, exc)
 
 

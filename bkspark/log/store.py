@@ -297,17 +297,18 @@ class LogStore:
                 continue
         return names
 
-    def unlist_ledger(self, name: str, ledger_id: int) -> None:
+    def unlist_ledger(self, name: str, ledger_id: int, force: bool = False) -> None:
         """Remove ``ledger_id`` from the log's list (its entries are no longer part of the
-        log); the ledger itself is left as it is."""
-        sealed: dict[int, LogLedger] = {}
+        log); the ledger itself is left as it is. An open ledger is fenced first
+        (:meth:`_seal_open_tail`; ``force``: even when it cannot be)."""
+        sealed: dict[int, LogLedger | None] = {}
 
         def change(edit: seg.LogEdit) -> None:
             entry = edit.entry(ledger_id)
             if entry is None:
                 raise NoChange
             if not entry.closed:
-                self._seal_open_tail(edit, sealed, before=entry.seq + 1)
+                self._seal_open_tail(edit, sealed, before=entry.seq + 1, force=force)
             edit.unlist(ledger_id)
         self.update(name, change, done=lambda edit: not edit.lists(ledger_id))
 
@@ -322,16 +323,17 @@ class LogStore:
         self.update(name, nothing)
         return True
 
-    def delete(self, name: str) -> None:
-        """Delete a log: mark its head deleted (no change can be committed to it from then
-        on), remove its records and cursors, the head, then its ledgers (no list names them
-        any more)."""
+    def delete(self, name: str, force: bool = False) -> None:
+        """Delete a log: fence the writer of its open ledger, mark its head deleted (no change
+        can be committed to it from then on), remove its records and cursors, the head, then
+        its ledgers (no list names them any more). ``force``: even when the open ledger
+        cannot be fenced now (its bookies do not answer)."""
         head, _ = self._head(name)
         if not isinstance(head, LogMetadata):
-            sealed: dict[int, LogLedger] = {}
+            sealed: dict[int, LogLedger | None] = {}
 
             def mark(edit: seg.LogEdit) -> None:
-                self._seal_open_tail(edit, sealed)      # its writer learns it at once
+                self._seal_open_tail(edit, sealed, force=force)     # its writer learns it
                 edit.properties[seg.DELETED] = True
             try:
                 self.update(name, mark)
@@ -487,8 +489,8 @@ class LogStore:
         writer's own keys: :meth:`LogLedger.set`)."""
         return [self.closed_ledger_entry(lid).set(**(info or {}).get(lid, {})) for lid in ledger_ids]
 
-    def _seal_open_tail(self, edit: seg.LogEdit, sealed: dict[int, LogLedger] | None = None,
-                        before: int | None = None) -> None:
+    def _seal_open_tail(self, edit: seg.LogEdit, sealed: dict[int, LogLedger | None] | None = None,
+                        before: int | None = None, force: bool = False) -> None:
         """Recover (fence) every ledger at the end of the list still marked open (of segments
         before ``before`` only, if given) and record its end (only the last two can be open:
         a writer may still write the second-to-last while listing the last).
@@ -498,13 +500,37 @@ class LogStore:
         writer's ledger is fenced first, so its next append fails with LogFencedError, as
         after a takeover -- never an acknowledgement of an entry the log no longer holds.
         ``sealed``: ends recovered by an earlier attempt of the same change (a conflict re-runs
-        it; a ledger once recovered stays closed)."""
+        it; a ledger once recovered stays closed). A ledger whose metadata is gone is not
+        sealed (nothing can fence it); ``force``: one that cannot be recovered now (its bookies
+        do not answer) is left unsealed too, else that error is raised, naming ``force``."""
         sealed = {} if sealed is None else sealed
         for entry in edit.ledgers:
             if not entry.closed and (before is None or entry.seq < before):
-                if entry.ledger_id not in sealed:
-                    sealed[entry.ledger_id] = self.closed_ledger_entry(entry.ledger_id)
-                edit.seal(sealed[entry.ledger_id])
+                lid = entry.ledger_id
+                if lid not in sealed:
+                    try:
+                        sealed[lid] = self.closed_ledger_entry(lid)
+                    except errors.NoSuchLedgerError:
+                        # its metadata is gone: no writer can change its ensemble or close
+                        # it, and there is no end to record -- nothing to fence
+                        log.warning("log %s: open ledger %d has no metadata; not sealed",
+                                    edit.name, lid)
+                        sealed[lid] = None
+                    except errors.MetadataError:
+                        raise
+                    except errors.BKError as exc:
+                        if not force:
+                            raise errors.BKError(
+                                f"log {edit.name}: cannot fence the writer of its open ledger "
+                                f"{lid} ({exc}); once its bookies answer, try again -- or pass "
+                                "force=True (shell: --force) to go on without fencing it (its "
+                                "writer may then be told appends succeeded that the log no "
+                                "longer holds)") from exc
+                        log.warning("log %s: open ledger %d not fenced (forced): %s",
+                                    edit.name, lid, exc)
+                        sealed[lid] = None
+                if sealed[lid] is not None:
+                    edit.seal(sealed[lid])
 
     def append_ledgers(self, name: str, ledger_ids: list[int], writer_id: str | None = None,
                        sequence: int | None = None, epoch: int | None = None,
@@ -552,6 +578,8 @@ class LogStore:
                         f"log {name}: writer {writer_id} epoch {epoch} was superseded")
                 if edit.writer_seq(writer_id) >= sequence:
                     raise NoChange()
+                edit.check_writer(writer_id, writer_started_ms)
+            edit.check_appendable(keep_ids)     # (refusals first: they leave the tail alone)
             self._seal_open_tail(edit, sealed)
             edit.prefetch(keep_ids)
             for entry in keep:
@@ -590,6 +618,9 @@ class LogStore:
         def change(edit: seg.LogEdit) -> None:
             if writer_id is not None and edit.writer_seq(writer_id) >= sequence:
                 raise NoChange()
+            if writer_id is not None:
+                edit.check_writer(writer_id, writer_started_ms)
+            edit.check_appendable(keep_ids)
             # the writer of an open tail learns it was replaced, as after a takeover: its
             # ledger is fenced (recovered) and sealed before the list stops naming it
             self._seal_open_tail(edit, sealed)

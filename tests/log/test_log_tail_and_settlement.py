@@ -169,9 +169,10 @@ def test_a_lost_answer_beyond_the_recent_stamps_is_reported_unknown(bk, logs, ot
 
 
 def test_change_outcome_reads_the_recent_stamps():
-    head = LogHead(name="x", recent=["a", "b", "c"])
+    head = LogHead(name="x", properties={"__recent": ["a", "b", "c"]})
     assert change_outcome(head, 10, "b", 8) == APPLIED
-    assert change_outcome(LogHead(name="x", recent=["0123abcd"]), 3, "0123abcd99887766", 2) \
+    assert change_outcome(LogHead(name="x", properties={"__recent": ["0123abcd"]}), 3,
+                          "0123abcd99887766", 2) \
         == APPLIED                                               # (its token: 8 characters)
     assert change_outcome(head, 10, "z", 8) == NOT_APPLIED     # 8..10 covered, absent
     assert change_outcome(head, 10, "z", 7) == NOT_APPLIED     # its version 8 is covered
@@ -183,6 +184,11 @@ def test_change_outcome_reads_the_recent_stamps():
         head.restamp()
     assert len(head.recent) == RECENT_CHANGES and head.recent[-1] == head.stamp[:8]
     assert LogHead.deserialize(head.serialize()).recent == head.recent
+    # clients that predate the stamps read the head: its fields are theirs (the stamps are a
+    # property, which they read as any other)
+    import json
+    assert set(json.loads(head.serialize().partition(b"\n")[2])) == {
+        "name", "uid", "first", "next", "gc", "rev", "writers", "expired", "properties", "stamp"}
 
 
 @pytest.mark.parametrize("applied", [True, False], ids=["applied", "not-applied"])
@@ -211,3 +217,70 @@ def test_a_commit_with_a_mark_is_settled_by_it_beyond_the_recent_stamps(bk, logs
     listed = logs.get(log_name)[0].ledger_ids()
     assert listed.count(mine) == 1 and len(listed) == len(others) + 1
     assert bk.store.exists(f"{parent}/committed") is not None
+
+
+# ---- what the fences and settlements must not break (review of issue 45's fixes) -----------
+
+def test_a_log_whose_open_ledger_lost_its_metadata_can_be_repaired_and_deleted(bk, logs, other,
+                                                                              log_name):
+    writer = logs.open_writer(log_name)
+    writer.append(b"a")
+    lid = writer.ledger_id
+    bk.delete_ledger(lid)               # the open tail's metadata is gone: nothing to fence
+    other.unlist_ledger(log_name, lid)
+    assert not other.lists(log_name, lid)
+    other.delete(log_name)
+    assert not other.exists(log_name)
+
+
+def test_deleting_a_log_whose_writer_cannot_be_fenced_needs_force(cluster, bk, logs, other,
+                                                                  log_name):
+    writer = logs.open_writer(log_name)
+    writer.append(b"a")
+    lid = writer.ledger_id
+    for i in range(3):
+        cluster.set_faults(i, [dict(op="fence", action="fail", ledger_id=lid),
+                               dict(op="read_lac", action="fail", ledger_id=lid)])
+    try:
+        with pytest.raises(errors.BKError, match="force=True"):
+            other.delete(log_name)
+        assert other.exists(log_name)
+        other.delete(log_name, force=True)
+    finally:
+        cluster.clear_faults()
+    assert not other.exists(log_name)
+
+
+def test_a_lost_answer_then_the_log_deleted_is_reported_unknown_not_applied_again(
+        bk, logs, other, log_name):
+    logs.create(log_name)
+    mine = closed_ledger(bk, [b"m"])
+    deleted = []
+    with lost_answers(bk.store, log_path(log_name)) as injected:
+        settle = bk.store.sync
+
+        def sync(path="/"):
+            if injected.lost and not deleted:       # between the lost answer and the re-read
+                deleted.append(True)
+                other.delete(log_name)              # deletes the log and the ledgers it lists
+            return settle(path)
+        bk.store.sync = sync
+        with pytest.raises(OutcomeUnknownError, match="deleted"):
+            logs.append_ledgers(log_name, [mine])
+    assert not logs.exists(log_name)    # (before: created again, naming the deleted ledger)
+
+
+def test_a_refused_commit_leaves_the_live_writer_alone(bk, logs, other, log_name, monkeypatch):
+    from metadata import log_segments as ls
+    monkeypatch.setattr(ls, "WRITER_KEYS_MAX", 2)
+    logs.create(log_name)
+    for w in ("job", "x", "y"):
+        logs.append_ledgers(log_name, [], writer_id=w, sequence=0, writer_started_ms=ls.now_ms())
+    writer = logs.open_writer(log_name)
+    writer.append(b"live")
+    with pytest.raises(ls.WriterKeyExpiredError):
+        other.append_ledgers(log_name, [closed_ledger(bk, [b"rerun"])], writer_id="job",
+                             sequence=0, writer_started_ms=ls.now_ms())
+    writer.append(b"after")             # still the owner: the refusal fenced nothing
+    writer.close()
+    assert read_all(logs, log_name) == [b"live", b"after"]
