@@ -18,6 +18,16 @@ from metadata.testing import skip_or_fail
 RUN_SECONDS = float(os.environ.get("BKSPARK_USERFAULTS_RUN_SECONDS", "75"))
 
 
+def test_each_fix_can_still_be_reverted():
+    """The campaign is shown to find each of issue 45's defects with its fix reverted
+    (bkspark.testing.userfaults.reverts): every revert patch must still apply to the code."""
+    from bkspark.testing.faults.common import REPO_ROOT
+    from bkspark.testing.userfaults.reverts import PATCHES, patched
+    for fix in PATCHES:
+        changed = patched(REPO_ROOT, fix)
+        assert changed and all(text for text in changed.values())
+
+
 def test_schedule_is_a_function_of_the_seed():
     a = [f.to_json() for f in make_schedule(11, RUN_SECONDS)]
     assert a == [f.to_json() for f in make_schedule(11, RUN_SECONDS)]

@@ -329,10 +329,13 @@ class UserFaultRun:
         starting under load takes long, and killing it then exercises nothing."""
         slot = "batch" if f.kind == "batch_driver_kill" else \
             f.params.get("driver", "stream")
-        deadline = time.monotonic() + 40
+        # (the query's faults wait for a committed micro-batch of the running driver: a
+        # checkpoint lost before anything was committed tests nothing)
+        need = "J" if slot == "batch" else "Q" if f.kind == "python_worker_kill" else "P"
+        deadline = time.monotonic() + 90
         while not self._stop.is_set() and time.monotonic() < deadline:
             with self._driver_lock:
-                if self._ready(slot, need="Q" if slot == "stream" else "J"):
+                if self._ready(slot, need=need):
                     if f.kind == "python_worker_kill":
                         if not self._kill_python_worker(slot):
                             time.sleep(0.5)
@@ -365,13 +368,12 @@ class UserFaultRun:
         driver: Spark plans the batch again from its offset log (``partitions`` without
         ``latestOffset``) while no bookie of that ledger answers. The bookies come back a
         few seconds after the new driver started its query (at most 45 s after the kill)."""
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 90
         paused: list[int] = []
         try:
             while not self._stop.is_set() and time.monotonic() < deadline:
                 with self._driver_lock:     # (held from the kill to the respawn)
-                    if self.stream_mode == "normal" and self._ready("stream", need="Q") \
-                            and self._kill_after_offsets():
+                    if self._ready("stream", need="P") and self._kill_after_offsets():
                         last = self.logs.last_listed(STREAM_SOURCE)
                         ensemble = list(self.bk.ledger_metadata(last.ledger_id)
                                         .last_ensemble()) if last is not None else []

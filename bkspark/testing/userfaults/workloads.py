@@ -155,14 +155,18 @@ def apply_arm(store, arm: dict, arm_dir: str) -> None:
 
 
 def _lose_one(store, arm: dict, arm_dir: str) -> None:
-    from metadata.layout import log_path
+    from metadata.layout import SPARK_PENDING, log_path
     from metadata.testing import lost_answers
     prefix = log_path(arm["log"]) if arm.get("log") else ""
     delay = float(arm.get("delay", 0.0))
     hit = threading.local()
 
     def match(op: str, path: str) -> bool:
-        ok = op == "transaction" and (not prefix or path == prefix or
+        # (a transaction is named by its first operation's path: a Spark batch job's commit
+        # begins with the check of its job record, /spark/pending/<job>)
+        job_commit = arm.get("role") == "spark" and path.startswith(SPARK_PENDING + "/") \
+            and path.count("/") == SPARK_PENDING.count("/") + 1
+        ok = op == "transaction" and (not prefix or path == prefix or job_commit or
                                       path.startswith(prefix + "/"))
         if ok and not getattr(hit, "seen", False):
             hit.delay, hit.seen = delay, True
