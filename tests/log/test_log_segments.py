@@ -11,12 +11,14 @@ import time
 import pytest
 
 from bkspark import errors
-from bkspark.log import EARLIEST, LogStore, Position
+from bkspark.log import LogStore, Position
 from bkspark.log import segments as seg
 from metadata import log_segments as ls
 from metadata.layout import log_path
 from metadata.log_metadata import LogMetadata
 from metadata.testing import lost_answers
+
+from .helpers import closed_ledger, read_all
 
 
 def closed(lid, n=1):
@@ -357,17 +359,6 @@ def test_unlisting_a_middle_ledger_refreshes_every_copy(logs, bk, log_name):
     assert not logs.lists(log_name, 7002) and logs.logs_listing(7003) == [log_name]
 
 
-def closed_ledger(bk, datas):
-    lh = bk.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2, password=b"pw")
-    for d in datas:
-        lh.append(d)
-    lh.close()
-    return lh.ledger_id
-
-
-def read_all(logs, name):
-    with logs.open_reader(name, EARLIEST, tail=False) as reader:
-        return [r.data for r in reader]
 
 
 def test_sealing_a_ledger_stamps_the_offsets_listed_after_it(logs, log_name):

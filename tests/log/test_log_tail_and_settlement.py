@@ -15,7 +15,7 @@ import pytest
 
 from bkspark import errors
 from bkspark.client import BookKeeper
-from bkspark.log import EARLIEST, LogStore
+from bkspark.log import LogStore
 from bkspark.log.segments import LedgerTruncatedError
 from metadata.layout import log_path
 from metadata.log_segments import (APPLIED, NOT_APPLIED, RECENT_CHANGES, UNKNOWN, LogHead,
@@ -23,18 +23,9 @@ from metadata.log_segments import (APPLIED, NOT_APPLIED, RECENT_CHANGES, UNKNOWN
 from metadata.testing import lost_answers
 from metadata.update import OutcomeUnknownError
 
-
-def read_all(logs, name):
-    with logs.open_reader(name, EARLIEST, tail=False) as reader:
-        return [r.data for r in reader]
+from .helpers import closed_ledger, read_all
 
 
-def closed_ledger(bk, datas):
-    lh = bk.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2, password=b"pw")
-    for d in datas:
-        lh.append(d)
-    lh.close()
-    return lh.ledger_id
 
 
 def assert_every_listed_ledger_exists(bk, logs, name):

@@ -15,6 +15,47 @@ from .runner import FaultRun
 from .workloads import worker_main
 
 
+def run_sessions(make_run, seed: int, duration: float, store: str, run_seconds: float,
+                 workdir: str | None, keep: bool, line, runs: int | None = None,
+                 prefix: str = "bkspark-faults-") -> tuple[str, list[dict]]:
+    """The loop of a campaign, shared by the fault runner and the user-level campaign: runs of
+    ``run_seconds`` (run i uses seed ``seed + i``; ``make_run(seed, kind, run_dir, zk)`` makes
+    one, ``.run()`` runs it) until ``duration`` is spent, or exactly ``runs``; ``store``:
+    sqlite, zk or both (alternating, one ZooKeeper server for them all). A run without
+    violations leaves no directory unless ``keep``. Returns (the campaign directory, the runs'
+    results in order)."""
+    from metadata.testing import ZooKeeperServer
+    base = workdir or tempfile.mkdtemp(prefix=prefix)
+    os.makedirs(base, exist_ok=True)
+    stores = ["sqlite", "zk"] if store == "both" else [store]
+    zk = None
+    if "zk" in stores:
+        zk = ZooKeeperServer(tick_time=500, max_session_timeout=60000)
+        zk.start()
+    results = []
+    started = time.monotonic()
+    try:
+        i = 0
+        while (i < runs) if runs is not None else \
+                (i == 0 or time.monotonic() - started + run_seconds * 0.8 < duration):
+            kind = stores[i % len(stores)]
+            run_dir = os.path.join(base, f"run-{i:03d}-{kind}")
+            os.makedirs(run_dir, exist_ok=True)
+            offset = time.monotonic() - started
+            result = make_run(seed + i, kind, run_dir, zk).run()
+            result["campaign_offset_s"] = round(offset, 1)
+            result["workdir"] = run_dir
+            results.append(result)
+            print(line(result), flush=True)
+            if not result["violations"] and not keep:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            i += 1
+    finally:
+        if zk is not None:
+            zk.stop()
+    return base, results
+
+
 def run_campaign(seed: int, duration: float, store: str = "sqlite", run_seconds: float = 60.0,
                  workdir: str | None = None, keep: bool = False, verbose: bool = False,
                  **run_kwargs) -> dict:
@@ -22,33 +63,11 @@ def run_campaign(seed: int, duration: float, store: str = "sqlite", run_seconds:
 
     ``store``: sqlite, zk or both (alternating). Returns the summary (see :func:`summarize`).
     """
-    from metadata.testing import ZooKeeperServer
-    base = workdir or tempfile.mkdtemp(prefix="bkspark-faults-")
-    os.makedirs(base, exist_ok=True)
-    stores = ["sqlite", "zk"] if store == "both" else [store]
-    zk = None
-    if "zk" in stores:
-        zk = ZooKeeperServer(tick_time=500, max_session_timeout=60000)
-        zk.start()
-    runs = []
-    started = time.monotonic()
-    try:
-        i = 0
-        while i == 0 or time.monotonic() - started + run_seconds * 0.8 < duration:
-            kind = stores[i % len(stores)]
-            run_dir = os.path.join(base, f"run-{i:03d}-{kind}")
-            os.makedirs(run_dir, exist_ok=True)
-            run = FaultRun(seed + i, run_seconds, kind, run_dir, zookeeper=zk, verbose=verbose,
-                           **run_kwargs)
-            result = run.run()
-            runs.append(result)
-            print(run_line(result), flush=True)
-            if not result["violations"] and not keep:
-                shutil.rmtree(run_dir, ignore_errors=True)
-            i += 1
-    finally:
-        if zk is not None:
-            zk.stop()
+    def make_run(run_seed, kind, run_dir, zk):
+        return FaultRun(run_seed, run_seconds, kind, run_dir, zookeeper=zk, verbose=verbose,
+                        **run_kwargs)
+    base, runs = run_sessions(make_run, seed, duration, store, run_seconds, workdir, keep,
+                              run_line)
     summary = summarize(seed, runs)
     summary["workdir"] = base
     if not keep and not summary["violations"]:

@@ -4,12 +4,9 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
 import random
 import shutil
 import sys
-import tempfile
-import time
 
 
 def run_campaign(seed: int, duration: float, store: str = "sqlite", run_seconds: float = 90.0,
@@ -17,38 +14,15 @@ def run_campaign(seed: int, duration: float, store: str = "sqlite", run_seconds:
                  runs: int | None = None, **run_kwargs) -> dict:
     """Runs of ``run_seconds`` (run i uses seed ``seed + i``) until ``duration`` is spent (or
     exactly ``runs``); ``store``: sqlite, zk or both (alternating)."""
-    from metadata.testing import ZooKeeperServer
+    from bkspark.testing.faults.cli import run_sessions
 
     from .runner import UserFaultRun
-    base = workdir or tempfile.mkdtemp(prefix="bkspark-userfaults-")
-    os.makedirs(base, exist_ok=True)
-    stores = ["sqlite", "zk"] if store == "both" else [store]
-    zk = None
-    if "zk" in stores:
-        zk = ZooKeeperServer(tick_time=500, max_session_timeout=60000)
-        zk.start()
-    results = []
-    started = time.monotonic()
-    try:
-        i = 0
-        while (i < runs) if runs is not None else \
-                (i == 0 or time.monotonic() - started + run_seconds * 0.8 < duration):
-            kind = stores[i % len(stores)]
-            run_dir = os.path.join(base, f"run-{i:03d}-{kind}")
-            os.makedirs(run_dir, exist_ok=True)
-            offset = time.monotonic() - started
-            r = UserFaultRun(seed + i, run_seconds, kind, run_dir, zookeeper=zk,
-                             verbose=verbose, **run_kwargs).run()
-            r["campaign_offset_s"] = round(offset, 1)
-            r["workdir"] = run_dir
-            results.append(r)
-            print(run_line(r), flush=True)
-            if not r["violations"] and not keep:
-                shutil.rmtree(run_dir, ignore_errors=True)
-            i += 1
-    finally:
-        if zk is not None:
-            zk.stop()
+
+    def make_run(run_seed, kind, run_dir, zk):
+        return UserFaultRun(run_seed, run_seconds, kind, run_dir, zookeeper=zk,
+                            verbose=verbose, **run_kwargs)
+    base, results = run_sessions(make_run, seed, duration, store, run_seconds, workdir, keep,
+                                 run_line, runs=runs, prefix="bkspark-userfaults-")
     summary = summarize(seed, results)
     summary["workdir"] = base
     if not keep and not summary["violations"]:

@@ -15,7 +15,7 @@ from bkspark import errors
 from bkspark.testing.faults.common import REPO_ROOT, wait_serving
 
 from .checker import Checker
-from .schedule import FAULT_KINDS, Fault, make_schedule
+from .schedule import FAULT_KINDS, STREAM_SEQUENCE, Fault, make_schedule
 from .workloads import (APP_LOGS, BATCH_LOG, CLIENT_CONF, KEYS_LOG, PASSWORD, RETAINED_LOGS,
                         STREAM_SINK, STREAM_SOURCE, AckFile, now)
 
@@ -49,6 +49,8 @@ class UserFaultRun:
         self.paused: set[int] = set()
         self._bg: list[threading.Thread] = []
         self._scenarios: list[threading.Thread] = []    # faults the run waits for
+        self._stream_faults: list[Fault] = []           # the query's, applied in order
+        self._stream_lock = threading.Lock()
         self._stop = threading.Event()
         self._arm_seq = 0
         self._driver_lock = threading.RLock()
@@ -172,6 +174,9 @@ class UserFaultRun:
                     self._spawn_slot(slot)
                 self._background(self._retention_loop)
                 self._background(self._monitor_loop)
+                self._background(self._stream_fault_loop,
+                                 sum(1 for f in self.schedule if f.kind in STREAM_SEQUENCE))
+                self._scenarios.append(self._bg[-1])
                 deadline = time.monotonic() + 90
                 while time.monotonic() < deadline and not (
                         self._ready("batch", "J") and self._ready("stream", "Q")):
@@ -308,21 +313,39 @@ class UserFaultRun:
                 proc.send_signal(signal.SIGUSR1)
         elif f.kind == "takeover":
             self._background(self._takeover, f.params["log"])
-        elif f.kind == "stream_replan_paused":
-            self._background(self._replan_paused, f)
-            return False                # counted once applied
+        elif f.kind in STREAM_SEQUENCE:
+            with self._stream_lock:
+                self._stream_faults.append(f)
+            return False                # counted once applied (by _stream_fault_loop)
         elif f.kind == "stream_reset_checkpoint":
             self._background(self._reset_checkpoint, f)
             self._scenarios.append(self._bg[-1])
             return False                # counted once applied
-        elif f.kind in ("batch_driver_kill", "stream_driver_kill", "stream_lost_checkpoint",
-                        "python_worker_kill"):
+        elif f.kind in ("batch_driver_kill", "python_worker_kill"):
             self._background(self._driver_fault, f)
             return False                # counted once applied
         elif f.kind == "truncate":
             self._background(self._truncate, f.params["log"])
         elif f.kind == "shell_retention":
             self._background(self._shell_retention)
+
+    def _stream_fault_loop(self, count: int) -> None:
+        """Apply the streaming query's faults of the schedule one after the other, in the
+        schedule's order (each waits for the query to commit a micro-batch: on a busy machine
+        a driver takes long to start, and a fault that kills it before it committed anything
+        tests nothing); ends once all ``count`` were applied, or given up."""
+        done = 0
+        while done < count and not self._stop.is_set():
+            with self._stream_lock:
+                f = self._stream_faults.pop(0) if self._stream_faults else None
+            if f is None:
+                time.sleep(0.2)
+                continue
+            if f.kind == "stream_replan_paused":
+                self._replan_paused(f)
+            else:
+                self._driver_fault(f)
+            done += 1
 
     def _driver_fault(self, f: Fault) -> None:
         """Faults of the Spark drivers wait (up to 40 s) until the driver is up: a JVM

@@ -37,6 +37,8 @@ WEIGHTS = {"bookie_pause": 3, "bookie_pause_tail": 4, "bookie_kill": 3,
            "python_worker_kill": 2, "truncate": 3,
            "shell_retention": 1}
 BOOKIE_KINDS = ("bookie_pause", "bookie_pause_tail", "bookie_kill")
+#: the streaming query's faults: applied one after the other, in the schedule's order
+STREAM_SEQUENCE = ("stream_replan_paused", "stream_driver_kill", "stream_lost_checkpoint")
 
 
 @dataclass(order=True)
@@ -70,12 +72,12 @@ def make_schedule(seed: int, duration: float, num_bookies: int = 5, warmup: floa
     # then its checkpoint lost once in the middle, then every ~60 s in a long run
     fixed: list[Fault] = []
     span = end - warmup
-    if "stream_driver_kill" in names:
-        fixed.append(Fault(warmup + span * rng.uniform(0.12, 0.25), "stream_driver_kill"))
     if "stream_reset_checkpoint" in names:
         fixed.append(Fault(warmup + span * rng.uniform(0.02, 0.1), "stream_reset_checkpoint"))
     if "stream_replan_paused" in names:
-        fixed.append(Fault(warmup + span * rng.uniform(0.3, 0.4), "stream_replan_paused"))
+        fixed.append(Fault(warmup + span * rng.uniform(0.05, 0.15), "stream_replan_paused"))
+    if "stream_driver_kill" in names:
+        fixed.append(Fault(warmup + span * rng.uniform(0.25, 0.4), "stream_driver_kill"))
     if "stream_lost_checkpoint" in names:
         fixed.append(Fault(warmup + span * rng.uniform(0.5, 0.62), "stream_lost_checkpoint"))
     if "stream_driver_kill" in names:

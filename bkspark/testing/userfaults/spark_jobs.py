@@ -46,6 +46,11 @@ def session(app: str):
                  "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:CICompilerCount=1")
          .getOrCreate())
     s.sparkContext.setLogLevel("ERROR")
+    # registered here, not found by Spark's scan for pyspark_* modules: that scan runs once,
+    # in a Python worker, and a worker killed by the run's faults then fails every job of the
+    # driver with "bookkeeper.DefaultSource" not found (the scan is tested elsewhere)
+    from bkspark.spark import register
+    register(s)
     return s
 
 

@@ -38,6 +38,7 @@ import threading
 import time
 
 from bkspark import errors
+from bkspark.testing.faults.workloads import AckFile  # noqa: F401 - (the runner's, re-exported)
 
 PASSWORD = b""                          # the Spark connector's default (it reads every log)
 #: logs of a run and what writes them
@@ -52,20 +53,6 @@ CURSOR_NAME = "uf-reader"
 CLIENT_CONF = dict(add_timeout=3.0, read_timeout=2.0, speculative_read_timeout=0.5,
                    metadata_retries=40)
 ARM_TIMEOUT_S = 25.0
-
-
-class AckFile:
-    """Line-oriented, flushed on every line: a SIGKILL loses nothing written."""
-
-    def __init__(self, path: str):
-        self._f = open(path, "a", buffering=1)
-        self._lock = threading.Lock()
-
-    def write(self, *fields) -> None:
-        line = " ".join(str(f) for f in fields) + "\n"
-        with self._lock:
-            self._f.write(line)
-            self._f.flush()
 
 
 def now() -> str:
