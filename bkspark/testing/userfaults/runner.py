@@ -51,6 +51,7 @@ class UserFaultRun:
         self._scenarios: list[threading.Thread] = []    # faults the run waits for
         self._stream_faults: list[Fault] = []           # the query's, applied in order
         self._stream_lock = threading.Lock()
+        self._reported: set = set()                     # (log, ledger) seen listed, deleted
         self._stop = threading.Event()
         self._arm_seq = 0
         self._driver_lock = threading.RLock()
@@ -624,6 +625,9 @@ class UserFaultRun:
         while time.monotonic() < end and not self._stop.is_set():
             t0 = now()
             try:
+                # (what it is about to cut must exist: the monitor's period is too long to
+                # see a ledger listed again and cut again by the next round of the storm)
+                self._check_listed_exist(log, self.logs.segments(log))
                 removed = self.logs.truncate_segments(log, self.logs.bounds(log)[1])
                 if removed:
                     self._cut(log, "storm", t0, removed)
@@ -664,29 +668,33 @@ class UserFaultRun:
         may remove it from the list again. A ledger found missing is checked once more after
         a sync (it may have been truncated and deleted between the two reads): still listed
         and still missing is recorded (``V`` in ``runner.events``) for the checker."""
-        reported = set()
         while not self._stop.wait(0.3):
             for log in self.MONITORED:
                 try:
-                    for entry in self.logs.segments(log, max(0, self.logs.bounds(log)[1] - 6)):
-                        lid = entry.ledger_id
-                        if (log, lid) in reported:
-                            continue
-                        try:
-                            self.bk.ledger_metadata(lid)
-                            continue
-                        except errors.NoSuchLedgerError:
-                            pass
-                        self.bk.store.sync("/")
-                        if self.logs.lists(log, lid):
-                            try:
-                                self.bk.ledger_metadata(lid)
-                            except errors.NoSuchLedgerError:
-                                reported.add((log, lid))
-                                self.events.write("V", "log-names-deleted-ledger", log, lid,
-                                                  now())
+                    self._check_listed_exist(
+                        log, self.logs.segments(log, max(0, self.logs.bounds(log)[1] - 6)))
                 except errors.BKError:
                     continue
+
+    def _check_listed_exist(self, log: str, entries) -> None:
+        """Record (``V``) every ledger of ``entries`` (read from the log's list) whose metadata
+        is gone while the log, read again after a sync, still lists it."""
+        for entry in entries:
+            lid = entry.ledger_id
+            if (log, lid) in self._reported:
+                continue
+            try:
+                self.bk.ledger_metadata(lid)
+                continue
+            except errors.NoSuchLedgerError:
+                pass
+            self.bk.store.sync("/")
+            if self.logs.lists(log, lid):
+                try:
+                    self.bk.ledger_metadata(lid)
+                except errors.NoSuchLedgerError:
+                    self._reported.add((log, lid))
+                    self.events.write("V", "log-names-deleted-ledger", log, lid, now())
 
     def _takeover(self, log: str) -> None:
         from bkspark.log import LogStore
