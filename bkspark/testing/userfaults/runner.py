@@ -390,8 +390,8 @@ class UserFaultRun:
         """Kill the streaming driver right after it wrote a batch's offsets (before that
         batch committed), silence every bookie of the source's open ledger, and restart the
         driver: Spark plans the batch again from its offset log (``partitions`` without
-        ``latestOffset``) while no bookie of that ledger answers. The bookies come back a
-        few seconds after the new driver started its query (at most 45 s after the kill)."""
+        ``latestOffset``) while no bookie of that ledger answers. The bookies come back once
+        the new driver committed a micro-batch, or 30 s after it started its query."""
         deadline = time.monotonic() + 90
         paused: list[int] = []
         try:
@@ -415,11 +415,17 @@ class UserFaultRun:
             else:
                 self.fault_errors.append(f"{f.kind}@{f.t:.1f}: no batch planned in time")
                 return
-            until = time.monotonic() + 45
+            # paused until the new driver committed the batch it planned again, or for 30 s
+            # after it started its query (Spark's start of a query takes seconds under load):
+            # without the bookies a correct source plans the batch whole and its reads wait
+            until = time.monotonic() + 60
             while time.monotonic() < until and not self._stop.is_set() \
                     and not self._ready("stream", need="Q"):
                 time.sleep(0.2)
-            self._stop.wait(min(6.0, max(0.0, until - time.monotonic())))
+            until = min(until, time.monotonic() + 30)
+            while time.monotonic() < until and not self._stop.is_set() \
+                    and not self._ready("stream", need="P"):
+                time.sleep(0.2)
         finally:
             for i in paused:
                 self.cluster.resume(i)
