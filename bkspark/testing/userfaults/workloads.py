@@ -168,6 +168,9 @@ def _lose_one(store, arm: dict, arm_dir: str) -> None:
         if d:
             hit.delay = 0.0
             time.sleep(d)
+        if getattr(hit, "seen", False) and arm.get("truncate") and not getattr(hit, "cut", False):
+            hit.cut = True
+            _truncate_between(arm, arm_dir, a[0] if a else k.get("ops", []))
         return out
 
     import contextlib
@@ -194,6 +197,26 @@ def _lose_one(store, arm: dict, arm_dir: str) -> None:
             _armed_stores.discard(id(store))
         _result(arm_dir, arm, lost=lost)
     threading.Thread(target=wait, daemon=True).start()
+
+
+def _truncate_between(arm: dict, arm_dir: str, ops) -> None:
+    """Between a commit to the batch log that was applied and the loss of its answer, another
+    client truncates the whole log (the interleaving of a retention pass or ``shell``
+    truncation racing the commit's settling re-read), made certain here."""
+    from bkspark.client import BookKeeper
+    from bkspark.log import LogStore
+    from metadata.layout import log_path
+    if not arm.get("uri") or not any(op[1] == log_path(BATCH_LOG) for op in ops if len(op) > 1):
+        return
+    try:
+        with BookKeeper(arm["uri"], **CLIENT_CONF) as bk:
+            logs = LogStore(bk, password=PASSWORD)
+            removed = logs.truncate_segments(BATCH_LOG, logs.bounds(BATCH_LOG)[1])
+        outcome = {"truncated": removed}
+    except Exception as exc:  # noqa: BLE001 - the fault could not be made; the run goes on
+        outcome = {"truncated": None, "error": repr(exc)}
+    with open(os.path.join(arm_dir, f"{arm['id']:04d}.cut"), "w") as f:
+        json.dump(dict(outcome, t=time.time()), f)
 
 
 def arm_poller(store, arm_dir: str, role: str, stop: threading.Event | None = None) -> None:
@@ -453,7 +476,7 @@ def patch_spark_conn() -> None:
             committing.on = False
             arm = claim_arm(arm_dir, role)
             if arm is not None:
-                apply_arm(logs.store, arm, arm_dir)
+                apply_arm(logs.store, dict(arm, uri=opts.metadata_uri), arm_dir)
         return logs
     conn.log_store = log_store
 
