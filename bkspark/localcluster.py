@@ -38,7 +38,7 @@ from bkspark.cluster_registry import (
 from bkspark.errors import BKError
 from bkspark.ports import free_port
 
-def _sqlite_write_locked(metadata_uri: str) -> bool:
+def sqlite_write_locked(metadata_uri: str) -> bool:
     """Whether another process holds the write lock of an embedded store (False for others)."""
     if not metadata_uri.startswith("sqlite://"):
         return False
@@ -360,7 +360,7 @@ class LocalCluster:
             return
         for _ in range(50):
             bookie.signal(signal.SIGSTOP)
-            if not _sqlite_write_locked(self.metadata_uri):
+            if not sqlite_write_locked(self.metadata_uri):
                 return
             bookie.signal(signal.SIGCONT)
             time.sleep(0.02)

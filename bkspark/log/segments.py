@@ -502,12 +502,8 @@ def commit_edit(store, name: str, change: Callable[[LogEdit], None], *,
         except NoNodeError:
             if in_doubt is None:
                 raise
-            # deleted since (maybe re-created after): what it held is gone, and the change
+            # deleted since (maybe created again after): what it held is gone, and the change
             # must not be made again on another log of the same name
-            if mark is not None and transaction_applied(store, mark):
-                raise OutcomeUnknownError(
-                    f"{what}: a change was applied (its answer was lost), then the log was "
-                    "deleted") from None
             raise OutcomeUnknownError(
                 f"{what}: the answer to a change was lost and the log was deleted before it "
                 "could be re-read; whether the change was applied is unknown") from None

@@ -47,6 +47,7 @@ class UserFaultRun:
         self.procs: dict[str, subprocess.Popen] = {}     # slot -> process
         self.incarnation: collections.Counter = collections.Counter()
         self.paused: set[int] = set()
+        self.held: set[int] = set()     # paused by the replan fault: no other fault resumes
         self._bg: list[threading.Thread] = []
         self._scenarios: list[threading.Thread] = []    # faults the run waits for
         self._stream_faults: list[Fault] = []           # the query's, applied in order
@@ -392,22 +393,35 @@ class UserFaultRun:
     def _replan_paused(self, f: Fault) -> None:
         """Kill the streaming driver right after it wrote a batch's offsets (before that
         batch committed), silence every bookie of the source's open ledger, and restart the
-        driver: Spark plans the batch again from its offset log (``partitions`` without
-        ``latestOffset``) while no bookie of that ledger answers. The bookies come back once
+        driver (and stop the source's writer): Spark plans the batch again from its offset log
+        (``partitions`` without ``latestOffset``) while no bookie of that ledger answers. The bookies come back once
         the new driver committed a micro-batch, or 30 s after it started its query."""
         deadline = time.monotonic() + 90
         paused: list[int] = []
+        stopped: list[subprocess.Popen] = []
         try:
             while not self._stop.is_set() and time.monotonic() < deadline:
                 with self._driver_lock:     # (held from the kill to the respawn)
-                    if self._ready("stream", need="P") and self._kill_after_offsets():
-                        last = self.logs.last_listed(STREAM_SOURCE)
-                        ensemble = list(self.bk.ledger_metadata(last.ledger_id)
-                                        .last_ensemble()) if last is not None else []
+                    batch = self._kill_after_offsets() if self._ready("stream", need="P") \
+                        else None
+                    if batch is not None:
+                        # every bookie of the ledger the batch ends in (the source's tail
+                        # when it was planned), held paused: another fault's end must not
+                        # resume it early
+                        ledger = self._batch_end_ledger(batch)
+                        ensemble = list(self.bk.ledger_metadata(ledger).last_ensemble()) \
+                            if ledger is not None else []
                         for i, b in enumerate(self.cluster.bookies):
-                            if b.bookie_id in ensemble and b.alive and i not in self.paused:
-                                self._pause(i)
+                            if b.bookie_id in ensemble and b.alive:
+                                if i not in self.paused:
+                                    self._pause(i)
+                                self.held.add(i)
                                 paused.append(i)
+                        # (its writer stopped too: it would replace the silent bookies by an
+                        # ensemble change, whose new members answer the LAC read)
+                        writer = self.procs.get(f"appender-{STREAM_SOURCE}")
+                        if writer is not None and self._stop_outside_writes(writer):
+                            stopped.append(writer)
                         self.stream_mode = "normal"
                         self._spawn_slot("stream")
                         self.faults_applied[f.kind] += 1
@@ -431,8 +445,12 @@ class UserFaultRun:
                 time.sleep(0.2)
         finally:
             for i in paused:
+                self.held.discard(i)
                 self.cluster.resume(i)
                 self.paused.discard(i)
+            for proc in stopped:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGCONT)
 
     def _reset_checkpoint(self, f: Fault) -> None:
         """A query of its own (``queryId`` ``uf-lc-<k>``, source ``app-0``, sink
@@ -497,9 +515,35 @@ class UserFaultRun:
             pass
         return proc.returncode
 
-    def _kill_after_offsets(self) -> bool:
+    def _stop_outside_writes(self, proc: subprocess.Popen) -> bool:
+        """SIGSTOP a workload, never inside a write transaction of the embedded store (it
+        would hold every writer of the store: LocalCluster.pause)."""
+        from bkspark.localcluster import sqlite_write_locked
+        for _ in range(50):
+            if proc.poll() is not None:
+                return False
+            proc.send_signal(signal.SIGSTOP)
+            if not sqlite_write_locked(self.uri):
+                return True
+            proc.send_signal(signal.SIGCONT)
+            time.sleep(0.02)
+        return False
+
+    def _batch_end_ledger(self, batch: int) -> int | None:
+        """The source ledger a micro-batch's planned end lies in (its offsets file)."""
+        try:
+            with open(os.path.join(self.checkpoint, "offsets", str(batch))) as f:
+                for line in f.read().splitlines()[2:]:
+                    end = json.loads(line).get(STREAM_SOURCE)
+                    if end:
+                        return int(end["ledger"])
+        except (OSError, ValueError, AttributeError, KeyError):
+            pass
+        return None
+
+    def _kill_after_offsets(self) -> int | None:
         """Wait (up to 10 s) for the streaming query to write the offsets of a new batch and
-        SIGKILL its driver at once; whether it was killed before that batch committed."""
+        SIGKILL its driver at once; the batch, if it was killed before that batch committed."""
         offsets = os.path.join(self.checkpoint, "offsets")
         commits = os.path.join(self.checkpoint, "commits")
 
@@ -518,21 +562,23 @@ class UserFaultRun:
                 if n in batches(commits):
                     self.events.write("FR", "replan-missed", n, now())
                     self._spawn_slot("stream")
-                    return False
+                    return None
                 self.events.write("FR", "killed-before-commit", n, now())
-                return True
+                return n
             time.sleep(0.005)
-        return False
+        return None
 
     def _end(self, f: Fault) -> None:
         c = self.cluster
         if f.kind == "bookie_pause":
-            c.resume(f.target)
-            self.paused.discard(f.target)
+            if f.target not in self.held:
+                c.resume(f.target)
+                self.paused.discard(f.target)
         elif f.kind == "bookie_pause_tail":
             for i in f.params.get("paused", []):
-                c.resume(i)
-                self.paused.discard(i)
+                if i not in self.held:
+                    c.resume(i)
+                    self.paused.discard(i)
         elif f.kind == "bookie_kill":
             c.start(f.target)
 
