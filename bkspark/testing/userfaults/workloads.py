@@ -482,7 +482,10 @@ def patch_spark_conn() -> None:
 
     def claiming(commit):
         def wrapped(self, *args, **kwargs):
-            committing.on = True
+            # (a batch job with a writer id is kept exactly once by its key whatever a lost
+            # answer does: the faults go to the plain appends, which rest on the settling)
+            committing.on = isinstance(self, writer.BookKeeperStreamWriter) or \
+                self.opts.writer_id is None
             try:
                 return commit(self, *args, **kwargs)
             finally:
