@@ -279,6 +279,8 @@ class UserFaultRun:
 
     def _apply(self, f: Fault):
         c = self.cluster
+        if f.kind in ("bookie_pause", "bookie_pause_tail", "bookie_kill") and self.held:
+            return False            # (the replan fault holds two bookies: no third one down)
         if f.kind == "bookie_pause":
             self._pause(f.target)
         elif f.kind == "bookie_kill":
@@ -402,8 +404,11 @@ class UserFaultRun:
         try:
             while not self._stop.is_set() and time.monotonic() < deadline:
                 with self._driver_lock:     # (held from the kill to the respawn)
-                    batch = self._kill_after_offsets() if self._ready("stream", need="P") \
-                        else None
+                    # (only while no other bookie is down: three must stay writable for the
+                    # restarted query's sink, E=3)
+                    quiet = not self.paused and all(b.alive for b in self.cluster.bookies)
+                    batch = self._kill_after_offsets() \
+                        if quiet and self._ready("stream", need="P") else None
                     if batch is not None:
                         # every bookie of the ledger the batch ends in (the source's tail
                         # when it was planned), held paused: another fault's end must not
