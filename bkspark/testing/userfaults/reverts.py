@@ -52,8 +52,8 @@ PATCHES: dict[int, list[tuple[str, str, str]]] = {
          """            outcome = APPLIED if version == in_doubt[1] + 1 and \\
                 head.stamp == in_doubt[0] else NOT_APPLIED"""),
         ("bkspark/log/segments.py",
-         """            if truncated_leftover(self.head, index):""",
-         """            if False:""")],
+         """        return int(index[0]) < head.first""",
+         """        return False""")],
     4: [("bkspark/log/segments.py",
          """            if ExpiredWriters.holds(""",
          """            if False and ExpiredWriters.holds(""")],
