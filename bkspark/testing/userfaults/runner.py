@@ -397,7 +397,7 @@ class UserFaultRun:
         batch committed), silence every bookie of the source's open ledger, and restart the
         driver (and stop the source's writer): Spark plans the batch again from its offset log
         (``partitions`` without ``latestOffset``) while no bookie of that ledger answers. The bookies come back once
-        the new driver committed a micro-batch, or 30 s after it started its query."""
+        the new driver's source planned it (or after 60 s)."""
         deadline = time.monotonic() + 90
         paused: list[int] = []
         stopped: list[subprocess.Popen] = []
@@ -437,17 +437,15 @@ class UserFaultRun:
             else:
                 self.fault_errors.append(f"{f.kind}@{f.t:.1f}: no batch planned in time")
                 return
-            # paused until the new driver committed the batch it planned again, or for 30 s
-            # after it started its query (Spark's start of a query takes seconds under load):
-            # without the bookies a correct source plans the batch whole and its reads wait
+            # paused until the new driver planned the batch again (its source says so through
+            # the run's sitehook; at most 60 s): a correct source plans it whole without the
+            # bookies, and its reads and commit then go on once they are back
+            killed = time.time()
             until = time.monotonic() + 60
             while time.monotonic() < until and not self._stop.is_set() \
-                    and not self._ready("stream", need="Q"):
-                time.sleep(0.2)
-            until = min(until, time.monotonic() + 30)
-            while time.monotonic() < until and not self._stop.is_set() \
-                    and not self._ready("stream", need="P"):
-                time.sleep(0.2)
+                    and not self._planned_since(killed):
+                time.sleep(0.1)
+            self._stop.wait(0.5)
         finally:
             for i in paused:
                 self.held.discard(i)
@@ -532,6 +530,17 @@ class UserFaultRun:
                 return True
             proc.send_signal(signal.SIGCONT)
             time.sleep(0.02)
+        return False
+
+    def _planned_since(self, t: float) -> bool:
+        """Whether the streaming source planned a micro-batch after ``t`` (wall clock)."""
+        for name in os.listdir(self.arm_dir):
+            if name.startswith("planned."):
+                try:
+                    if float(name.split(".", 2)[2]) > t:
+                        return True
+                except ValueError:
+                    continue
         return False
 
     def _batch_end_ledger(self, batch: int) -> int | None:

@@ -493,3 +493,14 @@ def patch_spark_conn() -> None:
         return wrapped
     writer.BookKeeperBatchWriter.commit = claiming(writer.BookKeeperBatchWriter.commit)
     writer.BookKeeperStreamWriter.commit = claiming(writer.BookKeeperStreamWriter.commit)
+
+    # the streaming source tells when it planned a micro-batch (the replan fault waits for it)
+    from bkspark.spark import stream
+    plan = stream.BookKeeperStreamReader.partitions
+
+    def partitions(self, start, end):
+        parts = plan(self, start, end)
+        with open(os.path.join(arm_dir, f"planned.{os.getpid()}.{time.time():.4f}"), "w"):
+            pass
+        return parts
+    stream.BookKeeperStreamReader.partitions = partitions
