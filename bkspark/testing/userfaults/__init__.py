@@ -26,11 +26,15 @@ The **schedule** (:func:`make_schedule`) is a pure function of the seed: bookies
 (also every bookie of the stream source's open ledger, longer than the query's read timeout),
 SIGKILLed and restarted; lost metadata answers (applied, held back, or not applied) armed in
 the workload's own process through arm files (Spark's Python workers claim them through
-``sitehook/sitecustomize.py``); a truncation storm on ``batch-0`` while a Spark commit's
-answer is lost; metadata session expiry (SIGUSR1, or an arm file for Spark workers); log
-takeovers by a second writer; SIGKILL of the Spark drivers (and restart from the checkpoint),
-of the streaming driver with its checkpoint lost (restart with a new ``checkpointLocation``
-and the same ``queryId``: it must continue exactly or refuse), and of PySpark workers (the
+``sitehook/sitecustomize.py``, only in a commit of a job without a writer id); another
+client truncating ``batch-0`` between a Spark commit that was applied and the loss of its
+answer; metadata session expiry (SIGUSR1, or an arm file for Spark workers); log takeovers
+by a second writer; SIGKILL of the Spark drivers (and restart from the checkpoint), of the
+streaming driver between a batch's offsets and its commit, restarted while every bookie of
+the ledger that batch ends in is paused (and the source's writer stopped) until the new
+driver planned the batch again; the streaming driver with its checkpoint lost (restart with
+a new ``checkpointLocation`` and the same ``queryId``: it must continue exactly or refuse),
+a query of its own run twice that way (``lc-out-<k>``), and of PySpark workers (the
 executor side of ``local[2]``); truncations (``LogStore.truncate``) and ``bkspark shell
 apply-retention``.
 

@@ -306,8 +306,6 @@ class UserFaultRun:
             # before the answer is lost -- the settling re-read then sees the cut)
             self._arm("lost", role, log=log, applied=applied, delay=f.params.get("delay", 0.0),
                       truncate=role == "spark" and applied)
-            if role == "spark" and applied:
-                self._background(self._truncation_storm, BATCH_LOG, 12.0)
         elif f.kind == "session_expire":
             role = f.params["role"]
             if role in ("spark", "stream"):
@@ -686,23 +684,6 @@ class UserFaultRun:
         except errors.BKError as exc:
             self._cut(log, "truncate-error", t0, None)
             self.fault_errors.append(f"truncate {log}: {exc!r}"[:300])
-
-    def _truncation_storm(self, log: str, seconds: float) -> None:
-        """Truncate the whole list again and again: a commit whose answer was lost races a
-        cut of the ledgers it just appended."""
-        end = time.monotonic() + seconds
-        while time.monotonic() < end and not self._stop.is_set():
-            t0 = now()
-            try:
-                # (what it is about to cut must exist: the monitor's period is too long to
-                # see a ledger listed again and cut again by the next round of the storm)
-                self._check_listed_exist(log, self.logs.segments(log))
-                removed = self.logs.truncate_segments(log, self.logs.bounds(log)[1])
-                if removed:
-                    self._cut(log, "storm", t0, removed)
-            except errors.BKError:
-                self._cut(log, "storm-error", t0, None)
-            time.sleep(0.03)
 
     def _shell_retention(self) -> None:
         t0 = now()
