@@ -483,9 +483,10 @@ def patch_spark_conn() -> None:
     def claiming(commit):
         def wrapped(self, *args, **kwargs):
             # (a batch job with a writer id is kept exactly once by its key whatever a lost
-            # answer does: the faults go to the plain appends, which rest on the settling)
-            committing.on = isinstance(self, writer.BookKeeperStreamWriter) or \
-                self.opts.writer_id is None
+            # answer does: the faults go to the plain commits to the batch log, which rest on
+            # the settling -- and which another client then truncates, _truncate_between)
+            committing.on = isinstance(self, writer.BookKeeperStreamWriter) or (
+                self.opts.writer_id is None and self.log_name == BATCH_LOG)
             try:
                 return commit(self, *args, **kwargs)
             finally:
