@@ -48,6 +48,7 @@ class UserFaultRun:
         self.incarnation: collections.Counter = collections.Counter()
         self.paused: set[int] = set()
         self.held: set[int] = set()     # paused by the replan fault: no other fault resumes
+        self._spark_armed_until = 0.0   # a Spark commit's lost answer may hit until then
         self._bg: list[threading.Thread] = []
         self._scenarios: list[threading.Thread] = []    # faults the run waits for
         self._stream_faults: list[Fault] = []           # the query's, applied in order
@@ -306,6 +307,8 @@ class UserFaultRun:
             # before the answer is lost -- the settling re-read then sees the cut)
             self._arm("lost", role, log=log, applied=applied, delay=f.params.get("delay", 0.0),
                       truncate=role == "spark" and applied)
+            if role == "spark":         # (the batch driver is not killed while it may hit)
+                self._spark_armed_until = time.monotonic() + 40
         elif f.kind == "session_expire":
             role = f.params["role"]
             if role in ("spark", "stream"):
@@ -363,7 +366,8 @@ class UserFaultRun:
         deadline = time.monotonic() + 90
         while not self._stop.is_set() and time.monotonic() < deadline:
             with self._driver_lock:
-                if self._ready(slot, need=need):
+                armed = slot == "batch" and time.monotonic() < self._spark_armed_until
+                if not armed and self._ready(slot, need=need):
                     if f.kind == "python_worker_kill":
                         if not self._kill_python_worker(slot):
                             time.sleep(0.5)
