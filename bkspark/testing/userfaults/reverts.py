@@ -15,7 +15,8 @@ fails, naming the file (``tests/faults/test_user_campaign.py`` applies each one 
    answers -1 when no bookie answers (the batch is cut, the next one starts past it).
 2. ``superseded-write-acked`` -- an overwrite does not fence the live writer of the tail.
 3. ``log-names-deleted-ledger`` / ``batch-not-exactly-once`` -- a lost answer is settled by
-   whether the ledgers are listed (a truncation in between re-appends them).
+   whether the ledgers are listed (a truncation in between re-appends them); the Spark job's
+   commit record (which also keeps a commit from being applied twice) is left out.
 4. ``batch-not-exactly-once`` -- an expired writer id is taken for a new one.
 5. ``stream-skip`` -- another Spark query under the same queryId commits its batch 0 as
    "already applied".
@@ -53,7 +54,10 @@ PATCHES: dict[int, list[tuple[str, str, str]]] = {
                 head.stamp == in_doubt[0] else NOT_APPLIED"""),
         ("bkspark/log/segments.py",
          """        return int(index[0]) < head.first""",
-         """        return False""")],
+         """        return False"""),
+        ("bkspark/spark/writer.py",
+         """                kw["mark"] = pending.commit_mark(self.job)""",
+         """                pass""")],
     4: [("bkspark/log/segments.py",
          """            if ExpiredWriters.holds(""",
          """            if False and ExpiredWriters.holds(""")],
