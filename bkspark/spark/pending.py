@@ -278,7 +278,9 @@ def clean(logs, key: str, log_name: str, keep=(), upto_batch: int | None = None,
 
 def _remove_job_record(store, key: str) -> None:
     """Delete the job record and its commit record (kept while a straggling task is still
-    alive under it, or a registration remains)."""
+    alive under it, or a registration remains). Only once the job's commit has returned or
+    raised: the commit record settles nothing else, and a commit request whose answer was
+    lost is ordered before this delete on the same session (or dropped with it)."""
     try:
         store.delete(commit_mark(key))
     except NoNodeError:

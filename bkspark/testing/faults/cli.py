@@ -16,14 +16,14 @@ from .workloads import worker_main
 
 
 def run_sessions(make_run, seed: int, duration: float, store: str, run_seconds: float,
-                 workdir: str | None, keep: bool, line, runs: int | None = None,
-                 prefix: str = "bkspark-faults-") -> tuple[str, list[dict]]:
+                 workdir: str | None, keep: bool, line, summarize, runs: int | None = None,
+                 prefix: str = "bkspark-faults-") -> dict:
     """The loop of a campaign, shared by the fault runner and the user-level campaign: runs of
     ``run_seconds`` (run i uses seed ``seed + i``; ``make_run(seed, kind, run_dir, zk)`` makes
     one, ``.run()`` runs it) until ``duration`` is spent, or exactly ``runs``; ``store``:
     sqlite, zk or both (alternating, one ZooKeeper server for them all). A run without
-    violations leaves no directory unless ``keep``. Returns (the campaign directory, the runs'
-    results in order)."""
+    violations leaves no directory unless ``keep``, nor the campaign without any. Returns
+    ``summarize(seed, results)`` with the campaign directory (``workdir``)."""
     from metadata.testing import ZooKeeperServer
     base = workdir or tempfile.mkdtemp(prefix=prefix)
     os.makedirs(base, exist_ok=True)
@@ -53,7 +53,11 @@ def run_sessions(make_run, seed: int, duration: float, store: str, run_seconds: 
     finally:
         if zk is not None:
             zk.stop()
-    return base, results
+    summary = summarize(seed, results)
+    summary["workdir"] = base
+    if not keep and not summary["violations"]:
+        shutil.rmtree(base, ignore_errors=True)
+    return summary
 
 
 def run_campaign(seed: int, duration: float, store: str = "sqlite", run_seconds: float = 60.0,
@@ -66,13 +70,8 @@ def run_campaign(seed: int, duration: float, store: str = "sqlite", run_seconds:
     def make_run(run_seed, kind, run_dir, zk):
         return FaultRun(run_seed, run_seconds, kind, run_dir, zookeeper=zk, verbose=verbose,
                         **run_kwargs)
-    base, runs = run_sessions(make_run, seed, duration, store, run_seconds, workdir, keep,
-                              run_line)
-    summary = summarize(seed, runs)
-    summary["workdir"] = base
-    if not keep and not summary["violations"]:
-        shutil.rmtree(base, ignore_errors=True)
-    return summary
+    return run_sessions(make_run, seed, duration, store, run_seconds, workdir, keep, run_line,
+                        summarize)
 
 
 def run_line(r: dict) -> str:

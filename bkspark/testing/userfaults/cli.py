@@ -5,7 +5,6 @@ import argparse
 import collections
 import json
 import random
-import shutil
 import sys
 
 
@@ -21,13 +20,8 @@ def run_campaign(seed: int, duration: float, store: str = "sqlite", run_seconds:
     def make_run(run_seed, kind, run_dir, zk):
         return UserFaultRun(run_seed, run_seconds, kind, run_dir, zookeeper=zk,
                             verbose=verbose, **run_kwargs)
-    base, results = run_sessions(make_run, seed, duration, store, run_seconds, workdir, keep,
-                                 run_line, runs=runs, prefix="bkspark-userfaults-")
-    summary = summarize(seed, results)
-    summary["workdir"] = base
-    if not keep and not summary["violations"]:
-        shutil.rmtree(base, ignore_errors=True)
-    return summary
+    return run_sessions(make_run, seed, duration, store, run_seconds, workdir, keep, run_line,
+                        summarize, runs=runs, prefix="bkspark-userfaults-")
 
 
 def run_line(r: dict) -> str:
