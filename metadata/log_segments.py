@@ -62,15 +62,24 @@ Idempotency keys are bounded (:func:`expire_writers`): a key is kept while it is
 (Kafka's producer-id expiry); ``expired.t`` is the newest commit time of any key that expired.
 
 **An expired key is never forgotten silently.** Its writer id goes into the log's filter of
-expired writer ids (:class:`ExpiredWriters`: a Bloom filter in :data:`FILTER_SHARDS` records of
-:data:`FILTER_BITS` bits under ``/logs/<name>/expired-writers``, written by the transaction
-that expires the key; ``expired.filtered`` counts them). A commit from a writer id the head
-does not know is refused with :class:`WriterKeyExpiredError` when the filter holds that id
-(it may be the rerun of a commit already applied: a batch job rerun under the same
-``(writerId, writerSequence)`` long after), and applied when it does not (the id never
-committed to this log). A filter answers "maybe" for an id it never held with a small
-probability (~1% per shard at ~400 ids, :data:`FILTER_SHARDS` x that in all): such a new
-writer is refused too and takes another id -- a refusal, never a duplicate. Keys that expired
+expired writer ids (:class:`ExpiredWriters`, written by the transaction that expires the key;
+``expired.filtered`` counts them). A commit from a writer id the head does not know is
+refused with :class:`WriterKeyExpiredError` when the filter holds that id (it may be the rerun
+of a commit already applied: a batch job rerun under the same ``(writerId, writerSequence)``
+long after), and applied when it does not (the id never committed to this log). A filter
+answers "maybe" for an id it never held with a small probability: such a new writer is
+refused too and takes another id -- a refusal, never a duplicate.
+
+The filter is a scalable Bloom filter (Almeida et al., 2007): generations of records of
+:data:`FILTER_BITS` bits. Generation ``g`` has ``FILTER_SHARDS << g`` records (generation 0
+under ``/logs/<name>/expired-writers/<shard>``, ``g`` >= 1 under ``.../expired-writers/g<g>/
+<shard>``) and takes :data:`SHARD_CAPACITY` ids a record; the ``k``-th id filtered goes into
+the generation whose range holds ``k`` (:meth:`ExpiredWriters.generation`: the
+generations are fixed by the count alone). A full generation answers "maybe" falsely for
+~0.17% of ids, so with ``G`` generations a new id is refused with odds below ``G`` x 0.17%
+(1 million expired ids: 4 generations, 10 million: 8), where one fixed filter would refuse
+nearly every new id. A check reads one record per generation, in one round trip; a record
+stays 512 bytes; an expiry writes one record. Keys that expired
 before the filter existed (``expired.count`` > ``expired.filtered``) keep the older rule: a
 writer id the head does not know is applied only if the writer says when it started
 (``started_ms``, taken before its first commit attempt) and that is later than ``expired.t`` +
@@ -110,50 +119,81 @@ _HEAD_FIELDS = {"name", "uid", "first", "next", "gc", "rev", "writers", "expired
 RECENT_PROPERTY = "__recent"
 
 
-#: shards of the filter of expired writer ids, and bits per shard (512 bytes a record)
+#: records of the first generation of the filter of expired writer ids (each next one has twice
+#: as many), bits a record (512 bytes), hashes an id sets, and ids a record takes before the
+#: next generation starts (a full record answers "maybe" falsely for ~0.17% of ids)
 FILTER_SHARDS = 256
 FILTER_BITS = 4096
 FILTER_HASHES = 7
+SHARD_CAPACITY = 300
 
 
 class ExpiredWriters:
-    """The Bloom filter of a log's expired writer ids (module docstring): which shard record
-    holds an id, and its bits there."""
+    """The scalable Bloom filter of a log's expired writer ids (module docstring): which
+    generation the next id goes into, which record of a generation holds an id, its bits."""
 
     @staticmethod
-    def _digest(writer_id: str) -> tuple[int, list[int]]:
-        d = hashlib.blake2b(writer_id.encode("utf-8"), digest_size=16).digest()
-        rest = int.from_bytes(d[1:], "big")
-        return d[0] % FILTER_SHARDS, [(rest >> (12 * i)) % FILTER_BITS
-                                      for i in range(FILTER_HASHES)]
+    def capacity_before(generation: int) -> int:
+        """Ids the generations before ``generation`` take in all."""
+        return SHARD_CAPACITY * FILTER_SHARDS * ((1 << generation) - 1)
 
     @classmethod
-    def shard(cls, writer_id: str) -> int:
-        return cls._digest(writer_id)[0]
+    def generation(cls, index: int) -> int:
+        """The generation of the ``index``-th id filtered (0-based)."""
+        g = 0
+        while index >= cls.capacity_before(g + 1):
+            g += 1
+        return g
 
     @classmethod
-    def holds(cls, bits: bytes | None, writer_id: str) -> bool:
-        """Whether shard ``bits`` (None: the shard was never written) may hold ``writer_id``."""
+    def generations(cls, filtered: int) -> int:
+        """How many generations hold the first ``filtered`` ids."""
+        return cls.generation(filtered - 1) + 1 if filtered > 0 else 0
+
+    @staticmethod
+    def _digest(writer_id: str, generation: int) -> tuple[int, list[int]]:
+        if generation == 0:
+            d = hashlib.blake2b(writer_id.encode("utf-8"), digest_size=16).digest()
+            shard, rest = d[0], int.from_bytes(d[1:], "big")
+        else:
+            d = hashlib.blake2b(writer_id.encode("utf-8"), digest_size=16,
+                                person=b"bk-ew-g%d" % generation).digest()
+            shard, rest = int.from_bytes(d[:4], "big"), int.from_bytes(d[4:], "big")
+        return shard % (FILTER_SHARDS << generation), [(rest >> (12 * i)) % FILTER_BITS
+                                                       for i in range(FILTER_HASHES)]
+
+    @classmethod
+    def shard(cls, writer_id: str, generation: int = 0) -> int:
+        return cls._digest(writer_id, generation)[0]
+
+    @classmethod
+    def holds(cls, bits: bytes | None, writer_id: str, generation: int = 0) -> bool:
+        """Whether record ``bits`` (None: never written) of ``generation`` may hold
+        ``writer_id`` (it must be the record :meth:`shard` names)."""
         if not bits:
             return False
         return all(len(bits) > b // 8 and bits[b // 8] >> (b % 8) & 1
-                   for b in cls._digest(writer_id)[1])
+                   for b in cls._digest(writer_id, generation)[1])
 
     @classmethod
-    def add(cls, bits: bytes | None, writer_id: str) -> bytes:
+    def add(cls, bits: bytes | None, writer_id: str, generation: int = 0) -> bytes:
         out = bytearray(bits or bytes(FILTER_BITS // 8))
         out.extend(bytes(max(0, FILTER_BITS // 8 - len(out))))
-        for b in cls._digest(writer_id)[1]:
+        for b in cls._digest(writer_id, generation)[1]:
             out[b // 8] |= 1 << (b % 8)
         return bytes(out)
 
 
-def expired_writers_path(name: str) -> str:
-    return f"{log_path(name)}/expired-writers"
+def expired_writers_path(name: str, generation: int = 0) -> str:
+    """The parent of a generation's records (generation 0's is the filter's root)."""
+    root = f"{log_path(name)}/expired-writers"
+    return root if generation == 0 else f"{root}/g{generation}"
 
 
-def expired_writers_shard_path(name: str, shard: int) -> str:
-    return f"{log_path(name)}/expired-writers/{shard:03d}"
+def expired_writers_shard_path(name: str, shard: int, generation: int = 0) -> str:
+    if generation == 0:
+        return f"{expired_writers_path(name)}/{shard:03d}"
+    return f"{expired_writers_path(name, generation)}/{shard:06d}"
 
 
 class WriterKeyExpiredError(BKError):

@@ -157,9 +157,11 @@ class LogEdit:
         self._unlisted: list[LogLedger] = []
         self._index_versions: dict[int, int] = {}      # leftover index records to overwrite
         self._collected: list[tuple] = []              # deletes of truncated segments' records
-        self._filter: dict[int, tuple] = {}            # shard -> (bits, version) as read
-        self._filter_changed: set[int] = set()
-        self._filter_parent_missing = False
+        # the filter of expired writer ids: (generation, shard) -> (bits, version) as read;
+        # the records this edit changes; the generations whose parent record it creates
+        self._filter: dict[tuple[int, int], tuple] = {}
+        self._filter_changed: set[tuple[int, int]] = set()
+        self._filter_parents: dict[int, bool] = {}      # generation -> its parent is missing
 
     # ---- what is listed ---------------------------------------------------------------
     @property
@@ -314,7 +316,7 @@ class LogEdit:
         it before anything else it does (before fencing a tail: a refused commit must leave
         the log as it was)."""
         if writer_id not in self.head.writers and self.head.expired["count"]:
-            if ExpiredWriters.holds(self._filter_shard(ExpiredWriters.shard(writer_id)), writer_id):
+            if self._filter_holds(writer_id):
                 raise WriterKeyExpiredError(
                     f"log {self.name}: the idempotency key of writer {writer_id!r} expired "
                     "(keys idle for 7 days, or beyond the 1,000 most recently used, expire) "
@@ -345,23 +347,39 @@ class LogEdit:
             f"{int(index[0])}; the list starts at {self.head.first}): a ledger is listed once, "
             "never again (its deletion may be under way)")
 
-    def _filter_shard(self, shard: int) -> bytes | None:
-        """The bits of a shard of the filter of expired writer ids as this edit knows them."""
-        if shard not in self._filter:
-            got = self.store.get_many([expired_writers_shard_path(self.name, shard)])[0]
-            self._filter[shard] = (got[0], got[1]) if got is not None else (None, None)
-        return self._filter[shard][0]
+    def _filter_read(self, keys: list[tuple[int, int]]) -> None:
+        """Read the records ``(generation, shard)`` of the filter of expired writer ids this
+        edit has not read yet (one round trip)."""
+        missing = [k for k in keys if k not in self._filter]
+        if not missing:
+            return
+        got = self.store.get_many([expired_writers_shard_path(self.name, shard, g)
+                                   for g, shard in missing])
+        for key, item in zip(missing, got):
+            self._filter[key] = (item[0], item[1]) if item is not None else (None, None)
+
+    def _filter_holds(self, writer_id: str) -> bool:
+        """Whether a generation of the filter of expired writer ids may hold ``writer_id``."""
+        keys = [(g, ExpiredWriters.shard(writer_id, g))
+                for g in range(ExpiredWriters.generations(self.head.expired.get("filtered", 0)))]
+        self._filter_read(keys)
+        return any(ExpiredWriters.holds(self._filter[k][0], writer_id, k[0]) for k in keys)
 
     def _record_expired(self, writer_id: str) -> None:
-        """Add an expired key's writer id to the filter (in this edit's transaction)."""
-        if not self._filter_changed:
-            self._filter_parent_missing = \
-                self.store.exists(expired_writers_path(self.name)) is None
-        shard = ExpiredWriters.shard(writer_id)
-        bits = ExpiredWriters.add(self._filter_shard(shard), writer_id)
-        self._filter[shard] = (bits, self._filter[shard][1])
-        self._filter_changed.add(shard)
-        self.head.expired["filtered"] = self.head.expired.get("filtered", 0) + 1
+        """Add an expired key's writer id to the filter's current generation (in this edit's
+        transaction)."""
+        filtered = self.head.expired.get("filtered", 0)
+        g = ExpiredWriters.generation(filtered)
+        if g not in self._filter_parents:
+            self._filter_parents[g] = \
+                self.store.exists(expired_writers_path(self.name, g)) is None
+            # (generation g >= 1 lives under generation 0's parent: it exists, g0 is full)
+        key = (g, ExpiredWriters.shard(writer_id, g))
+        self._filter_read([key])
+        bits, version = self._filter[key]
+        self._filter[key] = (ExpiredWriters.add(bits, writer_id, g), version)
+        self._filter_changed.add(key)
+        self.head.expired["filtered"] = filtered + 1
 
     # ---- the transaction --------------------------------------------------------------
     def operations(self) -> list[tuple]:
@@ -381,14 +399,14 @@ class LogEdit:
             else:
                 ops.append(("create", idx, data))
         ops.extend(self._collected)
-        if self._filter_changed:
-            if self._filter_parent_missing:
-                ops.append(("create", expired_writers_path(self.name), b""))
-            for shard in sorted(self._filter_changed):
-                bits, version = self._filter[shard]
-                path = expired_writers_shard_path(self.name, shard)
-                ops.append(("create", path, bits) if version is None
-                           else ("set", path, bits, version))
+        for g, missing in sorted(self._filter_parents.items()):
+            if missing:
+                ops.append(("create", expired_writers_path(self.name, g), b""))
+        for g, shard in sorted(self._filter_changed):
+            bits, version = self._filter[(g, shard)]
+            path = expired_writers_shard_path(self.name, shard, g)
+            ops.append(("create", path, bits) if version is None
+                       else ("set", path, bits, version))
         return ops
 
     def collect(self, leftovers: "Leftovers") -> None:
