@@ -57,7 +57,9 @@ static int write_lastmark(Engine *e, int k, uint64_t id, uint64_t pos)
     put32(m + 24, bks_crc32c(0, m, 24));
     for (int d = 0; d < e->nldirs; d++) {
         if (write_atomic(e->ledger_dirs[d], name, m, sizeof m) < 0) {
-            seterr(e, "cannot write %s in %s: %s", name, e->ledger_dirs[d], strerror(errno));
+            int err = errno;
+            seterr(e, "cannot write %s in %s: %s", name, e->ledger_dirs[d], strerror(err));
+            ldir_fail(e, d, err);
             return E_IO;
         }
     }
@@ -407,6 +409,10 @@ static int flush_cache_slot(Engine *e, int slot, uint64_t pace_budget_ns)
     if (e->index_failed) {
         pthread_mutex_unlock(&e->mu);
         seterr(e, "a ledger index write failed earlier: flushes are disabled until restart");
+        return E_IO;
+    }
+    if (ldir_check(e, "flushes") != E_OK) { /* (the write cache keeps the entries: reads go on) */
+        pthread_mutex_unlock(&e->mu);
         return E_IO;
     }
     e->flushing = 1; /* until the index batch is written: keeps compaction off the logs written here */

@@ -263,6 +263,11 @@ int eng_compact(Engine *e, CompactStats *cs)
      * of the logs left empty; only then are those logs unlinked (a kill in between leaves files
      * no row lists, removed at the next open) */
     pthread_mutex_lock(&e->ckpt_mu);
+    if (rc == E_OK) { /* a directory that failed meanwhile (here or in a flush) stops the pass */
+        pthread_mutex_lock(&e->mu);
+        rc = ldir_check(e, "compactions");
+        pthread_mutex_unlock(&e->mu);
+    }
     KvBatch *b = rc == E_OK ? kvb_new() : NULL;
     if (rc == E_OK && !b)
         rc = E_IO;
@@ -370,7 +375,8 @@ int eng_compact(Engine *e, CompactStats *cs)
             unlink(p);
             lpath(e, victims[v]->dir, victims[v]->id, "idx", p, sizeof p);
             unlink(p);
-            fsync_dir(e->ledger_dirs[victims[v]->dir]);
+            if (fsync_dir(e->ledger_dirs[victims[v]->dir]) < 0) /* (the files may come back: removed at the next open) */
+                ldir_fail(e, victims[v]->dir, errno);
             cs->bytes_reclaimed += victims[v]->size;
             if (victims[v]->live == 0)
                 cs->logs_deleted++;

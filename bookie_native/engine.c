@@ -459,6 +459,7 @@ int eng_open(const EngineConfig *cfg, Engine **out, char *err, size_t errlen)
     *out = NULL;
     e->nldirs = cfg->nldirs;
     e->ledger_dirs = calloc((size_t)cfg->nldirs, sizeof(char *));
+    e->ldir_err = calloc((size_t)cfg->nldirs, sizeof(int));
     for (int i = 0; i < cfg->nldirs; i++)
         e->ledger_dirs[i] = strdup(cfg->ledger_dirs[i]);
     e->cache_half = cfg->write_cache_bytes / 2;
@@ -664,6 +665,7 @@ void eng_free(Engine *e)
     for (int i = 0; i < e->nldirs; i++)
         free(e->ledger_dirs[i]);
     free(e->ledger_dirs);
+    free(e->ldir_err);
     pthread_mutex_destroy(&e->mu);
     pthread_mutex_destroy(&e->ckpt_mu);
     pthread_mutex_destroy(&e->compact_mu);
@@ -678,6 +680,18 @@ void eng_last_log_mark(Engine *e, uint64_t *id, uint64_t *pos)
 {
     *id = e->jn[0]->mark_id;
     *pos = e->jn[0]->mark_pos;
+}
+
+int eng_ndirs(Engine *e, int kind) { return kind == 0 ? e->njournals : e->nldirs; }
+
+int eng_dir_error(Engine *e, int kind, int k, const char **path)
+{
+    if (kind == 0) {
+        *path = e->jn[k]->dir;
+        return e->jn[k]->j_failed;
+    }
+    *path = e->ledger_dirs[k];
+    return e->ldir_err[k] ? e->ldir_err[k] : (k == 0 && e->index_failed ? EIO : 0);
 }
 
 void eng_stats(Engine *e, EngineStats *st)

@@ -150,5 +150,10 @@ typedef struct {
     uint64_t tm[TM_N];             /* timers, ns */
 } EngineStats;
 void eng_stats(Engine *e, EngineStats *st);
+/* The directories' sticky write errors (README "Disk errors"): how many journal (kind 0) or ledger
+ * (kind 1) directories there are; directory k's path and the errno of its first failed write (0:
+ * none; a ledger index write that failed counts for ledger directory 0, which holds the index). */
+int eng_ndirs(Engine *e, int kind);
+int eng_dir_error(Engine *e, int kind, int k, const char **path);
 
 #endif

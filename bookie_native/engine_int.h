@@ -23,6 +23,7 @@
 
 #include "crc32c.h"
 #include "engine.h"
+#include "iofault.h" /* (last: engine files' system calls on their own files go through its wrappers) */
 
 /* ---------------------------------------------------------------- formats */
 #define J_MAGIC "BKSJ"
@@ -241,7 +242,12 @@ struct Engine {
     uint64_t last_full_ns;   /* time of the last state+lastMark write */
     uint64_t st_flushes, st_paced_flushes, st_hurried_flushes; /* paced: see entrylog.c "paced flushes" */
     int flush_failed; /* last flush failed: adds waiting for cache space get EIO */
-    int log_sync_failed; /* an entry-log fdatasync failed: never move the mark again (errno) */
+    /* per ledger dir: the errno of its first failed write, writeback, sync, rename or creation --
+     * sticky until restart (README "Disk errors").  A page whose writeback failed is marked clean
+     * and the error is reported once per descriptor, so no later fdatasync can prove that file
+     * durable: while any is set no flush, compaction or LastLogMark moves (the journal keeps
+     * covering everything since the last mark; a restart replays it into fresh entry logs) (mu) */
+    int *ldir_err;
     void *fw, *fw_tmp; /* flush scratch (WItem arrays), reused across flushes (ckpt_mu) */
     size_t fw_cap;
     /* a flush is writing entry logs and has not re-pointed the index yet: logs with id >=
@@ -392,6 +398,8 @@ int check_header(const unsigned char *h, size_t hl, const char *magic, uint32_t 
 void sort_items(WItem *w, size_t n, WItem *o);
 int write_items(Engine *e, WItem *w, size_t n, LogFile **cur, LogFile ***created, size_t *ncreated, int arena, int sync, Pace *pace);
 int sync_dirty_logs(Engine *e);
+void ldir_fail(Engine *e, int dir, int err); /* a write error on ledger dir `dir` (mu NOT held) */
+int ldir_check(Engine *e, const char *what);  /* E_IO naming the failed dir if any has failed (mu held) */
 
 /* ---------------------------------------------------------------- checkpoint.c */
 int index_sync(Engine *e);

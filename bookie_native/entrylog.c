@@ -70,7 +70,9 @@ static LogFile *log_create(Engine *e, uint32_t id, int dir)
     lf->idx_fd = open(q, O_CREAT | O_TRUNC | O_RDWR | O_CLOEXEC, 0644);
     unsigned char h[L_HDR];
     if (lf->fd < 0 || lf->idx_fd < 0) {
-        seterr(e, "cannot create entry log %s: %s", p, strerror(errno));
+        int err = errno;
+        seterr(e, "cannot create entry log %s: %s", p, strerror(err));
+        ldir_fail(e, dir, err);
         goto fail;
     }
     mk_header(h, L_HDR, L_MAGIC, id);
@@ -86,6 +88,7 @@ static LogFile *log_create(Engine *e, uint32_t id, int dir)
     return lf;
 fail_io:
     seterr(e, "cannot write entry log %s: %s", p, strerror(errno));
+    ldir_fail(e, dir, errno);
 fail:
     if (lf->fd >= 0)
         close(lf->fd);
@@ -211,8 +214,10 @@ static int iob_flush(IoBatch *b, int fd)
  * claim -- fdatasync still makes them durable before any mark moves).  The journal shares the
  * disk: a flush that queued its whole write at once (16-32 MiB) held every journal fdatasync,
  * and so every add acknowledgement, behind it for 10-50 ms (bench/client.py paced runs); with
- * chunks, a journal sync waits behind at most one.  A failure here is not an error: fdatasync
- * reports it where durability is claimed. */
+ * chunks, a journal sync waits behind at most one.  A failure here IS the write error: Linux
+ * reports a failed writeback once per descriptor, so this call consumes it and the later
+ * fdatasync of the same descriptor returns 0 over the lost pages -- the caller fails the
+ * directory (ldir_fail). */
 #define FLUSH_CHUNK (1u << 20)
 
 /* Entry logs and the page cache.  Unless Engine.page_cache is set, written-back chunks leave the
@@ -226,16 +231,19 @@ static int iob_flush(IoBatch *b, int fd)
  * 1 MiB reads.  Compaction still reads through the cache (log_read): it is rare and reads
  * scattered small records. */
 
-static void writeback(Engine *e, int fd, uint64_t *from, uint64_t to)
+static int writeback(Engine *e, int fd, uint64_t *from, uint64_t to)
 {
     if (to > *from) {
-        sync_file_range(fd, (off_t)*from, (off_t)(to - *from),
-                        SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+        if (sync_file_range(fd, (off_t)*from, (off_t)(to - *from),
+                            SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER) < 0 &&
+            errno != ENOSYS && errno != EINVAL)
+            return -1; /* (ENOSYS/EINVAL: not supported there; fdatasync still checks) */
         uint64_t a = *from & ~(uint64_t)(DIO_ALIGN - 1), b = to & ~(uint64_t)(DIO_ALIGN - 1);
         if (!e->page_cache && b > a) /* written back, so clean: out of the cache (the partial last page stays) */
             posix_fadvise(fd, (off_t)a, (off_t)(b - a), POSIX_FADV_DONTNEED);
     }
     *from = to;
+    return 0;
 }
 
 /* Paced flushes.  Every bookie of an ensemble takes the same share of the adds, so their write
@@ -273,6 +281,40 @@ static void pace_wait(Engine *e, Pace *p, uint64_t bytes)
     }
 }
 
+/* ---------------------------------------------------------------- disk errors (README "Disk errors") */
+void ldir_fail(Engine *e, int dir, int err)
+{
+    pthread_mutex_lock(&e->mu);
+    if (!e->ldir_err[dir]) {
+        e->ldir_err[dir] = err ? err : EIO;
+        e->st_bg_errors++;
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+int ldir_check(Engine *e, const char *what)
+{
+    for (int d = 0; d < e->nldirs; d++)
+        if (e->ldir_err[d]) {
+            seterr(e, "ledger directory %s failed a write (%s): %s are disabled until the bookie restarts "
+                   "(the journal keeps everything since the last checkpoint; a restart replays it)",
+                   e->ledger_dirs[d], strerror(e->ldir_err[d]), what);
+            return E_IO;
+        }
+    return E_OK;
+}
+
+/* A write, writeback or sync of entry log `lf` failed (errno): the error and its directory's
+ * failure.  Out of memory is not the disk's (the caller's flush just fails, to be retried). */
+static void log_write_failed(Engine *e, LogFile *lf, const char *what)
+{
+    int err = errno;
+    seterr(e, "entry log %x in %s: %s failed: %s", lf->id, e->ledger_dirs[lf->dir], what, strerror(err));
+    if (err != ENOMEM)
+        ldir_fail(e, lf->dir, err);
+    errno = err;
+}
+
 int write_items(Engine *e, WItem *w, size_t n, LogFile **cur, LogFile ***created, size_t *ncreated, int arena,
                 int sync, Pace *pace)
 {
@@ -306,8 +348,18 @@ int write_items(Engine *e, WItem *w, size_t n, LogFile **cur, LogFile ***created
                 break;
             }
             pthread_mutex_lock(&e->mu);
-            logs_insert(e, lf);
+            int inserted = logs_insert(e, lf);
             pthread_mutex_unlock(&e->mu);
+            if (inserted < 0) { /* (a log the table does not hold would escape the syncs) */
+                close(lf->fd);
+                close(lf->idx_fd);
+                if (lf->dfd >= 0)
+                    close(lf->dfd);
+                free(lf);
+                seterr(e, "out of memory for the entry-log table");
+                rc = E_IO;
+                break;
+            }
             (*created)[(*ncreated)++] = lf;
             *cur = lf;
         }
@@ -387,36 +439,34 @@ int write_items(Engine *e, WItem *w, size_t n, LogFile **cur, LogFile ***created
             i++;
             if (iob && iob->bytes >= FLUSH_CHUNK) {
                 uint64_t chunk = iob->bytes;
-                if (iob_flush(iob, lf->fd) < 0) {
+                if (iob_flush(iob, lf->fd) < 0 || writeback(e, lf->fd, &wb_from, pos) < 0) {
                     rc = E_IO;
                     break;
                 }
-                writeback(e, lf->fd, &wb_from, pos);
                 pace_wait(e, pace, chunk);
             } else if (!iob && b.len >= FLUSH_CHUNK) {
-                if (write_full(lf->fd, b.buf, b.len, pos - b.len) < 0) {
+                if (write_full(lf->fd, b.buf, b.len, pos - b.len) < 0 || writeback(e, lf->fd, &wb_from, pos) < 0) {
                     rc = E_IO;
                     break;
                 }
                 b.len = 0;
-                writeback(e, lf->fd, &wb_from, pos);
             }
         }
         if (rc != E_OK) {
-            seterr(e, "entry log %x write failed: %s", lf->id, strerror(errno));
+            log_write_failed(e, lf, "write");
             break;
         }
         if ((iob && iob->n && iob_flush(iob, lf->fd) < 0) ||
-            (!iob && b.len && write_full(lf->fd, b.buf, b.len, pos - b.len) < 0)) {
-            seterr(e, "entry log %x write failed: %s", lf->id, strerror(errno));
+            (!iob && b.len && write_full(lf->fd, b.buf, b.len, pos - b.len) < 0) ||
+            writeback(e, lf->fd, &wb_from, pos) < 0) {
+            log_write_failed(e, lf, "write");
             rc = E_IO;
             break;
         }
-        writeback(e, lf->fd, &wb_from, pos);
         uint64_t tw1 = now_ns();
         TM_ADD(e, TM_F_WRITE, tw1 - tw_start);
         if (sync && fdatasync(lf->fd) < 0) {
-            seterr(e, "entry log %x write failed: %s", lf->id, strerror(errno));
+            log_write_failed(e, lf, "fdatasync");
             rc = E_IO;
             break;
         }
@@ -426,7 +476,7 @@ int write_items(Engine *e, WItem *w, size_t n, LogFile **cur, LogFile ***created
         put32(ib.buf, cnt);
         put32(ib.buf + 4, bks_crc32c(bks_crc32c(0, ib.buf, 4), ib.buf + 8, ib.len - 8));
         if (write_full(lf->idx_fd, ib.buf, ib.len, lf->idx_size) < 0 || (sync && fdatasync(lf->idx_fd) < 0)) {
-            seterr(e, "entry log index %x write failed: %s", lf->id, strerror(errno));
+            log_write_failed(e, lf, "index write");
             rc = E_IO;
             break;
         }
@@ -447,16 +497,15 @@ int write_items(Engine *e, WItem *w, size_t n, LogFile **cur, LogFile ***created
 
 /* fdatasync every entry log + index written by a flush since the last call.  Runs before any
  * ledgers.state / lastMark is written (write_state), so the sizes they record and the data below
- * the mark are durable.  A failure is sticky: pages that failed to write may since have been
- * marked clean, so no later fdatasync could prove them durable -- the mark never moves again (the
- * journal keeps covering the data; a restart replays it).  Caller holds ckpt_mu, not mu. */
+ * the mark are durable.  A failure fails the log's directory (sticky, ldir_fail): pages that failed
+ * to write may since have been marked clean, so no later fdatasync could prove them durable -- the
+ * mark never moves again (the journal keeps covering the data; a restart replays it).  Caller
+ * holds ckpt_mu, not mu. */
 int sync_dirty_logs(Engine *e)
 {
     pthread_mutex_lock(&e->mu);
-    if (e->log_sync_failed) {
-        int err = e->log_sync_failed;
+    if (ldir_check(e, "checkpoints") != E_OK) {
         pthread_mutex_unlock(&e->mu);
-        seterr(e, "an entry log fdatasync failed earlier (%s): checkpoints are disabled until restart", strerror(err));
         return E_IO;
     }
     size_t n = 0;
@@ -475,11 +524,7 @@ int sync_dirty_logs(Engine *e)
     for (size_t k = 0; k < n; k++) {
         LogFile *lf = v[k];
         if (rc == E_OK && (fdatasync(lf->fd) < 0 || fdatasync(lf->idx_fd) < 0)) {
-            int err = errno;
-            seterr(e, "entry log %x fdatasync failed: %s", lf->id, strerror(err));
-            pthread_mutex_lock(&e->mu);
-            e->log_sync_failed = err ? err : EIO;
-            pthread_mutex_unlock(&e->mu);
+            log_write_failed(e, lf, "fdatasync");
             rc = E_IO;
         } else if (rc == E_OK) {
             pthread_mutex_lock(&e->mu);

@@ -10,8 +10,8 @@
  * syncing the WAL, and kv_sync (before any LastLogMark moves past what they cover) and compaction
  * (before it unlinks the logs it emptied) make everything written so far durable. */
 #define _GNU_SOURCE
+#include <rocksdb/c.h> /* (before engine_int.h: its declarations stay out of iofault.h's macros) */
 #include "engine_int.h"
-#include <rocksdb/c.h>
 
 struct Kv {
     rocksdb_t *db;

@@ -8,6 +8,8 @@
 #include "addframe.h"
 #include "crc32c.h"
 #include "engine.h"
+#define BKS_IOFAULT_IMPL /* (the control functions only: this file makes no I/O of its own) */
+#include "iofault.h"
 
 static PyObject *ExcNoLedger, *ExcNoEntry, *ExcIO, *ExcBadReq;
 
@@ -886,6 +888,43 @@ static PyObject *Store_stats(StoreObject *self, PyObject *unused)
     return d;
 }
 
+/* [(kind "journal" | "ledger", directory, errno, message)] of the directories whose writes failed (sticky) */
+static PyObject *Store_disk_errors(StoreObject *self, PyObject *unused)
+{
+    if (check_open(self) < 0)
+        return NULL;
+    struct {
+        int kind, err;
+        char path[4096];
+    } *got = malloc(128 * sizeof *got); /* (64 journal + 64 ledger directories at most) */
+    if (!got)
+        return PyErr_NoMemory();
+    int n = 0;
+    Engine *e = self->e;
+    BKS_BEGIN eng_lock(e);
+    for (int kind = 0; kind < 2; kind++)
+        for (int k = 0; k < eng_ndirs(e, kind) && n < 128; k++) {
+            const char *path;
+            int err = eng_dir_error(e, kind, k, &path);
+            if (err) {
+                got[n].kind = kind;
+                got[n].err = err;
+                snprintf(got[n++].path, sizeof got[0].path, "%s", path);
+            }
+        }
+    eng_unlock(e);
+    BKS_END PyObject *out = PyList_New(0);
+    for (int i = 0; out && i < n; i++) {
+        PyObject *t = Py_BuildValue("(ssis)", got[i].kind ? "ledger" : "journal", got[i].path, got[i].err,
+                                    strerror(got[i].err));
+        if (!t || PyList_Append(out, t) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(t);
+    }
+    free(got);
+    return out;
+}
+
 /* test hook: SIGKILL the process when the engine reaches the named step (checkpoint.c crash_point) */
 static PyObject *Store_set_crash_point(StoreObject *self, PyObject *arg)
 {
@@ -920,6 +959,7 @@ static PyMethodDef Store_methods[] = {
     {"compact", (PyCFunction)Store_compact, METH_NOARGS, NULL},
     {"last_log_mark", (PyCFunction)Store_last_log_mark, METH_NOARGS, NULL},
     {"stats", (PyCFunction)Store_stats, METH_NOARGS, NULL},
+    {"disk_errors", (PyCFunction)Store_disk_errors, METH_NOARGS, NULL},
     {"close", (PyCFunction)(void (*)(void))Store_close, METH_VARARGS | METH_KEYWORDS, NULL},
     {NULL, NULL, 0, NULL}};
 
@@ -1057,7 +1097,78 @@ static PyObject *mod_set_exceptions(PyObject *m, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* ---- test hooks of the I/O fault layer (iofault.h) */
+static PyObject *mod_io_fault(PyObject *m, PyObject *args, PyObject *kw)
+{
+    static char *kws[] = {"op", "path", "errno", "after", "times", "lose", "short", NULL};
+    const char *op, *path;
+    int err, lose = 1, shortw = 0;
+    long after = 0, times = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "ssi|llpp", kws, &op, &path, &err, &after, &times, &lose, &shortw))
+        return NULL;
+    int k = bks_iof_op(op);
+    if (k < 0 || bks_iof_add(k, path, err, after, times, lose, shortw) < 0) {
+        PyErr_Format(PyExc_ValueError, "io_fault: unknown op %s (open, write, sync_range, sync, rename, "
+                     "fallocate, read), a path of 256 bytes or more, or more than 64 rules", op);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *mod_io_faults_clear(PyObject *m, PyObject *unused)
+{
+    bks_iof_clear();
+    Py_RETURN_NONE;
+}
+
+static PyObject *mod_io_track(PyObject *m, PyObject *arg)
+{
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    bks_iof_track(on);
+    Py_RETURN_NONE;
+}
+
+static PyObject *mod_io_fault_counts(PyObject *m, PyObject *unused)
+{
+    long c[IOF_NOPS];
+    bks_iof_counts(c);
+    PyObject *d = PyDict_New();
+    for (int i = 0; d && i < IOF_NOPS; i++) {
+        PyObject *v = PyLong_FromLong(c[i]);
+        if (!v || PyDict_SetItemString(d, bks_iof_op_name(i), v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    PyObject *lost = d ? PyLong_FromLong(bks_iof_lost_bytes()) : NULL;
+    if (!lost || PyDict_SetItemString(d, "lost_bytes", lost) < 0) {
+        Py_XDECREF(lost);
+        Py_XDECREF(d);
+        return NULL;
+    }
+    Py_DECREF(lost);
+    return d;
+}
+
+static PyObject *mod_io_crash(PyObject *m, PyObject *unused)
+{
+    Py_BEGIN_ALLOW_THREADS bks_iof_crash();
+    Py_END_ALLOW_THREADS Py_RETURN_NONE;
+}
+
 static PyMethodDef mod_methods[] = {
+    {"io_fault", (PyCFunction)(void (*)(void))mod_io_fault, METH_VARARGS | METH_KEYWORDS,
+     "test hook: io_fault(op, path, errno, after=0, times=1, lose=True, short=False) fails (or shortens) the "
+     "engine's matching system calls (bookie_native/iofault.h)"},
+    {"io_faults_clear", mod_io_faults_clear, METH_NOARGS, "test hook: remove every I/O fault rule"},
+    {"io_track", mod_io_track, METH_O, "test hook: track unsynced bytes (for lost writebacks and io_crash)"},
+    {"io_fault_counts", mod_io_fault_counts, METH_NOARGS, "test hook: I/O faults fired per op, and lost_bytes"},
+    {"io_crash", mod_io_crash, METH_NOARGS, "test hook: drop every unsynced byte, then SIGKILL this process"},
+
     {"crc32c", mod_crc32c, METH_VARARGS, "crc32c(data, value=0) -> int (Castagnoli)"},
     {"encode_adds", mod_encode_adds, METH_VARARGS,
      "encode_adds(prefix, ledger, first_entry, lac, length, payloads, digest_size) -> [AddBatch element]"},

@@ -14,6 +14,7 @@ Guarantees (see tests/storage):
 """
 from __future__ import annotations
 
+import errno as errno_
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from bkspark.errors import (
     NoSuchLedgerError,
 )
 
-__all__ = ["Storage", "StorageConfig", "EOK", "EFENCED", "EUA"]
+__all__ = ["Storage", "StorageConfig", "DiskError", "EOK", "EFENCED", "EUA"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,20 @@ def journal_dir_list(journal_dir: str, journal_dirs, what: str = "StorageConfig"
     if len(set(dirs)) != len(dirs):
         raise ValueError(f"{what}: journal_dirs lists a directory twice: {dirs}")
     return dirs
+
+
+@dataclass(frozen=True)
+class DiskError:
+    """A directory whose writes failed (:meth:`Storage.disk_errors`)."""
+    kind: str           # "journal" or "ledger"
+    path: str
+    errno: int
+    message: str
+
+    @property
+    def full(self) -> bool:
+        """Out of space (writable again once space is freed and the storage reopened)."""
+        return self.errno in (errno_.ENOSPC, errno_.EDQUOT)
 
 
 @dataclass
@@ -181,6 +196,14 @@ class Storage:
         st["bytes"] = st["add_bytes"]
         st["queue_depth"] = st["sync_waiters"]
         return st
+
+    def disk_errors(self) -> list[DiskError]:
+        """The directories whose writes failed, each once, in the order journal then ledger
+        directories (``bookie_native/README.md`` "Disk errors"): sticky until the storage is
+        reopened. A failed ledger directory stops flushes, compaction and checkpoints (the
+        journal keeps everything since the last checkpoint, and reopening replays it); a failed
+        journal stops adds. ``ENOSPC`` / ``EDQUOT``: the directory is full, else it failed."""
+        return [DiskError(*t) for t in self._store.disk_errors()]
 
     def close(self) -> None:
         with self._close_lock:
