@@ -57,6 +57,7 @@ class BookieConfig:
     # lifecycle
     metadata_session_timeout_s: float = 10.0
     disk_usage_threshold: float = 0.95  # read-only above this fraction used
+    disk_usage_warn_threshold: float = 0.0    # a warning above this (0: disk_usage_lwm)
     disk_usage_lwm: float = 0.90        # writable again below this
     disk_check_interval_s: float = 5.0
     gc_interval_s: float = 60.0
@@ -115,6 +116,10 @@ class BookieConfig:
                                   f"{self.compaction_rate_mb_per_s}")
         if not (0.0 < self.disk_usage_lwm <= self.disk_usage_threshold <= 1.0):
             raise BadRequestError("need 0 < disk_usage_lwm <= disk_usage_threshold <= 1")
+        if not self.disk_usage_warn_threshold:
+            self.disk_usage_warn_threshold = self.disk_usage_lwm
+        if not (0.0 < self.disk_usage_warn_threshold <= self.disk_usage_threshold):
+            raise BadRequestError("need 0 < disk_usage_warn_threshold <= disk_usage_threshold")
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise BadRequestError("tls_cert_file and tls_key_file go together")
         client = self.client_settings()

@@ -51,6 +51,9 @@ def _handler_for(bookie):
                 self.json(200, {"running": state.running, "readOnly": state.read_only,
                                 "diskReadOnly": state.disk_read_only,
                                 "manualReadOnly": state.manual_read_only,
+                                "diskErrors": [{"kind": e.kind, "dir": e.path,
+                                                "error": e.message, "full": e.full}
+                                               for e in state.disk_errors],
                                 "registeredAs": state.registered_as})
             elif not _autorecovery(self, bookie, "GET"):
                 self.not_found(path)

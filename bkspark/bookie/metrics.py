@@ -12,9 +12,11 @@ from bkspark import errors
 class BookieMetrics:
     """Counters for adds/reads/bytes, add latency, and the storage engine's own figures."""
 
-    def __init__(self, storage, service_ref, directories=()) -> None:
+    def __init__(self, storage, service_ref, directories=(), disk_errors=None) -> None:
         """``directories``: ``(kind, path)`` of the bookie's journal and ledger directories,
-        whose use and free space are exported at scrape time."""
+        whose use, free space and state are exported at scrape time; ``disk_errors``: a
+        callable answering the failed ones (``Storage.disk_errors`` as the bookie last saw
+        them; default: the storage's own)."""
         self.registry = CollectorRegistry()
         self.adds = Counter("bookie_adds", "Entries added, by status", ["status"], registry=self.registry)
         self.add_bytes = Counter("bookie_add_bytes", "Bytes of entries added", registry=self.registry)
@@ -42,7 +44,8 @@ class BookieMetrics:
             Gauge("bookie_write_cache_capacity_bytes", "Size of the write cache (its fill: "
                   "bookie_storage_cache_bytes)", registry=self.registry).set(capacity)
         self.registry.register(_StorageCollector(storage, service_ref))
-        self.registry.register(_DirectoryCollector(list(directories)))
+        self.registry.register(_DirectoryCollector(list(directories),
+                                                   disk_errors or (lambda: storage.disk_errors())))
 
     def record_adds(self, accepted, statuses, nbytes: int, seconds: float) -> None:
         """Count a stored batch: ``nbytes`` is the size of all accepted entries."""
@@ -107,13 +110,26 @@ class _StorageCollector:
 
 
 class _DirectoryCollector:
-    """Per journal / ledger directory, at scrape time: bytes of the bookie's files in it, and
-    its filesystem's size and free space (what turns a bookie read-only: ``disk_usage_threshold``)."""
+    """Per journal / ledger directory, at scrape time: bytes of the bookie's files in it, its
+    filesystem's size and free space (what turns a bookie read-only: ``disk_usage_threshold``),
+    and its state: 0 writable, 1 full (a write failed with ENOSPC), 2 failed (a write failed
+    otherwise) -- ``Storage.disk_errors``."""
 
-    def __init__(self, directories: list[tuple[str, str]]) -> None:
+    def __init__(self, directories: list[tuple[str, str]], disk_errors) -> None:
         self._directories = directories
+        self._disk_errors = disk_errors
 
     def collect(self):
+        state = GaugeMetricFamily("bookie_dir_state", "0 writable, 1 full (a write failed: no "
+                                  "space), 2 failed (a write failed): read-only", labels=["kind", "dir"])
+        try:
+            failed = {(e.kind, e.path): e for e in self._disk_errors()}
+        except Exception:  # noqa: BLE001 - a closed storage must not break /metrics
+            failed = {}
+        for kind, path in self._directories:
+            e = failed.get((kind, path))
+            state.add_metric([kind, path], 0.0 if e is None else 1.0 if e.full else 2.0)
+        yield state
         used = GaugeMetricFamily("bookie_dir_bytes", "Bytes of the bookie's files in a directory",
                                  labels=["kind", "dir"])
         free = GaugeMetricFamily("bookie_dir_free_bytes",

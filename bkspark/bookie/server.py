@@ -41,12 +41,13 @@ class BookieState:
         self._dirs = list(config.journal_dirs or [config.journal_dir]) + list(config.ledger_dirs)
         self.manual_read_only = False
         self.disk_read_only = False
+        self.disk_errors: list = []     # the storage's failed directories (Storage.disk_errors)
         self.running = False
         self.registered_as: str | None = None
 
     @property
     def read_only(self) -> bool:
-        return self.manual_read_only or self.disk_read_only
+        return self.manual_read_only or self.disk_read_only or bool(self.disk_errors)
 
     def disk_space(self) -> tuple[int, int]:
         """(total, free) bytes over the distinct filesystems of the bookie's directories."""
@@ -99,6 +100,10 @@ class BookieServer:
         self._stop = threading.Event()
         self._register_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        self._usage_warned = False
+        self._reopen_delay = 0.0        # a full directory's storage reopen: its backoff
+        self._reopen_at = 0.0
+        self._reopen_failed = False     # ... left the storage closed (retried)
 
     # ---- start / stop -----------------------------------------------------------------
 
@@ -115,7 +120,8 @@ class BookieServer:
         self.metrics = BookieMetrics(
             self.storage, weakref.ref(self.service),
             [("journal", d) for d in (cfg.journal_dirs or [cfg.journal_dir])]
-            + [("ledger", d) for d in cfg.ledger_dirs])
+            + [("ledger", d) for d in cfg.ledger_dirs],
+            disk_errors=lambda: self.state.disk_errors)
         self.service.metrics = self.metrics
         self.grpc_server = grpc.server(
             _thread_pool(cfg.grpc_workers),
@@ -273,6 +279,12 @@ class BookieServer:
 
     def _update_disk_state(self) -> None:
         usage = self.state.disk_usage()
+        self._update_disk_errors(usage)
+        if usage >= self.config.disk_usage_warn_threshold and not self._usage_warned:
+            log.warning("disk usage %.3f above the warning threshold %.3f (read-only at %.3f)",
+                        usage, self.config.disk_usage_warn_threshold,
+                        self.config.disk_usage_threshold)
+        self._usage_warned = usage >= self.config.disk_usage_warn_threshold
         if not self.state.disk_read_only and usage >= self.config.disk_usage_threshold:
             log.warning("disk usage %.3f above threshold %.3f: going read-only",
                         usage, self.config.disk_usage_threshold)
@@ -282,6 +294,51 @@ class BookieServer:
             self.state.disk_read_only = False
         if self.metrics is not None:
             self.metrics.read_only.set(1 if self.state.read_only else 0)
+
+    def _update_disk_errors(self, usage: float) -> None:
+        """Read-only while a directory's writes have failed (the engine's sticky errors,
+        ``bookie_native/README.md`` "Disk errors"). A full one (ENOSPC) is made writable again
+        once usage is below ``disk_usage_lwm``: the storage is reopened, which replays the
+        journal into fresh entry logs (what the failed writes lost is written again). A failed
+        one (EIO...) stays until the bookie is restarted by its operator, after the disk is
+        replaced or checked; clients meanwhile write to other bookies (ensemble change). The
+        bookie stays read-only until the reopened storage's first checkpoint succeeds; a
+        reopen whose writes fail again (a thin-provisioned device still out of space while the
+        file system shows room) is retried after a delay that doubles, up to 64 checks."""
+        # (a reopen that failed left the storage closed: its errors are the ones last seen)
+        found = self.state.disk_errors if self._reopen_failed else self.storage.disk_errors()
+        if found and found != self.state.disk_errors:
+            for e in found:
+                log.error("%s directory %s: a write failed (%s): %s", e.kind, e.path,
+                          e.message, "full: read-only until space is freed" if e.full else
+                          "read-only until the bookie is restarted (check or replace the disk)")
+        self.state.disk_errors = found
+        if not found:
+            self._reopen_delay = 0.0
+            return
+        if (not all(e.full for e in found) or usage >= self.config.disk_usage_lwm
+                or time.monotonic() < self._reopen_at):
+            return
+        log.info("disk usage %.3f below %.3f: reopening the storage (journal replay) to become "
+                 "writable again", usage, self.config.disk_usage_lwm)
+        interval = self.config.disk_check_interval_s
+        self._reopen_delay = min(64 * interval, max(2 * interval, 2 * self._reopen_delay))
+        self._reopen_at = time.monotonic() + self._reopen_delay
+        checkpointed = False
+        try:
+            self._reopen_failed = True
+            self.storage.reopen()
+            self._reopen_failed = False
+            self.storage.checkpoint()   # writable only once what the replay wrote is durable
+            checkpointed = True
+        except errors.BKError as exc:
+            log.error("reopening the storage failed (retried in %.1f s): %s",
+                      self._reopen_delay, exc)
+        if self._reopen_failed:
+            return
+        self.state.disk_errors = self.storage.disk_errors() or ([] if checkpointed else found)
+        if not self.state.disk_errors:
+            log.info("storage reopened; the directories take writes again")
 
     def _disk_loop(self) -> None:
         while not self._stop.wait(self.config.disk_check_interval_s):

@@ -117,8 +117,12 @@ class Storage:
                         "entries can be lost on a crash")
         self.config = config
         self._close_lock = threading.Lock()
+        self._open()
+
+    def _open(self) -> None:
+        config = self.config
         self._store = _native.Store(
-            journal_dirs,
+            config.journal_dir_list(),
             [str(d) for d in config.ledger_dirs],
             write_cache_bytes=int(config.write_cache_bytes),
             group_wait_us=int(config.journal_max_group_wait_ms * 1000),
@@ -204,6 +208,17 @@ class Storage:
         journal keeps everything since the last checkpoint, and reopening replays it); a failed
         journal stops adds. ``ENOSPC`` / ``EDQUOT``: the directory is full, else it failed."""
         return [DiskError(*t) for t in self._store.disk_errors()]
+
+    def reopen(self) -> None:
+        """Close the engine without a checkpoint and open it again on the same directories --
+        what a restart does, inside the process: the journal replays everything since the last
+        checkpoint into fresh entry logs, so whatever a failed write lost is written again, and
+        :meth:`disk_errors` starts empty (an error comes back if the disk still fails). Calls
+        made meanwhile fail (BookieIOError: closed); the bookie is read-only while it runs.
+        Raises BookieIOError when the engine cannot open (the storage then stays closed)."""
+        with self._close_lock:
+            self._store.close(checkpoint=False)
+            self._open()
 
     def close(self) -> None:
         with self._close_lock:
