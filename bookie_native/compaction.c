@@ -3,6 +3,27 @@
 #include "engine_int.h"
 
 /* ---------------------------------------------------------------- compaction */
+/* Test hook (eng_set_alloc_fail): every allocation of a pass is counted (alloc_count, reset when
+ * the pass starts), and number alloc_fail_at returns NULL, so a test can fail each in turn.
+ * compact_mu held. */
+static int c_alloc_fails(Engine *e)
+{
+    e->alloc_count++;
+    return e->alloc_fail_at && e->alloc_count == e->alloc_fail_at;
+}
+#define C_MALLOC(e, n) (c_alloc_fails(e) ? NULL : malloc(n))
+#define C_CALLOC(e, n, sz) (c_alloc_fails(e) ? NULL : calloc((n), (sz)))
+#define C_REALLOC(e, p, n) (c_alloc_fails(e) ? NULL : realloc((p), (n)))
+
+uint32_t eng_set_alloc_fail(Engine *e, uint32_t n)
+{
+    pthread_mutex_lock(&e->compact_mu);
+    uint32_t last = e->alloc_count;
+    e->alloc_fail_at = n;
+    pthread_mutex_unlock(&e->compact_mu);
+    return last;
+}
+
 typedef struct {
     LogFile *lf;
     double ratio;
@@ -31,10 +52,10 @@ static int gather_live(void *arg, const Loc *lc)
     if (lc->where != g->lf->id)
         return 0; /* (a later copy elsewhere) */
     if (*g->wn == *g->wcap) {
-        WItem *nw = realloc(*g->w, *g->wcap * 2 * sizeof **g->w);
+        WItem *nw = C_REALLOC(g->e, *g->w, *g->wcap * 2 * sizeof **g->w);
         if (nw)
             *g->w = nw;
-        LogFile **ns = nw ? realloc(*g->srcs, *g->wcap * 2 * sizeof **g->srcs) : NULL;
+        LogFile **ns = nw ? C_REALLOC(g->e, *g->srcs, *g->wcap * 2 * sizeof **g->srcs) : NULL;
         if (ns)
             *g->srcs = ns;
         if (!nw || !ns) {
@@ -102,6 +123,7 @@ int eng_compact(Engine *e, CompactStats *cs)
 {
     memset(cs, 0, sizeof *cs);
     pthread_mutex_lock(&e->compact_mu);
+    e->alloc_count = 0;
     /* a flush first: its index batch applies the deletes made since the last one, so the live
      * bytes the candidates are chosen by count them */
     ckpt_lock_now(e);
@@ -117,10 +139,11 @@ int eng_compact(Engine *e, CompactStats *cs)
         pthread_mutex_unlock(&e->compact_mu);
         return E_CLOSED;
     }
-    Cand *cand = malloc((e->nlogs + 1) * sizeof *cand);
+    Cand *cand = C_MALLOC(e, (e->nlogs + 1) * sizeof *cand);
     if (!cand) {
         pthread_mutex_unlock(&e->mu);
         pthread_mutex_unlock(&e->compact_mu);
+        seterr(e, "out of memory choosing the entry logs to compact");
         return E_IO;
     }
     size_t nc = 0;
@@ -155,16 +178,24 @@ int eng_compact(Engine *e, CompactStats *cs)
      * still points at (no lock: the index is read directly; what changes meanwhile is re-checked
      * before the re-point) */
     size_t wcap = 64, wn = 0;
-    WItem *w = malloc(wcap * sizeof *w);
-    LogFile **srcs = malloc(wcap * sizeof *srcs);
-    int oom = !w || !srcs; /* nothing is moved yet: the run is given up */
+    WItem *w = C_MALLOC(e, wcap * sizeof *w);
+    LogFile **srcs = C_MALLOC(e, wcap * sizeof *srcs);
+    /* Every allocation of a pass is checked: one that fails gives the pass up with an error
+     * ("out of memory ..."), before the re-point -- nothing is re-pointed, nothing unlinked (copies
+     * already written stay unreferenced, as when close aborts a pass).  oom: give the pass up
+     * (nomem: for want of memory, else an index read error, whose message is set). */
+    int nomem = !w || !srcs, oom = nomem; /* nothing is moved yet: the run is given up */
     for (size_t c = 0; c < nsel && !oom; c++) {
         LogFile *lf = cand[c].lf;
         if (lf->live == 0)
             continue;
         size_t isz = (size_t)lf->idx_size;
-        unsigned char *ib = malloc(isz ? isz : 1);
-        if (!ib || read_full(lf->idx_fd, ib, isz, 0) < 0)
+        unsigned char *ib = C_MALLOC(e, isz ? isz : 1);
+        if (!ib) { /* (not "unreadable": the log would be skipped, and the pass go on without it) */
+            nomem = oom = 1;
+            break;
+        }
+        if (read_full(lf->idx_fd, ib, isz, 0) < 0)
             isz = 0; /* unreadable: its entries stay where they are, and so does the log */
         size_t from_wn = wn;
         Gather g = {e, lf, &w, &srcs, &wn, &wcap, 0, 0};
@@ -188,6 +219,7 @@ int eng_compact(Engine *e, CompactStats *cs)
                 g.ledger = ledger;
                 if (kv_scan_locs(e, ledger, lo, hi, gather_live, &g) < 0 || g.oom)
                     oom = 1; /* (an index read error or no memory: give the pass up) */
+                nomem |= g.oom;
             }
             off += 8 + bl;
         }
@@ -201,6 +233,8 @@ int eng_compact(Engine *e, CompactStats *cs)
         wn = u;
     }
     if (oom) {
+        if (nomem)
+            seterr(e, "out of memory gathering the live entries of %zu entry logs to compact", nsel);
         pthread_mutex_lock(&e->mu);
         for (size_t c = 0; c < nsel; c++)
             cand[c].lf->refs--;
@@ -220,18 +254,29 @@ int eng_compact(Engine *e, CompactStats *cs)
     LogFile *out = NULL;
     LogFile **created = NULL;
     size_t ncreated = 0;
-    WItem *chunk = malloc((wn ? wn : 1) * sizeof *chunk);
-    size_t *chunk_idx = malloc((wn ? wn : 1) * sizeof *chunk_idx);
-    int *copied = calloc(wn ? wn : 1, sizeof *copied);
+    WItem *chunk = C_MALLOC(e, (wn ? wn : 1) * sizeof *chunk);
+    size_t *chunk_idx = C_MALLOC(e, (wn ? wn : 1) * sizeof *chunk_idx);
+    int *copied = C_CALLOC(e, wn ? wn : 1, sizeof *copied);
+    LogFile **victims = C_MALLOC(e, (nsel ? nsel : 1) * sizeof *victims); /* (was a VLA: nsel is unbounded) */
+    if (!chunk || !chunk_idx || !copied || !victims) {
+        rc = E_IO;
+        seterr(e, "out of memory for the compaction of %zu entries", wn);
+    }
     size_t i = 0;
     while (i < wn && rc == E_OK) {
         size_t cn = 0;
         uint64_t cbytes = 0;
         for (; i < wn && (cn == 0 || cbytes + w[i].len <= (8u << 20)); i++) {
             WItem *x = &w[i];
-            unsigned char *body = malloc(x->len ? x->len : 1);
+            unsigned char *body = C_MALLOC(e, x->len ? x->len : 1);
+            if (!body) { /* (not a corrupt entry: the pass is given up) */
+                rc = E_IO;
+                seterr(e, "out of memory reading entry %llu:%lld for compaction", (unsigned long long)x->ledger,
+                       (long long)x->entry);
+                break;
+            }
             Loc lc = {x->entry, srcs[i]->id, x->len, x->off};
-            if (!body || log_read(e, srcs[i], x->ledger, &lc, body) != E_OK) {
+            if (log_read(e, srcs[i], x->ledger, &lc, body) != E_OK) {
                 cs->corrupt_entries++;
                 free(body);
                 continue;
@@ -242,7 +287,7 @@ int eng_compact(Engine *e, CompactStats *cs)
             chunk_idx[cn++] = i;
             cbytes += x->len;
         }
-        if (cn)
+        if (cn && rc == E_OK)
             rc = write_items(e, chunk, cn, &out, &created, &ncreated, 0, 1, NULL);
         for (size_t k = 0; k < cn; k++) {
             w[chunk_idx[k]].where = chunk[k].where;
@@ -256,7 +301,6 @@ int eng_compact(Engine *e, CompactStats *cs)
     }
     free(chunk);
     free(chunk_idx);
-    LogFile *victims[nsel ? nsel : 1];
     size_t nv = 0;
     /* re-point: one synced index batch moves every copied entry the index still points at the
      * original of (ckpt_mu: no flush batch meanwhile), updates the live bytes, and drops the rows
@@ -286,18 +330,22 @@ int eng_compact(Engine *e, CompactStats *cs)
     /* the moved entries' new locations, per ledger in entry order, replacing (cutting) the runs that
      * held the originals */
     if (rc == E_OK) {
-        MovedLoc *mv = malloc((wn ? wn : 1) * sizeof *mv);
+        MovedLoc *mv = C_MALLOC(e, (wn ? wn : 1) * sizeof *mv);
         size_t nm = 0;
-        if (!mv)
+        if (!mv) {
             rc = E_IO;
+            seterr(e, "out of memory re-pointing %zu compacted entries", wn);
+        }
         for (size_t k = 0; mv && k < wn; k++)
             if (w[k].state)
                 mv[nm++] = (MovedLoc){w[k].ledger, {w[k].entry, w[k].where, w[k].len, w[k].dst_off}};
         if (mv)
             qsort(mv, nm, sizeof *mv, moved_cmp);
-        Loc *lv = mv ? malloc((nm ? nm : 1) * sizeof *lv) : NULL;
-        if (mv && !lv)
+        Loc *lv = mv ? C_MALLOC(e, (nm ? nm : 1) * sizeof *lv) : NULL;
+        if (mv && !lv) {
             rc = E_IO;
+            seterr(e, "out of memory re-pointing %zu compacted entries", nm);
+        }
         for (size_t k = 0; lv && k < nm && rc == E_OK;) {
             size_t s0 = k, c = 0;
             for (; k < nm && mv[k].ledger == mv[s0].ledger; k++)
@@ -393,6 +441,7 @@ int eng_compact(Engine *e, CompactStats *cs)
     e->st_compact_copying = 0;
     pthread_mutex_unlock(&e->mu);
     free(copied);
+    free(victims);
     free(srcs);
     free(created);
     free(w);

@@ -124,6 +124,58 @@ int write_atomic(const char *dir, const char *name, const void *data, size_t len
     return fsync_dir(dir);
 }
 
+/* ---------------------------------------------------------------- test hook: pause points */
+/* Test hook (tests/storage/test_storage_durability_edges.py): the next thread that reaches the
+ * named step blocks there, mu released, until eng_pause_release (or close), so a test can act
+ * between two steps of a call deterministically.  One-shot: the step is disarmed when reached.
+ * Steps: "delete-enqueued" (eng_delete: its DELETE_LEDGER record queued, not yet synced),
+ * "read-scanned" (eng_read_range: between the index scan of step 2 and step 3).  Caller holds mu. */
+void pause_point(Engine *e, const char *name)
+{
+    if (!pause_armed(e) || strcmp(e->pause_at, name) != 0)
+        return;
+    __atomic_store_n(&e->pause_armed, 0, __ATOMIC_RELEASE);
+    e->paused = 1;
+    pthread_cond_broadcast(&e->pause_cv);
+    while (e->paused && !e->closing)
+        pthread_cond_wait(&e->pause_cv, &e->mu);
+    e->paused = 0;
+}
+
+void eng_set_pause_point(Engine *e, const char *name)
+{
+    pthread_mutex_lock(&e->mu);
+    snprintf(e->pause_at, sizeof e->pause_at, "%s", name);
+    __atomic_store_n(&e->pause_armed, name[0] != 0, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&e->mu);
+}
+
+int eng_pause_wait(Engine *e, uint64_t timeout_ms)
+{
+    pthread_mutex_lock(&e->mu);
+    uint64_t end = now_ns() + timeout_ms * 1000000ull;
+    for (uint64_t t = now_ns(); !e->paused && t < end; t = now_ns())
+        cond_wait_ns(&e->pause_cv, &e->mu, end - t);
+    int r = e->paused;
+    pthread_mutex_unlock(&e->mu);
+    return r;
+}
+
+void eng_pause_release(Engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    e->paused = 0;
+    pthread_cond_broadcast(&e->pause_cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void eng_set_journal_group_max(Engine *e, uint64_t bytes)
+{
+    pthread_mutex_lock(&e->mu);
+    e->jg_max = bytes && bytes < JG_MAX ? bytes : JG_MAX;
+    pthread_mutex_unlock(&e->mu);
+}
+
 /* ---------------------------------------------------------------- add / fence / lac / delete */
 static int key_eq(Ledger *l, const unsigned char *k, uint32_t kl) { return l->keylen == kl && memcmp(l->key, k, kl) == 0; }
 
@@ -209,6 +261,17 @@ int eng_add_entries(Engine *e, AddReq *reqs, size_t n, int *status)
     while (i < n) {
         AddReq *r = &reqs[i];
         Journal *jr = led_journal(e, r->ledger);
+        /* room in the journal's pending group for this entry's records (MASTER_KEY, ADD) first:
+         * a group never exceeds its bound (journal.c j_room), and making room may wait for a
+         * commit (mu released), so it comes before anything is looked up */
+        size_t need = 2 * JR_HDR + 18 + (size_t)r->keylen + 16 + r->len;
+        if (j_group_full(jr, need)) {
+            uint64_t tw0 = now_ns();
+            rc = j_room(jr, need);
+            tlw += now_ns() - tw0;
+            if (rc != E_OK)
+                break;
+        }
         Ledger *l;
         if (led_lookup(e, r->ledger, &l) != E_OK) {
             rc = E_IO;
@@ -313,7 +376,10 @@ int eng_fence(Engine *e, uint64_t ledger, const unsigned char *key, uint32_t key
         return E_CLOSED;
     }
     Ledger *l;
-    int rc = led_lookup(e, ledger, &l);
+    /* (room for the FENCE record first: a group never exceeds its bound, journal.c j_room) */
+    int rc = j_room(led_journal(e, ledger), JR_HDR + 18 + (size_t)keylen);
+    if (rc == E_OK)
+        rc = led_lookup(e, ledger, &l);
     if (rc != E_OK) {
         pthread_mutex_unlock(&e->mu);
         return rc;
@@ -349,7 +415,10 @@ int eng_set_lac(Engine *e, uint64_t ledger, const unsigned char *lac, uint32_t l
 {
     pthread_mutex_lock(&e->mu);
     Ledger *l = NULL;
-    int rc = e->closed ? E_CLOSED : led_lookup(e, ledger, &l);
+    Journal *j = led_journal(e, ledger);
+    int rc = j_room(j, JR_HDR + 8 + (size_t)len); /* (first: a group never exceeds its bound) */
+    if (rc == E_OK)
+        rc = led_lookup_durable(e, ledger, &l);
     if (rc == E_OK && !l)
         rc = E_NOLEDGER;
     if (rc == E_OK) {
@@ -366,7 +435,6 @@ int eng_set_lac(Engine *e, uint64_t ledger, const unsigned char *lac, uint32_t l
             led_dirty(e, l);
             unsigned char h[8];
             put64(h, ledger);
-            Journal *j = led_journal(e, ledger);
             if (j_enqueue(j, JR_LAC, h, 8, lac, len, 0, 0, 0) < 0)
                 rc = E_IO;
             else
@@ -377,20 +445,29 @@ int eng_set_lac(Engine *e, uint64_t ledger, const unsigned char *lac, uint32_t l
     return rc;
 }
 
+/* Delete a ledger; returns once the delete is durable: its own DELETE_LEDGER record synced, or --
+ * when the ledger is already gone -- the one a delete before it queued (a tombstone whose record a
+ * concurrent delete is still waiting for would otherwise let this call return at once, and a kill
+ * -9 before that record's sync would bring the ledger back).  led_lookup_durable waits for that. */
 int eng_delete(Engine *e, uint64_t ledger)
 {
     pthread_mutex_lock(&e->mu);
     Ledger *l = NULL;
-    int rc = e->closed ? E_CLOSED : led_lookup(e, ledger, &l);
+    Journal *j = led_journal(e, ledger);
+    int rc = j_room(j, JR_HDR + 8); /* (first: a group never exceeds its bound) */
+    if (rc == E_OK)
+        rc = led_lookup_durable(e, ledger, &l);
     if (rc == E_OK && l) {
         led_delete(e, l);
         unsigned char h[8];
         put64(h, ledger);
-        Journal *j = led_journal(e, ledger);
-        if (j_enqueue(j, JR_DELETE, h, 8, NULL, 0, 0, 0, 0) < 0)
+        if (j_enqueue(j, JR_DELETE, h, 8, NULL, 0, 0, 0, 0) < 0) {
             rc = E_IO;
-        else
-            rc = j_wait(j, j->j_enq);
+        } else {
+            j->del_seq = j->j_enq; /* lookups that find no ledger wait for this (led_lookup_durable) */
+            pause_point(e, "delete-enqueued");
+            rc = j_wait(j, j->del_seq);
+        }
     }
     pthread_mutex_unlock(&e->mu);
     return rc;
@@ -487,6 +564,8 @@ int eng_open(const EngineConfig *cfg, Engine **out, char *err, size_t errlen)
     pthread_cond_init(&e->cache_cv, NULL);
     pthread_cond_init(&e->ckpt_cv, NULL);
     pthread_cond_init(&e->compact_cv, NULL);
+    pthread_cond_init(&e->pause_cv, NULL);
+    e->jg_max = JG_MAX;
     e->nbuckets = 1024;
     e->buckets = calloc(e->nbuckets, sizeof *e->buckets);
     e->next_inc = 1;
@@ -593,6 +672,7 @@ void eng_close(Engine *e, int do_checkpoint)
     pthread_mutex_lock(&e->mu);
     e->closing = 1; /* a running pass stops at its next chunk */
     pthread_cond_broadcast(&e->compact_cv);
+    pthread_cond_broadcast(&e->pause_cv); /* (a thread held at a test pause point goes on) */
     pthread_mutex_unlock(&e->mu);
     pthread_mutex_lock(&e->compact_mu);
     ckpt_lock_now(e);

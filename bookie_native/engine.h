@@ -114,6 +114,15 @@ typedef struct {
 int eng_read_range(Engine *e, uint64_t ledger, int64_t first, int64_t last, int64_t step, uint64_t max_bytes,
                    unsigned char *buf, size_t bufcap, RangeItem **items, size_t *nitems);
 void eng_set_crash_point(Engine *e, const char *name); /* test hook (checkpoint.c crash_point) */
+/* test hooks (engine.c pause_point): the next thread reaching the named step blocks there until
+ * eng_pause_release; eng_pause_wait waits (at most timeout_ms) until one does, 1 if it did */
+void eng_set_pause_point(Engine *e, const char *name);
+int eng_pause_wait(Engine *e, uint64_t timeout_ms);
+void eng_pause_release(Engine *e);
+void eng_set_journal_group_max(Engine *e, uint64_t bytes); /* test hook: the group bound (0: JG_MAX) */
+/* test hook: allocation n of each later compaction pass fails (0: none); returns how many the last pass made */
+uint32_t eng_set_alloc_fail(Engine *e, uint32_t n);
+int eng_index_put_raw(Engine *e, const unsigned char *k, size_t kl, const unsigned char *v, size_t vl); /* test hook */
 void eng_errclear(void);
 const char *eng_errmsg(void); /* message of this thread's last engine error */
 void eng_lock(Engine *e);

@@ -33,6 +33,7 @@
 #define JG_HDR 24u /* group: "BKSG", u32 len, u32 crc(records), u64 own file offset, u32 crc(file id, bytes 0..20) */
 #define JF_SYNC 1u /* journal header flag: written with fdatasync per group */
 #define J_SECTOR 512u /* the unit a torn write leaves unwritten (file-offset aligned) */
+#define JG_MAX (1u << 30) /* a group's records never exceed this (its length is a u32; journal.c j_room) */
 enum { JR_ADD = 1, JR_MKEY = 2, JR_FENCE = 3, JR_LAC = 4, JR_DELETE = 5 };
 
 #define L_MAGIC "BKSL"
@@ -147,6 +148,8 @@ typedef struct Journal {
     Buf pending, writing;
     uint32_t pending_gcrc; /* crc32c of the records in `pending` (the group checksum, built up) */
     uint64_t j_enq, j_written, j_synced; /* logical byte sequence numbers */
+    uint64_t del_seq; /* j_enq just after the last DELETE_LEDGER record: a lookup that finds no
+                       * ledger waits until it is synced (index.c led_lookup_durable) */
     uint64_t pending_since_ns;
     int j_failed, j_stop, j_waiters;
     int j_busy;     /* a group commit is running (on the journal thread or a waiter's) */
@@ -217,6 +220,14 @@ struct Engine {
     int replay_failed;          /* a replayed record could not be applied (open fails) */
     uint64_t st_converted;      /* entries converted from a format-1 directory at open */
     char crash_at[64];          /* test hook: BKSPARK_STORAGE_CRASH_AT (see crash_point) */
+    /* test hook (engine.c pause_point): the next thread reaching step pause_at blocks there */
+    char pause_at[64];
+    int pause_armed, paused;    /* (pause_armed is read without mu first: atomic) */
+    pthread_cond_t pause_cv;
+    uint64_t jg_max;            /* a journal group's records never exceed this: JG_MAX (a test hook lowers it) */
+    /* test hook (compaction.c c_alloc_fails): allocation number alloc_fail_at of a compaction pass
+     * returns NULL (0: none); alloc_count counts the pass's allocations (compact_mu) */
+    uint32_t alloc_fail_at, alloc_count;
 
     /* write cache */
     Cache cache[2];
@@ -320,10 +331,13 @@ int read_full(int fd, void *buf, size_t len, uint64_t off);
 int fsync_dir(const char *dir);
 int write_atomic(const char *dir, const char *name, const void *data, size_t len);
 void swap_for_flush(Engine *e);
+void pause_point(Engine *e, const char *name); /* test hook; mu held (released while paused) */
+static inline int pause_armed(Engine *e) { return __atomic_load_n(&e->pause_armed, __ATOMIC_ACQUIRE); }
 
 /* ---------------------------------------------------------------- index.c (caller holds mu) */
 Ledger *led_mem(Engine *e, uint64_t id); /* in memory (tombstones included), or NULL */
 int led_lookup(Engine *e, uint64_t id, Ledger **out); /* memory, else the index; *out NULL: no such ledger */
+int led_lookup_durable(Engine *e, uint64_t id, Ledger **out); /* ... NULL only once its delete is durable (may release mu) */
 Ledger *led_create(Engine *e, uint64_t id, uint64_t inc); /* after led_lookup found none; inc 0: a new one */
 void led_delete(Engine *e, Ledger *l);
 void led_dirty(Engine *e, Ledger *l);
@@ -364,6 +378,7 @@ void kvb_del_log(KvBatch *b, uint32_t id);
 void kvb_put_meta(KvBatch *b, const char *name, uint64_t val);
 int kvb_write(Engine *e, KvBatch *b, int sync);
 int kv_sync(Engine *e);
+int kv_put_raw(Engine *e, const unsigned char *k, size_t kl, const unsigned char *v, size_t vl); /* test hook */
 
 /* ---------------------------------------------------------------- wcache.c */
 int cache_put(Cache *c, uint64_t ledger, uint64_t inc, int64_t entry, const unsigned char *body, uint32_t len, uint32_t lcrc, int grow, uint64_t *off);
@@ -378,6 +393,12 @@ void jrec_crcs(uint32_t type, uint32_t plen, uint32_t pcrc, uint32_t *field, uin
 int j_enqueue(Journal *j, uint32_t type, const unsigned char *hdr, size_t hlen, const unsigned char *body, size_t blen, int have_crc, uint32_t field, uint32_t rec);
 int j_enq_add(Journal *j, uint64_t ledger, int64_t entry, const unsigned char *body, uint32_t len, uint32_t field, uint32_t rec);
 int j_enq_keyrec(Journal *j, uint32_t type, Ledger *l);
+/* the pending group holds records and cannot take `need` more bytes of them (mu held; j_room) */
+static inline int j_group_full(const Journal *j, size_t need)
+{
+    return j->pending.len > JG_HDR && j->pending.len - JG_HDR + need > j->e->jg_max;
+}
+int j_room(Journal *j, size_t need); /* wait until the pending group can take `need` more bytes (may release mu) */
 int j_open_file(Journal *j, uint64_t id);
 void cond_wait_ns(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t d);
 void *journal_thread(void *arg);

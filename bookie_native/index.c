@@ -187,6 +187,27 @@ int led_lookup(Engine *e, uint64_t id, Ledger **out)
     return E_OK;
 }
 
+/* led_lookup for a caller that reports the answer: a ledger is reported absent only once its
+ * delete is durable.  A DELETE_LEDGER record not yet synced leaves the ledger a tombstone in memory
+ * -- or already removed from the index, when a flush's batch took the tombstone first -- and a kill
+ * -9 before the record's sync brings the ledger back (replay re-creates it from its records after
+ * the mark).  So when no ledger is found while a DELETE record of its journal is unsynced
+ * (del_seq: the last one queued; an unrelated ledger's delete makes this wait too, which is rare
+ * and short), this waits for that record's sync -- committing it on this thread when no commit
+ * runs -- and looks again.  mu is released while waiting.  A failed journal cannot tell whether
+ * the record reached the disk: then a delete queued since the open makes it E_IO. */
+int led_lookup_durable(Engine *e, uint64_t id, Ledger **out)
+{
+    Journal *j = led_journal(e, id);
+    for (;;) {
+        int rc = led_lookup(e, id, out);
+        if (rc != E_OK || *out || j->del_seq == 0 || (!j->j_failed && j->del_seq <= j->j_synced))
+            return rc;
+        if (j_wait(j, j->del_seq) != E_OK) /* (E_IO at once if the journal has failed) */
+            return E_IO;
+    }
+}
+
 void led_dirty(Engine *e, Ledger *l)
 {
     if (l->dirty)
@@ -371,7 +392,7 @@ void loc_compact(Ledger *l)
 int eng_ledger_info(Engine *e, uint64_t ledger, LedgerInfo *li)
 {
     Ledger *l;
-    int rc = led_lookup(e, ledger, &l);
+    int rc = led_lookup_durable(e, ledger, &l); /* (absent only once its delete is durable) */
     if (rc != E_OK)
         return rc;
     if (!l)
@@ -434,7 +455,7 @@ int eng_ledger_ranges(Engine *e, uint64_t ledger, int64_t **rgp, size_t *nrp)
     Spans a = {0};
     pthread_mutex_lock(&e->mu);
     Ledger *l;
-    int rc = e->closed ? E_CLOSED : led_lookup(e, ledger, &l);
+    int rc = e->closed ? E_CLOSED : led_lookup_durable(e, ledger, &l);
     if (rc == E_OK && !l)
         rc = E_NOLEDGER;
     int disk = 0;
@@ -477,7 +498,24 @@ static int u64cmp(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Every ledger: the index's, plus those only in memory so far, minus tombstones (ascending). */
+/* Every ledger: the index's, plus those only in memory so far, minus tombstones (ascending).
+ * Returns only once every delete it may leave out is durable: a ledger is missing from the list
+ * because of a tombstone or of a batch that removed it from the index, both the work of a delete
+ * queued before the scan ended, so waiting (after the scan) for each journal's last DELETE record
+ * covers them (led_lookup_durable's rule). */
+static int deletes_durable(Engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    int rc = E_OK;
+    for (int k = 0; k < e->njournals && rc == E_OK; k++) {
+        Journal *j = e->jn[k];
+        if (j->del_seq && (j->j_failed || j->del_seq > j->j_synced))
+            rc = j_wait(j, j->del_seq);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return rc;
+}
+
 uint64_t *eng_ledger_ids(Engine *e, size_t *np)
 {
     *np = 0;
@@ -494,7 +532,7 @@ uint64_t *eng_ledger_ids(Engine *e, size_t *np)
                 mem[nm++] = l->id;
         }
     pthread_mutex_unlock(&e->mu);
-    if (!mem || !gone || kv_ledger_ids(e, &ids, &n) < 0) {
+    if (!mem || !gone || kv_ledger_ids(e, &ids, &n) < 0 || deletes_durable(e) != E_OK) {
         free(mem);
         free(gone);
         free(ids);

@@ -59,6 +59,23 @@ int j_enqueue(Journal *j, uint32_t type, const unsigned char *hdr, size_t hlen, 
     return 0;
 }
 
+/* Make room in the pending group for `need` more bytes of records (mu held).  A group's length
+ * is a u32 (README "Journal"), so a group's records never exceed e->jg_max (JG_MAX, 1 GiB; a
+ * record is at most MAX_BODY plus headers, far below): while the pending group holds records and
+ * could not take `need` more, wait until it is committed -- leading the commit when none runs --
+ * and look again.  mu is released meanwhile, so a caller makes room before it looks at any state
+ * it then changes, and enqueues without releasing mu in between.  (A write cache of 8 GiB under
+ * overload used to make one group of over 4 GiB, whose length wrapped: its replay was refused.)
+ * Returns E_OK, E_IO if the journal failed while waiting (the error is set), E_CLOSED. */
+int j_room(Journal *j, size_t need)
+{
+    Engine *e = j->e;
+    while (!e->closed && j_group_full(j, need))
+        if (j_wait(j, j->j_enq) != E_OK)
+            return E_IO;
+    return e->closed ? E_CLOSED : E_OK;
+}
+
 int j_enq_add(Journal *j, uint64_t ledger, int64_t entry, const unsigned char *body, uint32_t len, uint32_t field,
               uint32_t rec)
 {

@@ -328,6 +328,11 @@ static size_t varint_put(unsigned char *p, uint32_t v)
     return n;
 }
 
+/* Decode a location record of `ledger`: 1 if it is a well-formed run, 0 if not.  No writer ever
+ * made a run of more than RUN_MAX entries, and the readers rely on it (kvb_put_locs cuts a run
+ * into a RUN_MAX buffer), so a larger count -- 2^30 - 1 fits the field of a uniform run, whose
+ * value has no per-entry bytes to contradict it -- is malformed, as is a run reaching past the
+ * largest entry id. */
 static int run_decode(const unsigned char *k, size_t kl, const unsigned char *v, size_t vl, uint64_t ledger, Run *r)
 {
     if (kl != KV_EKEY || k[0] != 'E' || unbe64(k + 1) != ledger || vl < RUN_HDR)
@@ -340,7 +345,7 @@ static int run_decode(const unsigned char *k, size_t kl, const unsigned char *v,
     r->off = get64(v + 8);
     r->lens = v + RUN_HDR;
     r->end = v + vl;
-    if (r->count < 1)
+    if (r->count < 1 || r->count > RUN_MAX || r->first < 0 || r->first - 1 > INT64_MAX - (int64_t)r->count)
         return 0;
     if (r->form == RUN_UNIFORM)
         return vl == RUN_HDR + 4;
@@ -398,6 +403,26 @@ static void run_loc(const Run *r, uint32_t i, RunCursor *c, Loc *out)
     out->len = run_len_at(r, c);
 }
 
+/* A location record of `ledger` that run_decode refuses is damage: an error that names it (the
+ * read or batch that meets it fails with EIO -- never "no such entry" for an entry the index
+ * holds, never a record skipped so that a batch's cut or re-point misses it).  Returns -1. */
+static int run_malformed(Engine *e, uint64_t ledger, const unsigned char *k, size_t kl)
+{
+    seterr(e, "ledger index: malformed location record of ledger %llu at entry %lld (corrupt index)",
+           (unsigned long long)ledger, kl == KV_EKEY ? (long long)unbe64(k + 9) : -1LL);
+    return -1;
+}
+
+/* the record at the iterator, one of `ledger`'s (ledger_iter's bounds keep the iterator within
+ * its location records): 1 decoded into *r, -1 malformed (the error is set) */
+static int run_at(Engine *e, rocksdb_iterator_t *it, uint64_t ledger, Run *r)
+{
+    size_t kl, vl;
+    const unsigned char *k = (const unsigned char *)rocksdb_iter_key(it, &kl);
+    const unsigned char *v = (const unsigned char *)rocksdb_iter_value(it, &vl);
+    return run_decode(k, kl, v, vl, ledger, r) ? 1 : run_malformed(e, ledger, k, kl);
+}
+
 /* the last run of `ledger` starting at or before `entry`: 1 (in *r; the iterator is left on it), none
  * (0), error (-1) */
 static int run_before(Engine *e, rocksdb_iterator_t *it, uint64_t ledger, int64_t entry, Run *r)
@@ -407,16 +432,7 @@ static int run_before(Engine *e, rocksdb_iterator_t *it, uint64_t ledger, int64_
     rocksdb_iter_seek_for_prev(it, (const char *)k, sizeof k);
     if (!rocksdb_iter_valid(it))
         return 0;
-    size_t kl, vl;
-    const unsigned char *kk = (const unsigned char *)rocksdb_iter_key(it, &kl);
-    const unsigned char *v = (const unsigned char *)rocksdb_iter_value(it, &vl);
-    if (run_decode(kk, kl, v, vl, ledger, r))
-        return 1;
-    if (kl == KV_EKEY && kk[0] == 'E' && unbe64(kk + 1) == ledger) {
-        seterr(e, "ledger index: malformed location record of ledger %llu", (unsigned long long)ledger);
-        return -1;
-    }
-    return 0;
+    return run_at(e, it, ledger, r);
 }
 
 /* the run covering `entry`: 1 (the iterator is left on it), none (0), error (-1) */
@@ -483,11 +499,10 @@ int kv_scan_locs(Engine *e, uint64_t ledger, int64_t from, int64_t to, int (*cb)
     }
     int stop = rc < 0;
     for (; !stop && rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
-        size_t kl, vl;
-        const unsigned char *k = (const unsigned char *)rocksdb_iter_key(it, &kl);
-        const unsigned char *v = (const unsigned char *)rocksdb_iter_value(it, &vl);
-        if (!run_decode(k, kl, v, vl, ledger, &r))
-            continue;
+        if (run_at(e, it, ledger, &r) < 0) {
+            rc = -1;
+            break;
+        }
         if (r.first > to)
             break;
         RunCursor c;
@@ -514,15 +529,17 @@ int kv_scan_runs(Engine *e, uint64_t ledger, int (*cb)(void *, int64_t, int64_t)
     rocksdb_readoptions_t *ro;
     rocksdb_iterator_t *it = ledger_iter(e, ledger, lo, hi, &ro);
     rocksdb_iter_seek(it, (const char *)lo, sizeof lo);
+    int rc = 0;
     for (; rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
-        size_t kl, vl;
-        const unsigned char *k = (const unsigned char *)rocksdb_iter_key(it, &kl);
-        const unsigned char *v = (const unsigned char *)rocksdb_iter_value(it, &vl);
         Run r;
-        if (run_decode(k, kl, v, vl, ledger, &r) && cb(arg, r.first, r.first + (int64_t)r.count - 1))
+        if (run_at(e, it, ledger, &r) < 0) {
+            rc = -1;
+            break;
+        }
+        if (cb(arg, r.first, r.first + (int64_t)r.count - 1))
             break;
     }
-    return kv_iter_end(e, it, ro);
+    return kv_iter_end(e, it, ro) < 0 ? -1 : rc;
 }
 
 /* append one run record (n locations of one ledger, consecutive entries and records): uniform
@@ -593,14 +610,16 @@ int kvb_put_locs(Engine *e, KvBatch *b, uint64_t ledger, const Loc *v, size_t n,
     if (!keep)
         rc = -1;
     for (; rc >= 0 && rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
-        size_t kl, vl;
+        size_t kl;
         const unsigned char *k = (const unsigned char *)rocksdb_iter_key(it, &kl);
-        const unsigned char *val = (const unsigned char *)rocksdb_iter_value(it, &vl);
-        if (!run_decode(k, kl, val, vl, ledger, &r))
-            continue;
+        if (run_at(e, it, ledger, &r) < 0) {
+            rc = -1;
+            break;
+        }
         if (r.first > v[n - 1].entry)
             break;
-        /* this run meets [v[0], v[n-1]]: cut out the entries v holds */
+        /* this run meets [v[0], v[n-1]]: cut out the entries v holds (at most RUN_MAX, which
+         * run_decode checked: `keep` holds them all) */
         RunCursor c;
         run_cursor(&r, &c);
         size_t nk = 0, cut = 0;
@@ -776,6 +795,24 @@ int kvb_write(Engine *e, KvBatch *b, int sync)
     if (err)
         return kv_fail(e, "write", err), E_IO;
     return E_OK;
+}
+
+/* Test hook (eng_index_put_raw): write one raw record, synced -- a crafted (e.g. malformed)
+ * record for the tests of the index's checks.  Never called by the engine itself. */
+int kv_put_raw(Engine *e, const unsigned char *k, size_t kl, const unsigned char *v, size_t vl)
+{
+    KvBatch *b = kvb_new();
+    if (!b)
+        return E_IO;
+    rocksdb_writebatch_put((rocksdb_writebatch_t *)b, (const char *)k, kl, (const char *)v, vl);
+    int rc = kvb_write(e, b, 1);
+    kvb_free(b);
+    return rc;
+}
+
+int eng_index_put_raw(Engine *e, const unsigned char *k, size_t kl, const unsigned char *v, size_t vl)
+{
+    return kv_put_raw(e, k, kl, v, vl);
 }
 
 /* Make every batch written so far durable (fsync of RocksDB's WAL). */

@@ -534,9 +534,13 @@ static PyObject *query(StoreObject *self, PyObject *arg, int what)
     unsigned char buf[MAX_KEY];
     unsigned char *lac = NULL;
     uint32_t blen = 0;
+    int rc;
     BKS_BEGIN eng_lock(e);
     LedgerInfo li;
-    if (eng_ledger_info(e, lid, &li) == E_OK) {
+    /* (a ledger being deleted is reported absent only once its delete is durable: this may wait
+     * for the journal; an error -- the journal or the index failing -- raises, it is no answer) */
+    rc = eng_ledger_info(e, lid, &li);
+    if (rc == E_OK) {
         found = 1;
         fenced = li.fenced;
         last = li.last;
@@ -554,8 +558,12 @@ static PyObject *query(StoreObject *self, PyObject *arg, int what)
         }
     }
     eng_unlock(e);
-    BKS_END switch (what)
+    BKS_END if (rc != E_OK && rc != E_NOLEDGER)
     {
+        free(lac);
+        return raise_rc(self, rc, "ledger lookup failed");
+    }
+    switch (what) {
     case Q_FENCED:
         return PyBool_FromLong(fenced);
     case Q_HAS:
@@ -935,15 +943,99 @@ static PyObject *Store_set_crash_point(StoreObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* test hooks (engine.c pause_point): set_pause_point(step) -- the next thread reaching the step
+ * blocks there; pause_wait(timeout_s) -> True once one does; pause_release() lets it go on */
+static PyObject *Store_set_pause_point(StoreObject *self, PyObject *arg)
+{
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name || check_open(self) < 0)
+        return NULL;
+    Engine *e = self->e;
+    BKS_BEGIN eng_set_pause_point(e, name);
+    BKS_END Py_RETURN_NONE;
+}
+
+static PyObject *Store_pause_wait(StoreObject *self, PyObject *arg)
+{
+    double t = PyFloat_AsDouble(arg);
+    if ((t == -1.0 && PyErr_Occurred()) || check_open(self) < 0)
+        return NULL;
+    Engine *e = self->e;
+    int r;
+    BKS_BEGIN r = eng_pause_wait(e, t > 0 ? (uint64_t)(t * 1000) : 0);
+    BKS_END return PyBool_FromLong(r);
+}
+
+static PyObject *Store_pause_release(StoreObject *self, PyObject *unused)
+{
+    if (check_open(self) < 0)
+        return NULL;
+    Engine *e = self->e;
+    BKS_BEGIN eng_pause_release(e);
+    BKS_END Py_RETURN_NONE;
+}
+
+/* test hook: set_journal_group_max(bytes) -- the bound on a journal group's records (0: the default) */
+static PyObject *Store_set_journal_group_max(StoreObject *self, PyObject *arg)
+{
+    unsigned long long n = PyLong_AsUnsignedLongLong(arg);
+    if ((n == (unsigned long long)-1 && PyErr_Occurred()) || check_open(self) < 0)
+        return NULL;
+    Engine *e = self->e;
+    BKS_BEGIN eng_set_journal_group_max(e, n);
+    BKS_END Py_RETURN_NONE;
+}
+
+/* test hook: set_alloc_fail(n) -> allocations the last compaction pass made; allocation n of
+ * every later pass fails (0: none) */
+static PyObject *Store_set_alloc_fail(StoreObject *self, PyObject *arg)
+{
+    unsigned long n = PyLong_AsUnsignedLong(arg);
+    if ((n == (unsigned long)-1 && PyErr_Occurred()) || check_open(self) < 0)
+        return NULL;
+    Engine *e = self->e;
+    uint32_t last;
+    BKS_BEGIN last = eng_set_alloc_fail(e, (uint32_t)n);
+    BKS_END return PyLong_FromUnsignedLong(last);
+}
+
+/* test hook: index_put_raw(key, value) -- one raw record into the index (synced) */
+static PyObject *Store_index_put_raw(StoreObject *self, PyObject *args)
+{
+    Py_buffer k, v;
+    if (check_open(self) < 0 || !PyArg_ParseTuple(args, "y*y*", &k, &v))
+        return NULL;
+    Engine *e = self->e;
+    int rc;
+    BKS_BEGIN rc = eng_index_put_raw(e, k.buf, (size_t)k.len, v.buf, (size_t)v.len);
+    BKS_END PyBuffer_Release(&k);
+    PyBuffer_Release(&v);
+    if (rc != E_OK)
+        return raise_rc(self, rc, "index write failed");
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Store_methods[] = {
     {"set_crash_point", (PyCFunction)Store_set_crash_point, METH_O, "test hook: SIGKILL at the named engine step"},
+    {"set_pause_point", (PyCFunction)Store_set_pause_point, METH_O,
+     "test hook: the next thread reaching the named engine step blocks there until pause_release()"},
+    {"pause_wait", (PyCFunction)Store_pause_wait, METH_O,
+     "test hook: pause_wait(timeout_s) -> True once a thread is held at the pause point"},
+    {"pause_release", (PyCFunction)Store_pause_release, METH_NOARGS, "test hook: the held thread goes on"},
+    {"set_journal_group_max", (PyCFunction)Store_set_journal_group_max, METH_O,
+     "test hook: bound a journal group's records to this many bytes (0: the default, 1 GiB)"},
+    {"set_alloc_fail", (PyCFunction)Store_set_alloc_fail, METH_O,
+     "test hook: allocation n of every later compaction pass fails (0: none); returns the last pass's count"},
+    {"index_put_raw", (PyCFunction)Store_index_put_raw, METH_VARARGS,
+     "test hook: index_put_raw(key, value) writes one raw record into the index"},
     {"add_entries", (PyCFunction)Store_add_entries, METH_O, "add a batch; returns list of status codes"},
     {"add_batch", (PyCFunction)Store_add_batch, METH_VARARGS,
      "add_batch(AddBatch bytes, max_entry_bytes) -> (AddBatchResponse bytes, lacs, ok, ok_bytes, failed)"},
     {"fence", (PyCFunction)Store_fence, METH_VARARGS, "fence(ledger, key) -> status"},
     {"is_fenced", (PyCFunction)Store_is_fenced, METH_O, NULL},
     {"master_key", (PyCFunction)Store_master_key, METH_O, NULL},
-    {"has_ledger", (PyCFunction)Store_has_ledger, METH_O, NULL},
+    {"has_ledger", (PyCFunction)Store_has_ledger, METH_O,
+     "has_ledger(ledger) -> bool; False only once its delete is durable (waits for a pending DELETE's sync)"},
     {"last_entry_id", (PyCFunction)Store_last_entry_id, METH_O, NULL},
     {"explicit_lac", (PyCFunction)Store_explicit_lac, METH_O, NULL},
     {"set_explicit_lac", (PyCFunction)Store_set_explicit_lac, METH_VARARGS, NULL},
@@ -952,8 +1044,10 @@ static PyMethodDef Store_methods[] = {
     {"read_range", (PyCFunction)Store_read_range, METH_VARARGS, NULL},
     {"read_range_into", (PyCFunction)Store_read_range_into, METH_VARARGS, NULL},
     {"list_entries", (PyCFunction)Store_list_entries, METH_O, NULL},
-    {"ledgers", (PyCFunction)Store_ledgers, METH_NOARGS, NULL},
-    {"delete_ledger", (PyCFunction)Store_delete_ledger, METH_O, NULL},
+    {"ledgers", (PyCFunction)Store_ledgers, METH_NOARGS,
+     "ledgers() -> ids; a deleted ledger is left out only once its delete is durable"},
+    {"delete_ledger", (PyCFunction)Store_delete_ledger, METH_O,
+     "delete_ledger(ledger): idempotent; returns once the delete (its own DELETE record, or a pending one) is durable"},
     {"force", (PyCFunction)Store_force, METH_NOARGS, NULL},
     {"checkpoint", (PyCFunction)Store_checkpoint, METH_NOARGS, NULL},
     {"compact", (PyCFunction)Store_compact, METH_NOARGS, NULL},

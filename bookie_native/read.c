@@ -201,10 +201,10 @@ static int gather_loc(void *arg, const Loc *lc)
  * write cache holds the newest, the index (for this incarnation, unless a delete is pending) the
  * flushed ones up to flushed_last.  2. Without mu: the index's locations for the range (one
  * iterator).  3. Under mu again: entry by entry, the write cache's copy if it has one (copied out
- * now), else the index's; an entry found in neither though flushed_last covers it was moved by a
- * flush between 2 and 3 (it writes the index before it drops the cache location), and one in a log
- * compaction has just removed was moved by it (index first, log table after): both are looked up
- * again.  4. Without mu: the entry-log reads (the logs are referenced, so compaction cannot close
+ * now), else the index's (step 2's only while the ledger is still step 1's incarnation); an entry
+ * found in neither though flushed_last covers it was moved by a flush between 2 and 3 (it writes
+ * the index before it drops the cache location), and one in a log compaction has just removed was
+ * moved by it (index first, log table after): both are looked up again.  4. Without mu: the entry-log reads (the logs are referenced, so compaction cannot close
  * them under the reader). */
 int eng_read_range(Engine *e, uint64_t ledger, int64_t first, int64_t last, int64_t step, uint64_t max_bytes,
                    unsigned char *buf, size_t bufcap, RangeItem **items, size_t *nitems)
@@ -215,7 +215,7 @@ int eng_read_range(Engine *e, uint64_t ledger, int64_t first, int64_t last, int6
     *nitems = 0;
     pthread_mutex_lock(&e->mu);
     Ledger *l;
-    int rc = e->closed ? E_CLOSED : led_lookup(e, ledger, &l);
+    int rc = e->closed ? E_CLOSED : led_lookup_durable(e, ledger, &l);
     if (rc != E_OK) {
         pthread_mutex_unlock(&e->mu);
         return rc;
@@ -225,6 +225,7 @@ int eng_read_range(Engine *e, uint64_t ledger, int64_t first, int64_t last, int6
         seterr(e, "no such ledger %llu", (unsigned long long)ledger);
         return E_NOLEDGER;
     }
+    uint64_t inc = l->inc; /* the incarnation step 2's locations belong to */
     int64_t flast = l->purge ? -1 : l->flushed_last, clast = l->n ? l->locs[l->n - 1].entry : -1;
     if (first == -1) {
         first = clast > flast ? clast : flast;
@@ -262,13 +263,21 @@ int eng_read_range(Engine *e, uint64_t ledger, int64_t first, int64_t last, int6
         seterr(e, "out of memory reading ledger %llu", (unsigned long long)ledger);
     }
     pthread_mutex_lock(&e->mu);
+    pause_point(e, "read-scanned"); /* (test hook) */
     l = NULL;
     if (rc == E_OK && !e->closed)
-        rc = led_lookup(e, ledger, &l);
+        rc = led_lookup_durable(e, ledger, &l);
     if (rc == E_OK && !l) {
         rc = E_NOLEDGER; /* deleted meanwhile */
         seterr(e, "no such ledger %llu", (unsigned long long)ledger);
     }
+    /* Deleted and re-created since step 1 (a recovery write-back re-creates a ledger): the
+     * locations of step 2 are the old incarnation's -- the index may still hold them, or hold
+     * the new one's by now -- and are dropped, so a read never returns another incarnation's
+     * bytes: this incarnation's entries are in the write cache, or looked up again in the index
+     * below (under mu, where flushed_last and purge say what it holds of this incarnation). */
+    if (rc == E_OK && l->inc != inc)
+        g.n = 0;
     for (int64_t want = first; rc == E_OK && want <= last; want += step) {
         Loc here, *lc = loc_get_hint(l, want, &hint);
         LogFile *lf = NULL;

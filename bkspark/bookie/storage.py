@@ -177,6 +177,25 @@ class Storage:
     def fence(self, ledger_id: int, master_key: bytes) -> int:
         return self._store.fence(ledger_id, bytes(master_key))
 
+    def delete_ledger(self, ledger_id: int) -> None:  # noqa: F811
+        """Delete the ledger (idempotent). Returns once the delete is durable: its DELETE record
+        fdatasync'ed -- or, when the ledger is already gone, the one a concurrent delete queued
+        (that delete may still be waiting for it); a ``kill -9`` after the return never brings
+        the ledger back."""
+        self._store.delete_ledger(ledger_id)
+
+    def has_ledger(self, ledger_id: int) -> bool:  # noqa: F811
+        """Whether the ledger exists. False only once its delete is durable: finding no ledger
+        while a DELETE record of its journal is not yet synced, it waits for that sync (as every
+        "no such ledger" answer does: reads, ``list_entries``, ``is_fenced`` ...). Raises
+        :class:`~bkspark.errors.BookieIOError` if the journal or the index failed."""
+        return self._store.has_ledger(ledger_id)
+
+    def ledgers(self) -> list[int]:  # noqa: F811
+        """Every ledger id, ascending. Leaves a deleted ledger out only once its delete is
+        durable: returns after the DELETE records queued before it finished listing are synced."""
+        return self._store.ledgers()
+
     def read_range(self, ledger_id: int, first: int, last: int, max_bytes: int = 1 << 62,
                    step: int = 1):
         """``[(entry_id, bytes), ...]`` of first, first+step, ... <= last: up to max_bytes (at
