@@ -466,13 +466,14 @@ class BookieService(pb_grpc.BookieServicer):
         if request.ledger_id < 0:
             return pb.ReadLacResponse(status=errors.EBADREQ, ledger_id=request.ledger_id,
                                       message="bad ledger id")
-        if not self.storage.has_ledger(request.ledger_id):
-            return pb.ReadLacResponse(status=errors.ENOLEDGER, ledger_id=request.ledger_id)
-        lac_body = self.storage.explicit_lac(request.ledger_id) or b""
-        try:
-            last = self.storage.read_entry(request.ledger_id, -1)
-        except (errors.NoSuchEntryError, errors.NoSuchLedgerError):
-            last = b""
+        try:            # (an index or journal failure, or a storage being reopened: EIO)
+            if not self.storage.has_ledger(request.ledger_id):
+                return pb.ReadLacResponse(status=errors.ENOLEDGER, ledger_id=request.ledger_id)
+            lac_body = self.storage.explicit_lac(request.ledger_id) or b""
+            try:
+                last = self.storage.read_entry(request.ledger_id, -1)
+            except (errors.NoSuchEntryError, errors.NoSuchLedgerError):
+                last = b""
         except errors.BKError as exc:
             return pb.ReadLacResponse(status=exc.status or errors.EIO, ledger_id=request.ledger_id,
                                       message=str(exc))
@@ -517,9 +518,12 @@ class BookieService(pb_grpc.BookieServicer):
     def ListEntries(self, request, context):
         if request.ledger_id < 0:
             return pb.ListEntriesResponse(status=errors.EBADREQ, message="bad ledger id")
-        if not self.storage.has_ledger(request.ledger_id):
-            return pb.ListEntriesResponse(status=errors.ENOLEDGER)
-        ranges = self.storage.list_entries(request.ledger_id)
+        try:
+            if not self.storage.has_ledger(request.ledger_id):
+                return pb.ListEntriesResponse(status=errors.ENOLEDGER)
+            ranges = self.storage.list_entries(request.ledger_id)
+        except errors.BKError as exc:
+            return pb.ListEntriesResponse(status=exc.status or errors.EIO, message=str(exc))
         return pb.ListEntriesResponse(status=errors.EOK,
                                       ranges=[pb.EntryRange(first=a, last=b) for a, b in ranges])
 
