@@ -5,11 +5,9 @@ nothing.
     python -m bkspark.testing.userfaults.reverts 3 --into /tmp/rev3
     PYTHONPATH=/tmp/rev3 python -m bkspark.testing.userfaults --seed 1 --store sqlite ...
 
-``--into`` makes a copy of the working tree (``git worktree add --detach`` at HEAD, the
-built extension copied in) and applies the patch there; the campaign run from that copy
-(its subprocesses put the copy first on their PYTHONPATH) then runs the defective code.
-Each patch is a list of exact replacements: when the code it reverts changes, applying it
-fails, naming the file (``tests/faults/test_user_campaign.py`` applies each one in memory).
+``--into`` makes a copy of the working tree with the patch applied
+(:func:`bkspark.testing.reverts.make_copy`); the campaign run from that copy runs the defective
+code. ``tests/faults/test_user_campaign.py`` applies each patch in memory.
 
 1. ``stream-skip`` -- the source re-derives a planned batch from a fresh LAC read that
    answers -1 when no bookie answers (the batch is cut, the next one starts past it).
@@ -24,13 +22,9 @@ fails, naming the file (``tests/faults/test_user_campaign.py`` applies each one 
 from __future__ import annotations
 
 import argparse
-import glob
-import os
-import shutil
-import subprocess
 import sys
 
-from bkspark.testing.faults.common import REPO_ROOT
+from bkspark.testing import reverts
 
 PATCHES: dict[int, list[tuple[str, str, str]]] = {
     1: [("bkspark/client/api.py",
@@ -68,35 +62,8 @@ PATCHES: dict[int, list[tuple[str, str, str]]] = {
 
 
 def patched(root: str, fix: int) -> dict[str, str]:
-    """The files fix ``fix``'s revert changes, as patched texts (path -> text).
-
-    :raises ValueError: a replacement no longer matches (the fix's code changed)."""
-    out: dict[str, str] = {}
-    for path, old, new in PATCHES[fix]:
-        if path not in out:
-            with open(os.path.join(root, path)) as f:
-                out[path] = f.read()
-        if out[path].count(old) != 1:
-            raise ValueError(f"revert {fix}: {path} no longer holds the code it reverts "
-                             f"({old.strip().splitlines()[0][:60]!r}); update PATCHES")
-        out[path] = out[path].replace(old, new)
-    return out
-
-
-def make_copy(fix: int, into: str) -> str:
-    """A worktree of HEAD at ``into`` with fix ``fix`` reverted and the extension copied."""
-    if os.path.exists(into):
-        subprocess.run(["git", "-C", REPO_ROOT, "worktree", "remove", "--force", into],
-                       capture_output=True)
-        shutil.rmtree(into, ignore_errors=True)
-    subprocess.run(["git", "-C", REPO_ROOT, "worktree", "add", "--detach", into, "HEAD"],
-                   check=True, capture_output=True)
-    for so in glob.glob(os.path.join(REPO_ROOT, "bkspark", "_native*.so")):
-        shutil.copy2(so, os.path.join(into, "bkspark"))
-    for path, text in patched(into, fix).items():
-        with open(os.path.join(into, path), "w") as f:
-            f.write(text)
-    return into
+    """The files fix ``fix``'s revert changes, as patched texts (:func:`bkspark.testing.reverts.patched`)."""
+    return reverts.patched(PATCHES, root, fix)
 
 
 def main(argv=None) -> int:
@@ -105,7 +72,7 @@ def main(argv=None) -> int:
     p.add_argument("fix", type=int, choices=sorted(PATCHES))
     p.add_argument("--into", required=True)
     a = p.parse_args(argv)
-    print(make_copy(a.fix, a.into))
+    print(reverts.make_copy(PATCHES, a.fix, a.into))
     return 0
 
 
