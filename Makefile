@@ -50,6 +50,9 @@ CHAOS_MULTIHOST_REPORT ?= chaos-multihost.json
 # the user-level campaign (logs, readers, Spark batch and streaming jobs; needs Java)
 CHAOS_USER_SECONDS ?= 600
 CHAOS_USER_REPORT ?= chaos-user.json
+# the disk-fault campaign (the storage engine under injected I/O errors, power losses, kills)
+CHAOS_DISK_RUNS ?= 600
+CHAOS_DISK_REPORT ?= chaos-disk.json
 
 chaos: build
 	$(PYTHON) -m bkspark.testing.faults --seed $(CHAOS_SEED) --duration $(CHAOS_DURATION) \
@@ -59,6 +62,8 @@ chaos: build
 		--duration $(CHAOS_MULTIHOST_SECONDS) --report $(CHAOS_MULTIHOST_REPORT)
 	$(PYTHON) -m bkspark.testing.userfaults --seed $(CHAOS_SEED) --duration $(CHAOS_USER_SECONDS) \
 		--store $(CHAOS_STORE) --quiet --report $(CHAOS_USER_REPORT)
+	$(PYTHON) -m bkspark.testing.diskfaults --seed $(CHAOS_SEED) --runs $(CHAOS_DISK_RUNS) \
+		--quiet --report $(CHAOS_DISK_REPORT)
 
 clean:
 	rm -rf build *.egg-info bkspark/_native*.so
