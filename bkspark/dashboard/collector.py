@@ -132,6 +132,10 @@ class History:
             return sorted(self._series)
 
 
+#: the values of a bookie's ``bookie_dir_state`` gauge
+DIR_STATES = {0: "writable", 1: "full", 2: "failed"}
+
+
 class Collector:
     """Samples the cluster of metadata store ``store`` (and a client ``bk`` for logs; None:
     no logs) into :attr:`history` and :meth:`overview` (module docstring)."""
@@ -250,12 +254,15 @@ class Collector:
         dirs = []
         free_by = {tuple(sorted(lab.items())): v for lab, v in samples.get("bookie_dir_free_bytes", ())}
         size_by = {tuple(sorted(lab.items())): v for lab, v in samples.get("bookie_dir_total_bytes", ())}
+        # a directory's writes: 0 writable, 1 full, 2 failed (bookie_native/README.md "Disk errors")
+        state_by = {tuple(sorted(lab.items())): v for lab, v in samples.get("bookie_dir_state", ())}
         for lab, used in samples.get("bookie_dir_bytes", ()):
             k = tuple(sorted(lab.items()))
             size, free = size_by.get(k), free_by.get(k)
             usage = 1.0 - free / size if size and free is not None else None
+            state = DIR_STATES.get(int(state_by.get(k) or 0), "failed")
             dirs.append({"kind": lab.get("kind"), "dir": lab.get("dir"), "bytes": used,
-                         "free": free, "total": size, "usage": usage})
+                         "free": free, "total": size, "usage": usage, "state": state})
             add(f"{key}/disk_usage/{lab.get('kind')}:{lab.get('dir')}", now, usage)
         doc["dirs"] = dirs
         if prev is None:

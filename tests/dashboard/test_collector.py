@@ -80,3 +80,19 @@ def test_ledger_states_are_counted_a_bounded_chunk_per_sample(tmp_path, monkeypa
         c._count_ledger_states(now=3.0)
         assert c._ledger_states == {"counts": {"CLOSED": 3, "OPEN": 6}, "at": 3.0}
         assert c.history.since(0)["cluster/ledgers/OPEN"] == [[3.0, 6.0]]
+
+
+def test_a_bookie_directory_shows_whether_its_writes_failed():
+    """bookie_dir_state (0 writable, 1 full, 2 failed: the engine's sticky disk errors) is
+    shown per directory beside its usage."""
+    from bkspark.dashboard.collector import Collector
+    text = "".join(
+        f'bookie_dir_bytes{{dir="/d/{d}",kind="{k}"}} 10.0\n'
+        f'bookie_dir_free_bytes{{dir="/d/{d}",kind="{k}"}} 30.0\n'
+        f'bookie_dir_total_bytes{{dir="/d/{d}",kind="{k}"}} 40.0\n'
+        f'bookie_dir_state{{dir="/d/{d}",kind="{k}"}} {s}\n'
+        for d, k, s in (("j", "journal", "0.0"), ("l0", "ledger", "1.0"), ("l1", "ledger", "2.0")))
+    doc: dict = {}
+    Collector(None)._figures("b1", doc, 0.0, parse_metrics(text))
+    assert [(d["dir"], d["state"], d["usage"]) for d in doc["dirs"]] == [
+        ("/d/j", "writable", 0.25), ("/d/l0", "full", 0.25), ("/d/l1", "failed", 0.25)]
