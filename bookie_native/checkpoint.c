@@ -329,7 +329,8 @@ static int index_batch(Engine *e, WItem *w, size_t n)
     if (rc != E_OK) {
         /* sticky: the live-byte counts and the cache may now disagree with the index; the journal
          * covers everything (the mark never moves again), a restart replays it */
-        e->index_failed = 1;
+        if (!e->index_failed)
+            e->index_failed = EIO;
         for (size_t i = 0; i < ns; i++) {
             Ledger *sl = led_mem(e, snap[i].id);
             if (sl)

@@ -399,7 +399,8 @@ int eng_compact(Engine *e, CompactStats *cs)
                 victims[v]->dead = 1;
             }
         } else {
-            e->index_failed = 1; /* (the live counts now disagree with the index: sticky, as a flush's) */
+            if (!e->index_failed) /* (the live counts now disagree with the index: sticky, as a flush's) */
+                e->index_failed = EIO;
             nv = 0;
         }
         pthread_mutex_unlock(&e->mu);

@@ -771,7 +771,7 @@ int eng_dir_error(Engine *e, int kind, int k, const char **path)
         return e->jn[k]->j_failed;
     }
     *path = e->ledger_dirs[k];
-    return e->ldir_err[k] ? e->ldir_err[k] : (k == 0 && e->index_failed ? EIO : 0);
+    return e->ldir_err[k] ? e->ldir_err[k] : (k == 0 ? e->index_failed : 0);
 }
 
 void eng_stats(Engine *e, EngineStats *st)

@@ -216,7 +216,8 @@ struct Engine {
     size_t ndirty, dirtycap;
     uint64_t next_inc;
     uint64_t index_gen;         /* bumped by every index batch (a lookup outside mu re-checks it) */
-    int index_failed;           /* an index write failed: no flush or mark moves again (restart) */
+    int index_failed;           /* an index write or sync failed (its errno): no flush or mark moves
+                                 * again (restart) */
     int replay_failed;          /* a replayed record could not be applied (open fails) */
     uint64_t st_converted;      /* entries converted from a format-1 directory at open */
     char crash_at[64];          /* test hook: BKSPARK_STORAGE_CRASH_AT (see crash_point) */

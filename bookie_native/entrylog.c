@@ -284,6 +284,10 @@ static void pace_wait(Engine *e, Pace *p, uint64_t bytes)
 /* ---------------------------------------------------------------- disk errors (README "Disk errors") */
 void ldir_fail(Engine *e, int dir, int err)
 {
+    /* a limit of the process, not the disk's: nothing was written, so nothing was lost (the
+     * call just fails; the next flush or checkpoint tries again) */
+    if (err == EMFILE || err == ENFILE || err == ENOMEM || err == EINTR || err == EAGAIN)
+        return;
     pthread_mutex_lock(&e->mu);
     if (!e->ldir_err[dir]) {
         e->ldir_err[dir] = err ? err : EIO;
@@ -305,13 +309,12 @@ int ldir_check(Engine *e, const char *what)
 }
 
 /* A write, writeback or sync of entry log `lf` failed (errno): the error and its directory's
- * failure.  Out of memory is not the disk's (the caller's flush just fails, to be retried). */
+ * failure (ldir_fail: not for a process limit such as out of memory -- the flush is retried). */
 static void log_write_failed(Engine *e, LogFile *lf, const char *what)
 {
     int err = errno;
     seterr(e, "entry log %x in %s: %s failed: %s", lf->id, e->ledger_dirs[lf->dir], what, strerror(err));
-    if (err != ENOMEM)
-        ldir_fail(e, lf->dir, err);
+    ldir_fail(e, lf->dir, err);
     errno = err;
 }
 

@@ -24,11 +24,15 @@ typedef struct {
     long after, times, seen, fired;
 } Rule;
 
-/* a file's bytes written since its last successful fdatasync/fsync: sorted, disjoint ranges */
+/* a file's bytes written since its last successful fdatasync/fsync: sorted, disjoint ranges; and
+ * its writeback errors as Linux keeps them (errseq): a counter, each descriptor remembering the
+ * count it has reported (taken at open), so every descriptor open at a failure sees it once */
 typedef struct Unsynced {
     char *path;
     uint64_t *lo, *hi;
     size_t n, cap;
+    long err_seq;
+    int err;
     struct Unsynced *next;
 } Unsynced;
 
@@ -42,9 +46,13 @@ static int nrules;
 static long fired[IOF_NOPS];
 static long lost_bytes;
 static Unsynced *files;
-/* the path each descriptor names (kept armed or not: a test arms the layer after the engine opened) */
+/* the path each descriptor names (kept armed or not: a test arms the layer after the engine opened),
+ * and the writeback errors of its file it has reported (errseq, above) */
 static char **fd_paths;
+static long *fd_seen;
 static size_t nfd_paths;
+
+static Unsynced *unsynced_of(const char *path, int create);
 
 static void set_armed(void) { __atomic_store_n(&armed, nrules > 0 || tracking, __ATOMIC_RELEASE); }
 static int is_armed(void) { return __atomic_load_n(&armed, __ATOMIC_RELAXED); }
@@ -59,15 +67,22 @@ static void remember_fd(int fd, const char *path)
         while (n <= (size_t)fd)
             n *= 2;
         char **p = realloc(fd_paths, n * sizeof *p);
-        if (p) {
-            memset(p + nfd_paths, 0, (n - nfd_paths) * sizeof *p);
+        if (p)
             fd_paths = p;
+        long *q = p ? realloc(fd_seen, n * sizeof *q) : NULL;
+        if (q)
+            fd_seen = q;
+        if (p && q) {
+            memset(p + nfd_paths, 0, (n - nfd_paths) * sizeof *p);
+            memset(q + nfd_paths, 0, (n - nfd_paths) * sizeof *q);
             nfd_paths = n;
         }
     }
     if ((size_t)fd < nfd_paths) {
         free(fd_paths[fd]);
         fd_paths[fd] = strdup(path);
+        Unsynced *u = unsynced_of(path, 0);
+        fd_seen[fd] = u ? u->err_seq : 0; /* (a descriptor opened after a failure does not see it) */
     }
     pthread_mutex_unlock(&mu);
 }
@@ -194,11 +209,53 @@ static void lose(const char *path, uint64_t lo, uint64_t hi)
     }
 }
 
-static void synced(const char *path) /* mu held */
+/* A sync succeeded: forget the unsynced ranges it covered -- those of `snap` (taken before it
+ * began; a write racing the sync, such as a journal group beside the zeroer's sync, stays) (mu held). */
+static void synced(const char *path, const uint64_t *slo, const uint64_t *shi, size_t sn)
 {
     Unsynced *u = unsynced_of(path, 0);
-    if (u)
-        u->n = 0;
+    if (!u)
+        return;
+    for (size_t k = 0; k < sn; k++) {
+        size_t m = 0;
+        uint64_t *nlo = malloc((u->n * 2 + 1) * sizeof *nlo), *nhi = malloc((u->n * 2 + 1) * sizeof *nhi);
+        if (!nlo || !nhi) {
+            free(nlo);
+            free(nhi);
+            return;
+        }
+        for (size_t i = 0; i < u->n; i++) { /* u[i] minus [slo[k], shi[k]) */
+            if (u->hi[i] <= slo[k] || u->lo[i] >= shi[k]) {
+                nlo[m] = u->lo[i];
+                nhi[m++] = u->hi[i];
+                continue;
+            }
+            if (u->lo[i] < slo[k]) {
+                nlo[m] = u->lo[i];
+                nhi[m++] = slo[k];
+            }
+            if (u->hi[i] > shi[k]) {
+                nlo[m] = shi[k];
+                nhi[m++] = u->hi[i];
+            }
+        }
+        free(u->lo);
+        free(u->hi);
+        u->lo = nlo;
+        u->hi = nhi;
+        u->n = m;
+        u->cap = u->n * 2 + 1;
+    }
+}
+
+/* A writeback error of the file this descriptor has not reported yet (errseq): its errno, or 0 (mu held). */
+static int unseen_error(int fd, const char *path)
+{
+    Unsynced *u = unsynced_of(path, 0);
+    if (!u || fd < 0 || (size_t)fd >= nfd_paths || fd_seen[fd] >= u->err_seq)
+        return 0;
+    fd_seen[fd] = u->err_seq;
+    return u->err;
 }
 
 /* ---------------------------------------------------------------- the wrappers */
@@ -323,17 +380,29 @@ ssize_t bks_io_pread(int fd, void *buf, size_t n, off_t off)
     return pread(fd, buf, n, off);
 }
 
-/* A writeback or sync the layer fails: -1 with errno, after losing what `lose` says (mu taken). */
+/* A writeback or sync the layer fails: -1 with errno, after losing what `lose` says -- and
+ * recording the error for the file's other descriptors (errseq); or one of those reporting an
+ * error another descriptor's writeback met (mu taken). */
 static int sync_fault(int op, int fd, uint64_t lo, uint64_t hi)
 {
     pthread_mutex_lock(&mu);
     const char *path = fd_path(fd);
     Rule *r = match(op, path);
     int err = r ? r->err : 0;
-    if (r && r->lose)
+    if (r && r->lose) {
         lose(path, lo, hi);
+        Unsynced *u = unsynced_of(path, 1);
+        if (u) {
+            u->err_seq++;
+            u->err = err;
+            if (fd >= 0 && (size_t)fd < nfd_paths)
+                fd_seen[fd] = u->err_seq; /* (reported here) */
+        }
+    } else if (!r) {
+        err = unseen_error(fd, path);
+    }
     pthread_mutex_unlock(&mu);
-    if (!r)
+    if (!err)
         return 0;
     errno = err;
     return -1;
@@ -352,17 +421,25 @@ static int a_sync(int fd, int data_only)
         return data_only ? fdatasync(fd) : fsync(fd);
     if (sync_fault(IOF_SYNC, fd, 0, UINT64_MAX) < 0)
         return -1;
-    /* a success forgets every unsynced byte of the file, also one a write racing the sync added
-     * (the engine never writes a file while it syncs it, except the journal's zeroer: zeros) */
+    /* what this sync covers: the bytes unsynced when it began */
     pthread_mutex_lock(&mu);
     char *path = strdup(fd_path(fd));
+    Unsynced *u = path ? unsynced_of(path, 0) : NULL;
+    size_t sn = u ? u->n : 0;
+    uint64_t *slo = malloc((sn + 1) * sizeof *slo), *shi = malloc((sn + 1) * sizeof *shi);
+    if (slo && shi && sn) {
+        memcpy(slo, u->lo, sn * sizeof *slo);
+        memcpy(shi, u->hi, sn * sizeof *shi);
+    }
     pthread_mutex_unlock(&mu);
     int r = data_only ? fdatasync(fd) : fsync(fd);
-    if (r == 0 && path) {
+    if (r == 0 && path && slo && shi) {
         pthread_mutex_lock(&mu);
-        synced(path);
+        synced(path, slo, shi, sn);
         pthread_mutex_unlock(&mu);
     }
+    free(slo);
+    free(shi);
     free(path);
     return r;
 }

@@ -10,9 +10,11 @@
  *     after `after` matching calls, `times` times (-1: until cleared); a write rule may instead write
  *     only part of the bytes (a short write, which is not an error);
  *   - a failed writeback (sync_file_range, fdatasync, fsync) with `lose` set loses the file's unsynced
- *     bytes in that range, as Linux does: the pages are marked clean, the error is reported once per
- *     descriptor, and the disk keeps what it had -- the layer writes zeros over them (so reads see
- *     the loss too) and forgets them, so a later fdatasync succeeds as the kernel's would;
+ *     bytes in that range, as Linux does: the pages are marked clean, the error is reported once to
+ *     each descriptor open on the file (errseq: the next sync of every other one fails too, then
+ *     succeeds), and the disk keeps what it had -- the layer writes zeros over them (so reads see
+ *     the loss too) and forgets them.  `lose` needs tracking on (bks_iof_track) from before the
+ *     writes;
  *   - with tracking on, bks_iof_crash() drops every byte written since its file's last successful
  *     fdatasync/fsync (zeros again) and SIGKILLs the process: a power loss, not just a kill -9
  *     (which keeps the page cache).  Limits: a rename or a file creation is durable when it returns

@@ -58,6 +58,17 @@ static void gkey(unsigned char k[5], uint32_t id)
     k[4] = (unsigned char)id;
 }
 
+/* A write or sync of the index failed: sticky (index_failed holds the errno, counted for
+ * ledger_dirs[0], which holds the index: README "Disk errors"); RocksDB says why only in words. */
+static void kv_write_failed(Engine *e, const char *err)
+{
+    int code = err && strstr(err, "No space left") ? ENOSPC : err && strstr(err, "quota") ? EDQUOT : EIO;
+    pthread_mutex_lock(&e->mu);
+    if (!e->index_failed)
+        e->index_failed = code;
+    pthread_mutex_unlock(&e->mu);
+}
+
 static int kv_fail(Engine *e, const char *what, char *err)
 {
     seterr(e, "ledger index (RocksDB) %s failed: %s", what, err ? err : "unknown error");
@@ -792,8 +803,10 @@ int kvb_write(Engine *e, KvBatch *b, int sync)
 {
     char *err = NULL;
     rocksdb_write(e->kv->db, sync ? e->kv->wo_sync : e->kv->wo, (rocksdb_writebatch_t *)b, &err);
-    if (err)
+    if (err) {
+        kv_write_failed(e, err);
         return kv_fail(e, "write", err), E_IO;
+    }
     return E_OK;
 }
 
@@ -820,7 +833,9 @@ int kv_sync(Engine *e)
 {
     char *err = NULL;
     rocksdb_flush_wal(e->kv->db, 1, &err);
-    if (err)
+    if (err) {
+        kv_write_failed(e, err);
         return kv_fail(e, "sync", err), E_IO;
+    }
     return E_OK;
 }

@@ -66,6 +66,29 @@ class BookieState:
         return 1.0 - free / total if total else 0.0
 
 
+PROBE_BYTES = 4 << 20
+
+
+def _probe_writable(directory: str) -> str | None:
+    """Why ``directory`` cannot take a write now (a file of :data:`PROBE_BYTES` written, synced
+    and removed), or None. A full directory's storage is reopened only after this succeeds:
+    a thin-provisioned device can be out of space while its file system shows room."""
+    path = os.path.join(directory, ".bkspark-space-probe")
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o600)
+        try:
+            block = b"\0" * (1 << 20)
+            for i in range(PROBE_BYTES // len(block)):
+                os.pwrite(fd, block, i * len(block))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            os.unlink(path)
+    except OSError as exc:
+        return f"{directory}: {exc.strerror}"
+    return None
+
+
 def storage_config(config: BookieConfig) -> StorageConfig:
     return StorageConfig(
         journal_dir=config.journal_dir, journal_dirs=list(config.journal_dirs), ledger_dirs=list(config.ledger_dirs),
@@ -319,11 +342,18 @@ class BookieServer:
         if (not all(e.full for e in found) or usage >= self.config.disk_usage_lwm
                 or time.monotonic() < self._reopen_at):
             return
-        log.info("disk usage %.3f below %.3f: reopening the storage (journal replay) to become "
-                 "writable again", usage, self.config.disk_usage_lwm)
         interval = self.config.disk_check_interval_s
         self._reopen_delay = min(64 * interval, max(2 * interval, 2 * self._reopen_delay))
         self._reopen_at = time.monotonic() + self._reopen_delay
+        refused = [why for e in found if (why := _probe_writable(e.path))]
+        if refused:                     # (closing the storage now would only stop its reads)
+            log.info("not reopening the storage yet (retried in %.1f s): %s",
+                     self._reopen_delay, "; ".join(refused))
+            return
+        if self._stop.is_set():
+            return
+        log.info("disk usage %.3f below %.3f: reopening the storage (journal replay) to become "
+                 "writable again", usage, self.config.disk_usage_lwm)
         checkpointed = False
         try:
             self._reopen_failed = True

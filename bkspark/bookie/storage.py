@@ -117,6 +117,7 @@ class Storage:
                         "entries can be lost on a crash")
         self.config = config
         self._close_lock = threading.Lock()
+        self._closed = False
         self._open()
 
     def _open(self) -> None:
@@ -234,13 +235,17 @@ class Storage:
         checkpoint into fresh entry logs, so whatever a failed write lost is written again, and
         :meth:`disk_errors` starts empty (an error comes back if the disk still fails). Calls
         made meanwhile fail (BookieIOError: closed); the bookie is read-only while it runs.
-        Raises BookieIOError when the engine cannot open (the storage then stays closed)."""
+        Raises BookieIOError when the engine cannot open (the storage then stays closed, and
+        a later reopen tries again), or when :meth:`close` was called (never reopened then)."""
         with self._close_lock:
+            if self._closed:
+                raise BookieIOError("storage is closed (the bookie is stopping): not reopened")
             self._store.close(checkpoint=False)
             self._open()
 
     def close(self) -> None:
         with self._close_lock:
+            self._closed = True
             self._store.close()
 
     def __enter__(self):

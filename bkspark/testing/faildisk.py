@@ -1,7 +1,8 @@
 """A real block device that fails writes, for tests of a bookie's disk errors (issue 46).
 
 An ext4 file system without a journal on a loop device whose backing file is sparse on a small
-tmpfs: the file system believes it has ``size_mb``, the tmpfs holds ``backing_mb``. Once the
+tmpfs: the file system believes it has ``size_mb``, the tmpfs holds ``backing_mb`` (its
+metadata blocks all written at creation, so that only data written to fresh blocks fails). Once the
 tmpfs is full (:meth:`FailingDevice.starve` fills it), the loop device fails the writes of
 blocks it never stored -- at writeback, after ``write()`` returned: the kernel marks the pages
 clean, logs "potential data loss" and reports ``EIO`` once per open file (to
@@ -53,7 +54,12 @@ class FailingDevice:
             with open(self.image, "wb") as f:
                 f.truncate(size_mb << 20)
             self.loop = _run("losetup", "--find", "--show", self.image)
-            _run("mkfs.ext4", "-q", "-F", "-O", "^has_journal", self.loop)
+            # every metadata block written now (no lazy init): later writes to it are rewrites
+            # of stored blocks and succeed, so only data written to fresh blocks fails -- a
+            # failed metadata write would lose data fdatasync had already confirmed, and the
+            # tests' oracle would blame the engine for the device
+            _run("mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-N", "1024", "-E",
+                 "lazy_itable_init=0,lazy_journal_init=0,nodiscard", self.loop)
             self._mount()
         except BaseException:
             self.close()

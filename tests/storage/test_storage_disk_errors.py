@@ -192,3 +192,72 @@ def test_a_real_device_that_fails_writeback_loses_nothing_acknowledged(tmp_path)
             assert unreadable(s, 1, range(28)) == []
             s.checkpoint()
             assert s.disk_errors() == []
+
+
+def test_a_closed_storage_is_never_reopened(tmp_path):
+    """A bookie stopping closes its storage while the disk monitor may be about to reopen it:
+    the reopen must refuse (else the directories stay locked by a storage nobody closes)."""
+    s = Storage(cfg(str(tmp_path)))
+    add(s, 1, range(2))
+    s.reopen()
+    assert unreadable(s, 1, range(2)) == []
+    s.close()
+    with pytest.raises(errors.BookieIOError, match="not reopened"):
+        s.reopen()
+    with Storage(cfg(str(tmp_path))) as again:          # (the directories are free)
+        assert unreadable(again, 1, range(2)) == []
+
+
+def test_a_process_limit_is_not_a_failed_disk(tmp_path, faults):
+    """Too many open files when an entry log is created: the flush fails and is retried, the
+    directory is not failed (nothing was written, nothing lost)."""
+    s = Storage(cfg(str(tmp_path)))
+    try:
+        add(s, 1, range(4))
+        faults.io_fault("open", ".log", errno.EMFILE, times=1)
+        with pytest.raises(errors.BookieIOError):
+            s.checkpoint()
+        assert s.disk_errors() == []
+        s.checkpoint()
+        assert unreadable(s, 1, range(4)) == []
+    finally:
+        s.close()
+
+
+def test_a_failed_index_write_is_sticky_and_says_full(tmp_path):
+    """The ledger index (RocksDB, in ledger_dirs[0]/index) on a device that is out of space: its
+    failed sync is a disk error of ledger_dirs[0] -- full, so the bookie can reopen once space is
+    back -- and no checkpoint moves the mark past what it did not sync."""
+    from bkspark.testing import faildisk
+    from metadata.testing import skip_or_fail
+    why = faildisk.unavailable()
+    if why:
+        skip_or_fail(f"real failing device: {why}")
+    with faildisk.FailingDevice(size_mb=256, backing_mb=12) as dev:
+        conf = cfg(str(tmp_path), write_cache_bytes=32 << 20)
+        os.makedirs(conf.ledger_dirs[0])
+        os.makedirs(os.path.join(dev.mountpoint, "index"))
+        os.symlink(os.path.join(dev.mountpoint, "index"), os.path.join(conf.ledger_dirs[0], "index"))
+        s = Storage(conf)
+        try:
+            add(s, 1, range(4))
+            s.checkpoint()
+            dev.starve(leave_bytes=64 << 10)
+            for r in range(50):                         # index batches until one fails
+                assert s.add_entries([(10_000 + r * 2000 + k, 0, b"k", False, b"x")
+                                      for k in range(2000)]) == [0] * 2000
+                try:
+                    s.checkpoint()
+                except errors.BookieIOError:
+                    break
+            else:
+                pytest.fail("no index write failed")
+            mark = s.last_log_mark()
+            (failure,) = s.disk_errors()
+            assert failure.path == conf.ledger_dirs[0] and failure.full, failure
+            dev.feed()
+            with pytest.raises(errors.BookieIOError):
+                s.checkpoint()
+            assert s.last_log_mark() == mark
+        finally:
+            s._store.close(checkpoint=False)

@@ -22,6 +22,12 @@ After each run the checker (this process, no faults) opens the storage and repor
 * ``hung`` -- a run did not finish within its time; and whatever a worker reported while
   running (``V`` lines: a read that answered wrong bytes or "no such entry").
 
+Limit: the ledger index (RocksDB) does its own I/O, outside the fault layer: its files take no
+injected fault and a power loss keeps what it wrote unsynced, so a checkpoint that moved the
+mark without syncing the index would go unseen here (``tests/storage/test_storage_index.py``'s
+crash points and the real-device test ``test_a_failed_index_write_is_sticky_and_says_full``
+cover the index's ordering and failures).
+
 Replay one run: ``python -m bkspark.testing.diskfaults --seed S --runs 1 --first RUN``; the same
 directory state needs the runs before it (``--runs RUN+1``).
 """
@@ -196,11 +202,10 @@ def run_campaign(seed: int, runs: int, workdir: str | None = None, keep: bool = 
             elif ln[0] == "V":
                 violation(ln.split()[1], detail=ln)
             elif ln[0] == "E":
-                violation("refused-start", error=ln[2:400])
+                endings["open-failed-under-faults"] += 1
             else:
                 acked.take(ln)
-        if not opened and status != -signal.SIGKILL and not any(
-                v["run"] == i and v["kind"] == "refused-start" for v in violations):
+        if not opened and status not in (-signal.SIGKILL, 3):
             violation("worker-failed", status=status, stderr=err[-800:])
         n = check(d, acked, violation, rnd)
         if verbose:
