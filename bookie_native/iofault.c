@@ -258,6 +258,16 @@ static int unseen_error(int fd, const char *path)
     return u->err;
 }
 
+/* The errno a rule fails this call of `op` on `path` (fd < 0) or on descriptor `fd` with, 0 if none. */
+static int call_fault(int op, const char *path, int fd)
+{
+    pthread_mutex_lock(&mu);
+    Rule *r = match(op, fd >= 0 ? fd_path(fd) : path);
+    int err = r ? r->err : 0;
+    pthread_mutex_unlock(&mu);
+    return err;
+}
+
 /* ---------------------------------------------------------------- the wrappers */
 int bks_io_open(const char *path, int flags, ...)
 {
@@ -268,14 +278,10 @@ int bks_io_open(const char *path, int flags, ...)
         mode = (mode_t)va_arg(ap, int);
         va_end(ap);
     }
-    if (is_armed()) {
-        pthread_mutex_lock(&mu);
-        Rule *r = match(IOF_OPEN, path);
-        pthread_mutex_unlock(&mu);
-        if (r) {
-            errno = r->err;
-            return -1;
-        }
+    int err = is_armed() ? call_fault(IOF_OPEN, path, -1) : 0;
+    if (err) {
+        errno = err;
+        return -1;
     }
     int fd = open(path, flags, mode);
     remember_fd(fd, path);
@@ -368,14 +374,10 @@ ssize_t bks_io_pwritev(int fd, const struct iovec *v, int iovcnt, off_t off)
 
 ssize_t bks_io_pread(int fd, void *buf, size_t n, off_t off)
 {
-    if (is_armed()) {
-        pthread_mutex_lock(&mu);
-        Rule *r = match(IOF_READ, fd_path(fd));
-        pthread_mutex_unlock(&mu);
-        if (r) {
-            errno = r->err;
-            return -1;
-        }
+    int err = is_armed() ? call_fault(IOF_READ, NULL, fd) : 0;
+    if (err) {
+        errno = err;
+        return -1;
     }
     return pread(fd, buf, n, off);
 }
@@ -449,29 +451,17 @@ int bks_io_fsync(int fd) { return a_sync(fd, 0); }
 
 int bks_io_rename(const char *from, const char *to)
 {
-    if (is_armed()) {
-        pthread_mutex_lock(&mu);
-        Rule *r = match(IOF_RENAME, to);
-        pthread_mutex_unlock(&mu);
-        if (r) {
-            errno = r->err;
-            return -1;
-        }
+    int err = is_armed() ? call_fault(IOF_RENAME, to, -1) : 0;
+    if (err) {
+        errno = err;
+        return -1;
     }
     return rename(from, to);
 }
 
-static int fallocate_fault(int fd)
-{
-    pthread_mutex_lock(&mu);
-    Rule *r = match(IOF_FALLOCATE, fd_path(fd));
-    pthread_mutex_unlock(&mu);
-    return r ? r->err : 0;
-}
-
 int bks_io_fallocate(int fd, int mode, off_t off, off_t len)
 {
-    int err = is_armed() ? fallocate_fault(fd) : 0;
+    int err = is_armed() ? call_fault(IOF_FALLOCATE, NULL, fd) : 0;
     if (err) {
         errno = err;
         return -1;
@@ -481,7 +471,7 @@ int bks_io_fallocate(int fd, int mode, off_t off, off_t len)
 
 int bks_io_posix_fallocate(int fd, off_t off, off_t len)
 {
-    int err = is_armed() ? fallocate_fault(fd) : 0;
+    int err = is_armed() ? call_fault(IOF_FALLOCATE, NULL, fd) : 0;
     return err ? err : posix_fallocate(fd, off, len);
 }
 

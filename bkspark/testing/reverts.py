@@ -11,6 +11,7 @@ on their path) runs the defective code.
 """
 from __future__ import annotations
 
+import argparse
 import glob
 import os
 import shutil
@@ -57,3 +58,14 @@ def make_copy(patches: dict[int, Patch], fix: int, into: str) -> str:
         for so in glob.glob(os.path.join(REPO_ROOT, "bkspark", "_native*.so")):
             shutil.copy2(so, os.path.join(into, "bkspark"))
     return into
+
+
+def main(patches: dict[int, Patch], prog: str, issue: str, argv=None) -> int:
+    """``prog FIX --into DIR``: print the copy made by :func:`make_copy`."""
+    p = argparse.ArgumentParser(prog=prog,
+                                description=f"a copy of the tree with one fix of {issue} reverted")
+    p.add_argument("fix", type=int, choices=sorted(patches))
+    p.add_argument("--into", required=True)
+    a = p.parse_args(argv)
+    print(make_copy(patches, a.fix, a.into))
+    return 0

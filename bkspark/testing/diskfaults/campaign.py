@@ -48,7 +48,7 @@ import time
 
 from bkspark import errors
 
-from .worker import body_for, config, lac_for, schedule
+from .worker import body_for, config, schedule
 
 RUN_TIMEOUT_S = 90.0
 

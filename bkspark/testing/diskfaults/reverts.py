@@ -10,7 +10,6 @@
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 from bkspark.testing import reverts
@@ -25,13 +24,7 @@ PATCHES: dict[int, reverts.Patch] = {
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bkspark.testing.diskfaults.reverts",
-                                description="a copy of the tree with a fix of issue 46 reverted")
-    p.add_argument("fix", type=int, choices=sorted(PATCHES))
-    p.add_argument("--into", required=True)
-    a = p.parse_args(argv)
-    print(reverts.make_copy(PATCHES, a.fix, a.into))
-    return 0
+    return reverts.main(PATCHES, "python -m bkspark.testing.diskfaults.reverts", "issue 46", argv)
 
 
 if __name__ == "__main__":

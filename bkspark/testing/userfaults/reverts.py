@@ -21,7 +21,6 @@ code. ``tests/faults/test_user_campaign.py`` applies each patch in memory.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 from bkspark.testing import reverts
@@ -67,13 +66,7 @@ def patched(root: str, fix: int) -> dict[str, str]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bkspark.testing.userfaults.reverts",
-                                description="a copy of the tree with one fix of issue 45 reverted")
-    p.add_argument("fix", type=int, choices=sorted(PATCHES))
-    p.add_argument("--into", required=True)
-    a = p.parse_args(argv)
-    print(reverts.make_copy(PATCHES, a.fix, a.into))
-    return 0
+    return reverts.main(PATCHES, "python -m bkspark.testing.userfaults.reverts", "issue 45", argv)
 
 
 if __name__ == "__main__":
