@@ -86,9 +86,11 @@ static LogFile *log_create(Engine *e, uint32_t id, int dir)
     lf->idx_size = I_HDR;
     log_open_direct(e, lf, p);
     return lf;
-fail_io:
-    seterr(e, "cannot write entry log %s: %s", p, strerror(errno));
-    ldir_fail(e, dir, errno);
+fail_io: {
+    int err = errno;
+    seterr(e, "cannot write entry log %s: %s", p, strerror(err));
+    ldir_fail(e, dir, err);
+}
 fail:
     if (lf->fd >= 0)
         close(lf->fd);
