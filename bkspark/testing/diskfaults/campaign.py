@@ -1,7 +1,8 @@
 """The disk-fault campaign (issue 46): the storage engine under injected I/O errors, with a
 checker. ``python -m bkspark.testing.diskfaults --seed S --runs N [--report r.json]``.
 
-Runs one after another on one set of directories (two journals, two ledger directories); each
+Runs one after another on a set of directories (two journals, two ledger directories; a new
+set every :data:`RUNS_PER_DIRECTORY` runs); each
 is a :mod:`worker <bkspark.testing.diskfaults.worker>` process that opens the storage (replaying
 the previous run's end), arms the fault rules its seed gives -- EIO or ENOSPC on open, write,
 ``sync_file_range``, fdatasync/fsync, rename, fallocate or read, short writes, a failed writeback
@@ -51,6 +52,9 @@ from bkspark import errors
 from .worker import body_for, config, schedule
 
 RUN_TIMEOUT_S = 90.0
+#: runs on one set of directories before the next set starts (the checker re-reads everything
+#: acknowledged on a set after each of its runs: the cost of a run stays bounded)
+RUNS_PER_DIRECTORY = 25
 
 
 class Acked:
@@ -212,12 +216,15 @@ def run_campaign(seed: int, runs: int, workdir: str | None = None, keep: bool = 
             print(f"run {i} seed={run_seed} end={plan['end']} rules={len(plan['rules'])} "
                   f"acks={sum(1 for ln in lines if ln[:1] in 'AFXD')} checked={max(n, 0)}",
                   flush=True)
-        if n < 0:                       # a directory that does not open: go on in a fresh one
+        if n >= 0:
+            checked_total += n
+        if n < 0 or (i - first + 1) % RUNS_PER_DIRECTORY == 0:
+            # (a directory that does not open is kept for a look; the others go)
+            if n >= 0 and not violations and not keep:
+                shutil.rmtree(d, ignore_errors=True)
             session += 1
             d = os.path.join(base, f"s{session}")
             acked = Acked()
-        else:
-            checked_total += n
     by_kind = collections.Counter(v["kind"] for v in violations)
     report = {"seed": seed, "runs": done, "first": first, "faults": dict(sorted(faults.items())),
               "faults_total": sum(faults.values()), "endings": dict(endings),
