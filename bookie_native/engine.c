@@ -416,7 +416,7 @@ int eng_set_lac(Engine *e, uint64_t ledger, const unsigned char *lac, uint32_t l
     pthread_mutex_lock(&e->mu);
     Ledger *l = NULL;
     Journal *j = led_journal(e, ledger);
-    int rc = j_room(j, JR_HDR + 8 + (size_t)len); /* (first: a group never exceeds its bound) */
+    int rc = e->closed ? E_CLOSED : j_room(j, JR_HDR + 8 + (size_t)len); /* (first: a group never exceeds its bound) */
     if (rc == E_OK)
         rc = led_lookup_durable(e, ledger, &l);
     if (rc == E_OK && !l)
@@ -454,7 +454,7 @@ int eng_delete(Engine *e, uint64_t ledger)
     pthread_mutex_lock(&e->mu);
     Ledger *l = NULL;
     Journal *j = led_journal(e, ledger);
-    int rc = j_room(j, JR_HDR + 8); /* (first: a group never exceeds its bound) */
+    int rc = e->closed ? E_CLOSED : j_room(j, JR_HDR + 8); /* (first: a group never exceeds its bound) */
     if (rc == E_OK)
         rc = led_lookup_durable(e, ledger, &l);
     if (rc == E_OK && l) {
