@@ -27,6 +27,8 @@ BOOKIE_ARGS = ["--write-cache-mb", "2", "--checkpoint-interval-s", "2",
 SITEHOOK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sitehook")
 NUM_BOOKIES = 5
 KEYS_COUNT = 1100           # > metadata.log_segments.WRITER_KEYS_MAX (1,000)
+#: after the run's seconds, scenarios still in flight (a Spark query) get this long to finish
+SCENARIO_GRACE_S = 240
 
 
 class UserFaultRun:
@@ -257,7 +259,7 @@ class UserFaultRun:
                 self.say("fault error", fault.kind, exc)
         while time.monotonic() - self.started < self.duration or (
                 any(t.is_alive() for t in self._scenarios)
-                and time.monotonic() - self.started < self.duration + 240):
+                and time.monotonic() - self.started < self.duration + SCENARIO_GRACE_S):
             self._respawn_dead()
             self._keys_done()
             time.sleep(0.5)
