@@ -14,6 +14,9 @@ install:
 	@[ -f /usr/include/rocksdb/c.h ] || { echo "make install: installing librocksdb-dev (RocksDB, the bookie index)"; \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq librocksdb-dev >/dev/null; }
+	@command -v faketime >/dev/null || { echo "make install: installing faketime (the tests' skewed clocks)"; \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq faketime >/dev/null; }
 	$(PYTHON) -m pip install --config-settings editable_mode=compat -e '.[test]'
 	$(PYTHON) setup.py -q build_ext --inplace
 

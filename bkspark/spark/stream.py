@@ -166,14 +166,38 @@ class BookKeeperStreamReader(importguard.Guarded, DataSourceStreamReader,
         try:
             ranges = self._available(logs, name, start, end)
         except BookieUnavailableError as exc:
-            since = self._unreadable.setdefault(name, time.monotonic())
-            if time.monotonic() - since >= LAC_UNAVAILABLE_LIMIT_S:
-                raise
-            log.warning("log %s: its end cannot be read now, the query stays at %s this "
-                        "trigger: %s", name, tuple(start), exc)
+            self._tolerate_unreadable(name, exc, f"the query stays at {tuple(start)} this "
+                                                 "trigger")
             return []
         self._unreadable.pop(name, None)
         return ranges
+
+    def _tolerate_unreadable(self, name: str, exc: BookieUnavailableError, doing: str) -> None:
+        """The one rule for a log whose end cannot be read: tolerated (logged, with what
+        the query does meanwhile) until it has been so for :data:`LAC_UNAVAILABLE_LIMIT_S`,
+        then ``exc`` is raised and fails the query."""
+        since = self._unreadable.setdefault(name, time.monotonic())
+        if time.monotonic() - since >= LAC_UNAVAILABLE_LIMIT_S:
+            raise exc
+        log.warning("log %s: its end cannot be read now, %s: %s", name, doing, exc)
+
+    def _latest_end(self, logs, name: str) -> Position:
+        """A log's end now, for a Trigger.AvailableNow run's target. The target is fixed
+        once, so a log whose end cannot be read is asked again (backing off from 0.5 to 5 s)
+        instead of being held for a trigger; after :data:`LAC_UNAVAILABLE_LIMIT_S` the error
+        fails the query. The end is never guessed: a guess would skip or claim empty what
+        was acknowledged."""
+        pause = 0.5
+        while True:
+            try:
+                end = resolve_start(logs, name, LATEST)
+            except BookieUnavailableError as exc:
+                self._tolerate_unreadable(name, exc, f"asked again in {pause:.1f} s")
+                time.sleep(pause)
+                pause = min(pause * 2, 5.0)
+                continue
+            self._unreadable.pop(name, None)
+            return end
 
     def _cursor(self, offset: dict | None) -> str:
         return self.opts.query_id or (offset or {}).get(CURSOR_KEY) or LEGACY_CURSOR
@@ -204,10 +228,12 @@ class BookKeeperStreamReader(importguard.Guarded, DataSourceStreamReader,
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
+        """Fix the run's target: every matching log's end now (:meth:`_latest_end`, which
+        waits out a log whose end cannot be read, up to its limit)."""
         logs = self._logs()
         target = {}
         for name in self._names(logs):
-            target[name] = resolve_start(logs, name, LATEST).to_json()
+            target[name] = self._latest_end(logs, name).to_json()
         self._target = target
 
     @staticmethod

@@ -88,6 +88,38 @@ def test_a_lac_that_cannot_be_read_is_an_error_not_an_empty_log(bk_cluster, uri,
     writer.close()
 
 
+def test_an_available_now_target_waits_for_an_end_that_cannot_be_read(bk_cluster, uri, logs,
+                                                                       log_name, monkeypatch):
+    """Trigger.AvailableNow fixes its target once: while no bookie of the open ledger
+    answers, the source asks again instead of failing at once (before: a query started
+    during a bookie's 2 s pause failed) -- and fails, naming the bookies, once that lasts
+    LAC_UNAVAILABLE_LIMIT_S."""
+    import threading
+    from bkspark.spark import stream
+    writer = logs.open_writer(log_name)
+    for i in range(6):
+        writer.append(b"r%d" % i)
+    writer.flush()
+    source = _source(uri, log_name)
+    with _paused(bk_cluster):
+        resumer = threading.Timer(4.0, lambda: [bk_cluster.resume(i)
+                                                for i in range(len(bk_cluster.bookies))])
+        resumer.start()
+        t0 = time.monotonic()
+        source.prepareForTriggerAvailableNow()
+        waited = time.monotonic() - t0
+        resumer.join()
+    assert waited >= 3.5, waited
+    assert source._target[log_name] == {"ledger": writer.ledger_id, "entry": 6}
+    with _paused(bk_cluster):
+        monkeypatch.setattr(stream, "LAC_UNAVAILABLE_LIMIT_S", 3.0)
+        t0 = time.monotonic()
+        with pytest.raises(errors.BookieUnavailableError, match="bookie"):
+            _source(uri, log_name).prepareForTriggerAvailableNow()
+        assert 3.0 <= time.monotonic() - t0 < 30
+    writer.close()
+
+
 def _pipeline(spark, uri, src, dst, ckpt, query_id):
     r = (spark.readStream.format("bookkeeper").option("metadataServiceUri", uri)
          .option("log", src).option("startingOffsets", "earliest").option("queryId", query_id))

@@ -339,6 +339,14 @@ class UserFaultRun:
         elif f.kind == "shell_retention":
             self._background(self._shell_retention)
 
+    def _scenario_deadline(self) -> float:
+        """When a fault waiting for a driver gives up: the end of the run's bound (its
+        seconds, then SCENARIO_GRACE_S for scenarios in flight), less a margin for the kill
+        and the respawn. Not a fixed wait: on 2 busy cores a restarted driver has taken
+        over 120 s to commit its first micro-batch, and a fault given up is a kind the run
+        never tested."""
+        return self.started + self.duration + SCENARIO_GRACE_S - 15.0
+
     def _stream_fault_loop(self, count: int) -> None:
         """Apply the streaming query's faults of the schedule one after the other, in the
         schedule's order (each waits for the query to commit a micro-batch: on a busy machine
@@ -358,14 +366,15 @@ class UserFaultRun:
             done += 1
 
     def _driver_fault(self, f: Fault) -> None:
-        """Faults of the Spark drivers wait (up to 40 s) until the driver is up: a JVM
-        starting under load takes long, and killing it then exercises nothing."""
+        """Faults of the Spark drivers wait (up to :meth:`_scenario_deadline`) until the
+        driver is up: a JVM starting under load takes long, and killing it then exercises
+        nothing."""
         slot = "batch" if f.kind == "batch_driver_kill" else \
             f.params.get("driver", "stream")
         # (the query's faults wait for a committed micro-batch of the running driver: a
         # checkpoint lost before anything was committed tests nothing)
         need = "J" if slot == "batch" else "Q" if f.kind == "python_worker_kill" else "P"
-        deadline = time.monotonic() + 90
+        deadline = self._scenario_deadline()
         while not self._stop.is_set() and time.monotonic() < deadline:
             with self._driver_lock:
                 armed = slot == "batch" and time.monotonic() < self._spark_armed_until
@@ -402,7 +411,7 @@ class UserFaultRun:
         driver (and stop the source's writer): Spark plans the batch again from its offset log
         (``partitions`` without ``latestOffset``) while no bookie of that ledger answers. The bookies come back once
         the new driver's source planned it (or after 60 s)."""
-        deadline = time.monotonic() + 90
+        deadline = self._scenario_deadline()
         paused: list[int] = []
         stopped: list[subprocess.Popen] = []
         try:
