@@ -138,6 +138,11 @@ class MetadataFormatError(MetadataError):
     """A stored metadata record is corrupt or of an unknown version."""
 
 
+class ClockSkewError(MetadataError):
+    """This host's wall clock disagrees with the metadata store's by more than the tolerance:
+    a destructive action (retention, reclaim) judged here is refused (metadata.clock)."""
+
+
 class InvalidUriError(MetadataError, ValueError):
     """A metadata service URI that is malformed or has an unknown scheme."""
 

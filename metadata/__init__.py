@@ -24,6 +24,7 @@ from bkspark.errors import (
     SessionExpiredError,
 )
 
+from .clock import DEFAULT_SKEW_TOLERANCE_S
 from .store import MetadataStore, Transaction
 from .uri import SqliteUri, ZkUri, parse_uri
 
@@ -36,7 +37,8 @@ __all__ = [
 
 
 def open_store(uri: str, *, session_timeout: float = 10.0,
-               connect_timeout: float = 10.0, create: bool = False) -> MetadataStore:
+               connect_timeout: float = 10.0, create: bool = False,
+               clock_skew_tolerance: float = DEFAULT_SKEW_TOLERANCE_S) -> MetadataStore:
     """Open the metadata store named by ``uri``.
 
     * ``zk://host:port[,host:port]/root`` — ZooKeeper (kazoo); ``root`` is a chroot,
@@ -48,6 +50,8 @@ def open_store(uri: str, *, session_timeout: float = 10.0,
 
     ``session_timeout``: seconds after which a silent owner's ephemeral records vanish.
     ``connect_timeout``: bound on the time spent reaching the store.
+    ``clock_skew_tolerance``: seconds this host's clock may be off the store's before the
+    actions that delete by time refuse (:mod:`metadata.clock`).
 
     :raises InvalidUriError: malformed URI or unknown scheme (the message says which).
     :raises NoMetadataStoreError: a ``sqlite://`` store that does not exist (see ``create``).
@@ -58,11 +62,20 @@ def open_store(uri: str, *, session_timeout: float = 10.0,
                         ("connect_timeout", connect_timeout)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
             raise BadRequestError(f"{name} must be a positive number of seconds, got {value!r}")
+    if isinstance(clock_skew_tolerance, bool) or not isinstance(clock_skew_tolerance,
+                                                                (int, float)) \
+            or not clock_skew_tolerance > 0:
+        raise BadRequestError("clock_skew_tolerance must be a positive number of seconds, got "
+                              f"{clock_skew_tolerance!r}")
     parsed = parse_uri(uri)
+    store: MetadataStore
     if isinstance(parsed, SqliteUri):
         from .sqlite_store import SqliteStore
-        return SqliteStore(parsed.path, uri, session_timeout=session_timeout,
-                           connect_timeout=connect_timeout, create=create)
-    from .zk_store import ZkStore
-    return ZkStore(parsed, uri, session_timeout=session_timeout,
-                   connect_timeout=connect_timeout)
+        store = SqliteStore(parsed.path, uri, session_timeout=session_timeout,
+                            connect_timeout=connect_timeout, create=create)
+    else:
+        from .zk_store import ZkStore
+        store = ZkStore(parsed, uri, session_timeout=session_timeout,
+                        connect_timeout=connect_timeout)
+    store.clock_skew_tolerance = float(clock_skew_tolerance)
+    return store

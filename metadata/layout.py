@@ -11,6 +11,7 @@ so operators find what BookKeeper puts there:
 ``/ledgers/cookies/<bookie>``          bookie cookies
 ``/ledgers/INSTANCEID``, ``LAYOUT``    cluster identity and layout version
 ``/ledgers/idgen``                     ledger-id counter
+``/ledgers/clock``                     written to read ZooKeeper's time (metadata.clock)
 ``/ledgers/underreplication/...``      ledgers/, locks/, auditorelection/, endpoints/, disable
 ``/ledgers/logs/<name>``               bkspark logs (head; segments/, ledgers/, cursors/)
 ``/ledgers/logs-retention/election``   the process applying logs' retention policies
@@ -33,6 +34,8 @@ COOKIES = "/cookies"
 INSTANCEID = "/INSTANCEID"
 LAYOUT = "/LAYOUT"
 IDGEN = "/idgen"
+#: written to learn the store's time: ZooKeeper stamps the write (metadata.clock)
+CLOCK = "/clock"
 LOGS = "/logs"
 UNDERREPLICATION = "/underreplication"
 UR_LEDGERS = UNDERREPLICATION + "/ledgers"

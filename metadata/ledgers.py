@@ -6,7 +6,6 @@ ensemble change or a recovery.
 """
 from __future__ import annotations
 
-import time
 from typing import Callable, Iterator
 
 from bkspark.errors import (BadRequestError, MetadataConnectionError, NodeExistsError, NoNodeError,
@@ -29,7 +28,8 @@ CREATED_VERSION = 0
 
 
 def create_ledger(store: MetadataStore, md: LedgerMetadata) -> LedgerMetadata:
-    """Store ``md`` as a new ledger; return it with its ledger id (and ctime) set.
+    """Store ``md`` as a new ledger; return it with its ledger id and ctime set (the ctime is
+    the store's time, :mod:`metadata.clock`: retention may judge it).
 
     If ``md.ledger_id`` is -1 an id is allocated with ``store.generate_id()``; otherwise that
     id is used and :class:`NodeExistsError` is raised if the ledger exists. The new record's
@@ -37,8 +37,7 @@ def create_ledger(store: MetadataStore, md: LedgerMetadata) -> LedgerMetadata:
     """
     if not isinstance(md, LedgerMetadata):
         raise BadRequestError(f"create_ledger needs LedgerMetadata, got {type(md).__name__}")
-    if not md.ctime_ms:
-        md = md.copy(ctime_ms=int(time.time() * 1000))
+    md = md.copy(ctime_ms=store.clock.now_ms())
     if md.ledger_id != -1:
         check_ledger_id(md.ledger_id)
         _create_record(store, md)

@@ -614,6 +614,22 @@ class SqliteStore(MetadataStore):
                     w.last = value
                     _safe_call(self._deliver, w, value)
 
+    def probe_time_ms(self) -> int:
+        """The modification time the kernel stamps on a write of the store's clock file
+        (``<db>-clock``): the machine's clock, whatever this process believes the time is."""
+        path = self.path + "-clock"
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+            try:
+                os.pwrite(fd, b"\0", 0)
+                return os.fstat(fd).st_mtime_ns // 1_000_000
+            finally:
+                os.close(fd)
+        except OSError as e:
+            raise MetadataConnectionError(
+                f"sqlite metadata store {self.path}: cannot write its clock file {path} "
+                f"(the store's time): {e}") from e
+
     # ---- test hooks (used by metadata.testing) ----------------------------------------
 
     def _expire_session_now(self) -> None:

@@ -23,14 +23,21 @@ from __future__ import annotations
 
 import abc
 import re
-from typing import Callable
+import threading
+from typing import TYPE_CHECKING, Callable
 
 from bkspark.errors import BadRequestError, NoNodeError
+
+from .clock import DEFAULT_SKEW_TOLERANCE_S
+
+if TYPE_CHECKING:
+    from .clock import StoreClock
 
 #: ZooKeeper's default maximum znode payload (jute.maxbuffer is 0xfffff minus overhead).
 MAX_DATA_SIZE = 1024 * 1024 - 1024
 
 _BAD_PATH_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+_CLOCK_LOCK = threading.Lock()
 
 
 def validate_path(path: str) -> str:
@@ -236,6 +243,28 @@ class MetadataStore(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """End the session (its ephemeral nodes vanish) and release resources. Idempotent."""
+
+    @abc.abstractmethod
+    def probe_time_ms(self) -> int:
+        """The store's own time now (ms since the epoch), by one write stamped by the store,
+        not by this process's clock (:mod:`metadata.clock`).
+
+        :raises MetadataConnectionError: no answer (no time is guessed).
+        """
+
+    @property
+    def clock(self) -> "StoreClock":
+        """The store's clock (:class:`metadata.clock.StoreClock`): the one time that stamps
+        and judges retention, key expiry, reclaims and cursor activity."""
+        clock = self.__dict__.get("_store_clock")
+        if clock is None:
+            from .clock import StoreClock
+            with _CLOCK_LOCK:
+                clock = self.__dict__.setdefault(
+                    "_store_clock", StoreClock(self.probe_time_ms,
+                                               getattr(self, "clock_skew_tolerance",
+                                                       DEFAULT_SKEW_TOLERANCE_S)))
+        return clock
 
     def get_many(self, paths: list[str]) -> list[tuple[bytes, int] | None]:
         """``get`` of each path (``None`` where absent), in order; a store may pipeline them

@@ -34,7 +34,7 @@ from bkspark.errors import (
     SessionExpiredError,
 )
 
-from .layout import IDGEN
+from .layout import CLOCK, IDGEN
 from .store import (
     MetadataStore,
     Transaction,
@@ -367,6 +367,22 @@ class ZkStore(MetadataStore):
                 created.add(op[1])
             plan.append((op, False))
         return plan
+
+    def probe_time_ms(self) -> int:
+        """The ``mtime`` the server stamps on an unconditional write of ``/clock`` (created on
+        first use; removed and created again before its version could overflow)."""
+        def probe():
+            try:
+                return self._sync(self.client.set_async(CLOCK, b""))
+            except kex.NoNodeError:
+                with contextlib.suppress(kex.NodeExistsError):
+                    self._sync(self.client.create_async(CLOCK, b""))
+                return self._sync(self.client.set_async(CLOCK, b""))
+        stat = self._write(probe, what=f"write {CLOCK} (the store's time)")
+        if stat.version >= 1 << 30:
+            with contextlib.suppress(kex.KazooException, MetadataError):
+                self.delete(CLOCK, version=stat.version)
+        return int(stat.mtime)
 
     def generate_id(self) -> int:
         """CAS-increment the counter in ``/idgen`` (created on first use)."""

@@ -10,7 +10,9 @@ Pulsar):
 
 * Whole ledgers leave from the head of the list, oldest first. A ledger goes when it was
   closed more than ``ms`` ago (its segment's ``closed_ms``; a segment listed before that stamp
-  existed: its ledger's creation time), or while the log without it still holds at least
+  existed: its ledger's creation time) -- stamped and judged on the metadata store's clock,
+  never a host's (:mod:`metadata.clock`); an enforcer whose own clock is off the store's by
+  more than the tolerance removes nothing -- or while the log without it still holds at least
   ``bytes`` bytes (so the log stays within one ledger of the limit; bytes of closed ledgers).
   The scan stops at the first ledger to keep, so a pass reads the segments it removes plus a
   few.
@@ -38,7 +40,6 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from dataclasses import asdict, dataclass, field
 
 from bkspark.errors import BadRequestError, NoSuchLedgerError
@@ -170,8 +171,9 @@ class Cut:
 def plan(logs, name: str, policy: RetentionPolicy, now_ms: int | None = None,
          max_ledgers: int = MAX_LEDGERS_PER_PASS) -> Cut:
     """Where a pass of ``policy`` cuts log ``name`` (module docstring); reads the segments it
-    would remove, the log's two ends and its cursors."""
-    now = int(time.time() * 1000) if now_ms is None else now_ms
+    would remove, the log's two ends and its cursors. Ages are judged at ``now_ms`` (default:
+    the metadata store's time, the clock that stamped them -- :mod:`metadata.clock`)."""
+    now = logs.store.clock.now_ms() if now_ms is None else now_ms
     cut = Cut()
     if policy.keeps_everything:
         return cut
@@ -234,10 +236,15 @@ def _closed_at(logs, entry: LogLedger) -> int | None:
 def enforce(logs, name: str, now_ms: int | None = None,
             max_ledgers: int = MAX_LEDGERS_PER_PASS) -> Cut:
     """Apply the log's policy once (module docstring): plan the cut, truncate, delete the
-    ledgers, collect the truncated records. A log without a policy is left alone."""
+    ledgers, collect the truncated records. A log without a policy is left alone.
+
+    :raises ClockSkewError: (``now_ms`` not given) this host's clock is off the store's by
+        more than the tolerance: nothing is removed (:mod:`metadata.clock`)."""
     policy = logs.retention(name)
     if policy is None:
         return Cut()
+    if now_ms is None and not policy.keeps_everything:
+        now_ms = logs.store.clock.check_skew(f"retention of log {name}")
     cut = plan(logs, name, policy, now_ms, max_ledgers)
     if cut.before is None:
         logs.collect_truncated(name)    # what an earlier cut left (its collection paused)

@@ -55,7 +55,6 @@ from metadata.log_segments import (
     new_stamp,
     next_byte_offset,
     next_offset,
-    now_ms,
     segment_path,
     segments_path,
     stamp_closed,
@@ -219,7 +218,7 @@ class LogEdit:
         prev = self.last()
         entry.seq = self.head.next
         self._stamp(prev, entry)
-        stamp_closed(entry, now_ms())
+        stamp_closed(entry, self.store.clock.now_ms())
         index = self._index_record(ledger_id)
         if index is not None:
             if truncated_leftover(self.head, index):
@@ -238,7 +237,7 @@ class LogEdit:
             raise BadRequestError(f"log {self.name} has no ledger {ledger_id}")
         entry.set(**info)
         if "state" in info:
-            stamp_closed(entry, now_ms())
+            stamp_closed(entry, self.store.clock.now_ms())
         self._changed_entry(entry)
         self._stamp_offsets()
         return entry
@@ -304,7 +303,8 @@ class LogEdit:
         when the writer started, for a writer the log does not know (module docstring of
         :mod:`metadata.log_segments`). :raises WriterKeyExpiredError: :meth:`check_writer`."""
         self.check_writer(writer_id, started_ms)
-        key = {"seq": seq, "t": now_ms(), "n": self.version + 1,   # (the head's next version)
+        key = {"seq": seq, "t": self.store.clock.now_ms(),     # (the store's time: metadata.clock)
+               "n": self.version + 1,                          # (the head's next version)
                "epoch": epoch if epoch is not None else self.head.writer_epoch(writer_id)}
         self.head.writers[writer_id] = key
         for gone in expire_writers(self.head, key["t"], keep=writer_id):
@@ -639,7 +639,7 @@ def convert_v1(store, name: str, data: bytes, version: int) -> None:
             _put_records(store, path, version, name, entries[i:i + 100])
         _remove_leftovers(store, path, version, name, len(entries))
         props = dict(v1.properties)
-        t = now_ms()
+        t = store.clock.now_ms()
         writers = {wid: {"seq": s, "t": t, "epoch": props.pop(f"epoch:{wid}", None)}
                    for wid, s in v1.writers.items()}
         head = LogHead(name=name, uid=new_stamp(), first=0, next=len(entries), gc=0, rev=0,

@@ -44,7 +44,6 @@ from metadata.log_segments import (
     ledger_index_path,
     ledgers_index_path,
     new_stamp,
-    now_ms,
     segment_path,
     segments_path,
 )
@@ -816,7 +815,7 @@ class LogStore:
         """Durably record ``cursor``'s position (the next entry it will read), and when it
         moved (``t``, ms: a cursor idle for long holds retention back no more)."""
         import json
-        data = json.dumps({**position.to_json(), "t": now_ms()}).encode()
+        data = json.dumps({**position.to_json(), "t": self.store.clock.now_ms()}).encode()
         path = cursor_path(name, cursor)
         self._head(name)
         update_record(self.store, path, decode=bytes, encode=bytes, transform=lambda _old: data,

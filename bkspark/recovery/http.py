@@ -22,7 +22,9 @@ answers for the cluster); the metrics are this process's (``autorecovery_*``):
 ``rate_limit_bytes`` (0: unlimited), ``is_auditor``, and on the auditor
 ``lost_bookie_seconds{bookie}`` (since the bookie was found missing),
 ``placement_violations`` (ledgers the last placement check found) and
-``check_age_seconds{check}`` (bookies / entries / placement: since each last ran).
+``check_age_seconds{check}`` (bookies / entries / placement: since each last ran);
+``retention_refused_by_skew`` (retention passes refused) and ``bkspark_clock_skew_seconds``
+(this host's clock minus the metadata store's, :mod:`metadata.clock`).
 """
 from __future__ import annotations
 
@@ -123,6 +125,20 @@ class AutoRecoveryCollector:
                                     value=worker.throttle.bytes_per_s or 0)
         yield GaugeMetricFamily("autorecovery_is_auditor", "1 while this process is the auditor",
                                 value=1 if ar.is_auditor else 0)
+        if ar.store is not None:
+            try:
+                skew = ar.store.clock.skew_ms()
+            except BKError:
+                skew = None
+            if skew is not None:
+                yield GaugeMetricFamily("bkspark_clock_skew_seconds",
+                                        "This host's wall clock minus the metadata store's",
+                                        value=skew / 1000)
+        if ar.retention is not None:
+            yield CounterMetricFamily("autorecovery_retention_refused_by_skew",
+                                      "Retention passes refused: this host's clock is off the "
+                                      "store's by more than the tolerance",
+                                      value=ar.retention.refused_by_skew)
         auditor = ar.auditor
         if auditor is not None and ar.is_auditor:
             lost = GaugeMetricFamily("autorecovery_lost_bookie_seconds",

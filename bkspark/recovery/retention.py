@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 
-from bkspark.errors import BKError, NoSuchLogError
+from bkspark.errors import BKError, ClockSkewError, NoSuchLogError
 from bkspark.log import LogStore
 from bkspark.log.retention import enforce
 from metadata.layout import RETENTION_ELECTION
@@ -42,6 +42,7 @@ class RetentionService:
         self.interval = interval
         self.passes = 0                 # completed passes (status, tests)
         self.removed = 0                # ledgers removed so far
+        self.refused_by_skew = 0        # passes refused: this host's clock is off the store's
         self._stop = threading.Event()
         self._election = LeaderElection(bk.store, identifier, self._lead,
                                         path=RETENTION_ELECTION, role="retention enforcer")
@@ -68,7 +69,13 @@ class RetentionService:
         """One pass over every log; returns the ledgers removed per log."""
         removed: dict[str, list[int]] = {}
         try:
+            # (ages are the store's; a host whose clock is that far off is refused anyway,
+            # once a pass rather than once a log: metadata.clock)
+            self.logs.store.clock.check_skew("retention pass")
             names = self.logs.list_logs()
+        except ClockSkewError:
+            self.refused_by_skew += 1
+            return removed
         except BKError as exc:
             log.warning("retention: cannot list logs: %s", exc)
             return removed

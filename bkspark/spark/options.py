@@ -36,6 +36,10 @@ writerId, writerSequence batch write: optional idempotency key (re-running the s
                          (writerId, writerSequence) appends nothing)
 maxEntryBytes            arrow writes: target size of one entry (1 MiB, at most 4 MiB),
                          before compression
+maxTimestampAheadMs      record writes: a row's ``timestamp`` may be at most this far ahead of
+                         the metadata store's time (3600000, Kafka's
+                         ``message.timestamp.after.max.ms``); a row further ahead fails the
+                         write (rows without one are stamped with the store's time)
 compression              arrow writes: ``lz4`` | ``zstd`` | ``none``, Arrow IPC body
                          compression of each entry (lz4); reads need no option
 entriesPerPartition      reads: split a ledger into ranges of this many entries (auto: ~128 MiB
@@ -83,7 +87,7 @@ KNOWN_OPTIONS = (
     "metadataServiceUri", "log", "logs", "logPattern", "path", "startingOffsets", "endingOffsets",
     "maxEntriesPerTrigger", "failOnDataLoss", "ensembleSize", "writeQuorumSize", "ackQuorumSize",
     "digestType", "password", "entryFormat", "queryId", "writerId", "writerSequence",
-    "maxEntryBytes", "compression", "entriesPerPartition", "minPartitions", "checkpointLocation",
+    "maxEntryBytes", "maxTimestampAheadMs", "compression", "entriesPerPartition", "minPartitions", "checkpointLocation",
     "reclaimAbandonedAfter", "maxBytesPerTrigger", "minEntriesPerTrigger", "maxTriggerDelay",
     "startingTimestamp", "startingOffsetsByTimestamp", "endingTimestamp",
     "endingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy", "schema",
@@ -142,6 +146,7 @@ class ConnectorOptions:
     writer_id: str | None = None
     writer_sequence: int | None = None
     max_entry_bytes: int = 1 << 20
+    max_timestamp_ahead_ms: int = 3_600_000  # a row's timestamp vs the store's time
     compression: str | None = None   # Arrow IPC body codec of arrow entries written (None:
                                      # uncompressed; parse_options sets the default for arrow)
     entries_per_partition: int | None = None
@@ -501,6 +506,8 @@ def parse_options(options, *, default_uri=None) -> ConnectorOptions:
         raise BadRequestError("options 'writerId' and 'writerSequence' go together")
     if "maxEntryBytes" in raw:
         o.max_entry_bytes = _int("maxEntryBytes", raw["maxEntryBytes"], 1024, MAX_ENTRY_BYTES_LIMIT)
+    if "maxTimestampAheadMs" in raw:
+        o.max_timestamp_ahead_ms = _int("maxTimestampAheadMs", raw["maxTimestampAheadMs"], 0)
     o.compression = DEFAULT_COMPRESSION if o.entry_format == ARROW else None
     if "compression" in raw:
         c = raw["compression"].strip().lower()

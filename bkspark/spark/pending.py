@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -74,8 +73,9 @@ def job_path(key: str) -> str:
     return f"{PENDING_ROOT}/{key}"
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
+def _now_ms(store) -> int:
+    """The store's time (ms): the one clock that stamps and judges jobs (metadata.clock)."""
+    return store.clock.now_ms()
 
 
 def _decode(data: bytes) -> dict:
@@ -105,7 +105,7 @@ def begin_task(store, key: str, log_name: str) -> str | None:
     if store.exists(job_path(key)) is None:        # the job's first task (a read for the others)
         try:
             store.create(job_path(key), _encode({"log": log_name, "state": WRITING,
-                                                 "created_ms": _now_ms()}), makepath=True)
+                                                 "created_ms": _now_ms(store)}), makepath=True)
         except NodeExistsError:
             pass
     path = f"{job_path(key)}/{ALIVE_PREFIX}{uuid.uuid4().hex}"
@@ -124,7 +124,7 @@ def end_task(store, key: str, alive_path: str | None, ledger_id: int | None) -> 
         if ledger_id is not None:
             path = f"{job_path(key)}/{ledger_id}"
             raw, version = store.get(path)
-            txn.set(path, _encode(dict(_decode(raw), finished_ms=_now_ms())), version=version)
+            txn.set(path, _encode(dict(_decode(raw), finished_ms=_now_ms(store))), version=version)
         txn.delete(alive_path)
         txn.commit()
     except errors.BKError:                          # unregistered meanwhile: just drop the record
@@ -140,7 +140,7 @@ def register(store, key: str, ledger_id: int, info: dict) -> None:
     :raises JobReclaimedError: the job committed or was reclaimed: the caller deletes the
         ledger and fails.
     """
-    data = _encode(dict(info, registered_ms=_now_ms()))
+    data = _encode(dict(info, registered_ms=_now_ms(store)))
     if not _reclaimable(key):
         try:
             store.create(f"{job_path(key)}/{ledger_id}", data, makepath=True)
@@ -231,7 +231,7 @@ def begin_commit(store, key: str, ledger_ids) -> tuple[str, int] | None:
                 "write again (a larger option 'reclaimAbandonedAfter' gives slow jobs more time)")
         if state == COMMITTING:
             raise NoChange
-        return dict(doc, state=COMMITTING, committing_ms=_now_ms())
+        return dict(doc, state=COMMITTING, committing_ms=_now_ms(store))
     if not ledger_ids:
         return None
     try:
@@ -311,8 +311,11 @@ class JobStatus:
                 "verdict": self.verdict, "deleted": self.deleted}
 
 
-def status(store, key: str, grace: float) -> JobStatus | None:
-    """What the job's records say about it (None if it is gone)."""
+def status(store, key: str, grace: float, now_ms: int | None = None) -> JobStatus | None:
+    """What the job's records say about it (None if it is gone); its silence judged at
+    ``now_ms`` (default: the store's time now -- never this host's clock: the stamps are the
+    store's too)."""
+    now_s = (_now_ms(store) if now_ms is None else now_ms) / 1000
     try:
         raw, _ = store.get(job_path(key))
         children = store.children(job_path(key))
@@ -332,12 +335,12 @@ def status(store, key: str, grace: float) -> JobStatus | None:
                 continue
             last_ms = max(last_ms, info.get("registered_ms", 0), info.get("finished_ms", 0))
     job.ledgers.sort()
-    job.idle_s = max(0.0, time.time() - last_ms / 1000) if last_ms else float("inf")
+    job.idle_s = max(0.0, now_s - last_ms / 1000) if last_ms else float("inf")
     if not _reclaimable(key):
         job.verdict = "sink"
     elif job.state == RECLAIMED:
         job.verdict = "tombstone"
-        job.idle_s = max(0.0, time.time() - doc.get("reclaimed_ms", 0) / 1000)
+        job.idle_s = max(0.0, now_s - doc.get("reclaimed_ms", 0) / 1000)
     elif job.log is None:
         job.verdict = "unknown log"     # a record written before jobs named their log
     elif job.alive_tasks:
@@ -356,15 +359,19 @@ def reclaim(logs, *, grace: float = DEFAULT_GRACE_S, log_name: str | None = None
     A job is reclaimed by moving it to ``reclaimed`` (compare-and-set, so a commit racing
     with it either stored first -- and its ledgers are the log's -- or can never store),
     deleting its registered ledgers that the log does not list, then its records. A metadata
-    store that stops answering leaves the rest for the next reclaim."""
+    store that stops answering leaves the rest for the next reclaim. Silence is judged on the
+    store's clock; a reclaim (not a ``dry_run``) on a host whose clock is off the store's by
+    more than the tolerance is refused (:class:`ClockSkewError`, metadata.clock)."""
     store = logs.store
     try:
         keys = sorted(store.children(PENDING_ROOT))
     except NoNodeError:
         return []
+    now = store.clock.now_ms() if dry_run else store.clock.check_skew(
+        "reclaim of abandoned Spark write jobs")
     out = []
     for key in keys:
-        job = status(store, key, grace)
+        job = status(store, key, grace, now)
         if job is None or (log_name is not None and job.log != log_name):
             continue
         out.append(job)
@@ -397,6 +404,6 @@ def _mark_reclaimed(store, job: JobStatus) -> None:
             raise NoChange
         if any(c.startswith(ALIVE_PREFIX) for c in store.children(job_path(job.key))):
             raise _CameAlive
-        return dict(doc, state=RECLAIMED, reclaimed_ms=_now_ms())
+        return dict(doc, state=RECLAIMED, reclaimed_ms=_now_ms(store))
     update_record(store, job_path(job.key), decode=_decode, encode=_encode, transform=change,
                   what=f"write job {job.key}")

@@ -87,6 +87,20 @@ def faults(opts) -> dict:
 
 # ---- the task side ----------------------------------------------------------------------
 
+def _check_timestamps_ahead(opts, newest_us: int, now_us: int) -> None:
+    """A row stamped further ahead of the store's time than ``maxTimestampAheadMs`` fails the
+    write (Kafka's ``message.timestamp.after.max.ms``): a record from the future would place
+    its ledger wrongly for ``startingTimestamp`` reads. Record times never delete anything
+    (retention judges the store's stamps: metadata.clock)."""
+    ahead_ms = (newest_us - now_us) // 1000
+    if ahead_ms > opts.max_timestamp_ahead_ms:
+        raise BadRequestError(
+            f"a row's timestamp is {ahead_ms / 1000:.0f} s ahead of the metadata store's time, "
+            f"more than option maxTimestampAheadMs={opts.max_timestamp_ahead_ms} allows: fix "
+            "the 'timestamp' column (or the clock of the host that produced it), or raise "
+            "maxTimestampAheadMs")
+
+
 def write_task(opts, fmt: str, spark_schema_json: str, pending_key: str, iterator,
                info: dict, writer_label: str) -> BKCommitMessage:
     """Write the task's batches into one new ledger; close it; describe it."""
@@ -105,7 +119,7 @@ def write_task(opts, fmt: str, spark_schema_json: str, pending_key: str, iterato
     lh = alive = None
     inflight: deque = deque()
     msg = BKCommitMessage(partition=partition, attempt=attempt)
-    now_us = int(time.time() * 1_000_000)
+    now_us = bk.store.clock.now_ms() * 1000     # records without a timestamp: the store's time
     try:
         for batch in iterator:
             if batch.num_rows == 0:
@@ -116,6 +130,7 @@ def write_task(opts, fmt: str, spark_schema_json: str, pending_key: str, iterato
             else:
                 entries = codec.batch_to_records(batch, now_us)
                 lo, hi = codec.record_time_range(batch, now_us)
+                _check_timestamps_ahead(opts, hi, now_us)
                 msg.min_ts = lo if msg.min_ts is None else min(msg.min_ts, lo)
                 msg.max_ts = hi if msg.max_ts is None else max(msg.max_ts, hi)
             if lh is None:
@@ -193,7 +208,8 @@ class BookKeeperBatchWriter(importguard.Guarded, DataSourceArrowWriter):
         self.overwrite = overwrite
         self.schema_json = codec.schema_json(schema)
         self.job = f"batch-{uuid.uuid4().hex}"
-        self.started_ms = int(time.time() * 1000)       # (before any commit of this job)
+        # (before any commit of this job; the store's time: metadata.clock)
+        self.started_ms = conn.log_store(opts).store.clock.now_ms()
 
     def write(self, iterator):
         with conn.profile("write"):
@@ -336,7 +352,7 @@ class BookKeeperStreamWriter(importguard.Guarded, DataSourceStreamArrowWriter):
     def _commit_once(self, logs, store, wid, run, ids, info, batch_id, fault, spark_query=None):
         latest = store.latest()
         owner, superseded, committed_for = None, [], None
-        since = int(time.time() * 1000)     # when this query started committing (kept below)
+        since = logs.store.clock.now_ms()   # when this query started committing (kept below)
         if latest is not None:
             payload = latest[1] or {}
             owner, superseded = payload.get("run"), list(payload.get("superseded", []))

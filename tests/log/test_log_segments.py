@@ -237,8 +237,7 @@ def test_conversion_interrupted_before_the_head_is_set_is_redone(logs, bk, log_n
 def test_expired_writer_keys_never_let_a_retried_commit_apply_twice(logs, bk, log_name, monkeypatch):
     logs.create(log_name)
     now = [1_000_000_000_000]
-    monkeypatch.setattr(ls, "now_ms", lambda: now[0])
-    monkeypatch.setattr(seg, "now_ms", lambda: now[0])
+    monkeypatch.setattr(bk.store.clock, "now_ms", lambda fresh=False: now[0])
     assert logs.append_ledgers(log_name, [closed_ledger(bk, [b"1"])], writer_id="old", sequence=1)
     started_new = now[0] + 1
     now[0] += ls.WRITER_KEY_MAX_AGE_MS + 1
