@@ -482,13 +482,18 @@ int eng_force(Engine *e)
 }
 
 /* ---------------------------------------------------------------- lifecycle: open, close, free */
+static void journal_free(Journal *j);
+
 static Journal *journal_new(Engine *e, int k, const char *dir)
 {
     Journal *j = calloc(1, sizeof *j);
-    if (!j)
+    if (!j) {
+        seterr(e, "out of memory");
         return NULL;
+    }
     j->dir = strdup(dir);
     if (!j->dir) {
+        seterr(e, "out of memory");
         free(j);
         return NULL;
     }
@@ -502,10 +507,15 @@ static Journal *journal_new(Engine *e, int k, const char *dir)
     j->jz_gap = (e->jmax_size / 8) & ~(uint64_t)(DIO_ALIGN - 1);
     j->jz_gap = j->jz_gap > JZ_GAP ? JZ_GAP : j->jz_gap;
     j->jz_ahead = e->jmax_size < JZ_AHEAD ? e->jmax_size : JZ_AHEAD;
-    pthread_cond_init(&j->jcv, NULL);
-    pthread_cond_init(&j->synced_cv, NULL);
-    pthread_cond_init(&j->gcv, NULL);
-    pthread_cond_init(&j->z_cv, NULL);
+    int rc = cond_init_monotonic(&j->jcv);
+    rc = rc ? rc : cond_init_monotonic(&j->synced_cv);
+    rc = rc ? rc : cond_init_monotonic(&j->gcv);
+    rc = rc ? rc : cond_init_monotonic(&j->z_cv);
+    if (rc != 0) { /* (the conds not made are calloc's zeroes, PTHREAD_COND_INITIALIZER: destroyable) */
+        seterr(e, "cannot create the condition variables of journal %s: %s", dir, strerror(rc));
+        journal_free(j);
+        return NULL;
+    }
     return j;
 }
 
@@ -561,10 +571,10 @@ int eng_open(const EngineConfig *cfg, Engine **out, char *err, size_t errlen)
     pthread_mutex_init(&e->mu, NULL);
     pthread_mutex_init(&e->ckpt_mu, NULL);
     pthread_mutex_init(&e->compact_mu, NULL);
-    pthread_cond_init(&e->cache_cv, NULL);
-    pthread_cond_init(&e->ckpt_cv, NULL);
-    pthread_cond_init(&e->compact_cv, NULL);
-    pthread_cond_init(&e->pause_cv, NULL);
+    int crc = cond_init_monotonic(&e->cache_cv); /* (one not made stays calloc's zeroes: usable by close) */
+    crc = crc ? crc : cond_init_monotonic(&e->ckpt_cv);
+    crc = crc ? crc : cond_init_monotonic(&e->compact_cv);
+    crc = crc ? crc : cond_init_monotonic(&e->pause_cv);
     e->jg_max = JG_MAX;
     e->nbuckets = 1024;
     e->buckets = calloc(e->nbuckets, sizeof *e->buckets);
@@ -573,14 +583,16 @@ int eng_open(const EngineConfig *cfg, Engine **out, char *err, size_t errlen)
     int rc = E_OK;
     int nj = cfg->njournals;
     e->jn = calloc(nj > 0 ? (size_t)nj : 1, sizeof *e->jn);
-    if (nj < 1 || nj > MAX_JOURNALS || !e->jn) {
+    if (crc != 0) {
+        seterr(e, "cannot create the engine's condition variables: %s", strerror(crc));
+        rc = E_IO;
+    } else if (nj < 1 || nj > MAX_JOURNALS || !e->jn) {
         seterr(e, "journal_dirs needs 1..%d directories", MAX_JOURNALS);
         rc = E_IO;
     }
     for (int k = 0; k < nj && rc == E_OK; k++) {
-        e->jn[k] = journal_new(e, k, cfg->journal_dirs[k]);
+        e->jn[k] = journal_new(e, k, cfg->journal_dirs[k]); /* (its error set when NULL) */
         if (!e->jn[k]) {
-            seterr(e, "out of memory");
             rc = E_IO;
             break;
         }

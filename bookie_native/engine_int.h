@@ -401,6 +401,7 @@ static inline int j_group_full(const Journal *j, size_t need)
 }
 int j_room(Journal *j, size_t need); /* wait until the pending group can take `need` more bytes (may release mu) */
 int j_open_file(Journal *j, uint64_t id);
+int cond_init_monotonic(pthread_cond_t *cv); /* every cond of the engine: its timed waits ignore wall-clock steps */
 void cond_wait_ns(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t d);
 void *journal_thread(void *arg);
 void *jzero_thread(void *arg);

@@ -217,11 +217,29 @@ static void j_drop_synced(Journal *j, int fd, uint64_t end)
     }
 }
 
-/* wait on cv (mu held) for at most d nanoseconds */
+/* Make *cv a condition variable whose timed waits measure CLOCK_MONOTONIC; every one of the
+ * engine's is made here.  With the default clock, CLOCK_REALTIME, a wait's deadline is a wall-clock
+ * time: a step of the wall clock (NTP, a VM restored from a snapshot) moves it, and a step back
+ * stalled the wait it caught -- a checkpoint, a compaction pace, a journal group's wait, the
+ * zeroing of journal files -- by the size of the step.  Returns 0 or the pthread error. */
+int cond_init_monotonic(pthread_cond_t *cv)
+{
+    pthread_condattr_t a;
+    int rc = pthread_condattr_init(&a);
+    if (rc != 0)
+        return rc;
+    rc = pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    if (rc == 0)
+        rc = pthread_cond_init(cv, &a);
+    pthread_condattr_destroy(&a);
+    return rc;
+}
+
+/* wait on cv (mu held; made by cond_init_monotonic) for at most d nanoseconds */
 void cond_wait_ns(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t d)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
+    clock_gettime(CLOCK_MONOTONIC, &ts);
     ts.tv_sec += (time_t)(d / 1000000000ull);
     ts.tv_nsec += (long)(d % 1000000000ull);
     if (ts.tv_nsec >= 1000000000L) {
