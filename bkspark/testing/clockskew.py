@@ -18,8 +18,10 @@ ends when the process's wall clock reads its deadline, however the clock was ste
 Waits on ``CLOCK_MONOTONIC`` condition variables are left alone either way (see
 ``FAKETIME_FORCE_MONOTONIC_FIX`` in :func:`skewed_env`).
 
-A skewed Python child must not call ``time.sleep``: libfaketime 0.9.10 (Debian 12) fails it with
-``EINVAL`` (``select.select([], [], [], s)`` or ``threading.Event().wait(s)`` sleep).
+libfaketime 0.9.10 (Debian 12) fails ``time.sleep`` with ``EINVAL`` (its ``clock_nanosleep``
+on the unfaked monotonic clock); :func:`skewed_env` puts a ``sitecustomize`` first on the
+child's ``PYTHONPATH`` whose ``time.sleep`` waits in ``select`` instead, so the code under test
+sleeps as it would on the skewed host.
 """
 from __future__ import annotations
 
@@ -66,6 +68,8 @@ def skewed_env(offset: str, base: dict | None = None, step_file: str | None = No
     # CLOCK_MONOTONIC condition variable on a faked monotonic time although monotonic time is
     # not faked: such waits returned at once (the storage engine's threads spun a core)
     env["FAKETIME_FORCE_MONOTONIC_FIX"] = "0"
+    env["PYTHONPATH"] = os.pathsep.join([_sleep_site()] + [
+        p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     if step_file is not None:
         step(step_file, offset)
         env["FAKETIME_TIMESTAMP_FILE"] = step_file
@@ -74,6 +78,39 @@ def skewed_env(offset: str, base: dict | None = None, step_file: str | None = No
     else:
         env["FAKETIME"] = offset
     return env
+
+
+_SLEEP_SITE = '''"""bkspark.testing.clockskew: time.sleep through select (module docstring)."""
+import select
+import time
+
+
+def _sleep(seconds):
+    if seconds < 0:
+        raise ValueError("sleep length must be non-negative")
+    end = time.monotonic() + seconds
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            return
+        select.select([], [], [], left)
+
+
+time.sleep = _sleep
+'''
+
+
+def _sleep_site() -> str:
+    """A directory holding the ``sitecustomize`` of skewed Python children (written once)."""
+    tag = hashlib.sha256(_SLEEP_SITE.encode()).hexdigest()[:16]
+    path = os.path.join(tempfile.gettempdir(), f"bkspark-clockskew-site-{tag}")
+    if not os.path.exists(os.path.join(path, "sitecustomize.py")):
+        os.makedirs(path, exist_ok=True)
+        tmp = os.path.join(path, f"sitecustomize.py.{os.getpid()}")
+        with open(tmp, "w") as f:
+            f.write(_SLEEP_SITE)
+        os.replace(tmp, os.path.join(path, "sitecustomize.py"))
+    return path
 
 
 _WALL_CLOCK_WAITS_C = r"""
