@@ -3,17 +3,42 @@
 Design:
 
 * WAL journal, ``synchronous=FULL`` (a committed write survives a crash of the machine),
-  a long busy timeout, and every write in a ``BEGIN IMMEDIATE`` transaction, so concurrent
-  writers from any number of processes serialise on the database lock and a
-  compare-and-set is checked and applied atomically.
+  and every write in a ``BEGIN IMMEDIATE`` transaction, retried while another connection
+  holds the write lock for up to ``BUSY_TIMEOUT``, so concurrent writers from any number of
+  processes serialise on the database lock and a compare-and-set is checked and applied
+  atomically.
 * ``nodes`` holds the tree (path, parent, data, version, ephemeral owner, sequence
   counter for sequential children). ``/`` always exists.
-* ``sessions`` holds one row per open store with a wall-clock heartbeat, refreshed every
-  ``session_timeout / 3`` by a daemon thread. A session whose heartbeat is older than its
-  timeout is dead: any process deletes it and its ephemeral nodes inside its next write
-  transaction, before any read, and on every heartbeat/poll. ``close()`` deletes them at
-  once. A store whose own session row disappeared starts a new session and calls its
-  ``on_session_lost`` callbacks (like a ZooKeeper client after expiry).
+* ``sessions`` holds one row per open store: its timeout and a heartbeat value that a
+  daemon thread changes every ``session_timeout / 3`` in a write transaction, to
+  ``max(previous + 0.001, time.time())``. The value grows on every beat; no process compares
+  it with its own clock (older bkspark versions, which judge ``heartbeat + timeout`` against
+  their wall clock, read it as a wall-clock time and work as before).
+* Liveness by elapsed time: each store judges the other sessions on its own monotonic clock
+  (:class:`SessionLiveness`). A session is dead when this store has seen the same heartbeat
+  value for longer than the session's timeout, counted from the end of the read that first
+  showed the value to the start of a read that still shows it: the session certainly did
+  not beat for that long, whatever any process's wall clock says, and a store that was
+  itself paused (SIGSTOP) sees the live sessions' new values on waking and reaps none of
+  them. A store that has just opened has seen nothing: every session gets a full timeout from
+  its first sighting (as ZooKeeper gives after a leader change). A changed value makes a
+  session alive again. While this store holds the write lock nobody can beat, so when one of
+  its write transactions held the lock for longer than a session's beat interval
+  (timeout / 3) -- say the process was paused inside it -- that session's silence is counted
+  again from the end of the transaction. Time a writer of another process holds the lock is
+  not seen and counts as silence, as before.
+* Reaping: a dead session's row and ephemeral nodes are deleted together, durably, in a
+  write transaction whose own read of the sessions table finds it dead (a session that beat
+  before that transaction took the lock is spared). Each store reads the sessions table
+  (O(sessions)) at most every ``min(0.5 s, smallest timeout / 4)`` when it writes or reads,
+  and on each of its own heartbeats; a write reaps the dead sessions it finds, a read that
+  found some reaps them only if the write lock is free at once (a read never waits for a
+  writer). A process that crashed, or was paused for longer than its timeout, therefore loses
+  its ephemeral nodes between 2/3 and 1 timeout after it stopped, plus up to two reading
+  intervals of the store that notices, provided some other store is open on the file.
+  ``close()`` deletes its own session at once. A store whose own session row disappeared
+  starts a new session and calls its ``on_session_lost`` callbacks (like a ZooKeeper client
+  after expiry).
 * Watches are served by one polling thread per store (every 0.25 s).
 * Ids come from a counter row incremented inside a write transaction.
 """
@@ -21,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import socket
 import sqlite3
@@ -57,6 +83,8 @@ SCHEMA_VERSION = 1
 POLL_INTERVAL = 0.25
 BUSY_TIMEOUT = 60.0
 MAX_IDLE_CONNECTIONS = 4
+LOCK_ATTEMPT_WAIT = 0.05  # one attempt to take the write lock waits this long at most
+SESSIONS_READ_INTERVAL = 0.5  # at most; a quarter of the smallest session timeout if shorter
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -90,6 +118,60 @@ class _Watch:
         self.fresh = True  # compare once more on the next tick (a change may have raced)
 
 
+class SessionLiveness:
+    """Which other sessions one store (the judge) finds dead, from what it has seen of their
+    heartbeats: the pure bookkeeping, with no database and no clock of its own.
+
+    The judge reads the ``sessions`` rows ``(id, heartbeat value, timeout)`` now and then and
+    passes them to :meth:`observe` with the judge's monotonic time just before and just after
+    that read. For each session it remembers the last value seen and when it was first seen
+    (the end of that read, the latest moment the value can have been written). A session is
+    dead when a read that started more than its timeout after that still shows the same
+    value: it did not beat for that long. Values change on every beat, so a changed value
+    makes the session alive again, however long the judge itself was away; a session not
+    seen before is alive and its silence starts now. Only the sessions of the last read are
+    remembered.
+    """
+
+    def __init__(self) -> None:
+        # session id -> (heartbeat value, monotonic time first seen, timeout)
+        self._seen: dict[str, tuple[float, float, float]] = {}
+        self._smallest_timeout = math.inf
+
+    @property
+    def smallest_timeout(self) -> float:
+        """The smallest timeout among the sessions of the last read (inf if none)."""
+        return self._smallest_timeout
+
+    def observe(self, sessions, read_started: float, read_finished: float) -> list[str]:
+        """Record one read of the sessions (iterable of ``(id, heartbeat, timeout)``), done
+        between the monotonic times ``read_started`` and ``read_finished``; return the ids of
+        the sessions now dead, in the order given."""
+        seen: dict[str, tuple[float, float, float]] = {}
+        dead = []
+        for sid, value, timeout in sessions:
+            before = self._seen.get(sid)
+            if before is None or before[0] != value:
+                seen[sid] = (value, read_finished, timeout)
+            else:
+                seen[sid] = (value, before[1], timeout)
+                if read_started - before[1] > timeout:
+                    dead.append(sid)
+        self._seen = seen
+        self._smallest_timeout = min((t for _, _, t in seen.values()), default=math.inf)
+        return dead
+
+    def restart_after_lock_held(self, held_for: float, now: float) -> None:
+        """The judge held the database's write lock for ``held_for`` seconds, until ``now``:
+        nobody could beat meanwhile. Every session whose beat interval (a third of its
+        timeout) is shorter counts its silence from ``now`` again."""
+        if held_for <= self._smallest_timeout / 3:
+            return
+        for sid, (value, since, timeout) in list(self._seen.items()):
+            if held_for > timeout / 3:
+                self._seen[sid] = (value, max(since, now), timeout)
+
+
 class SqliteStore(MetadataStore):
     """See the module docstring. Open through :func:`metadata.open_store`."""
 
@@ -110,6 +192,11 @@ class SqliteStore(MetadataStore):
         self._watches: list[_Watch] = []
         self._poll_thread: threading.Thread | None = None
         self._session: str = ""
+        self._liveness = SessionLiveness()
+        self._liveness_lock = threading.Lock()  # guards the four fields below
+        self._next_sessions_read = 0.0          # monotonic time the next read is due
+        self._dead_found: list[str] = []        # dead in the last read, not reaped since
+        self._write_lock_held_since: dict[object, float] = {}  # our write transactions
         parent = os.path.dirname(path) or "."
         if not os.path.isdir(parent):
             raise NoMetadataStoreError(
@@ -197,41 +284,68 @@ class SqliteStore(MetadataStore):
             raise MetadataError(f"sqlite metadata store {self.path}: {msg}") from e
 
     @contextlib.contextmanager
-    def _write(self, reap: bool = True, bump: bool = True, wait: bool = True):
+    def _write(self, reap: bool = True, bump: bool = True, wait: bool = True,
+               read_sessions: bool = False):
         """A ``BEGIN IMMEDIATE`` transaction, committed on success, rolled back on error.
-        Dead sessions are reaped first. ``bump``: the transaction changes nodes, so advance
-        the change counter that the watch poller looks at. ``wait=False``: if another
-        connection holds the write lock right now, raise MetadataConnectionError at once
-        instead of waiting up to the busy timeout."""
+        ``reap``: first delete the sessions found dead, reading the sessions table if
+        ``read_sessions``, if a read is due or if the last read found dead sessions. ``bump``:
+        the transaction changes nodes, so advance the change counter that the watch poller
+        looks at. ``wait=False``: if another connection holds the write lock right now, raise
+        MetadataConnectionError at once instead of waiting up to ``BUSY_TIMEOUT``."""
         with self._conn() as conn, self._errors():
-            if wait:
-                conn.execute("BEGIN IMMEDIATE")
-            else:
-                conn.execute("PRAGMA busy_timeout=0")
+            attempt_started = self._begin_immediate(conn, wait)
+            token = object()
+            with self._liveness_lock:
+                self._write_lock_held_since[token] = attempt_started
+            try:
+                try:
+                    reaped = (self._reap(conn, attempt_started, read_sessions)
+                              if reap else 0)
+                    yield conn
+                    if bump or reaped:
+                        conn.execute("UPDATE counters SET value=value+1 WHERE name='changes'")
+                except BaseException:
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
+                    raise
+                else:
+                    conn.execute("COMMIT")
+            finally:
+                released = time.monotonic()
+                with self._liveness_lock:
+                    since = self._write_lock_held_since.pop(token)
+                    self._liveness.restart_after_lock_held(released - since, released)
+
+    @staticmethod
+    def _begin_immediate(conn, wait: bool) -> float:
+        """Take the write lock (``BEGIN IMMEDIATE``), retrying while another connection holds
+        it for up to ``BUSY_TIMEOUT`` (not at all if not ``wait``). Each attempt waits at most
+        ``LOCK_ATTEMPT_WAIT`` (in SQLite's busy handler). Return the monotonic time just
+        before the attempt that took the lock: no later than the moment it was taken, and at
+        most ``LOCK_ATTEMPT_WAIT`` earlier unless this thread was paused."""
+        deadline = time.monotonic() + (BUSY_TIMEOUT if wait else 0.0)
+        try:
+            while True:
+                left = max(0.0, deadline - time.monotonic())
+                conn.execute(f"PRAGMA busy_timeout={int(min(left, LOCK_ATTEMPT_WAIT) * 1000)}")
+                attempt_started = time.monotonic()
                 try:
                     conn.execute("BEGIN IMMEDIATE")
-                finally:
-                    conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT * 1000)}")
-            try:
-                reaped = self._reap(conn) if reap else 0
-                yield conn
-                if bump or reaped:
-                    conn.execute("UPDATE counters SET value=value+1 WHERE name='changes'")
-            except BaseException:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-                raise
-            else:
-                conn.execute("COMMIT")
+                    return attempt_started
+                except sqlite3.OperationalError as e:
+                    if not _is_lock_conflict(e) or time.monotonic() >= deadline:
+                        raise
+        finally:
+            conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT * 1000)}")
 
     @contextlib.contextmanager
     def _read(self):
-        """A consistent read snapshot (deferred transaction), after reaping dead sessions if
-        the write lock is free. A read never waits for a writer (WAL): a process stopped in
-        the middle of a write transaction (SIGSTOP) blocks writers until it resumes, never
-        readers; dead sessions are then reaped by a later operation."""
+        """A consistent read snapshot (deferred transaction), after reaping the sessions
+        found dead if the write lock is free. A read never waits for a writer (WAL): a process
+        stopped in the middle of a write transaction (SIGSTOP) blocks writers until it
+        resumes, never readers; dead sessions are then reaped by a later operation."""
         with self._conn() as conn, self._errors():
-            if self._has_dead_sessions(conn):
+            if self._dead_sessions(conn, in_write=False):
                 try:
                     with self._write(wait=False):
                         pass
@@ -281,29 +395,57 @@ class SqliteStore(MetadataStore):
                       (sid, time.time(), self.session_timeout, os.getpid(), socket.gethostname()))
         return sid
 
-    def _has_dead_sessions(self, conn) -> bool:
-        row = conn.execute(
-            "SELECT 1 FROM sessions WHERE heartbeat + timeout < ? AND id != ? LIMIT 1",
-            (time.time(), self._session)).fetchone()
-        return row is not None
+    def _dead_sessions(self, conn, read_started: float | None = None, *, in_write: bool,
+                       read_now: bool = False) -> list[str]:
+        """The other sessions this store finds dead (see :class:`SessionLiveness`).
 
-    def _reap(self, conn) -> int:
-        """Delete dead sessions and their ephemeral nodes; return the number of nodes deleted."""
-        dead = [r[0] for r in conn.execute(
-            "SELECT id FROM sessions WHERE heartbeat + timeout < ? AND id != ?",
-            (time.time(), self._session))]
+        Reads the sessions table if ``read_now``, if a read is due (they are at most
+        ``SESSIONS_READ_INTERVAL`` apart, or a quarter of the smallest timeout), or, in a
+        write transaction, if the last read found dead sessions (the verdict that deletes
+        is always drawn from the transaction's own rows). Otherwise a write finds none and a
+        read gets the last verdict. ``read_started``: a monotonic time no later than the
+        snapshot read (default: just before the query)."""
+        with self._liveness_lock:
+            due = (read_now or time.monotonic() >= self._next_sessions_read
+                   or (in_write and bool(self._dead_found)))
+            if not due:
+                return [] if in_write else list(self._dead_found)
+        if read_started is None:
+            read_started = time.monotonic()
+        rows = conn.execute("SELECT id, heartbeat, timeout FROM sessions WHERE id != ?",
+                            (self._session,)).fetchall()
+        read_finished = time.monotonic()
+        with self._liveness_lock:
+            # a write transaction of ours that has not finished yet may have been paused
+            for since in self._write_lock_held_since.values():
+                self._liveness.restart_after_lock_held(read_finished - since, read_finished)
+            dead = self._liveness.observe(rows, read_started, read_finished)
+            self._dead_found = dead
+            self._next_sessions_read = read_finished + min(
+                SESSIONS_READ_INTERVAL, self._liveness.smallest_timeout / 4)
+        return list(dead)
+
+    def _reap(self, conn, read_started: float, read_sessions: bool) -> int:
+        """In a write transaction: delete the sessions found dead and their ephemeral nodes;
+        return the number of nodes deleted."""
+        dead = self._dead_sessions(conn, read_started, in_write=True, read_now=read_sessions)
         deleted = 0
         for sid in dead:
             deleted += _delete_session(conn, sid)
-            log.info("sqlite metadata store %s: expired session %s", self.path, sid)
+            log.info("sqlite metadata store %s: expired session %s (heartbeat unchanged for "
+                     "longer than its timeout)", self.path, sid)
+        if dead:
+            with self._liveness_lock:
+                self._dead_found = [sid for sid in self._dead_found if sid not in dead]
         return deleted
 
     def _heartbeat_once(self) -> None:
-        """Refresh our heartbeat (reaping dead sessions); start a new session if ours is gone."""
+        """Change our heartbeat value (reading the sessions table and reaping the dead
+        ones); start a new session if ours is gone."""
         sid = self._session
-        with self._write(bump=False) as c:
-            alive = c.execute("UPDATE sessions SET heartbeat=? WHERE id=?",
-                              (time.time(), sid)).rowcount
+        with self._write(bump=False, read_sessions=True) as c:
+            alive = c.execute("UPDATE sessions SET heartbeat=max(heartbeat + 0.001, ?) "
+                              "WHERE id=?", (time.time(), sid)).rowcount
         if not alive:
             self._session_lost(sid)
 
@@ -652,6 +794,11 @@ def _delete_session(conn, sid: str) -> int:
     deleted = conn.execute("DELETE FROM nodes WHERE owner=?", (sid,)).rowcount
     conn.execute("DELETE FROM sessions WHERE id=?", (sid,))
     return deleted
+
+
+def _is_lock_conflict(error: sqlite3.OperationalError) -> bool:
+    msg = str(error)
+    return "locked" in msg or "busy" in msg
 
 
 def _safe_call(fn, *args):
