@@ -67,6 +67,24 @@ def test_record_write_string_value_and_timestamp(spark, uri, log_name):
     assert (r.key, r.value, r.timestamp, r.headers) == (b"k", "héllo".encode(), ts, {"a": b"1"})
 
 
+def test_a_row_stamped_far_ahead_of_the_stores_time_fails_the_write(spark, uri, log_name, logs):
+    """Issue 47: a record's timestamp from a host whose clock is ahead is bounded on write
+    (Kafka's message.timestamp.after.max.ms): more than maxTimestampAheadMs (1 h) ahead of
+    the metadata store's time fails the write with the option named; rows without one get the
+    store's time."""
+    import time as _time
+    ahead = datetime.datetime.fromtimestamp(_time.time() + 2 * 3600)
+    df = spark.createDataFrame([("v", ahead)], "value string, timestamp timestamp")
+    with pytest.raises(Exception, match="maxTimestampAheadMs"):
+        wr(df, uri).save(log_name)
+    assert not logs.exists(log_name) or rd(spark, uri).load(log_name).count() == 0
+    wr(df, uri, maxTimestampAheadMs=str(3 * 3600 * 1000)).save(log_name)
+    wr(spark.createDataFrame([("now",)], "value string"), uri).save(log_name)
+    got = {r.value: r.timestamp for r in rd(spark, uri).load(log_name).collect()}
+    assert got[b"v"] == ahead
+    assert abs(got[b"now"].timestamp() - _time.time()) < 120
+
+
 ARROW_SCHEMA = ("id long, name string, score double, ok boolean, amount decimal(20,4), day date, "
                 "at timestamp, tags array<string>, attrs map<string,int>, "
                 "point struct<x:int,y:struct<z:string>>, events array<struct<k:string,v:long>>, "

@@ -25,7 +25,9 @@ the cuts the runner made (``runner.events``):
   covered; or holds one twice;
 * ``out-of-order`` -- a writer's records, a tailing reader's records, or the sink's rows of
   one source ledger are not in log order (or a reader saw other content than the log holds);
-* ``reader-skip`` -- a tailing reader jumped over records of the log.
+* ``reader-skip`` -- a tailing reader jumped over records of the log;
+* ``retention-too-early`` -- (seen by the runner, ``clock_skew``) retention applied from a host
+  whose wall clock is off removed a ledger closed more recently than the log's retention time.
 
 Each violation names the run's seed (added by the runner), the log, the ids, and ``t``: the
 seconds from the run's start to the event it is about (the first one: the time to find).
@@ -43,6 +45,12 @@ from bkspark import errors
 from .workloads import (BATCH_LOG, CLIENT_CONF, KEYS_LOG, OVERWRITE_LOG, PASSWORD,
                         STREAM_SINK, STREAM_SOURCE, APP_LOGS, _payload_id)
 
+#: what the runner saw while the run went on (``V`` events), by kind
+RUN_VIOLATIONS = {
+    "log-names-deleted-ledger": "listed while its metadata was gone (seen during the run)",
+    "retention-too-early": "removed by retention from a host with a wrong clock before it was "
+                           "closed for the log's retention time (true clock)",
+}
 CUT_MARGIN_S = 0.5      # an ack recorded this long after a cut ended may still predate it
 #: an ack recorded this long after an overwrite committed may still predate it (a busy
 #: machine may delay the writer's record of an acknowledgement that came before the fence)
@@ -154,7 +162,7 @@ class Checker:
         for p in events:            # seen by the runner's monitor while the run went on
             if p[0] == "V":
                 self.violation(p[1], t=float(p[4]), log=p[2], ledger=int(p[3]),
-                               detail="listed while its metadata was gone (seen during the run)")
+                               detail=RUN_VIOLATIONS.get(p[1], p[1]))
         rows = collections.Counter()
         self._check_appends(acks, contents, cuts, ends, rows)
         self._check_tailer(acks, contents[STREAM_SOURCE], rows)

@@ -1,5 +1,5 @@
-"""The five defects the user-level campaign exists to find, each one a patch that reverts its
-fix (issue 45): a campaign that does not report the defect with its fix reverted proves
+"""The defects the user-level campaign exists to find, each one a patch that reverts its
+fix (issues 45 and 47): a campaign that does not report the defect with its fix reverted proves
 nothing.
 
     python -m bkspark.testing.userfaults.reverts 3 --into /tmp/rev3
@@ -18,6 +18,8 @@ code. ``tests/faults/test_user_campaign.py`` applies each patch in memory.
 4. ``batch-not-exactly-once`` -- an expired writer id is taken for a new one.
 5. ``stream-skip`` -- another Spark query under the same queryId commits its batch 0 as
    "already applied".
+6. ``retention-too-early`` (issue 47) -- retention judges ages by the enforcing host's wall
+   clock and acts whatever that clock says (the ``clock_skew`` fault runs it 8 days fast).
 """
 from __future__ import annotations
 
@@ -57,6 +59,24 @@ PATCHES: dict[int, list[tuple[str, str, str]]] = {
     5: [("bkspark/spark/writer.py",
          """        if done >= 0 and committed_for and spark_query and committed_for != spark_query:""",
          """        if False:""")],
+    6: [("bkspark/log/retention.py",
+         """    now = logs.store.clock.now_ms() if now_ms is None else now_ms""",
+         """    now = int(time.time() * 1000) if now_ms is None else now_ms"""),
+        ("bkspark/log/retention.py",
+         """        now_ms = logs.store.clock.check_skew(f"retention of log {name}")""",
+         """        pass"""),
+        ("bkspark/log/retention.py",
+         """import logging
+import re
+""",
+         """import logging
+import re
+import time
+"""),
+        ("bkspark/recovery/retention.py",
+         """            self.logs.store.clock.check_skew("retention pass")
+""",
+         "")],
 }
 
 
@@ -66,7 +86,8 @@ def patched(root: str, fix: int) -> dict[str, str]:
 
 
 def main(argv=None) -> int:
-    return reverts.main(PATCHES, "python -m bkspark.testing.userfaults.reverts", "issue 45", argv)
+    return reverts.main(PATCHES, "python -m bkspark.testing.userfaults.reverts", "issues 45, 47",
+                        argv)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ NUM_BOOKIES = 5
 KEYS_COUNT = 1100           # > metadata.log_segments.WRITER_KEYS_MAX (1,000)
 #: after the run's seconds, scenarios still in flight (a Spark query) get this long to finish
 SCENARIO_GRACE_S = 240
+#: the log retained by time (4 s): where a skewed clock's retention would cut too early
+TIME_RETAINED_LOG = "app-1"
 
 
 class UserFaultRun:
@@ -173,7 +175,7 @@ class UserFaultRun:
                 self.logs = LogStore(bk, password=PASSWORD)
                 for name in APP_LOGS + (BATCH_LOG, STREAM_SINK, KEYS_LOG):
                     self.logs.create(name)
-                self.logs.set_retention("app-1", RetentionPolicy(ms=4000))
+                self.logs.set_retention(TIME_RETAINED_LOG, RetentionPolicy(ms=4000))
                 self.logs.set_retention(BATCH_LOG, RetentionPolicy(bytes=20_000))
                 for slot in self.SLOTS:
                     self._spawn_slot(slot)
@@ -338,6 +340,8 @@ class UserFaultRun:
             self._background(self._truncate, f.params["log"])
         elif f.kind == "shell_retention":
             self._background(self._shell_retention)
+        elif f.kind == "clock_skew":
+            self._background(self._skewed_retention, f.params["offset"])
 
     def _scenario_deadline(self) -> float:
         """When a fault waiting for a driver gives up: the end of the run's bound (its
@@ -711,6 +715,40 @@ class UserFaultRun:
         if out.returncode != 0:
             self.fault_errors.append(f"shell apply-retention rc {out.returncode}: "
                                      f"{out.stderr[-200:]}")
+
+    def _skewed_retention(self, offset: str) -> None:
+        """``bkspark shell apply-retention`` of the time-retained log from a host whose wall
+        clock is ``offset`` off (libfaketime). Whatever it removes must have been closed for
+        the log's retention time, judged on the true clock: the list is read before (each
+        segment's ``closed_ms``), and a removed ledger closed more recently -- or not listed
+        closed yet when the shell started, less than that time before it ended -- is a
+        violation (``V retention-too-early``): a host's wrong clock deleted fresh data."""
+        from bkspark.testing.clockskew import skewed_env
+        log = TIME_RETAINED_LOG
+        keep_ms = self.logs.retention(log).ms
+        closed = {e.ledger_id: e.closed_ms for e in self.logs.segments(log) if e.closed}
+        t0 = time.time()
+        cmd = [sys.executable, "-m", "bkspark.cli.main", "shell", "--metadata", self.uri,
+               "--json", "apply-retention", log]
+        env = skewed_env(offset, dict(os.environ, PYTHONPATH=REPO_ROOT))
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+        t1 = time.time()
+        self._cut(log, "skewed-shell", f"{t0:.4f}", None)
+        if out.returncode != 0:         # (refused: this host's clock is off the store's)
+            self.events.write("CR", log, "skewed-refused", offset, out.stderr.strip()
+                              .replace("\n", " ")[-160:])
+            return
+        try:
+            rows = json.loads(out.stdout)
+            removed = [lid for r in rows if r.get("log") == log for lid in r.get("removed", [])]
+        except (ValueError, AttributeError, TypeError):
+            self.fault_errors.append(f"clock_skew: unreadable shell output {out.stdout[-200:]!r}")
+            return
+        young_after = (t1 * 1000) - keep_ms + 500      # (0.5 s for stamps' resolution)
+        for lid in removed:
+            closed_ms = closed.get(lid)
+            if (closed_ms if closed_ms is not None else t0 * 1000) > young_after:
+                self.events.write("V", "retention-too-early", log, lid, now())
 
     def _retention_loop(self) -> None:
         from bkspark.log.retention import enforce

@@ -23,7 +23,10 @@ FAULT_KINDS = (
     "python_worker_kill",       # SIGKILL of a PySpark worker (the executor side of local[2])
     "truncate",                 # LogStore.truncate of a retained log
     "shell_retention",          # `bkspark shell apply-retention` (a process of its own)
+    "clock_skew",               # ... from a host whose wall clock is hours or days off
 )
+#: wall-clock offsets of a clock_skew fault (libfaketime's syntax)
+SKEW_OFFSETS = ("+8d", "+2h", "+90s", "-400d")
 
 #: roles a lost answer / a session expiry can hit
 LOST_TARGETS = ("appender-app-0", "appender-app-1", "appender-ow-0", "spark", "spark", "stream")
@@ -35,7 +38,7 @@ WEIGHTS = {"bookie_pause": 3, "bookie_pause_tail": 4, "bookie_kill": 3,
            "takeover": 3, "batch_driver_kill": 1, "stream_driver_kill": 0,
            "stream_lost_checkpoint": 0, "stream_replan_paused": 0, "stream_reset_checkpoint": 0,
            "python_worker_kill": 2, "truncate": 3,
-           "shell_retention": 1}
+           "shell_retention": 1, "clock_skew": 1}
 BOOKIE_KINDS = ("bookie_pause", "bookie_pause_tail", "bookie_kill")
 #: the streaming query's faults: applied one after the other, in the schedule's order
 STREAM_SEQUENCE = ("stream_replan_paused", "stream_driver_kill", "stream_lost_checkpoint")
@@ -123,6 +126,8 @@ def make_schedule(seed: int, duration: float, num_bookies: int = 5, warmup: floa
             f = Fault(t, kind, target, 0.0, {"log": TAKEOVER_LOGS[target]})
         elif kind == "python_worker_kill":
             f = Fault(t, kind, rng.randrange(2), 0.0, {"driver": rng.choice(["batch", "stream"])})
+        elif kind == "clock_skew":
+            f = Fault(t, kind, 0, 0.0, {"offset": rng.choice(SKEW_OFFSETS)})
         elif kind == "truncate":
             f = Fault(t, kind, 0, 0.0, {"log": rng.choice(["app-1", "batch-0", "batch-0"])})
         else:
