@@ -373,7 +373,11 @@ class Collector:
                     "copy_rate": total(samples, "autorecovery_copy_rate_bytes"),
                     "ledgers_replicated": total(samples, "autorecovery_ledgers_replicated_total"),
                     "failures": total(samples, "autorecovery_replication_failures_total"),
-                    "bytes_copied": total(samples, "autorecovery_bytes_copied_total")})
+                    "bytes_copied": total(samples, "autorecovery_bytes_copied_total"),
+                    "clock_skew": total(samples, "bkspark_clock_skew_seconds")})
+                skew = doc["clock_skew"]
+                doc["clock_skew_alarm"] = skew is not None and \
+                    abs(skew) > self.store.clock.tolerance_s
             out.append(doc)
         return out
 

@@ -29,7 +29,8 @@ def wait_until(predicate, timeout: float, interval: float = 0.25, what: str = "c
 class AutoRecoveryProcess:
     """`python -m bkspark.cli.main autorecovery ...` as a real subprocess."""
 
-    def __init__(self, uri: str, ident: str, log_dir, **opts):
+    def __init__(self, uri: str, ident: str, log_dir, env: dict | None = None, **opts):
+        """``env``: the process's environment (default: this one's); ``opts``: its flags."""
         self.ident = ident
         self.log_path = os.path.join(str(log_dir), f"autorecovery-{ident}.log")
         args = {"lost-bookie-recovery-delay": 1, "audit-interval": 2,
@@ -42,7 +43,8 @@ class AutoRecoveryProcess:
             cmd += [f"--{k}", str(v)]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         env=env)
 
     @property
     def alive(self):

@@ -134,3 +134,40 @@ def test_metrics_and_routes_of_a_running_autorecovery(tmp_path):
             assert collector.overview()["autorecovery"] == []
         finally:
             ar.stop()
+
+
+def test_an_autorecovery_whose_clock_is_off_refuses_retention_and_says_so(tmp_path):
+    """Issue 47: an autorecovery on a host 8 days fast (libfaketime) is the retention enforcer;
+    it removes nothing from a 1-hour log written now, and its skew is on its /metrics
+    (``bkspark_clock_skew_seconds``, the refusals) and marked on the dashboard."""
+    from bkspark.log import LogStore
+    from bkspark.log.retention import RetentionPolicy
+    from bkspark.testing.clockskew import skewed_env
+    uri = f"sqlite://{tmp_path}/meta.db"
+    port = free_port()
+    with BookieCluster(uri, num_bookies=3, data_dir=tmp_path, session_timeout=3.0), \
+            BookKeeper(uri, add_timeout=5, read_timeout=5) as bk:
+        logs = LogStore(bk, password=b"pw", ensemble_size=3, write_quorum=2, ack_quorum=2)
+        logs.create("fresh")
+        logs.set_retention("fresh", RetentionPolicy(ms=3600 * 1000))
+        for i in range(3):
+            with logs.open_writer("fresh") as w:
+                w.append(b"r%d" % i)
+        listed = [e.ledger_id for e in logs.get("fresh")[0].ledgers]
+        ar = AutoRecoveryProcess(uri, "ar-skewed", tmp_path, env=skewed_env("+8d"),
+                                 http_port=port, http_host="127.0.0.1", retention_interval=1)
+        try:
+            def refused():
+                code, text = http(port, "/metrics")
+                return code == 200 and (metric(text, "autorecovery_retention_refused_by_skew_total")
+                                        or 0) >= 2 and text
+            text = wait_until(refused, 60, what="retention refused twice (skew)")
+            assert abs(metric(text, "bkspark_clock_skew_seconds") - 8 * 86400) < 60, text
+            collector = Collector(bk.store, slow_interval=0)
+            collector.sample()
+            [found] = collector.overview()["autorecovery"]
+            assert found["clock_skew_alarm"] and found["clock_skew"] > 8 * 86400 - 60, found
+            assert "clock skew alarm" in ar.log_tail(200)
+        finally:
+            ar.stop()
+        assert [e.ledger_id for e in logs.get("fresh")[0].ledgers] == listed
