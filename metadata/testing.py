@@ -442,6 +442,17 @@ def lost_answers(store, match="", count: int = 1, applied: bool = True,
             store.__dict__.pop(name, None)
 
 
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02,
+             what: str = "condition") -> None:
+    """Poll ``predicate`` until it is true; AssertionError naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
 def unique_root(prefix: str = "test") -> str:
     return f"/{prefix}-{uuid.uuid4().hex[:12]}"
 

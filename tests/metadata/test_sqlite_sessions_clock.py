@@ -39,13 +39,6 @@ def db(tmp_path):
     return path, f"sqlite://{path}"
 
 
-def wait_for(predicate, timeout, interval=0.05, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def node_exists(path: str, node: str) -> bool:
@@ -169,7 +162,7 @@ def test_skewed_owner_keeps_its_node_while_alive_and_loses_it_one_timeout_after_
         owner.send_signal(signal.SIGKILL)
         owner.wait(30)
         killed = time.monotonic()
-        wait_for(lambda: judge.exists("/bookies/owner") is None, TIMEOUT + 5,
+        mt.wait_for(lambda: judge.exists("/bookies/owner") is None, TIMEOUT + 5,
                  what="the killed owner's ephemeral node to vanish")
         assert time.monotonic() - killed <= TIMEOUT + 5
         assert not session_exists(path, owner_session)
@@ -210,7 +203,7 @@ def test_judge_paused_longer_than_the_timeout_reaps_no_live_session_on_waking(db
         time.sleep(3 * TIMEOUT)
         progress = int(node_data(path, "/judge/progress"))
         judge.send_signal(signal.SIGCONT)
-        wait_for(lambda: int(node_data(path, "/judge/progress")) >= progress + 20, 30,
+        mt.wait_for(lambda: int(node_data(path, "/judge/progress")) >= progress + 20, 30,
                  what="the resumed judge to write")
         time.sleep(1.0)
         assert judge.poll() is None, "the judge failed"
@@ -278,7 +271,7 @@ def test_new_store_gives_a_silent_session_a_full_timeout_before_reaping_it(db):
     judge = open_store(uri, session_timeout=TIMEOUT)
     try:
         assert judge.exists("/crashed") is not None
-        wait_for(lambda: judge.exists("/crashed") is None, TIMEOUT + 5,
+        mt.wait_for(lambda: judge.exists("/crashed") is None, TIMEOUT + 5,
                  what="the crashed owner's node to vanish")
         assert time.monotonic() - opened >= TIMEOUT
         assert not session_exists(path, "crashed")

@@ -21,13 +21,6 @@ from metadata import testing as mt
 SPAWN = multiprocessing.get_context("spawn")
 
 
-def wait_for(predicate, timeout=10.0, interval=0.02, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def run_processes(target, args_list, timeout=120):
@@ -181,7 +174,7 @@ def test_ephemeral_vanishes_when_session_closes(store_factory):
     owner.create("/eph/node", b"me", ephemeral=True)
     assert observer.get("/eph/node") == (b"me", 0)
     owner.close()
-    wait_for(lambda: observer.exists("/eph/node") is None, 5, what="ephemeral removal")
+    mt.wait_for(lambda: observer.exists("/eph/node") is None, 5, what="ephemeral removal")
     assert observer.exists("/eph") is not None  # parents created by makepath are persistent
 
 
@@ -194,7 +187,7 @@ def test_ephemeral_vanishes_when_session_expires(store_factory):
     old_session = owner.session_id
     mt.expire_session(owner)
     assert owner.session_id != old_session
-    wait_for(lambda: observer.exists("/eph2/node") is None, 10, what="ephemeral removal")
+    mt.wait_for(lambda: observer.exists("/eph2/node") is None, 10, what="ephemeral removal")
     assert lost.wait(10), "on_session_lost callback not called"
     assert observer.get("/eph2/persistent")[0] == b"stay"
     # the store carries on with a new session: it can re-register
@@ -209,7 +202,7 @@ def test_ephemeral_of_crashed_process_vanishes_after_session_timeout(store, stor
     proc.join(60)
     assert proc.exitcode == 0
     assert store.exists("/crash/eph") is not None  # owner died without closing
-    wait_for(lambda: store.exists("/crash/eph") is None, 15, interval=0.1,
+    mt.wait_for(lambda: store.exists("/crash/eph") is None, 15, interval=0.1,
              what="expiry of a dead owner's ephemeral")
 
 
@@ -327,9 +320,9 @@ def test_watch_children_fires_initially_and_on_change(store_factory):
     cancel = watcher.watch_children("/w", seen.append)
     assert seen == [["a"]]  # called once at start, synchronously
     writer.create("/w/b", b"")
-    wait_for(lambda: seen[-1] == ["a", "b"], 5, what="child add")
+    mt.wait_for(lambda: seen[-1] == ["a", "b"], 5, what="child add")
     writer.delete("/w/a")
-    wait_for(lambda: seen[-1] == ["b"], 5, what="child delete")
+    mt.wait_for(lambda: seen[-1] == ["b"], 5, what="child delete")
     cancel()
     time.sleep(0.1)
     count = len(seen)
@@ -344,7 +337,7 @@ def test_watch_children_of_missing_node(store_factory):
     watcher.watch_children("/later", seen.append)
     assert seen == [[]]
     writer.create("/later/x", b"")
-    wait_for(lambda: seen[-1] == ["x"], 5, what="children of a created node")
+    mt.wait_for(lambda: seen[-1] == ["x"], 5, what="children of a created node")
 
 
 def test_watch_data_fires_on_set_and_delete(store_factory):
@@ -353,11 +346,11 @@ def test_watch_data_fires_on_set_and_delete(store_factory):
     cancel = watcher.watch_data("/wd", lambda data, version: seen.append((data, version)))
     assert seen == [(None, None)]
     writer.create("/wd", b"v0")
-    wait_for(lambda: seen[-1] == (b"v0", 0), 5, what="create")
+    mt.wait_for(lambda: seen[-1] == (b"v0", 0), 5, what="create")
     writer.set("/wd", b"v1")
-    wait_for(lambda: seen[-1] == (b"v1", 1), 5, what="set")
+    mt.wait_for(lambda: seen[-1] == (b"v1", 1), 5, what="set")
     writer.delete("/wd")
-    wait_for(lambda: seen[-1] == (None, None), 5, what="delete")
+    mt.wait_for(lambda: seen[-1] == (None, None), 5, what="delete")
     cancel()
 
 
@@ -367,7 +360,7 @@ def test_watch_survives_session_expiry(store_factory):
     watcher.watch_children("/ws", seen.append)
     mt.expire_session(watcher)
     writer.create("/ws/after", b"")
-    wait_for(lambda: seen[-1] == ["after"], 10, what="watch after expiry")
+    mt.wait_for(lambda: seen[-1] == ["after"], 10, what="watch after expiry")
 
 
 # ---- transactions ----------------------------------------------------------------------------
@@ -442,7 +435,7 @@ def test_transaction_sequential_and_ephemeral(store_factory):
     assert seq_path.startswith("/ts/n-") and len(seq_path) == len("/ts/n-") + 10
     assert eph_path == "/ts/eph"
     owner.close()
-    wait_for(lambda: observer.exists("/ts/eph") is None, 10, what="ephemeral removal")
+    mt.wait_for(lambda: observer.exists("/ts/eph") is None, 10, what="ephemeral removal")
     assert observer.exists(seq_path) == 0
 
 
