@@ -13,7 +13,8 @@ kernel stamps on a write of the store's clock file (``<db>-clock``, beside the d
 the kernel's clock, not the process's (a process's own idea of the time -- libfaketime, a
 container's -- does not reach it). A probe costs one store write.
 
-**Between probes** the clock runs on the process's monotonic clock from the last probe
+**Between probes** the clock runs on the process's elapsed-time clock (``CLOCK_BOOTTIME``:
+monotonic, and counting a suspend of the machine) from the last probe
 (re-probed every :data:`REFRESH_S`): a wall-clock step of this host does not move it, and a
 probe's round trip bounds its error (the probe is taken as happening at the middle of it).
 A probe that gets no answer raises :class:`MetadataConnectionError`: no time is guessed.
@@ -39,6 +40,15 @@ log = logging.getLogger(__name__)
 
 #: seconds between probes of the store's time (between them: the monotonic clock)
 REFRESH_S = 30.0
+
+
+def _elapsed() -> float:
+    """Seconds on a clock that no wall-clock step moves and that counts a suspend of the
+    machine too (CLOCK_BOOTTIME where the platform has it, else the monotonic clock)."""
+    return time.clock_gettime(_ELAPSED_CLOCK)
+
+
+_ELAPSED_CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
 #: default tolerance of a destructive actor's wall clock against the store's, seconds
 DEFAULT_SKEW_TOLERANCE_S = 60.0
 
@@ -59,10 +69,10 @@ class StoreClock:
         self._skew_ms = 0
 
     def _sample(self) -> tuple[int, float]:
-        before = time.monotonic()
+        before = _elapsed()
         wall_before = time.time()
         store_ms = int(self._probe())
-        after = time.monotonic()
+        after = _elapsed()
         mid = (before + after) / 2
         wall_ms = (wall_before + (mid - before)) * 1000
         with self._lock:
@@ -75,9 +85,9 @@ class StoreClock:
         probe. :raises MetadataConnectionError: a probe got no answer."""
         with self._lock:
             base = self._base
-        if fresh or base is None or time.monotonic() - base[1] >= self.refresh_s:
+        if fresh or base is None or _elapsed() - base[1] >= self.refresh_s:
             base = self._sample()
-        return base[0] + int((time.monotonic() - base[1]) * 1000)
+        return base[0] + int((_elapsed() - base[1]) * 1000)
 
     def skew_ms(self, fresh: bool = False) -> int:
         """This host's wall clock minus the store's (ms), at the last probe (``fresh``: now)."""
