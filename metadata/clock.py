@@ -19,13 +19,22 @@ monotonic, and counting a suspend of the machine) from the last probe
 probe's round trip bounds its error (the probe is taken as happening at the middle of it).
 A probe that gets no answer raises :class:`MetadataConnectionError`: no time is guessed.
 
-**Skew.** :meth:`StoreClock.skew_ms` is this host's wall clock minus the store's, at the
-last probe. The actors that destroy data by time (the retention enforcer, the Spark job
-reclaimer) call :meth:`StoreClock.check_skew` first: beyond the tolerance (the store's
-``clock_skew_tolerance``, 60 s by default) they refuse (:class:`ClockSkewError`, logged as
-an alarm and exported as ``bkspark_clock_skew_seconds``) -- their decisions would be right
-(they use the store's time), but a host that far off is misconfigured and the operator
-must know before anything else on it misjudges.
+**Skew.** :meth:`StoreClock.skew_ms` is this host's wall clock minus the store's, as of the
+last probe. Beyond the tolerance (the store's ``clock_skew_tolerance``, 60 s by default)
+the two clocks disagree and nobody can tell from one host which one is wrong, so:
+
+* the actors that delete by time (the retention enforcer, the Spark job reclaimer) refuse
+  (:meth:`StoreClock.check_skew`);
+* the stamps that retention and key expiry judge -- a ledger closed in a log, an idempotency
+  key used, a cursor moved -- are refused too (:meth:`StoreClock.stamp_ms`): were the store's
+  clock the wrong one (a ZooKeeper server a day behind), a stamp taken from it would make
+  fresh data look old long after it is fixed. The write fails with :class:`ClockSkewError`
+  (before anything is written) until the clocks agree again. Stamps nothing deletes by (a
+  ledger's creation time, record timestamps, a Spark job's registration, which only delays
+  its reclaim) take the store's time without the check.
+
+A refusal is logged as an alarm (at most once a minute per process) and the skew is
+exported as ``bkspark_clock_skew_seconds`` by autorecovery processes.
 """
 from __future__ import annotations
 
@@ -54,58 +63,90 @@ DEFAULT_SKEW_TOLERANCE_S = 60.0
 
 
 class StoreClock:
-    """The store's time in ms since the epoch (module docstring). Thread-safe.
+    """The store's time in ms since the epoch (module docstring). Thread-safe; one probe at
+    a time (threads that find the last probe stale wait for the one probe under way).
 
     ``probe()``: the store's time now (ms), by one write; ``tolerance_s``: the skew beyond
-    which :meth:`check_skew` refuses."""
+    which :meth:`check_skew` and :meth:`stamp_ms` refuse."""
 
     def __init__(self, probe: Callable[[], int], tolerance_s: float = DEFAULT_SKEW_TOLERANCE_S,
                  refresh_s: float = REFRESH_S):
         self._probe = probe
         self.tolerance_s = float(tolerance_s)
         self.refresh_s = float(refresh_s)
-        self._lock = threading.Lock()
-        self._base: tuple[int, float] | None = None     # (store ms, monotonic s) of a probe
+        self._lock = threading.Lock()           # guards the fields below
+        self._probing = threading.Lock()        # held by the one probe under way
+        self._base: tuple[int, float] | None = None     # (store ms, elapsed s) of a probe
         self._skew_ms = 0
+        self._alarmed_at: float | None = None   # (elapsed s) of the last alarm logged
 
-    def _sample(self) -> tuple[int, float]:
-        before = _elapsed()
-        wall_before = time.time()
-        store_ms = int(self._probe())
-        after = _elapsed()
-        mid = (before + after) / 2
-        wall_ms = (wall_before + (mid - before)) * 1000
+    def _current(self, fresh: bool) -> tuple[int, float]:
+        """The last probe's (store ms, elapsed s), probing first if it is stale (or
+        ``fresh``); a thread that waited for another's probe uses that one."""
+        asked = _elapsed()
         with self._lock:
-            self._base = (store_ms, mid)
-            self._skew_ms = int(wall_ms - store_ms)
-        return store_ms, mid
+            base = self._base
+        if not fresh and base is not None and asked - base[1] < self.refresh_s:
+            return base
+        seen = base
+        with self._probing:
+            with self._lock:
+                base = self._base
+            if base is not None and base is not seen and (not fresh or base[1] >= asked):
+                return base                     # probed by another thread meanwhile
+            before = _elapsed()
+            wall_before = time.time()
+            store_ms = int(self._probe())
+            after = _elapsed()
+            mid = (before + after) / 2
+            wall_ms = (wall_before + (mid - before)) * 1000
+            with self._lock:
+                self._base = (store_ms, mid)
+                self._skew_ms = int(wall_ms - store_ms)
+            return store_ms, mid
 
     def now_ms(self, fresh: bool = False) -> int:
         """The store's time now (ms); ``fresh``: probe now rather than run on from the last
         probe. :raises MetadataConnectionError: a probe got no answer."""
-        with self._lock:
-            base = self._base
-        if fresh or base is None or _elapsed() - base[1] >= self.refresh_s:
-            base = self._sample()
+        base = self._current(fresh)
         return base[0] + int((_elapsed() - base[1]) * 1000)
 
     def skew_ms(self, fresh: bool = False) -> int:
-        """This host's wall clock minus the store's (ms), at the last probe (``fresh``: now)."""
-        if fresh or self._base is None:
-            self._sample()
-        return self._skew_ms
+        """This host's wall clock minus the store's (ms), as of a probe at most
+        :data:`REFRESH_S` old (``fresh``: now)."""
+        self._current(fresh)
+        with self._lock:
+            return self._skew_ms
+
+    def _refuse(self, action: str) -> int:
+        """The store's time now, unless this host's clock is off it beyond the tolerance:
+        then :class:`ClockSkewError` (and an alarm in the log, at most one a minute)."""
+        now = self.now_ms()
+        with self._lock:
+            skew = self._skew_ms
+            if abs(skew) <= self.tolerance_s * 1000:
+                return now
+            quiet = self._alarmed_at is not None and _elapsed() - self._alarmed_at < 60
+            if not quiet:
+                self._alarmed_at = _elapsed()
+        msg = (f"{action} refused: this host's clock is {skew / 1000:+.1f} s off the "
+               f"metadata store's (tolerance {self.tolerance_s:g} s). Fix the time of this "
+               "host, or of the metadata store's servers if every host reports this (NTP)")
+        if not quiet:
+            log.error("clock skew alarm: %s", msg)
+        raise ClockSkewError(msg)
 
     def check_skew(self, action: str) -> int:
-        """Refuse ``action`` (raise :class:`ClockSkewError`, logged as an error) when this
-        host's clock is off the store's by more than the tolerance (as of a probe at most
-        :data:`REFRESH_S` old). Returns the store's time (ms) the decision is to use."""
-        now = self.now_ms()
-        skew = self._skew_ms
-        if abs(skew) > self.tolerance_s * 1000:
-            msg = (f"{action} refused: this host's clock is {skew / 1000:+.1f} s off the "
-                   f"metadata store's (tolerance {self.tolerance_s:g} s). Fix the host's time "
-                   "(NTP); decisions by time are the store's, but a host this far off "
-                   "misjudges elsewhere")
-            log.error("clock skew alarm: %s", msg)
-            raise ClockSkewError(msg)
-        return now
+        """For an action that deletes by time (retention, reclaim): the store's time (ms) its
+        decisions use -- or :class:`ClockSkewError` when this host's clock is off the store's
+        by more than the tolerance (as of a probe at most :data:`REFRESH_S` old)."""
+        return self._refuse(action)
+
+    def stamp_ms(self, what: str) -> int:
+        """The store's time (ms) for a stamp that retention or key expiry will judge (a
+        ledger closed in a log, an idempotency key used, a cursor moved) -- or
+        :class:`ClockSkewError` when this host's clock is off the store's by more than the
+        tolerance. Nobody can tell from here which clock is wrong: should it be the store's
+        (a ZooKeeper server a day behind), the stamp would make fresh data look old long
+        after that clock is fixed, so nothing is stamped until the two agree again."""
+        return self._refuse(what)

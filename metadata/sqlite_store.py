@@ -758,11 +758,19 @@ class SqliteStore(MetadataStore):
 
     def probe_time_ms(self) -> int:
         """The modification time the kernel stamps on a write of the store's clock file
-        (``<db>-clock``): the machine's clock, whatever this process believes the time is."""
+        (``<db>-clock``): the machine's clock, whatever this process believes the time is.
+        The file gets the database file's permissions and owner, as SQLite gives its ``-wal``
+        and ``-shm`` files: whoever may write the store may probe its time."""
         path = self.path + "-clock"
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+            db = os.stat(self.path)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT, db.st_mode & 0o666)
             try:
+                st = os.fstat(fd)
+                if os.geteuid() == 0 and (st.st_uid, st.st_gid) != (db.st_uid, db.st_gid):
+                    os.fchown(fd, db.st_uid, db.st_gid)
+                if st.st_mode & 0o666 != db.st_mode & 0o666 and st.st_uid == os.geteuid():
+                    os.fchmod(fd, db.st_mode & 0o666)
                 os.pwrite(fd, b"\0", 0)
                 return os.fstat(fd).st_mtime_ns // 1_000_000
             finally:

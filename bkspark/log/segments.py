@@ -218,7 +218,7 @@ class LogEdit:
         prev = self.last()
         entry.seq = self.head.next
         self._stamp(prev, entry)
-        stamp_closed(entry, self.store.clock.now_ms())
+        self._stamp_closed(entry)
         index = self._index_record(ledger_id)
         if index is not None:
             if truncated_leftover(self.head, index):
@@ -237,10 +237,17 @@ class LogEdit:
             raise BadRequestError(f"log {self.name} has no ledger {ledger_id}")
         entry.set(**info)
         if "state" in info:
-            stamp_closed(entry, self.store.clock.now_ms())
+            self._stamp_closed(entry)
         self._changed_entry(entry)
         self._stamp_offsets()
         return entry
+
+    def _stamp_closed(self, entry: LogLedger) -> None:
+        """Stamp a newly closed entry's ``closed_ms`` with the store's time (metadata.clock:
+        refused with ClockSkewError while this host's clock disagrees with it)."""
+        if entry.closed and entry.closed_ms is None:
+            stamp_closed(entry, self.store.clock.stamp_ms(
+                f"listing ledger {entry.ledger_id} closed in log {self.name}"))
 
     def seal(self, end: LogLedger) -> LogLedger:
         """Record a listed ledger closed at the end ``end`` gives (its state, last entry and
@@ -301,10 +308,12 @@ class LogEdit:
                    started_ms: int | None = None) -> None:
         """Record ``writer_id``'s last committed sequence (and owner epoch); ``started_ms``:
         when the writer started, for a writer the log does not know (module docstring of
-        :mod:`metadata.log_segments`). :raises WriterKeyExpiredError: :meth:`check_writer`."""
+        :mod:`metadata.log_segments`). :raises WriterKeyExpiredError: :meth:`check_writer`;
+        ClockSkewError: the key's time cannot be stamped (:mod:`metadata.clock`)."""
         self.check_writer(writer_id, started_ms)
-        key = {"seq": seq, "t": self.store.clock.now_ms(),     # (the store's time: metadata.clock)
-               "n": self.version + 1,                          # (the head's next version)
+        t = self.store.clock.stamp_ms(f"the idempotency key of writer {writer_id!r} in log "
+                                      f"{self.name}")           # (metadata.clock)
+        key = {"seq": seq, "t": t, "n": self.version + 1,      # (the head's next version)
                "epoch": epoch if epoch is not None else self.head.writer_epoch(writer_id)}
         self.head.writers[writer_id] = key
         for gone in expire_writers(self.head, key["t"], keep=writer_id):

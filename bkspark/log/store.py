@@ -556,6 +556,8 @@ class LogStore:
 
         :raises OutcomeUnknownError: the answer was lost and the list could not be re-read;
             the ledgers are kept (the commit may have been applied).
+        :raises ClockSkewError: this host's clock disagrees with the metadata store's, so the
+            commit's stamps cannot be taken (:mod:`metadata.clock`); nothing was applied.
         """
         check_log_name(name)
         if (writer_id is None) != (sequence is None):
@@ -813,9 +815,12 @@ class LogStore:
 
     def commit_cursor(self, name: str, cursor: str, position: Position) -> None:
         """Durably record ``cursor``'s position (the next entry it will read), and when it
-        moved (``t``, ms: a cursor idle for long holds retention back no more)."""
+        moved (``t``, the store's time in ms: a cursor idle for long holds retention back no
+        more). :raises ClockSkewError: this host's clock disagrees with the store's
+        (:mod:`metadata.clock`); nothing is written."""
         import json
-        data = json.dumps({**position.to_json(), "t": self.store.clock.now_ms()}).encode()
+        moved = self.store.clock.stamp_ms(f"cursor {cursor} of log {name}")    # (metadata.clock)
+        data = json.dumps({**position.to_json(), "t": moved}).encode()
         path = cursor_path(name, cursor)
         self._head(name)
         update_record(self.store, path, decode=bytes, encode=bytes, transform=lambda _old: data,

@@ -77,7 +77,7 @@ class RetentionService:
             self.refused_by_skew += 1
             return removed
         except BKError as exc:
-            log.warning("retention: cannot list logs: %s", exc)
+            log.warning("retention: cannot read the store's time or list logs: %s", exc)
             return removed
         for name in names:
             if not still_leader() or self._stop.is_set():

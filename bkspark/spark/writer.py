@@ -352,12 +352,13 @@ class BookKeeperStreamWriter(importguard.Guarded, DataSourceStreamArrowWriter):
     def _commit_once(self, logs, store, wid, run, ids, info, batch_id, fault, spark_query=None):
         latest = store.latest()
         owner, superseded, committed_for = None, [], None
-        since = logs.store.clock.now_ms()   # when this query started committing (kept below)
         if latest is not None:
             payload = latest[1] or {}
             owner, superseded = payload.get("run"), list(payload.get("superseded", []))
             since = payload.get("since", 0)
             committed_for = payload.get("spark_query")
+        else:
+            since = logs.store.clock.now_ms()   # when this query started committing (kept)
         if run in superseded:
             raise LogFencedError(f"streaming query {wid}: this run ({run}) was superseded by a "
                                  f"newer run ({owner}) of the same query; it may not commit")

@@ -85,51 +85,72 @@ out(planned=cut.before, refused=refused, removed=removed, refusals=service.refus
 
 
 @pytest.mark.parametrize("offset", ["-400d", "+30d"], ids=["behind", "ahead"])
-def test_a_skewed_writer_stamps_the_stores_time(cluster, bk, logs, log_name, offset):
+def test_a_skewed_writer_stamps_nothing_a_later_pass_misjudges(cluster, bk, logs, log_name,
+                                                               offset):
     """Finding 2 (a writer 400 days behind: the next true-clock pass removed its fresh
     ledgers) and finding 5 (one ledger stamped in the future held time retention back until
-    that date): the stamps a skewed writer leaves -- closed_ms, its idempotency key's time,
-    its cursor's -- are the store's."""
+    that date). A host whose clock disagrees with the store's may write entries (they are
+    acknowledged and kept) but takes no stamp that retention or key expiry judges: closing
+    its ledger in the list, committing a key, moving a cursor are refused with the fix named,
+    and the next owner on a true clock records the ledger with the store's time."""
     logs.create(log_name)
     logs.set_retention(log_name, RetentionPolicy(ms=WEEK_MS))
     got = skewed(offset, """
+from bkspark.errors import ClockSkewError
 from bkspark.log import Position
+refused = []
+w = logs.open_writer(name)
 for i in range(3):
-    with logs.open_writer(name) as w:
-        w.append(b"w%d" % i)
-logs.append_ledgers(name, [], writer_id="skewed-job", sequence=0)
-logs.commit_cursor(name, "skewed-reader", Position(0, 0))
-out(ok=True)
-""", cluster.metadata_uri, f"{log_name}")
-    assert got["ok"]
-    true_ms = time.time() * 1000
-    md, _ = logs.get(log_name)
-    closed = [e.closed_ms for e in md.ledgers if e.closed]
-    assert len(closed) >= 2 and all(abs(t - true_ms) < 120_000 for t in closed), closed
+    w.append(b"w%d" % i)
+w.flush()
+try:
+    w.close()
+except ClockSkewError as exc:
+    refused.append("close: " + str(exc))
+for what, act in (("key", lambda: logs.append_ledgers(name, [], writer_id="skewed-job",
+                                                      sequence=0)),
+                  ("cursor", lambda: logs.commit_cursor(name, "skewed-reader", Position(0, 0)))):
+    try:
+        act()
+    except ClockSkewError as exc:
+        refused.append(what + ": " + str(exc))
+out(refused=refused)
+""", cluster.metadata_uri, log_name)
+    assert len(got["refused"]) == 3 and all("NTP" in r for r in got["refused"]), got
     head = ls.LogHead.deserialize(bk.store.get(log_path(log_name))[0])
-    assert abs(head.writers["skewed-job"]["t"] - true_ms) < 120_000, head.writers
-    _, moved_ms = logs.cursor_records(log_name)["skewed-reader"]
-    assert abs(moved_ms - true_ms) < 120_000
-    cut = enforce(logs, log_name)           # a true-clock pass: nothing is a week old
-    assert not cut.removed
-    assert read_all(logs, log_name) == [b"w0", b"w1", b"w2"]
+    assert "skewed-job" not in head.writers
+    assert "skewed-reader" not in logs.cursor_records(log_name)
+    with logs.open_writer(log_name) as w:           # a true-clock owner: seals the tail
+        w.append(b"next")
+    true_ms = time.time() * 1000
+    closed = [e.closed_ms for e in logs.get(log_name)[0].ledgers if e.closed]
+    assert closed and all(abs(t - true_ms) < 120_000 for t in closed), closed
+    assert not enforce(logs, log_name).removed      # a true-clock pass: nothing a week old
+    assert read_all(logs, log_name) == [b"w0", b"w1", b"w2", b"next"]
 
 
 def test_a_fast_committer_does_not_expire_a_live_key(cluster, bk, logs, log_name):
     """Finding 3: job7 commits; a commit by a host 8 days fast expired job7's key, and
-    job7's retry was applied again (today: refused forever). Now key ages are the store's:
-    the retry is recognised as applied and appends nothing."""
+    job7's retry was applied again (today: refused forever). Now that host's commit is
+    refused before it changes anything, and key ages are the store's: job7's retry is
+    recognised as applied and appends nothing."""
     logs.create(log_name)
     assert logs.append_ledgers(log_name, [closed_ledger(bk, [b"job7"])], writer_id="job7",
                                sequence=0)
     got = skewed("+8d", """
-out(applied=logs.append_ledgers(name, [], writer_id="other", sequence=0))
+from bkspark.errors import ClockSkewError
+try:
+    logs.append_ledgers(name, [], writer_id="other", sequence=0)
+    out(refused=False)
+except ClockSkewError:
+    out(refused=True)
 """, cluster.metadata_uri, log_name)
-    assert got["applied"]
+    assert got["refused"]
     head = ls.LogHead.deserialize(bk.store.get(log_path(log_name))[0])
     assert "job7" in head.writers and head.expired["count"] == 0, head
     assert logs.append_ledgers(log_name, [closed_ledger(bk, [b"job7"])], writer_id="job7",
                                sequence=0) is False     # the retry: already applied
+    assert logs.append_ledgers(log_name, [], writer_id="other", sequence=0)   # (true clock)
     assert read_all(logs, log_name) == [b"job7"]
 
 
@@ -158,3 +179,42 @@ out(verdicts=verdicts, refused=refused)
     job = pending.status(bk.store, key, 600)
     assert job is not None and job.verdict == "recent" and job.ledgers == [lid]
     assert bk.ledger_metadata(lid) is not None
+
+
+def test_a_zookeeper_whose_clock_is_off_gets_no_stamp_that_outlives_the_fix(tmp_path):
+    """The store's clock can be the wrong one: a ZooKeeper server a day behind. Stamps
+    taken from it would make fresh ledgers look a day old once its clock is fixed (a
+    true-clock pass then removed them), so while every host disagrees with it the stamps are
+    refused; once it is fixed the next owner records the ledger with the right time and
+    nothing is removed."""
+    from bkspark.client import BookKeeper
+    from bkspark.errors import ClockSkewError
+    from bkspark.log import LogStore
+    from bkspark.testing.clockskew import skewed_env
+    from bkspark.testing.cluster import BookieCluster
+    from metadata.testing import ZooKeeperServer
+    launcher = ["env"] + [f"{k}={v}" for k, v in skewed_env("-1d", base={}).items()]
+    zk = ZooKeeperServer(launcher=launcher).start()
+    uri = zk.uri("/one-clock")
+    try:
+        with BookieCluster(uri, num_bookies=3, data_dir=tmp_path), BookKeeper(uri) as bk:
+            logs = LogStore(bk, password=b"pw", ensemble_size=3, write_quorum=2, ack_quorum=2)
+            logs.create("fresh")
+            logs.set_retention("fresh", RetentionPolicy(ms=12 * 3600 * 1000))
+            w = logs.open_writer("fresh")
+            w.append(b"r0")
+            with pytest.raises(ClockSkewError, match="metadata store's servers"):
+                w.close()
+            assert abs(bk.store.clock.skew_ms() - 24 * 3600 * 1000) < 60_000
+            zk.stop(cleanup=False)
+            zk.launcher = []                    # the ZooKeeper host's clock is fixed
+            zk.start()
+            bk.store.clock.now_ms(fresh=True)
+            with logs.open_writer("fresh") as w:
+                w.append(b"r1")
+            closed = [e.closed_ms for e in logs.get("fresh")[0].ledgers if e.closed]
+            assert closed and all(abs(t - time.time() * 1000) < 120_000 for t in closed)
+            assert not enforce(logs, "fresh").removed
+            assert read_all(logs, "fresh") == [b"r0", b"r1"]
+    finally:
+        zk.stop()
