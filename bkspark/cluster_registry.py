@@ -25,6 +25,8 @@ import fcntl
 import json
 import os
 
+from bkspark import private
+
 ENV_URI = "BKSPARK_METADATA_URI"
 POINTER_FILE = "default-cluster.json"
 
@@ -35,7 +37,7 @@ def bkspark_home() -> str:
 
 def _write_json(path: str, doc: dict) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
+    with private.open_file(tmp) as f:
         json.dump(doc, f)
     os.replace(tmp, path)
 
@@ -91,8 +93,8 @@ class ClusterDir:
         A reader checking :meth:`running` holds a shared lock for a moment, so a busy lock is
         retried briefly before it counts as another cluster."""
         import time
-        os.makedirs(self.data_dir, exist_ok=True)
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        private.make_dir(self.data_dir)
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, private.FILE_MODE)
         deadline = time.monotonic() + 1.0
         while True:
             try:
@@ -121,8 +123,9 @@ class ClusterDir:
 @contextlib.contextmanager
 def _pointer_locked():
     home = bkspark_home()
-    os.makedirs(home, exist_ok=True)
-    fd = os.open(os.path.join(home, "default-cluster.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    private.make_dir(home)
+    fd = os.open(os.path.join(home, "default-cluster.lock"), os.O_RDWR | os.O_CREAT,
+                 private.FILE_MODE)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield os.path.join(home, POINTER_FILE)

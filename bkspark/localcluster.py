@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 
+from bkspark import private
 from bkspark.cluster_registry import (
     ClusterBusyError,
     ClusterDir,
@@ -119,9 +120,9 @@ class BookieProcess:
         return None
 
     def _record_identity(self) -> None:
-        os.makedirs(self.dir, exist_ok=True)
+        private.make_dir(self.dir)
         tmp = self.identity_path + ".tmp"
-        with open(tmp, "w") as f:
+        with private.open_file(tmp) as f:
             json.dump({"address": self.address, "port": self.port, "http_port": self.http_port}, f)
         os.replace(tmp, self.identity_path)
 
@@ -171,7 +172,7 @@ class BookieProcess:
         if self.recorded or self.ever_ready:
             self._check_ports_free()
         self._record_identity()
-        log = open(self.log_path, "ab")
+        log = private.open_file(self.log_path, "ab")
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
@@ -225,7 +226,7 @@ class LocalCluster:
                  start_timeout: float = 60.0, publish: bool = False, placement=None,
                  listen_all: bool = False, retention_interval: float = 0.0):
         self.data_dir = os.path.abspath(data_dir)
-        os.makedirs(self.data_dir, exist_ok=True)
+        private.make_dir(self.data_dir)
         self.records = ClusterDir(self.data_dir)
         self.metadata_uri = (metadata_uri or self.records.record().get("metadata_uri")
                              or f"sqlite://{os.path.join(self.data_dir, 'metadata.db')}")

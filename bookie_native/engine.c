@@ -93,12 +93,12 @@ static int mkdirs(const char *path)
     for (char *p = tmp + 1; *p; p++) {
         if (*p == '/') {
             *p = 0;
-            if (mkdir(tmp, 0755) < 0 && errno != EEXIST)
+            if (mkdir(tmp, DATA_DIR_MODE) < 0 && errno != EEXIST)
                 return -1;
             *p = '/';
         }
     }
-    if (mkdir(tmp, 0755) < 0 && errno != EEXIST)
+    if (mkdir(tmp, DATA_DIR_MODE) < 0 && errno != EEXIST)
         return -1;
     return 0;
 }
@@ -109,7 +109,7 @@ int write_atomic(const char *dir, const char *name, const void *data, size_t len
     char tmp[4200], dst[4200];
     snprintf(tmp, sizeof tmp, "%s/%s.tmp", dir, name);
     snprintf(dst, sizeof dst, "%s/%s", dir, name);
-    int fd = open(tmp, O_CREAT | O_TRUNC | O_WRONLY, 0644);
+    int fd = open(tmp, O_CREAT | O_TRUNC | O_WRONLY, DATA_FILE_MODE);
     if (fd < 0)
         return -1;
     if (write_full(fd, data, len, 0) < 0 || fsync(fd) < 0) {
@@ -611,7 +611,7 @@ int eng_open(const EngineConfig *cfg, Engine **out, char *err, size_t errlen)
         char p[4200];
         int *fdp = k < e->njournals ? &e->jn[k]->lock_fd : &e->lock_fd;
         snprintf(p, sizeof p, "%s/LOCK", k < e->njournals ? e->jn[k]->dir : e->ledger_dirs[0]);
-        *fdp = open(p, O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+        *fdp = open(p, O_CREAT | O_RDWR | O_CLOEXEC, DATA_FILE_MODE);
         if (*fdp < 0 || flock(*fdp, LOCK_EX | LOCK_NB) < 0) {
             seterr(e, "cannot lock %s: %s (is another bookie using this directory?)", p, strerror(errno));
             rc = E_IO;

@@ -26,6 +26,12 @@
 #include "iofault.h" /* (last: engine files' system calls on their own files go through its wrappers) */
 
 /* ---------------------------------------------------------------- formats */
+/* Every file and directory the engine creates is private to the bookie's user (0600 / 0700,
+ * less the umask): entries, journals and the index are readable by nobody else on the host
+ * (issue 48: data files are created private). */
+#define DATA_FILE_MODE 0600
+#define DATA_DIR_MODE 0700
+
 #define J_MAGIC "BKSJ"
 #define J_VERSION 1u
 #define J_HDR 512u

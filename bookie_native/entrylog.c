@@ -66,8 +66,8 @@ static LogFile *log_create(Engine *e, uint32_t id, int dir)
     lf->id = id;
     lf->dir = dir;
     lf->dfd = -1;
-    lf->fd = open(p, O_CREAT | O_TRUNC | O_RDWR | O_CLOEXEC, 0644);
-    lf->idx_fd = open(q, O_CREAT | O_TRUNC | O_RDWR | O_CLOEXEC, 0644);
+    lf->fd = open(p, O_CREAT | O_TRUNC | O_RDWR | O_CLOEXEC, DATA_FILE_MODE);
+    lf->idx_fd = open(q, O_CREAT | O_TRUNC | O_RDWR | O_CLOEXEC, DATA_FILE_MODE);
     unsigned char h[L_HDR];
     if (lf->fd < 0 || lf->idx_fd < 0) {
         int err = errno;

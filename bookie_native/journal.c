@@ -105,7 +105,7 @@ static int j_create_file(Journal *j, uint64_t id, uint64_t *prealloc, int whole_
     Engine *e = j->e;
     char p[4200];
     jpath(j, id, p, sizeof p);
-    int fd = open(p, O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
+    int fd = open(p, O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, DATA_FILE_MODE);
     if (fd < 0)
         return -1;
     unsigned char hdr[DIO_ALIGN];

@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 REFRESH_S = 30.0
 
 
-def _elapsed() -> float:
+def elapsed() -> float:
     """Seconds on a clock that no wall-clock step moves and that counts a suspend of the
     machine too (CLOCK_BOOTTIME where the platform has it, else the monotonic clock)."""
     return time.clock_gettime(_ELAPSED_CLOCK)
@@ -83,7 +83,7 @@ class StoreClock:
     def _current(self, fresh: bool) -> tuple[int, float]:
         """The last probe's (store ms, elapsed s), probing first if it is stale (or
         ``fresh``); a thread that waited for another's probe uses that one."""
-        asked = _elapsed()
+        asked = elapsed()
         with self._lock:
             base = self._base
         if not fresh and base is not None and asked - base[1] < self.refresh_s:
@@ -94,10 +94,10 @@ class StoreClock:
                 base = self._base
             if base is not None and base is not seen and (not fresh or base[1] >= asked):
                 return base                     # probed by another thread meanwhile
-            before = _elapsed()
+            before = elapsed()
             wall_before = time.time()
             store_ms = int(self._probe())
-            after = _elapsed()
+            after = elapsed()
             mid = (before + after) / 2
             wall_ms = (wall_before + (mid - before)) * 1000
             with self._lock:
@@ -109,7 +109,13 @@ class StoreClock:
         """The store's time now (ms); ``fresh``: probe now rather than run on from the last
         probe. :raises MetadataConnectionError: a probe got no answer."""
         base = self._current(fresh)
-        return base[0] + int((_elapsed() - base[1]) * 1000)
+        return base[0] + int((elapsed() - base[1]) * 1000)
+
+    def at(self, moment: float) -> int:
+        """The store's time (ms) at ``moment``, a reading of :func:`elapsed` taken earlier on
+        this machine (in any process: the clock is the machine's)."""
+        base = self._current(False)
+        return base[0] + int((moment - base[1]) * 1000)
 
     def skew_ms(self, fresh: bool = False) -> int:
         """This host's wall clock minus the store's (ms), as of a probe at most
@@ -126,9 +132,9 @@ class StoreClock:
             skew = self._skew_ms
             if abs(skew) <= self.tolerance_s * 1000:
                 return now
-            quiet = self._alarmed_at is not None and _elapsed() - self._alarmed_at < 60
+            quiet = self._alarmed_at is not None and elapsed() - self._alarmed_at < 60
             if not quiet:
-                self._alarmed_at = _elapsed()
+                self._alarmed_at = elapsed()
         msg = (f"{action} refused: this host's clock is {skew / 1000:+.1f} s off the "
                f"metadata store's (tolerance {self.tolerance_s:g} s). Fix the time of this "
                "host, or of the metadata store's servers if every host reports this (NTP)")

@@ -55,6 +55,7 @@ import time
 import uuid
 from typing import Callable
 
+from bkspark import private
 from bkspark.errors import (
     BadRequestError,
     BadVersionError,
@@ -203,6 +204,8 @@ class SqliteStore(MetadataStore):
                 f"no metadata store at {path}: directory {parent} does not exist. Check the URI "
                 "(sqlite:///abs/path.db); `bkspark localcluster --data-dir DIR` creates its "
                 "store as DIR/metadata.db")
+        if create:
+            private.create_file(path)       # (a new store is private: 0600, bkspark.private)
         if not create and not os.path.exists(path):
             raise NoMetadataStoreError(
                 f"no metadata store at {path}: the file does not exist. Check the URI; a store "

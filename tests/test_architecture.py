@@ -9,7 +9,8 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 
 #: rank of each package (ARCHITECTURE.md, "Layers"): imports go to the same rank or lower
 LAYERS = {
-    "bkspark.errors": 0, "bkspark.ports": 0, "bkspark.heap": 0, "bkspark.httpd": 0,
+    "bkspark.errors": 0, "bkspark.ports": 0, "bkspark.private": 0, "bkspark.heap": 0,
+    "bkspark.httpd": 0,
     "bkspark.logging_setup": 0, "bkspark.cluster_registry": 0, "bkspark._native": 0,
     "bkspark": 0,
     "bkspark.proto": 1, "metadata": 1,

@@ -40,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"bkspark bookie: {exc}", file=sys.stderr)
         return 2
     setup_logging(config.log_level, config.log_format)
+    from bkspark import private
+    private.restrict_umask()        # (its data, index and cookies are private: bkspark.private)
     from bkspark.bookie.server import BookieServer
     server = BookieServer(config)
     try:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 
+from bkspark import private
 from bkspark.errors import BKError, BadVersionError, NoNodeError, NodeExistsError
 from metadata import registry
 
@@ -62,7 +63,7 @@ def _read_local(directory: str) -> dict | None:
 
 
 def _write_local(directory: str, cookie: dict) -> None:
-    os.makedirs(directory, exist_ok=True)
+    private.make_dir(directory)
     path = os.path.join(directory, COOKIE_FILE)
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:

@@ -18,7 +18,7 @@ import weakref
 
 import grpc
 
-from bkspark import errors
+from bkspark import errors, private
 from bkspark.bookie import cookie as cookies
 from bkspark.bookie.config import BookieConfig
 from bkspark.bookie.data_port import DataPortServer
@@ -133,7 +133,7 @@ class BookieServer:
     def start(self) -> None:
         cfg = self.config
         for directory in [*(cfg.journal_dirs or [cfg.journal_dir]), *cfg.ledger_dirs]:
-            os.makedirs(directory, exist_ok=True)
+            private.make_dir(directory)
         self.store = open_store(cfg.metadata_uri, session_timeout=cfg.metadata_session_timeout_s,
                                 create=True)    # the first bookie of a cluster creates its store
         registry.ensure_layout(self.store)

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 
+from bkspark import private
 from bkspark.errors import BKError
 
 
@@ -46,7 +47,7 @@ def _background(args: argparse.Namespace) -> int:
     """Start the cluster in a detached process; return once it runs (or failed to start)."""
     from bkspark.cluster_registry import ClusterDir
     records = ClusterDir(args.data_dir)
-    os.makedirs(records.data_dir, exist_ok=True)
+    private.make_dir(records.data_dir)
     if records.running():
         print(f"bkspark localcluster: a local cluster already runs on {records.data_dir} "
               f"(pid {records.record().get('pid', '?')}); stop it with --stop", file=sys.stderr)

@@ -42,6 +42,7 @@ from bkspark import errors
 from bkspark.errors import BadRequestError, LogFencedError, NoSuchLogError
 from bkspark.spark import codec, conn, importguard, pending
 from bkspark.spark.options import ARROW
+from metadata.clock import elapsed
 from metadata.update import GuardChangedError
 
 log = logging.getLogger("bkspark.spark")
@@ -208,8 +209,9 @@ class BookKeeperBatchWriter(importguard.Guarded, DataSourceArrowWriter):
         self.overwrite = overwrite
         self.schema_json = codec.schema_json(schema)
         self.job = f"batch-{uuid.uuid4().hex}"
-        # (before any commit of this job; the store's time: metadata.clock)
-        self.started_ms = conn.log_store(opts).store.clock.now_ms()
+        # when the job started (before any commit of it), on this machine's elapsed clock:
+        # the commit (on this machine) turns it into the store's time (metadata.clock)
+        self.started = elapsed()
 
     def write(self, iterator):
         with conn.profile("write"):
@@ -221,7 +223,7 @@ class BookKeeperBatchWriter(importguard.Guarded, DataSourceArrowWriter):
         ids = _ledger_ids(messages)
         # a writer id the log no longer remembers may start a new key only with sequence 0
         # (metadata.log_segments: a later sequence could retry a commit already applied)
-        started = self.started_ms if self.opts.writer_sequence == 0 else None
+        started = logs.store.clock.at(self.started) if self.opts.writer_sequence == 0 else None
         kw = dict(writer_id=self.opts.writer_id, sequence=self.opts.writer_sequence,
                   info=_ledger_info(messages), writer_started_ms=started)
         try:
