@@ -380,6 +380,9 @@ class ZkStore(MetadataStore):
                 return self._sync(self.client.set_async(CLOCK, b""))
         stat = self._write(probe, what=f"write {CLOCK} (the store's time)")
         if stat.version >= 1 << 30:
+            # (the record holds no data: only its version grows. The delete is conditional on
+            # the version this probe wrote; whether it was applied or not -- an answer lost, a
+            # later probe's write in between -- the next probe sets or creates it again)
             with contextlib.suppress(kex.KazooException, MetadataError):
                 self.delete(CLOCK, version=stat.version)
         return int(stat.mtime)

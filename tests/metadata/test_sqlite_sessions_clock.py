@@ -8,6 +8,7 @@ where it must not take part in judging.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -163,7 +164,7 @@ def test_skewed_owner_keeps_its_node_while_alive_and_loses_it_one_timeout_after_
         owner.wait(30)
         killed = time.monotonic()
         mt.wait_for(lambda: judge.exists("/bookies/owner") is None, TIMEOUT + 5,
-                 what="the killed owner's ephemeral node to vanish")
+                    what="the killed owner's ephemeral node to vanish")
         assert time.monotonic() - killed <= TIMEOUT + 5
         assert not session_exists(path, owner_session)
     finally:
@@ -189,31 +190,40 @@ while True:
 """
 
 
-@pytest.mark.slow
-def test_judge_paused_longer_than_the_timeout_reaps_no_live_session_on_waking(db):
-    path, uri = db
+@contextlib.contextmanager
+def live_owner_and_judge(uri: str, judge_code: str, judge_ready: str):
+    """A live owner of ``/bookies/live`` and a judge process (``judge_code``, ready once it
+    printed ``judge_ready``); yields (the owner's session, the judge); both stopped after
+    (the judge resumed first, should it be paused)."""
     live = start_child(OWNER, uri, "/bookies/live", str(TIMEOUT))
     judge = None
     try:
         _, live_session, _ = read_line(live, "ready")
-        judge = start_child(JUDGE_LOOPING, uri, "/bookies/live")
-        read_line(judge, "ready")
+        judge = start_child(judge_code, uri, "/bookies/live")
+        read_line(judge, judge_ready)
+        yield live_session, judge
+    finally:
+        if judge is not None:
+            judge.send_signal(signal.SIGCONT)
+            stop_child(judge)
+        stop_child(live)
+
+
+@pytest.mark.slow
+def test_judge_paused_longer_than_the_timeout_reaps_no_live_session_on_waking(db):
+    path, uri = db
+    with live_owner_and_judge(uri, JUDGE_LOOPING, "ready") as (live_session, judge):
         time.sleep(1.0)  # the judge has seen the live session beat
         judge.send_signal(signal.SIGSTOP)
         time.sleep(3 * TIMEOUT)
         progress = int(node_data(path, "/judge/progress"))
         judge.send_signal(signal.SIGCONT)
         mt.wait_for(lambda: int(node_data(path, "/judge/progress")) >= progress + 20, 30,
-                 what="the resumed judge to write")
+                    what="the resumed judge to write")
         time.sleep(1.0)
         assert judge.poll() is None, "the judge failed"
         assert node_exists(path, "/bookies/live"), "the resumed judge reaped a live session"
         assert session_exists(path, live_session)
-    finally:
-        if judge is not None:
-            judge.send_signal(signal.SIGCONT)
-            stop_child(judge)
-        stop_child(live)
 
 
 JUDGE_HOLDING_THE_WRITE_LOCK = """
@@ -236,12 +246,8 @@ def test_judge_paused_inside_a_write_transaction_reaps_no_live_session_after_it(
     transaction must not count that time as the others' silence (its next write usually
     takes the lock before their blocked heartbeats do)."""
     path, uri = db
-    live = start_child(OWNER, uri, "/bookies/live", str(TIMEOUT))
-    judge = None
-    try:
-        _, live_session, _ = read_line(live, "ready")
-        judge = start_child(JUDGE_HOLDING_THE_WRITE_LOCK, uri, "/bookies/live")
-        read_line(judge, "holding")
+    with live_owner_and_judge(uri, JUDGE_HOLDING_THE_WRITE_LOCK, "holding") as (live_session,
+                                                                              judge):
         judge.send_signal(signal.SIGSTOP)
         time.sleep(3 * TIMEOUT)
         judge.send_signal(signal.SIGCONT)
@@ -250,11 +256,6 @@ def test_judge_paused_inside_a_write_transaction_reaps_no_live_session_after_it(
         assert read_line(judge, "after") == ["after", "present"], \
             "the judge reaped a session its own write lock had kept from beating"
         assert session_exists(path, live_session)
-    finally:
-        if judge is not None:
-            judge.send_signal(signal.SIGCONT)
-            stop_child(judge)
-        stop_child(live)
 
 
 # ---- opening, compatibility, cost ----------------------------------------------------------
@@ -272,7 +273,7 @@ def test_new_store_gives_a_silent_session_a_full_timeout_before_reaping_it(db):
     try:
         assert judge.exists("/crashed") is not None
         mt.wait_for(lambda: judge.exists("/crashed") is None, TIMEOUT + 5,
-                 what="the crashed owner's node to vanish")
+                    what="the crashed owner's node to vanish")
         assert time.monotonic() - opened >= TIMEOUT
         assert not session_exists(path, "crashed")
     finally:

@@ -203,7 +203,7 @@ def test_ephemeral_of_crashed_process_vanishes_after_session_timeout(store, stor
     assert proc.exitcode == 0
     assert store.exists("/crash/eph") is not None  # owner died without closing
     mt.wait_for(lambda: store.exists("/crash/eph") is None, 15, interval=0.1,
-             what="expiry of a dead owner's ephemeral")
+                what="expiry of a dead owner's ephemeral")
 
 
 def test_ephemeral_cannot_have_children(store):
