@@ -34,6 +34,8 @@ setup(
         "prometheus-client>=0.17,<1",  # bookie /metrics
         "rich>=13,<16",  # shell tables and progress bars
         "plotly>=5.18,<8",  # the dashboard's charts (plotly.js, served from the package)
+        "pyjwt>=2.8,<3",  # tokens (bkspark.auth.tokens)
+        "cryptography>=41",  # Ed25519 token keys, X.509 CA and certificates (bkspark.auth)
     ],
     extras_require={
         "test": [

@@ -27,7 +27,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 
-import grpc  # noqa: E402
 
 from bkspark.bookie.storage import Storage, StorageConfig  # noqa: E402
 from bkspark.localcluster import LocalCluster  # noqa: E402
@@ -51,7 +50,8 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def bookie_run(address: str, ledger_id: int, size: int, batch: int, inflight: int, seconds: float) -> dict:
+def bookie_run(address: str, ledger_id: int, size: int, batch: int, inflight: int, seconds: float,
+               credentials) -> dict:
     payload = os.urandom(size)
     slots = threading.Semaphore(inflight)
     sent_at: dict[int, float] = {}
@@ -71,8 +71,8 @@ def bookie_run(address: str, ledger_id: int, size: int, batch: int, inflight: in
             entry += batch
             yield pb.AddBatch(adds=adds)
 
-    channel = grpc.insecure_channel(address, options=[("grpc.max_send_message_length", 256 << 20),
-                                                      ("grpc.max_receive_message_length", 256 << 20)])
+    channel = credentials.channel(address, options=[("grpc.max_send_message_length", 256 << 20),
+                                                    ("grpc.max_receive_message_length", 256 << 20)])
     stub = pb_grpc.BookieStub(channel)
     t0 = time.perf_counter()
     timer = threading.Timer(seconds, stop.set)
@@ -112,7 +112,8 @@ def main() -> None:
             bookie = cluster.bookies[0]
             for n, size in enumerate(int(s) for s in args.sizes.split(",")):
                 batch = max(1, min(256, (512 << 10) // size))
-                got = bookie_run(bookie.bookie_id, 100 + n, size, batch, args.inflight, args.seconds)
+                got = bookie_run(bookie.bookie_id, 100 + n, size, batch, args.inflight, args.seconds,
+                                 cluster.credentials("client"))
                 got["rss_mb"] = rss_mb(bookie.proc.pid)
                 results.append((size, batch, got))
         storage_dir = os.path.join(base, "storage")

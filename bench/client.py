@@ -42,8 +42,13 @@ Then where the entries over 10 ms lie in time: a few 100-ms windows with most of
 late are stalls (one bookie's slow sync holds every later entry: acknowledgements go in entry
 order), many windows with a few late entries each is queueing for a CPU.
 
+The bookies authenticate clients as a local cluster does by default (tokens,
+:mod:`bkspark.auth`). ``--auth-compare N`` measures instead what that costs: two clusters, one
+with authentication and one without, N alternating pairs of peak runs per entry size (the
+order flips each pair), and the median ratio of their throughput (issue 48's target: >= 0.9x).
+
     python bench/client.py [--seconds 5] [--sizes 1024,65536] [--no-single] [--no-paced]
-                           [--call-size] [--sweep 0.1,0.2,0.3,0.4]
+                           [--call-size] [--sweep 0.1,0.2,0.3,0.4] [--auth-compare 3]
 """
 from __future__ import annotations
 
@@ -55,7 +60,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -86,8 +90,9 @@ def bookie_metrics(cluster):
     from prometheus_client.parser import text_string_to_metric_families
     out = []
     for b in cluster.bookies:
-        with urllib.request.urlopen(f"http://127.0.0.1:{b.http_port}/metrics", timeout=5) as r:
-            out.append(list(text_string_to_metric_families(r.read().decode())))
+        creds = cluster.credentials("client")
+        _, raw, _ = creds.http_request(creds.url(b.address, b.http_port, "/metrics"), timeout=5)
+        out.append(list(text_string_to_metric_families(raw.decode())))
     return out
 
 
@@ -313,8 +318,14 @@ def main():
     ap.add_argument("--sweep", default="",
                     help="also pace at these fractions of the peak, e.g. 0.1,0.2,0.3 "
                          "(the latency/throughput curve: where the steady-rate capacity is)")
+    ap.add_argument("--auth-compare", type=int, default=0, metavar="PAIRS",
+                    help="compare peak throughput with and without authentication "
+                         "(PAIRS alternating runs per size) instead of the runs above")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    if args.auth_compare:
+        compare_auth(args, sizes)
+        return
     with tempfile.TemporaryDirectory(prefix="bkspark-bench-") as d:
         print(f"load average before the run: {os.getloadavg()[0]:.1f}")
         print(f"bench/client.py: 3 bookies on loopback (sqlite metadata, journal sync on), "
@@ -360,6 +371,47 @@ def main():
                         report(f"  unpaced, {k} per call", size, n, el, lat, cpu)
             settle(c)
             print(disk_reference(d), flush=True)
+
+
+def compare_auth(args, sizes) -> None:
+    """Peak E=3 Qw=2 Qa=2 throughput with authentication (tokens) against without, in the
+    same run: ``args.auth_compare`` alternating pairs per size, and the median ratio."""
+    import statistics
+    with tempfile.TemporaryDirectory(prefix="bkspark-bench-") as d:
+        print(f"load average before the run: {os.getloadavg()[0]:.1f}")
+        print(f"bench/client.py --auth-compare {args.auth_compare}: two clusters of 3 bookies "
+              f"on loopback (sqlite metadata, journal sync on), one authenticating clients "
+              f"(tokens), one not; E=3 Qw=2 Qa=2, {args.seconds:.0f} s per run, "
+              f"{os.cpu_count()} CPUs", flush=True)
+        clusters = {}
+        try:
+            for mode, auth in (("auth on", True), ("auth off", False)):
+                c = BookieCluster(f"sqlite://{d}/{mode[5:]}/meta.db", num_bookies=3,
+                                  data_dir=os.path.join(d, mode[5:]), fault_injection=False,
+                                  extra_args=["--gc-interval-s", "3"], auth=auth)
+                c.start_all()
+                clusters[mode] = (c, BookKeeper(c.metadata_uri, add_timeout=30,
+                                                max_outstanding_bytes=args.max_outstanding_mb << 20))
+            freeze_startup_heap()
+            for size in sizes:
+                batch = max(1, args.batch_bytes // size)
+                rates: dict[str, list[float]] = {m: [] for m in clusters}
+                for pair in range(args.auth_compare):
+                    order = list(clusters) if pair % 2 == 0 else list(reversed(clusters))
+                    for mode in order:
+                        c, bk = clusters[mode]
+                        settle(c)
+                        n, el, lat, _, cpu = measured(
+                            bk, c, lambda: run(bk, 3, 2, 2, size, args.seconds, batch))
+                        rates[mode].append(n / el)
+                        report(f"{mode:8s} pair {pair + 1}", size, n, el, lat, cpu)
+                on, off = (statistics.median(rates[m]) for m in ("auth on", "auth off"))
+                print(f"  {size} B entries: median {on:.0f}/s with authentication, {off:.0f}/s "
+                      f"without: {on / off:.2f}x", flush=True)
+        finally:
+            for c, bk in clusters.values():
+                bk.close()
+                c.stop_all()
 
 
 if __name__ == "__main__":

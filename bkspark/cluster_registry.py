@@ -17,6 +17,12 @@ naming one data directory. A cluster takes the pointer only while no other runni
 holds it, and removes it only if it still names its own directory -- a second cluster never
 takes it silently, and stopping one never unpublishes another (see :func:`claim_default`).
 The pointer is read and changed under ``$BKSPARK_HOME/default-cluster.lock``.
+
+Credentials: a local cluster's bookies authenticate their peers (:mod:`bkspark.auth.local`).
+So that a client on this machine works with no options, a cluster records where its
+credentials are under ``$BKSPARK_HOME/clusters/<instance id>.json`` (the metadata store's
+instance id, so any spelling of its URI finds them); :func:`local_credentials` reads them. The
+record holds file names only; the files are the cluster owner's (0600).
 """
 from __future__ import annotations
 
@@ -178,3 +184,38 @@ def default_metadata_uri(explicit: str | None = None) -> str | None:
 
 NO_METADATA_SERVICE = ("no metadata service: pass a URI ('zk://host:2181/ledgers' or "
                        f"'sqlite:///abs/path.db'), set {ENV_URI}, or start `bkspark localcluster`")
+
+
+def _credentials_record(instance_id: str) -> str:
+    safe = "".join(c for c in instance_id if c.isalnum()) or "unknown"
+    return os.path.join(bkspark_home(), "clusters", f"{safe}.json")
+
+
+def publish_credentials(instance_id: str, data_dir: str, tls: bool) -> None:
+    """Record that the cluster of ``instance_id`` keeps its credentials in ``data_dir``
+    (``tls``: its bookies serve TLS, verified with its CA)."""
+    path = _credentials_record(instance_id)
+    folder = private.make_dir(os.path.dirname(path))
+    for name in os.listdir(folder):         # records of clusters whose data is gone
+        doc = _read_json(os.path.join(folder, name)) or {}
+        if name.endswith(".json") and not os.path.isdir(doc.get("data_dir") or "/nonexistent"):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(folder, name))
+    _write_json(path, {"data_dir": os.path.abspath(data_dir), "tls": bool(tls)})
+
+
+def local_credentials(store, role: str = "client") -> dict:
+    """ClientConfig fields that present ``role``'s credentials of the local cluster whose
+    metadata ``store`` is ({} when it is none of this user's local clusters)."""
+    from bkspark.auth.local import ClusterCredentials
+    from metadata.registry import read_instance_id
+    instance = read_instance_id(store)
+    if not instance:
+        return {}
+    doc = _read_json(_credentials_record(instance)) or {}
+    if not doc.get("data_dir"):
+        return {}
+    creds = ClusterCredentials(doc["data_dir"])
+    if not os.path.exists(creds.token_file(role)):
+        return {}
+    return creds.client_settings(role, tls=bool(doc.get("tls")))

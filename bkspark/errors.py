@@ -73,7 +73,13 @@ class BookieIOError(BKError):
 
 @_status(EUA)
 class UnauthorizedError(BKError):
-    """Wrong password / master key for the ledger."""
+    """Wrong password / master key for the ledger, or a peer that is not authenticated
+    (no or a bad token or client certificate: :mod:`bkspark.auth`)."""
+
+
+class PermissionDeniedError(UnauthorizedError):
+    """The peer is authenticated, but its role does not permit the request
+    (:mod:`bkspark.auth.roles`)."""
 
 
 @_status(EBADVERSION)

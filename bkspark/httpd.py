@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
@@ -12,7 +13,31 @@ log = logging.getLogger("bkspark.http")
 
 
 class JsonHandler(BaseHTTPRequestHandler):
-    """A request handler with JSON answers; subclasses implement ``do_GET`` etc."""
+    """A request handler with JSON answers; subclasses implement ``do_GET`` etc.
+
+    Every request is admitted by the endpoint's :class:`~bkspark.auth.guard.Guard` (its
+    token and the route's role in :data:`bkspark.auth.roles.HTTP_ROUTES`) before a ``do_*``
+    method sees it; a refused one is answered 401/403 there."""
+
+    guard = None        # set by HttpEndpoint
+    timeout = 30        # seconds a connection may sit between requests (or in its handshake)
+
+    def setup(self) -> None:
+        super().setup()
+        if isinstance(self.request, ssl.SSLSocket):
+            self.request.do_handshake()     # here, in the connection's thread, not in accept
+
+    @property
+    def peer_certificate(self) -> bytes | None:
+        """The client certificate of an HTTPS connection, verified (None: none, or HTTP)."""
+        if isinstance(self.request, ssl.SSLSocket):
+            return self.request.getpeercert(binary_form=True)
+        return None
+
+    def parse_request(self) -> bool:
+        if not super().parse_request():
+            return False
+        return self.guard is None or self.guard.admit_http(self) is not None
 
     def log_message(self, fmt, *args):  # route through logging, quietly
         log.debug("http %s", fmt % args)
@@ -45,12 +70,24 @@ class JsonHandler(BaseHTTPRequestHandler):
         self.json(404, {"error": f"no such endpoint {path}"})
 
 
+def _quiet_error(request, client_address) -> None:
+    import sys
+    log.debug("http connection from %s ended: %r", client_address, sys.exc_info()[1])
+
+
 class HttpEndpoint:
     """``handler`` served on ``host:port`` (0: any free port, then :attr:`port`) by a daemon
-    thread between :meth:`start` and :meth:`stop`."""
+    thread between :meth:`start` and :meth:`stop`; ``guard`` admits each request; with an
+    ``ssl_context``, over HTTPS (the guard then also sees client certificates)."""
 
-    def __init__(self, handler: type, host: str, port: int, name: str) -> None:
+    def __init__(self, handler: type, host: str, port: int, name: str, guard,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        handler = type(handler.__name__, (handler,), {"guard": guard})
         self._httpd = ThreadingHTTPServer((host, port), handler)
+        self._httpd.handle_error = _quiet_error     # a peer's bad handshake is no traceback
+        if ssl_context is not None:     # HTTPS; each connection's handshake in its thread
+            self._httpd.socket = ssl_context.wrap_socket(
+                self._httpd.socket, server_side=True, do_handshake_on_connect=False)
         self._httpd.daemon_threads = True
         self.port = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, name=name, daemon=True)

@@ -28,12 +28,17 @@ import socket
 import subprocess
 import sys
 import time
+import weakref
 
 from bkspark import private
+from bkspark.auth.credentials import Credentials
+from bkspark.auth.guard import is_loopback
+from bkspark.auth.local import ClusterCredentials
 from bkspark.cluster_registry import (
     ClusterBusyError,
     ClusterDir,
     claim_default,
+    publish_credentials,
     release_default,
 )
 from bkspark.errors import BKError
@@ -72,8 +77,11 @@ class BookieProcess:
 
     def __init__(self, index: int, metadata_uri: str, data_dir: str, extra_args: list[str],
                  address: str = "127.0.0.1", launcher: list[str] | None = None,
-                 listen_all: bool = False, retention_interval: float = 0.0):
+                 listen_all: bool = False, retention_interval: float = 0.0,
+                 security_args: list[str] = (), credentials=None):
         self.index = index
+        self.security_args = list(security_args)     # its flags of bkspark.auth
+        self.credentials = credentials  # what wait_ready presents (None: nothing)
         self.ever_ready = False
         self.address = address
         self.listen_address = "0.0.0.0" if listen_all else address
@@ -158,7 +166,8 @@ class BookieProcess:
                 "--metadata", self.metadata_uri, "--listen-address", self.listen_address,
                 "--port", str(self.port), "--http-port", str(self.http_port),
                 "--journal-dir", os.path.join(self.dir, "journal"),
-                "--ledger-dirs", os.path.join(self.dir, "ledgers"), *self.extra_args]
+                "--ledger-dirs", os.path.join(self.dir, "ledgers"), *self.security_args,
+                *self.extra_args]
 
     def new_ports(self) -> None:
         """Take fresh ports and an empty directory: for a bookie that never started (its
@@ -207,6 +216,9 @@ class BookieProcess:
             return ""
 
 
+_RUNNING: "weakref.WeakSet[LocalCluster]" = weakref.WeakSet()   # this process's clusters
+
+
 class LocalCluster:
     """N bookies against ``metadata_uri`` (default: the store this data directory's cluster
     used last, else an embedded SQLite store in it), on loopback unless
@@ -224,7 +236,8 @@ class LocalCluster:
     def __init__(self, metadata_uri: str | None = None, num_bookies: int = 3,
                  data_dir: str = "./data", extra_args: list[str] | None = None,
                  start_timeout: float = 60.0, publish: bool = False, placement=None,
-                 listen_all: bool = False, retention_interval: float = 0.0):
+                 listen_all: bool = False, retention_interval: float = 0.0,
+                 auth: bool = True):
         self.data_dir = os.path.abspath(data_dir)
         private.make_dir(self.data_dir)
         self.records = ClusterDir(self.data_dir)
@@ -240,12 +253,43 @@ class LocalCluster:
         self.retention_interval = retention_interval
         self.retention = None           # the RetentionService while the cluster runs
         self._retention_bk = None
+        self.auth = ClusterCredentials(self.data_dir).ensure() if auth else None
+        self.tls = auth and any(listen_all or not is_loopback(self.placement(i)[0])
+                                for i in range(num_bookies))
         self.bookies = [self._bookie(i) for i in range(num_bookies)]
+
+    def client_settings(self, role: str = "client") -> dict:
+        """ClientConfig fields of ``role``'s credentials of this cluster ({}: no auth). A
+        certificate given in ``extra_args`` (``--tls-cert-file``) is trusted as its own CA
+        (self-signed, as :mod:`bkspark.testing.tls` makes them)."""
+        settings = self.auth.client_settings(role, tls=self.tls) if self.auth else {}
+        if "--tls-cert-file" in self.extra_args:
+            settings["tls_ca_file"] = self.extra_args[self.extra_args.index("--tls-cert-file") + 1]
+        return settings
+
+    def credentials(self, role: str = "admin") -> Credentials:
+        """``role``'s credentials of this cluster, for raw gRPC and HTTP requests to its
+        bookies (tests, tools): :meth:`Credentials.channel`, :meth:`Credentials.http_json`."""
+        from bkspark.client.settings import client_config_from
+        return Credentials.from_config(client_config_from(self.client_settings(role)))
+
+    @staticmethod
+    def of_bookie(bookie_id: str) -> "LocalCluster | None":
+        """The cluster running in this process that has ``bookie_id`` (None: none has)."""
+        return next((c for c in list(_RUNNING) if bookie_id in c.bookie_ids), None)
 
     def _bookie(self, i: int) -> BookieProcess:
         address, launcher = self.placement(i)
+        args = []
+        if self.auth is not None:
+            args = ["--auth-token-public-key-file", self.auth.public_key_file]
+            if self.tls:            # beyond loopback: a token is never sent in clear
+                key, cert = self.auth.bookie_certificate(i, address)
+                args += ["--tls-cert-file", cert, "--tls-key-file", key]
         return BookieProcess(i, self.metadata_uri, self.data_dir, self.extra_args,
-                             address=address, launcher=launcher, listen_all=self.listen_all)
+                             address=address, launcher=launcher, listen_all=self.listen_all,
+                             security_args=args,
+                             credentials=self.credentials("client") if self.auth else None)
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -268,6 +312,7 @@ class LocalCluster:
         except ClusterBusyError as exc:
             raise BKError(str(exc)) from None
         try:
+            self._publish_credentials()
             for bookie in self.bookies:
                 bookie.start()
             for bookie in self.bookies:
@@ -281,16 +326,30 @@ class LocalCluster:
             self.records.release()
             raise
         self.records.publish(self.metadata_uri, self.bookie_ids)
+        _RUNNING.add(self)
         if self.retention_interval > 0:
             self._start_retention()
         if self.publish:
             self.default_elsewhere = claim_default(self.records)
             self._is_default = self.default_elsewhere is None
 
+    def _publish_credentials(self) -> None:
+        """Let clients of this machine find the cluster's credentials by its instance id
+        (created here if this is the store's first start, as its first bookie would)."""
+        if self.auth is None:
+            return
+        from metadata import open_store, registry
+        store = open_store(self.metadata_uri, create=True)
+        try:
+            instance = registry.ensure_layout(store)
+        finally:
+            store.close()
+        publish_credentials(instance, self.data_dir, self.tls)
+
     def _start_retention(self) -> None:
         from bkspark.client import BookKeeper
         from bkspark.recovery.retention import RetentionService
-        self._retention_bk = BookKeeper(self.metadata_uri)
+        self._retention_bk = BookKeeper(self.metadata_uri, role="autorecovery")
         self.retention = RetentionService(self._retention_bk, f"localcluster:{os.getpid()}",
                                           self.retention_interval).start()
 
@@ -303,6 +362,7 @@ class LocalCluster:
             self._retention_bk = None
 
     def stop_all(self) -> None:
+        _RUNNING.discard(self)
         self._stop_retention()
         for bookie in self.bookies:
             bookie.signal(signal.SIGCONT)
@@ -387,7 +447,8 @@ class LocalCluster:
                 headline = bookie.failure() or f"exited with {bookie.proc.returncode}"
                 raise BKError(f"bookie {bookie.bookie_id} ({bookie.dir}) could not start: "
                               f"{headline}\n-- last lines of {bookie.log_path}:\n{tail}")
-            if bookie_state(bookie.http_port, bookie.address).get("registeredAs"):
+            if bookie_state(bookie.http_port, bookie.address,
+                            bookie.credentials).get("registeredAs"):
                 bookie.ever_ready = True
                 return
             time.sleep(0.1)
@@ -395,12 +456,13 @@ class LocalCluster:
                       + bookie.log_tail())
 
 
-def bookie_state(http_port: int, address: str = "127.0.0.1") -> dict:
-    """The bookie's /api/v1/bookie/state document, or {} if it does not answer."""
-    import urllib.request
+def bookie_state(http_port: int, address: str = "127.0.0.1", credentials=None) -> dict:
+    """The bookie's /api/v1/bookie/state document, or {} if it does not answer (presenting
+    ``credentials``: a :class:`~bkspark.auth.credentials.Credentials`)."""
+    credentials = credentials or Credentials()
     try:
-        with urllib.request.urlopen(f"http://{address}:{http_port}/api/v1/bookie/state",
-                                    timeout=1) as r:
-            return json.loads(r.read())
-    except (OSError, ValueError, http.client.HTTPException):
+        status, doc = credentials.http_json(
+            credentials.url(address, http_port, "/api/v1/bookie/state"), timeout=1)
+    except (OSError, http.client.HTTPException):
         return {}   # not up yet, or another server holds the port (the bookie then exits)
+    return doc if status == 200 and isinstance(doc, dict) else {}

@@ -69,6 +69,16 @@ def ensure_layout(store: MetadataStore) -> str:
     return instance_id(store)
 
 
+def read_instance_id(store: MetadataStore) -> str | None:
+    """The cluster's instance id, None when no bookie has created it yet (nothing is
+    created)."""
+    try:
+        data, _ = store.get(INSTANCEID)
+    except NoNodeError:
+        return None
+    return data.decode("ascii", errors="replace")
+
+
 def instance_id(store: MetadataStore) -> str:
     """The cluster's instance id, created once (the first creator wins; everyone reads it)."""
     try:

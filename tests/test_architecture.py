@@ -11,9 +11,9 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 LAYERS = {
     "bkspark.errors": 0, "bkspark.ports": 0, "bkspark.private": 0, "bkspark.heap": 0,
     "bkspark.httpd": 0,
-    "bkspark.logging_setup": 0, "bkspark.cluster_registry": 0, "bkspark._native": 0,
+    "bkspark.logging_setup": 0, "bkspark._native": 0,
     "bkspark": 0,
-    "bkspark.proto": 1, "metadata": 1,
+    "bkspark.proto": 1, "metadata": 1, "bkspark.auth": 1, "bkspark.cluster_registry": 1,
     "bkspark.client": 2, "bkspark.bookie": 2,
     "bkspark.log": 3,
     "bkspark.recovery": 4, "bkspark.spark": 4, "bkspark.dashboard": 4,

@@ -62,9 +62,16 @@ class BookieConfig:
     disk_check_interval_s: float = 5.0
     gc_interval_s: float = 60.0
     checkpoint_interval_s: float = 10.0
-    # security / testing
-    tls_cert_file: str = ""
+    # security (bkspark.auth; README "Security")
+    tls_cert_file: str = ""             # serve TLS with this certificate (and tls_key_file)
     tls_key_file: str = ""
+    tls_client_ca_file: str = ""        # mutual TLS: clients need a certificate signed by
+                                        # this CA; their role is its first OU
+    auth_token_public_key_file: str = ""  # accept tokens signed by the matching key
+    allow_insecure_network: bool = False  # listen beyond loopback without authentication,
+                                        # or with tokens in clear (a network protected
+                                        # otherwise); else such a bookie refuses to start
+    # testing
     fault_injection: bool = False       # test-only SetFaults RPC
     autorecovery: bool = False          # run auditor + replication worker in-process
     client_config: str = ""             # client settings (KEY = VALUE lines, as `bkspark
@@ -122,6 +129,15 @@ class BookieConfig:
             raise BadRequestError("need 0 < disk_usage_warn_threshold <= disk_usage_threshold")
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise BadRequestError("tls_cert_file and tls_key_file go together")
+        if self.tls_client_ca_file and not self.tls_cert_file:
+            raise BadRequestError("tls_client_ca_file (mutual TLS) needs the bookie's own "
+                                  "certificate: set tls_cert_file and tls_key_file")
+        from bkspark.auth.guard import check_listen
+        check_listen(f"bookie {self.bookie_id}", self.listen_address,
+                     authenticated=bool(self.tls_client_ca_file or
+                                        self.auth_token_public_key_file),
+                     tls=bool(self.tls_cert_file),
+                     allow_insecure_network=self.allow_insecure_network)
         client = self.client_settings()
         if self.autorecovery and self.tls_cert_file and not client.get("tls_ca_file"):
             logging.getLogger("bkspark.bookie").warning(

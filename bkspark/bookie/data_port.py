@@ -9,6 +9,11 @@ streams on a data port: the same ``AddBatch`` / ``AddBatchResponse`` / ``ReadRan
 per message. Clients learn the port from ``GetBookieInfo`` (gRPC stays the identity and the
 control plane); TLS, when the bookie has a certificate, wraps the data port too.
 
+Authentication: a connection is admitted once, at its hello (a token, or the client
+certificate of its TLS session), with the role :data:`bkspark.auth.roles.DATA_PORT`; a
+refused hello is answered ``DATA_REFUSED`` and the reason, and the connection is closed
+before any frame is read (:mod:`bkspark.auth.guard`).
+
 Durability and failure semantics are those of ``BookieService.AddStream`` and ``ReadRange``:
 both call the same ``BookieService`` code (validation, fault injection, in-flight bounds,
 durable journal before EOK). Ordering: a connection's frames are answered in the order they
@@ -23,6 +28,8 @@ import socket
 import ssl
 import threading
 
+from bkspark.auth import roles
+from bkspark.errors import UnauthorizedError
 from bkspark.proto import wire
 from bkspark.proto import bookie_pb2 as pb
 
@@ -34,9 +41,10 @@ MAX_CONNECTIONS = 1024      # beyond this, new connections are closed at once (a
 class DataPortServer:
     """Accepts data-port connections for one :class:`~bkspark.bookie.service.BookieService`."""
 
-    def __init__(self, service, host: str, port: int, *, max_frame_bytes: int,
+    def __init__(self, service, host: str, port: int, *, max_frame_bytes: int, guard,
                  ssl_context: ssl.SSLContext | None = None) -> None:
         self.service = service
+        self.guard = guard
         self.max_frame_bytes = max_frame_bytes
         self.ssl_context = ssl_context
         self._listener = socket.create_server((host, port), backlog=128)
@@ -94,6 +102,11 @@ class DataPortServer:
             rfile = conn.makefile("rb", buffering=256 << 10)
             if rfile.read(len(wire.DATA_MAGIC)) != wire.DATA_MAGIC:
                 return
+            item = wire.read_frame(rfile, wire.MAX_HELLO_BYTES)
+            if item is None or item[0] != wire.KIND_HELLO:
+                return
+            if not self._admit(conn, item[1]):
+                return
             conn.settimeout(None)
             conn.sendall(wire.DATA_MAGIC)
             _Connection(self, conn, rfile).run()
@@ -108,6 +121,22 @@ class DataPortServer:
                 conn.close()
             except OSError:
                 pass
+
+
+    def _admit(self, conn, token: bytes) -> bool:
+        """Whether the hello's credentials admit this connection; a refusal is answered."""
+        cert = conn.getpeercert(binary_form=True) if isinstance(conn, ssl.SSLSocket) else None
+        try:
+            peer = conn.getpeername()[0]
+        except OSError:
+            peer = "?"
+        try:
+            self.guard.admit(roles.DATA_PORT, peer, token=token.decode(errors="replace"),
+                             cert=cert)
+            return True
+        except UnauthorizedError as exc:
+            conn.sendall(wire.refusal(str(exc)))
+            return False
 
 
 class _Connection:

@@ -18,8 +18,12 @@ from bkspark.httpd import HttpEndpoint, JsonHandler
 
 
 class AdminHttpServer(HttpEndpoint):
-    def __init__(self, bookie, host: str, port: int) -> None:
-        super().__init__(_handler_for(bookie), host, port, "bookie-http")
+    """The routes above; each needs the role :data:`bkspark.auth.roles.HTTP_ROUTES` gives it,
+    checked by the bookie's ``guard`` (its tokens, or client certificates; ``/heartbeat`` is
+    open). A bookie with a certificate serves it over HTTPS."""
+
+    def __init__(self, bookie, host: str, port: int, guard, ssl_context=None) -> None:
+        super().__init__(_handler_for(bookie), host, port, "bookie-http", guard, ssl_context)
 
 
 def _autorecovery(handler, bookie, method: str) -> bool:

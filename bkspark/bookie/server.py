@@ -19,6 +19,8 @@ import weakref
 import grpc
 
 from bkspark import errors, private
+from bkspark.auth import roles
+from bkspark.auth.guard import Guard
 from bkspark.bookie import cookie as cookies
 from bkspark.bookie.config import BookieConfig
 from bkspark.bookie.data_port import DataPortServer
@@ -146,20 +148,39 @@ class BookieServer:
             + [("ledger", d) for d in cfg.ledger_dirs],
             disk_errors=lambda: self.state.disk_errors)
         self.service.metrics = self.metrics
+        self.guard = Guard.from_settings(cfg.auth_token_public_key_file, cfg.tls_client_ca_file)
+        if not self.guard.enabled:
+            log.warning("authentication is off: any process that reaches %s may read and write "
+                        "every ledger (README, Security)", cfg.listen_address)
         self.grpc_server = grpc.server(
             _thread_pool(cfg.grpc_workers),
+            interceptors=[self.guard.grpc_interceptor(roles.GRPC_METHODS)],
             options=[("grpc.max_receive_message_length", cfg.max_message_bytes),
                      ("grpc.max_send_message_length", cfg.max_message_bytes),
                      ("grpc.so_reuseport", 0)])
         add_to_server(self.service, self.grpc_server)
         address = f"{cfg.listen_address}:{cfg.port}"
-        data_tls = None
+        data_tls = http_tls = None
         if cfg.tls_cert_file:
+            client_ca = None
             with open(cfg.tls_key_file, "rb") as k, open(cfg.tls_cert_file, "rb") as c:
-                creds = grpc.ssl_server_credentials([(k.read(), c.read())])
+                key, cert = k.read(), c.read()
+            if cfg.tls_client_ca_file:
+                with open(cfg.tls_client_ca_file, "rb") as f:
+                    client_ca = f.read()
+            creds = grpc.ssl_server_credentials([(key, cert)], root_certificates=client_ca,
+                                                require_client_auth=client_ca is not None)
             bound = self.grpc_server.add_secure_port(address, creds)
             data_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             data_tls.load_cert_chain(cfg.tls_cert_file, cfg.tls_key_file)
+            if cfg.tls_client_ca_file:
+                data_tls.load_verify_locations(cfg.tls_client_ca_file)
+                data_tls.verify_mode = ssl.CERT_REQUIRED
+            http_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)      # certificates optional:
+            http_tls.load_cert_chain(cfg.tls_cert_file, cfg.tls_key_file)   # tokens too
+            if cfg.tls_client_ca_file:
+                http_tls.load_verify_locations(cfg.tls_client_ca_file)
+                http_tls.verify_mode = ssl.CERT_OPTIONAL
         else:
             bound = self.grpc_server.add_insecure_port(address)
         if not bound:
@@ -168,14 +189,16 @@ class BookieServer:
             try:
                 self.data_server = DataPortServer(
                     self.service, cfg.listen_address, cfg.data_port,
-                    max_frame_bytes=cfg.max_message_bytes, ssl_context=data_tls).start()
+                    max_frame_bytes=cfg.max_message_bytes, guard=self.guard,
+                    ssl_context=data_tls).start()
             except OSError as exc:
                 raise errors.BKError(f"cannot listen on data port {cfg.listen_address}:"
                                      f"{cfg.data_port}: {exc}") from None
             self.service.data_port = self.data_server.port
         self.grpc_server.start()
         if cfg.http_port >= 0:
-            self.http = AdminHttpServer(self, cfg.listen_address, cfg.http_port)
+            self.http = AdminHttpServer(self, cfg.listen_address, cfg.http_port, self.guard,
+                                        http_tls)
             self.http.start()
         self.state.running = True
         self._update_disk_state()
@@ -250,7 +273,9 @@ class BookieServer:
             info = {"address": f"{self.config.advertised_address}:{self.config.port}",
                     "rack": self.config.rack, "http_port": self.http.port if self.http else -1,
                     "pid": os.getpid(),
-                    "tls": bool(self.config.tls_cert_file)}  # clients tell TLS from plaintext
+                    "tls": bool(self.config.tls_cert_file),
+                    "auth": ("certificate" if self.config.tls_client_ca_file else
+                             "token" if self.config.auth_token_public_key_file else "none")}  # clients tell TLS from plaintext
             deadline = time.monotonic() + 3 * self.config.metadata_session_timeout_s + 10
             while True:
                 try:

@@ -52,7 +52,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(status, list_under_replicated_ledger, who_is_auditor, "
                              "trigger_audit, process) on this port (default -1: none; 0: any "
                              "free port, logged)")
-    parser.add_argument("--http-host", default="0.0.0.0", help="address of --http-port")
+    parser.add_argument("--http-host", default="127.0.0.1",
+                        help="address of --http-port (default 127.0.0.1; beyond loopback it "
+                             "needs --allow-insecure-network: the endpoint speaks HTTP)")
+    parser.add_argument("--http-token-public-key-file", default="", metavar="PEM",
+                        help="accept tokens signed by the matching key on --http-port (each "
+                             "route's role: README, Security); none: the endpoint is open, "
+                             "which only loopback allows")
+    parser.add_argument("--allow-insecure-network", action="store_true",
+                        help="serve --http-host beyond loopback (a network protected otherwise)")
     parser.add_argument("--no-auditor", action="store_true", help="run only the worker")
     parser.add_argument("--no-worker", action="store_true", help="run only the auditor")
     parser.add_argument("--id", default=None, help="identifier shown by `shell whoisauditor`")
@@ -81,6 +89,8 @@ def config_from_args(args):
         run_auditor=not args.no_auditor, run_worker=not args.no_worker,
         retention_interval=args.retention_interval,
         http_port=args.http_port, http_host=args.http_host,
+        http_token_public_key_file=args.http_token_public_key_file,
+        allow_insecure_network=args.allow_insecure_network,
         replication_rate_mb_per_s=args.rate, replication_rate_entries_per_s=args.rate_entries,
         client=client_args.client_settings(args))
 

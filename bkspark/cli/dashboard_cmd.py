@@ -16,9 +16,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8089, help="HTTP port (default 8089; 0: any free port)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to serve on (default 127.0.0.1; 0.0.0.0 for every interface)")
-    parser.add_argument("--token", default=None,
-                        help="enables actions (set a bookie read-only, trigger an audit) for "
-                             "requests presenting it; without it the dashboard is read-only")
+    parser.add_argument("--token-file", default=None, metavar="FILE",
+                        help="a file holding the token that enables actions (set a bookie "
+                             "read-only, trigger an audit) for requests presenting it; or "
+                             f"${TOKEN_ENV}. Without one the dashboard is read-only. (Never "
+                             "on the command line: every local user sees it in `ps`.)")
+    parser.add_argument("--token", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--allow-insecure-network", action="store_true",
+                        help="serve --host beyond loopback (the page is plain HTTP and shows "
+                             "the cluster to whoever reaches it)")
     parser.add_argument("--interval", type=float, default=2.0,
                         help="seconds between samples of the bookies (default 2)")
     parser.add_argument("--history", type=float, default=3600.0,
@@ -27,9 +33,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     client_args.add_arguments(parser)
 
 
+TOKEN_ENV = "BKSPARK_DASHBOARD_TOKEN"
+
+
+def action_token(args) -> str | None:
+    """The actions' token: ``--token-file``'s content, else ``$BKSPARK_DASHBOARD_TOKEN``;
+    BadRequestError for ``--token`` (argv is public) or an unreadable file."""
+    import os
+    from bkspark.auth.tokens import read_token_file
+    if args.token is not None:
+        raise BadRequestError("--token would show the token to every local user (`ps`): put it "
+                              f"in a file for --token-file, or in ${TOKEN_ENV}")
+    if args.token_file:
+        return read_token_file(args.token_file)
+    return os.environ.get(TOKEN_ENV) or None
+
+
 def start(uri: str, *, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
           interval: float = 2.0, history: float = 3600.0, slow_interval: float = 10.0,
-          client_settings: dict | None = None):
+          client_settings: dict | None = None, allow_insecure_network: bool = False):
     """A running dashboard of the cluster at ``uri`` (its collector, a client for logs and
     the HTTP endpoint); ``stop_dashboard`` of the result ends all three. ``slow_interval``:
     seconds between samples of logs and under-replication."""
@@ -38,7 +60,11 @@ def start(uri: str, *, host: str = "127.0.0.1", port: int = 0, token: str | None
     if interval <= 0 or history < interval:
         raise BadRequestError(f"--interval {interval:g} / --history {history:g}: give an interval "
                               "> 0 and a history at least that long")
-    bk = BookKeeper(uri, **{"add_timeout": 10.0, "read_timeout": 10.0, **(client_settings or {})})
+    from bkspark.auth.guard import check_listen
+    check_listen("the dashboard", host, authenticated=False, tls=False,
+                 allow_insecure_network=allow_insecure_network)
+    bk = BookKeeper(uri, role="admin",      # a local cluster's admin: scrapes and actions
+                    **{"add_timeout": 10.0, "read_timeout": 10.0, **(client_settings or {})})
     collector = Collector(bk.store, bk, interval=interval, slow_interval=slow_interval,
                           history_s=history).start()
     try:
@@ -64,14 +90,16 @@ def run(args: argparse.Namespace) -> int:
         return 2
     setup_logging(args.log_level, "text")
     try:
-        dash = start(uri, host=args.host, port=args.port, token=args.token,
+        token = action_token(args)
+        dash = start(uri, host=args.host, port=args.port, token=token,
                      interval=args.interval, history=args.history,
-                     client_settings=client_args.client_settings(args))
+                     client_settings=client_args.client_settings(args),
+                     allow_insecure_network=args.allow_insecure_network)
     except BKError as exc:
         print(f"bkspark dashboard: {exc}", file=sys.stderr)
         return 2
     print(f"bkspark dashboard of {uri}: {dash.url} "
-          f"({'actions with the token' if args.token else 'read-only'})", flush=True)
+          f"({'actions with the token' if token else 'read-only'})", flush=True)
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())

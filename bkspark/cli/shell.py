@@ -250,7 +250,8 @@ def _client(args):
         settings = client_args.client_settings(args)
     except BadRequestError as exc:
         raise ShellError(str(exc), 2) from None
-    return BookKeeper(uri, **{"add_timeout": 10.0, "read_timeout": 10.0, **settings})
+    return BookKeeper(uri, role="admin",    # a local cluster's admin credentials, if none given
+                      **{"add_timeout": 10.0, "read_timeout": 10.0, **settings})
 
 
 def _md_doc(md, version=None) -> dict:

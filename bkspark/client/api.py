@@ -1,14 +1,16 @@
 """``BookKeeper``: the client entry point (create, open, recover, delete, list ledgers)."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bkspark import errors
+from bkspark.auth.credentials import Credentials
 from bkspark.errors import BadRequestError, UnauthorizedError
 from metadata import ledgers as _ledgers
 from metadata import open_store
@@ -16,7 +18,7 @@ from metadata import registry as _registry
 from metadata.ledger_metadata import LedgerMetadata, LedgerState
 
 from . import placement, quorum
-from .bookie_client import BookieClientPool, TlsRoots
+from .bookie_client import BookieClientPool
 from .context import BookieHealth, ClientContext, Scheduler
 from .digest import normalize_digest_type
 from .ledger_handle import LedgerHandle
@@ -63,7 +65,12 @@ class ClientConfig:
                                             # (delayed send off or failed): send it (again);
                                             # 0 = never send an explicit LAC at all
     tls_ca_file: str = ""                   # PEM roots: talk TLS to bookies and verify them
-                                            # (no client certificate: bookies ask for none)
+    tls_cert_file: str = ""                 # client certificate (mutual TLS; its OU: the role)
+    tls_key_file: str = ""                  # ... and its key
+    auth_token: str = field(default="", repr=False)     # a token (bkspark.auth.tokens);
+    auth_token_file: str = ""               # or the file holding it (preferred: never shown)
+                                            # none of these: a local cluster's own, found
+                                            # through its records (bkspark.cluster_registry)
     overload_retry_delay: float = 0.05      # resend after ETOOMANYREQUESTS
     stall_probe_after: float = 2.0          # an add stream unanswered this long, its socket
                                             # backing off, while a new connection's hello is
@@ -87,7 +94,8 @@ class BookKeeper:
     manager.
     """
 
-    def __init__(self, metadata_uri: str | None = None, *, store=None, **config):
+    def __init__(self, metadata_uri: str | None = None, *, store=None, role: str = "client",
+                 **config):
         if metadata_uri is not None and store is not None:
             raise BadRequestError("BookKeeper takes a metadata_uri or a store, not both")
         if store is None:
@@ -101,10 +109,16 @@ class BookKeeper:
         self.conf = client_config_from(config, what="BookKeeper option")
         self._own_store = store is None
         self.store = store if store is not None else open_store(metadata_uri)
+        try:
+            #: what this client presents to bookies (gRPC, data port, HTTP): bkspark.auth
+            self.credentials = credentials = self._credentials(role)
+        except BaseException:
+            if self._own_store:
+                self.store.close()
+            raise
         self._health = BookieHealth(self.conf.suspect_seconds)
         self._pool = BookieClientPool(self._resolve_address, self._health.suspect,
-                                      TlsRoots(self.conf.tls_ca_file)
-                                      if self.conf.tls_ca_file else None,
+                                      credentials,
                                       linger=self.conf.add_linger,
                                       max_linger=self.conf.add_max_linger,
                                       note_for=self._transport_note)
@@ -123,6 +137,19 @@ class BookKeeper:
         self._ticker_stop = threading.Event()
         self._ticker = threading.Thread(target=self._tick_loop, daemon=True, name="bk-ticker")
         self._ticker.start()
+
+    def _credentials(self, role: str) -> Credentials:
+        """What this client presents to bookies: its configured credentials; with none, the
+        local cluster's for ``role`` (``client``, ``autorecovery``, ``admin``), found through
+        the cluster's records (:func:`bkspark.cluster_registry.local_credentials`)."""
+        conf = self.conf
+        if not (conf.auth_token or conf.auth_token_file or conf.tls_cert_file):
+            from bkspark.cluster_registry import local_credentials
+            found = local_credentials(self.store, role)
+            if found:
+                self.conf = conf = dataclasses.replace(
+                    conf, **{k: v for k, v in found.items() if not getattr(conf, k)})
+        return Credentials.from_config(conf)
 
     # ---- bookies -------------------------------------------------------------------------
     def _listed_bookies(self, fresh: bool = True) -> dict:

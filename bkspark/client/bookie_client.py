@@ -34,6 +34,7 @@ from concurrent.futures import Future
 import grpc
 
 from bkspark import errors
+from bkspark.auth.credentials import Credentials
 from bkspark.errors import BookieUnavailableError, OperationTimeoutError
 from bkspark.proto import bookie_pb2 as pb
 from bkspark.proto import bookie_pb2_grpc as pb_grpc
@@ -60,18 +61,19 @@ _ADD_STREAM_METHOD = "/bkspark.bookie.v1.Bookie/AddStream"
 _CLOSE = object()
 
 
-class TlsRoots:
-    """The PEM roots bookies are verified against: gRPC credentials and the data port's
-    ``ssl`` context from one file (:class:`~bkspark.errors.BadRequestError` if unreadable)."""
+_REFUSALS = {grpc.StatusCode.UNAUTHENTICATED: errors.UnauthorizedError,
+             grpc.StatusCode.PERMISSION_DENIED: errors.PermissionDeniedError}
 
-    def __init__(self, ca_file: str):
-        try:
-            with open(ca_file, "rb") as f:
-                pem = f.read()
-            self.ssl_context = ssl.create_default_context(cafile=ca_file)
-        except (OSError, ssl.SSLError) as exc:
-            raise errors.BadRequestError(f"cannot read tls_ca_file {ca_file}: {exc}") from None
-        self.channel_credentials = grpc.ssl_channel_credentials(root_certificates=pem)
+
+def _recv_exact(sock, n: int) -> bytes:
+    """``n`` bytes from ``sock``, or fewer if it ends first."""
+    data = b""
+    while len(data) < n:
+        more = sock.recv(n - len(data))
+        if not more:
+            break
+        data += more
+    return data
 
 
 def rpc_error(bookie_id: str, exc: BaseException, note: str = "") -> errors.BKError:
@@ -84,6 +86,9 @@ def rpc_error(bookie_id: str, exc: BaseException, note: str = "") -> errors.BKEr
         code = exc.code()
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
             return OperationTimeoutError(f"bookie {bookie_id}: request timed out{note}")
+        if code in _REFUSALS:
+            return _REFUSALS[code](f"bookie {bookie_id} refused this client: "
+                                   f"{(exc.details() or '').strip()}{note}")
         return BookieUnavailableError(f"bookie {bookie_id}: {code.name} "
                                       f"{(exc.details() or '').strip()}".rstrip() + note)
     return BookieUnavailableError(f"bookie {bookie_id}: {exc!r}{note}")
@@ -388,17 +393,14 @@ class BookieClient:
     max_linger = 0.005  # ... and at most this long waiting for the previous ones' acks
 
     def __init__(self, bookie_id: str, address: str, sinks: dict, on_failure=None,
-                 tls: "TlsRoots | None" = None):
+                 credentials: Credentials | None = None):
         self.bookie_id = bookie_id
         self.on_failure = on_failure
         self.address = address
         self.sinks = sinks      # ledger_id -> handle, shared by the whole BookKeeper client
-        self.tls = tls
+        self.credentials = credentials = credentials or Credentials()
         self.note = ""          # added to transport errors (see rpc_error)
-        self.channel = (grpc.secure_channel(address, tls.channel_credentials,
-                                            options=_CHANNEL_OPTIONS)
-                        if tls is not None
-                        else grpc.insecure_channel(address, options=_CHANNEL_OPTIONS))
+        self.channel = credentials.channel(address, options=_CHANNEL_OPTIONS)
         self.stub = pb_grpc.BookieStub(self.channel)
         self._add_stream_callable = self.channel.stream_stream(
             _ADD_STREAM_METHOD, request_serializer=wire.identity,
@@ -459,15 +461,15 @@ class BookieClient:
         try:
             sock.settimeout(max(0.05, deadline - time.monotonic()))   # for the hello
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self.tls is not None:
-                sock = self.tls.ssl_context.wrap_socket(sock, server_hostname=host)
-            sock.sendall(wire.DATA_MAGIC)
-            hello = b""
-            while len(hello) < len(wire.DATA_MAGIC):
-                more = sock.recv(len(wire.DATA_MAGIC) - len(hello))
-                if not more:
-                    break
-                hello += more
+            if self.credentials.tls:
+                sock = self.credentials.ssl_context.wrap_socket(sock, server_hostname=host)
+            sock.sendall(wire.hello(self.credentials.token))
+            hello = _recv_exact(sock, len(wire.DATA_MAGIC))
+            if hello == wire.DATA_REFUSED:
+                why = wire.read_frame(sock.makefile("rb"), wire.MAX_HELLO_BYTES)
+                raise errors.UnauthorizedError(
+                    f"bookie {self.bookie_id} refused this client: "
+                    f"{why[1].decode(errors='replace') if why else 'no reason given'}")
             if hello != wire.DATA_MAGIC:
                 raise BookieUnavailableError(
                     f"bookie {self.bookie_id}: data port {host}:{data_port} did not answer "
@@ -814,12 +816,12 @@ class BookieClient:
 class BookieClientPool:
     """One :class:`BookieClient` per bookie id; addresses from the bookie registry."""
 
-    def __init__(self, resolve_address, on_failure=None, tls: TlsRoots | None = None, *,
+    def __init__(self, resolve_address, on_failure=None, credentials: Credentials | None = None, *,
                  linger: float | None = None, max_linger: float | None = None, note_for=None):
         self._resolve = resolve_address     # bookie_id -> "host:port"
         self._note_for = note_for           # bookie_id -> BookieClient.note
         self.on_failure = on_failure        # called with a bookie id whose stream broke
-        self.tls = tls                      # verify bookies against these roots
+        self.credentials = credentials      # who this client is; the roots of bookies
         self.linger = BookieClient.linger if linger is None else linger
         self.max_linger = BookieClient.max_linger if max_linger is None else max_linger
         self._clients: dict[str, BookieClient] = {}
@@ -834,7 +836,7 @@ class BookieClientPool:
             c = self._clients.get(bookie_id)
             if c is None:
                 c = BookieClient(bookie_id, self._resolve(bookie_id), self.sinks,
-                                 self.on_failure, self.tls)
+                                 self.on_failure, self.credentials)
                 c.linger, c.max_linger = self.linger, self.max_linger
                 if self._note_for is not None:
                     c.note = self._note_for(bookie_id)

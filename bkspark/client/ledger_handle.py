@@ -15,7 +15,8 @@ Protocol (``shared/seeds/protocol.txt``):
   the replacement. No ack completes while the change runs. On a CAS conflict the metadata
   is reread: if the ledger is no longer OPEN every pending add fails with FencedError (another
   client is recovering or has closed the ledger), else the change is retried;
-* EFENCED / EUA are unrecoverable: every pending add fails with that error;
+* EFENCED / EUA are unrecoverable: every pending add fails with that error (EUA also when a
+  bookie refuses this client's credentials: :mod:`bkspark.auth`);
 * close CASes CLOSED with last entry = LAC; on conflict: still OPEN -> retry, IN_RECOVERY ->
   error, CLOSED at our LAC -> success, CLOSED elsewhere -> error.
 
@@ -341,9 +342,15 @@ class LedgerHandle:
                 and self._error is None else None)
 
     def on_bookie_failed(self, bookie_id: str, error: BKError) -> None:
+        fatal = isinstance(error, errors.UnauthorizedError)   # EUA: as an answer's (_FATAL)
         with self._lock:
             if bookie_id in self._index and self._pending:
-                self._bookie_failed_locked(bookie_id, error)
+                if fatal:
+                    self._fail_all(error)
+                else:
+                    self._bookie_failed_locked(bookie_id, error)
+        if fatal:
+            self._run_callbacks()
 
     def _complete_locked(self):
         if self._changing:

@@ -11,8 +11,10 @@ Every way to configure a client ends here: ``BookKeeper(**kwargs)``, the Spark c
   (also ``yes``/``no``, ``on``/``off``, ``1``/``0``), a file name; ``add_linger`` also takes
   ``none`` (its transport's default). Typed values (Python, not text) must already be of the
   field's type (an int for a number is fine);
-* ``tls_ca_file`` must name a readable file of PEM certificates (it is made absolute, so
-  Spark's executors find it where the driver did); ``""`` means no TLS.
+* ``tls_ca_file`` must name a readable file of PEM certificates; ``tls_cert_file``,
+  ``tls_key_file`` and ``auth_token_file`` readable files (all made absolute, so Spark's
+  executors find them where the driver did); ``""`` means none. ``auth_token`` is the token
+  itself: it is never part of an error message.
 
 Anything else raises :class:`~bkspark.errors.BadRequestError` naming the setting as it was
 given, the expected type or the closest known name. A settings file (:func:`read_settings_file`)
@@ -32,6 +34,8 @@ from bkspark.errors import BadRequestError, did_you_mean
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 _NONE = ("none", "null", "default")
 CA_FIELD = "tls_ca_file"
+FILE_FIELDS = ("tls_cert_file", "tls_key_file", "auth_token_file")
+SECRET_FIELDS = ("auth_token",)
 
 
 def _normal(name: str) -> str:
@@ -124,6 +128,16 @@ def _check_ca_file(path: str, label: str) -> str:
     return path
 
 
+def _check_file(path: str, label: str) -> str:
+    path = os.path.abspath(os.path.expanduser(path))
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise BadRequestError(f"{label}: cannot read {path!r}: {exc.strerror}") from None
+    return path
+
+
 def client_settings(mapping, *, prefix: str = "", camel_case: bool = False,
                     what: str = "client setting", source: str = "") -> dict:
     """Validate ``mapping`` (a dict, or an iterable of ``(name, value)`` pairs); return
@@ -154,10 +168,13 @@ def client_settings(mapping, *, prefix: str = "", camel_case: bool = False,
         try:
             typed = _convert(typ, optional, value)
         except (ValueError, TypeError, OverflowError):
+            shown = "a value of another type" if name in SECRET_FIELDS else repr(value)
             raise BadRequestError(f"{label} must be {_expected(typ, optional)}, "
-                                  f"got {value!r}") from None
+                                  f"got {shown}") from None
         if name == CA_FIELD and typed:
             typed = _check_ca_file(typed, label)
+        elif name in FILE_FIELDS and typed:
+            typed = _check_file(typed, label)
         out[name] = typed
         given_as[name] = given
     return out

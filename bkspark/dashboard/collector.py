@@ -26,11 +26,11 @@ import logging
 import math
 import threading
 import time
-import urllib.request
 from collections import deque
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from bkspark.auth.credentials import Credentials
 from bkspark.errors import BKError
 
 log = logging.getLogger("bkspark.dashboard")
@@ -214,8 +214,9 @@ class Collector:
                 doc["address"] = info.get("address", bookie)
                 doc["http_port"] = info.get("http_port")
                 doc["rack"] = info.get("rack", "")
+                doc["tls"] = bool(info.get("tls"))
             samples = self._scrape(doc.get("address", bookie).rsplit(":", 1)[0],
-                                   doc.get("http_port"))
+                                   doc.get("http_port"), doc.get("tls", False))
             if samples is None:
                 state = "down"
                 self._previous.pop(bookie, None)
@@ -225,18 +226,25 @@ class Collector:
             doc["seen_ms"] = int(now * 1000) if samples is not None else doc.get("seen_ms")
             self.history.add(f"bookie/{bookie}/up", now, 0.0 if state == "down" else 1.0)
 
-    @staticmethod
-    def _scrape(host: str, http_port) -> dict | None:
-        """The parsed ``/metrics`` of ``host:http_port``; None when it does not answer (or
-        has no endpoint: port None or -1)."""
+    def _scrape(self, host: str, http_port, tls: bool) -> dict | None:
+        """The parsed ``/metrics`` of ``host:http_port`` (HTTPS if ``tls``; asked with the
+        client's credentials); None when it does not answer or refuses (or has no endpoint:
+        port None or -1)."""
         if http_port in (None, -1):
             return None
+        creds = self.credentials
         try:
-            with urllib.request.urlopen(f"http://{host}:{http_port}/metrics",
-                                        timeout=SCRAPE_TIMEOUT) as resp:
-                return parse_metrics(resp.read().decode("utf-8", "replace"))
+            status, raw, _ = creds.http_request(creds.url(host, http_port, "/metrics", tls),
+                                                timeout=SCRAPE_TIMEOUT)
+            return parse_metrics(raw.decode("utf-8", "replace")) if status == 200 else None
         except (OSError, ValueError):
             return None
+
+    @property
+    def credentials(self) -> Credentials:
+        """What the dashboard presents to bookies: its client's (an admin's, as
+        ``bkspark dashboard`` makes it), else nothing."""
+        return self.bk.credentials if self.bk is not None else Credentials()
 
     def _figures(self, bookie: str, doc: dict, now: float, samples: dict) -> None:
         prev_t, prev = self._previous.get(bookie, (None, None))
@@ -365,7 +373,7 @@ class Collector:
         out = []
         for ident, info in sorted(endpoints.items())[:MAX_AUTORECOVERY]:
             host, port = info.get("host", ""), info.get("http_port")
-            samples = self._scrape(host, port)
+            samples = self._scrape(host, port, False)   # autorecovery speaks HTTP
             doc = {"id": ident, "address": f"{host}:{port}", "up": samples is not None}
             if samples is not None:
                 doc.update({

@@ -25,7 +25,6 @@ import hmac
 import html
 import json
 import os
-import urllib.request
 
 from bkspark.errors import BKError, NoSuchLedgerError, NoSuchLogError
 from bkspark.httpd import HttpEndpoint, JsonHandler
@@ -52,7 +51,7 @@ class Dashboard(HttpEndpoint):
                  token: str | None = None):
         self.collector = collector
         self.token = token
-        super().__init__(_handler_for(self), host, port, "bkspark-dashboard")
+        super().__init__(_handler_for(self), host, port, "bkspark-dashboard", None)
 
     @property
     def url(self) -> str:
@@ -100,11 +99,14 @@ class Dashboard(HttpEndpoint):
         if doc is None or doc.get("http_port") in (None, -1):
             raise NoSuchBookie(f"no bookie {bookie!r} with an admin endpoint is known")
         host = doc.get("address", bookie).rsplit(":", 1)[0]
-        req = urllib.request.Request(f"http://{host}:{doc['http_port']}/api/v1/bookie/state/readonly",
-                                     data=json.dumps({"readOnly": read_only}).encode(), method="PUT",
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return json.loads(resp.read())
+        creds = self.collector.credentials
+        status, answer = creds.http_json(
+            creds.url(host, doc["http_port"], "/api/v1/bookie/state/readonly",
+                      doc.get("tls", False)), "PUT",
+            {"readOnly": read_only})
+        if status != 200:
+            raise OSError(f"bookie {bookie} answered {status}: {answer}")
+        return answer
 
     def reclaim_pending(self, grace: float) -> list[dict]:
         """Reclaim Spark write jobs abandoned for ``grace`` seconds: their ledgers that no
@@ -169,7 +171,8 @@ def _handler_for(dash: Dashboard):
             path, _ = self.route
             if not dash.authorized(self.headers.get("Authorization")):
                 self.json(403, {"error": "actions need the token given to `bkspark dashboard "
-                                         "--token` (this dashboard is read-only without one)"})
+                                         "--token-file` (this dashboard is read-only without "
+                                         "one)"})
                 return
             try:
                 body = self.body_json()

@@ -163,10 +163,14 @@ ENTRY_PIGGYBACK = pb.ReadRequest.ENTRY_PIGGYBACK
 
 
 # ---- the data port: AddStream and ReadRange over plain TCP frames -------------------------
-# After a 4-byte hello (DATA_MAGIC, answered with the same bytes), each direction carries
-# frames: FRAME header (payload length, kind) + payload. Payloads are the gRPC methods'
-# protobuf messages, so both transports share every encoder and decoder.
-DATA_MAGIC = b"BKD1"
+# The hello: the client sends DATA_MAGIC and one KIND_HELLO frame (its token, UTF-8, or
+# empty: a client certificate or an open bookie); the bookie answers DATA_MAGIC, or
+# DATA_REFUSED and one KIND_REFUSED frame (why, UTF-8) and closes (bkspark.auth). Then each
+# direction carries frames: FRAME header (payload length, kind) + payload. Payloads are the
+# gRPC methods' protobuf messages, so both transports share every encoder and decoder.
+DATA_MAGIC = b"BKD2"
+DATA_REFUSED = b"BKNO"
+MAX_HELLO_BYTES = 16 << 10
 FRAME = struct.Struct(">IB")
 _IOV_MAX = 1024             # pieces per sendmsg call
 KIND_ADD_BATCH = 1          # client -> bookie: AddBatch (pipelined)
@@ -174,6 +178,8 @@ KIND_ADD_RESPONSES = 2      # bookie -> client: AddBatchResponse
 KIND_READ_RANGE = 3         # client -> bookie: ReadRangeRequest (one at a time)
 KIND_READ_CHUNK = 4         # bookie -> client: ReadRangeResponse (a chunk, or the error)
 KIND_READ_END = 5           # bookie -> client: end of the range (empty payload)
+KIND_HELLO = 6              # client -> bookie, once, after DATA_MAGIC: its token (or empty)
+KIND_REFUSED = 7            # bookie -> client, after DATA_REFUSED: why the hello was refused
 
 
 class FrameError(Exception):
@@ -183,6 +189,16 @@ class FrameError(Exception):
 def frame(kind: int, payload_parts) -> bytes:
     """Header + payload in one buffer (one copy of the payload, one send)."""
     return b"".join((FRAME.pack(sum(map(len, payload_parts)), kind), *payload_parts))
+
+
+def hello(token: str) -> bytes:
+    """What a client sends first on a data-port connection."""
+    return DATA_MAGIC + frame(KIND_HELLO, (token.encode(),))
+
+
+def refusal(why: str) -> bytes:
+    """A bookie's answer to a hello it refuses."""
+    return DATA_REFUSED + frame(KIND_REFUSED, (why.encode()[:MAX_HELLO_BYTES],))
 
 
 def shutdown(sock) -> None:

@@ -15,10 +15,8 @@ stopped so that it can later rejoin with fresh disks as a new bookie.
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
-import urllib.request
 from dataclasses import dataclass, field
 
 from bkspark.errors import (
@@ -158,21 +156,24 @@ def recover_bookie(bk, bookie: str, *, target: str | None = None, fence_open: bo
     return summary
 
 
-def set_read_only(info: dict, bookie: str, value: bool = True, timeout: float = 5.0) -> None:
+def set_read_only(info: dict, bookie: str, value: bool = True, timeout: float = 5.0, *,
+                  credentials) -> None:
+    """Switch ``bookie`` (registered with ``info``) to read-only through its admin endpoint,
+    presenting ``credentials`` (an admin's)."""
     port = info.get("http_port", -1) if isinstance(info, dict) else -1
     host = (info.get("address") or bookie).rsplit(":", 1)[0]
     if not isinstance(port, int) or port <= 0:
         raise BKError(f"bookie {bookie} has no admin endpoint to switch it to read-only; stop "
                       "it (or make it read-only) before decommissioning")
-    req = urllib.request.Request(f"http://{host}:{port}/api/v1/bookie/state/readonly",
-                                 data=json.dumps({"readOnly": value}).encode(), method="PUT",
-                                 headers={"Content-Type": "application/json"})
+    url = credentials.url(host, port, "/api/v1/bookie/state/readonly", bool(info.get("tls")))
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            r.read()
+        status, answer = credentials.http_json(url, "PUT", {"readOnly": value}, timeout)
     except OSError as exc:
-        raise BKError(f"cannot switch bookie {bookie} to read-only through "
-                      f"http://{host}:{port}: {exc}") from None
+        raise BKError(f"cannot switch bookie {bookie} to read-only through {url}: {exc}") \
+            from None
+    if status != 200:
+        raise BKError(f"bookie {bookie} refused to switch to read-only ({url}: {status} "
+                      f"{answer}); decommissioning needs an admin's credentials")
 
 
 def decommission_bookie(bk, bookie: str, *, progress=None, wait_readonly: float = 30.0,
@@ -188,7 +189,7 @@ def decommission_bookie(bk, bookie: str, *, progress=None, wait_readonly: float 
     writable = registry.list_bookies(bk.store)
     if bookie in writable:
         log.info("decommission: switching %s to read-only", bookie)
-        set_read_only(writable[bookie], bookie, True)
+        set_read_only(writable[bookie], bookie, True, credentials=bk.credentials)
         deadline = time.monotonic() + wait_readonly
         while bookie in registry.list_bookies(bk.store) and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -24,6 +24,8 @@ from metadata.layout import AUDITOR_ELECTION, UR_LEDGERS, UR_LOCKS
 
 from .auditor import Auditor, AuditorConfig
 from .election import LeaderElection
+from bkspark.auth.guard import Guard, check_listen
+
 from .http import RATE_WINDOW, AutoRecoveryHttp, metrics_registry
 from .throttle import DEFAULT_DAEMON_MB_PER_S
 from .urm import UnderReplicationManager
@@ -50,7 +52,9 @@ class AutoRecoveryConfig:
     run_auditor: bool = True
     run_worker: bool = True
     http_port: int = -1                 # metrics and routes (.http) on this port (0: any
-    http_host: str = "0.0.0.0"          # free one; -1: none -- a bookie serves its own)
+    http_host: str = "127.0.0.1"        # free one; -1: none -- a bookie serves its own)
+    http_token_public_key_file: str = ""    # tokens the endpoint accepts (bkspark.auth)
+    allow_insecure_network: bool = False    # serve http_host beyond loopback anyway
     retention_interval: float = 60.0    # seconds between retention passes (0: no retention
                                         # service in this process)
     client: dict = field(default_factory=dict)  # ClientConfig fields of its client (TLS
@@ -78,10 +82,16 @@ class AutoRecovery:
     def start(self) -> "AutoRecovery":
         from bkspark.client import BookKeeper
         c = self.config
+        guard = Guard.from_settings(c.http_token_public_key_file)
+        if c.http_port >= 0:        # refused before anything starts
+            check_listen("the autorecovery HTTP endpoint", c.http_host,
+                         authenticated=guard.enabled, tls=False,
+                         allow_insecure_network=c.allow_insecure_network)
         self.store = open_store(self.metadata_uri, session_timeout=c.session_timeout)
         for path in (UR_LEDGERS, UR_LOCKS, AUDITOR_ELECTION):
             self.store.ensure_path(path)
-        self.bk = BookKeeper(store=self.store, **{"add_timeout": c.rpc_timeout,
+        self.bk = BookKeeper(store=self.store, role="autorecovery",
+                             **{"add_timeout": c.rpc_timeout,
                                                   "read_timeout": c.rpc_timeout, **c.client})
         if c.run_auditor:
             self.auditor = Auditor(self.bk, AuditorConfig(
@@ -99,7 +109,7 @@ class AutoRecovery:
                 rate_entries_per_s=c.replication_rate_entries_per_s), self.identifier)
             self.worker.start()
         if c.http_port >= 0:
-            self.http = AutoRecoveryHttp(self, c.http_host, c.http_port).start()
+            self.http = AutoRecoveryHttp(self, c.http_host, c.http_port, guard).start()
             self._publish_endpoint()
             self.store.on_session_lost(self._publish_endpoint)
         if c.retention_interval > 0:

@@ -11,8 +11,8 @@ probability, count (0 = unlimited).
 """
 from __future__ import annotations
 
-import grpc
 
+from bkspark.auth.credentials import Credentials
 from bkspark.errors import EIO, BKError
 from bkspark.localcluster import LocalCluster
 from bkspark.proto import bookie_pb2 as pb
@@ -37,7 +37,7 @@ class BookieCluster(LocalCluster):
                          entry_id=int(r.get("entry_id", 0)), match_entry="entry_id" in r,
                          probability=float(r.get("probability", 0.0)), count=int(r.get("count", 0)))
             for r in rules])
-        with grpc.insecure_channel(self.bookies[i].bookie_id) as channel:
+        with self.credentials("admin").channel(self.bookies[i].bookie_id) as channel:
             reply = pb_grpc.BookieStub(channel).SetFaults(request, timeout=10)
         if reply.status != 0:
             raise BKError(f"bookie {self.bookies[i].bookie_id} refused SetFaults "
@@ -47,3 +47,25 @@ class BookieCluster(LocalCluster):
         for j in ([i] if i is not None else range(len(self.bookies))):
             if self.bookies[j].alive:
                 self.set_faults(j, [])
+
+
+def credentials_of_bookie(bookie_id: str, role: str = "admin") -> Credentials:
+    """``role``'s credentials of the cluster (running in this process) of ``bookie_id``;
+    none (anonymous) if no cluster of this process has it."""
+    cluster = LocalCluster.of_bookie(bookie_id)
+    return cluster.credentials(role) if cluster is not None else Credentials()
+
+
+def bookie_channel(bookie_id: str, role: str = "admin", options=()):
+    """A gRPC channel to ``bookie_id`` presenting its cluster's ``role`` credentials."""
+    return credentials_of_bookie(bookie_id, role).channel(bookie_id, options=options)
+
+
+def bookie_http(bookie, path: str, method: str = "GET", body: dict | None = None,
+                role: str = "admin", timeout: float = 10.0) -> tuple[int, bytes]:
+    """``(status, body)`` of a request to a :class:`~bkspark.localcluster.BookieProcess`'s
+    admin endpoint, presenting its cluster's ``role`` credentials."""
+    creds = credentials_of_bookie(bookie.bookie_id, role)
+    status, raw, _ = creds.http_request(creds.url(bookie.address, bookie.http_port, path),
+                                        method, body, timeout)
+    return status, raw

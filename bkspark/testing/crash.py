@@ -34,7 +34,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 
 import grpc
 
@@ -69,7 +68,7 @@ class Loader(threading.Thread):
         from bkspark.proto import bookie_pb2_grpc as pb_grpc
         mkey = master_key(PASSWORD)
         address = self.c.cluster.bookie_ids[self.index]
-        channel = grpc.insecure_channel(address)
+        channel = self.c.cluster.credentials("client").channel(address)
         stub = pb_grpc.BookieStub(channel)
         while not self.stop.is_set():
             try:
@@ -237,7 +236,10 @@ class CrashCampaign:
         """Add the bookie's checkpoint/compaction counters (they reset at restart)."""
         port = self.cluster.bookies[i].http_port
         try:
-            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+            creds = self.cluster.credentials("client")
+            status, raw, _ = creds.http_request(creds.url("127.0.0.1", port, "/metrics"),
+                                                timeout=2)
+            text = raw.decode()
         except OSError:
             return
         for key in ("checkpoints", "compactions", "compacted_logs"):
@@ -248,7 +250,7 @@ class CrashCampaign:
     def _verify(self, i: int, k: int, acked: dict, fenced: set, rng: random.Random) -> None:
         from bkspark.proto import bookie_pb2 as pb
         from bkspark.proto import bookie_pb2_grpc as pb_grpc
-        with grpc.insecure_channel(self.cluster.bookie_ids[i]) as channel:
+        with self.cluster.credentials("client").channel(self.cluster.bookie_ids[i]) as channel:
             stub = pb_grpc.BookieStub(channel)
             try:
                 stub.GetBookieInfo(pb.BookieInfoRequest(), timeout=30, wait_for_ready=True)

@@ -2,12 +2,11 @@
 import hashlib
 import struct
 
-import grpc
 import pytest
 
 from bkspark.proto import bookie_pb2 as pb
 from bkspark.proto import bookie_pb2_grpc as pb_grpc
-from bkspark.testing.cluster import BookieCluster
+from bkspark.testing.cluster import BookieCluster, bookie_channel
 
 MASTER_KEY = hashlib.sha1(b"ledger" + b"pw").digest()
 OTHER_KEY = hashlib.sha1(b"ledger" + b"other").digest()
@@ -25,8 +24,8 @@ def add_request(ledger_id, entry_id, payload=b"x", key=MASTER_KEY, recovery=Fals
 
 
 def stub_for(bookie_id: str):
-    channel = grpc.insecure_channel(bookie_id, options=[("grpc.max_receive_message_length", 64 << 20),
-                                                        ("grpc.max_send_message_length", 64 << 20)])
+    channel = bookie_channel(bookie_id, options=[("grpc.max_receive_message_length", 64 << 20),
+                                                 ("grpc.max_send_message_length", 64 << 20)])
     return pb_grpc.BookieStub(channel), channel
 
 

@@ -24,12 +24,24 @@ def data_address(one_bookie):
     port = stub.GetBookieInfo(pb.BookieInfoRequest(), timeout=10).data_port
     channel.close()
     assert port > 0
-    return one_bookie.bookie_ids[0].rsplit(":", 1)[0], port
+    return DataAddress(one_bookie.bookie_ids[0].rsplit(":", 1)[0], port,
+                       one_bookie.credentials("client").token)
 
 
-def connect(address, hello=wire.DATA_MAGIC):
+class DataAddress(tuple):
+    """``(host, port)`` of a data port, and the token its hello presents."""
+
+    def __new__(cls, host, port, token):
+        self = super().__new__(cls, (host, port))
+        self.token = token
+        return self
+
+
+def connect(address, hello=None):
+    """A connection to a data port that sent ``hello`` (default: the protocol's, with the
+    address's token)."""
     sock = socket.create_connection(address, timeout=20)
-    sock.sendall(hello)
+    sock.sendall(wire.hello(address.token) if hello is None else hello)
     return sock
 
 
@@ -105,7 +117,7 @@ def test_range_read_matches_grpc(data_address, stub):
 
 @pytest.mark.parametrize("bad", ["hello", "kind", "oversized", "truncated", "garbage-batch"])
 def test_broken_framing_closes_only_that_connection(data_address, stub, bad):
-    sock = connect(data_address, b"HTTP" if bad == "hello" else wire.DATA_MAGIC)
+    sock = connect(data_address, b"HTTP" if bad == "hello" else None)
     if bad != "hello":
         assert recv_exact(sock, 4) == wire.DATA_MAGIC
         if bad == "kind":

@@ -5,12 +5,11 @@ was lost) and is writable again; nothing it acknowledged is lost."""
 import json
 import os
 import time
-import urllib.request
 
 from bkspark import errors
 from bkspark.proto import bookie_pb2 as pb
 from bkspark.testing import faildisk
-from bkspark.testing.cluster import BookieCluster
+from bkspark.testing.cluster import BookieCluster, bookie_http
 from metadata import open_store, registry
 from metadata.testing import skip_or_fail
 
@@ -20,8 +19,9 @@ BODY = 64 << 10
 
 
 def _get(bookie, path):
-    with urllib.request.urlopen(f"http://127.0.0.1:{bookie.http_port}{path}", timeout=10) as r:
-        return r.read()
+    status, raw = bookie_http(bookie, path)
+    assert status == 200, raw
+    return raw
 
 
 def _wait(what, cond, timeout=60.0):

@@ -6,13 +6,12 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 
 import pytest
 
 from bkspark import errors
 from bkspark.proto import bookie_pb2 as pb
-from bkspark.testing.cluster import BookieCluster
+from bkspark.testing.cluster import BookieCluster, bookie_http
 from metadata import open_store, registry
 from metadata.ledger_metadata import LedgerMetadata
 from metadata import ledgers as ledger_store
@@ -27,10 +26,9 @@ def cluster(tmp_path):
 
 
 def _http(cluster, path, method="GET", body=None, timeout=10):
-    req = urllib.request.Request(f"http://127.0.0.1:{cluster.bookies[0].http_port}{path}", method=method,
-                                 data=json.dumps(body).encode() if body is not None else None)
-    with urllib.request.urlopen(req, timeout=timeout) as reply:
-        return json.loads(reply.read())
+    status, raw = bookie_http(cluster.bookies[0], path, method, body, timeout=timeout)
+    assert status == 200, raw
+    return json.loads(raw)
 
 
 def test_fence_survives_kill_and_restart(cluster):

@@ -3,14 +3,13 @@ import itertools
 import json
 import threading
 import time
-import urllib.request
 
 import pytest
 
 from bkspark import errors
 from bkspark.client.digest import DigestManager
 from bkspark.proto import bookie_pb2 as pb
-from bkspark.testing.cluster import BookieCluster
+from bkspark.testing.cluster import BookieCluster, bookie_http
 
 from .conftest import MASTER_KEY, OTHER_KEY, add_request, frame, stub_for
 
@@ -231,7 +230,7 @@ def test_injected_faults_need_the_flag(tmp_path):
 
 
 def _metric(cluster, name):
-    body = urllib.request.urlopen(f"http://127.0.0.1:{cluster.bookies[0].http_port}/metrics", timeout=5).read()
+    body = bookie_http(cluster.bookies[0], "/metrics")[1]
     for line in body.decode().splitlines():
         if line.startswith(name + " ") or line.startswith(name + "{"):
             return float(line.rsplit(" ", 1)[1])
@@ -239,9 +238,9 @@ def _metric(cluster, name):
 
 
 def test_admin_endpoint_and_metrics(one_bookie, stub):
-    port = one_bookie.bookies[0].http_port
-    assert urllib.request.urlopen(f"http://127.0.0.1:{port}/heartbeat", timeout=5).read() == b"OK\n"
-    info = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/bookie/info", timeout=5).read())
+    bookie = one_bookie.bookies[0]
+    assert bookie_http(bookie, "/heartbeat") == (200, b"OK\n")
+    info = json.loads(bookie_http(bookie, "/api/v1/bookie/info")[1])
     assert info["totalSpace"] >= info["freeSpace"] > 0
     stub.Add(add_request(new_ledger_id(), 0), timeout=10)
     assert _metric(one_bookie, "bookie_adds_total") >= 1
@@ -251,8 +250,7 @@ def test_admin_endpoint_and_metrics(one_bookie, stub):
 def _samples(cluster, name):
     """{frozenset(labels): value} of metric sample ``name`` on the bookie's /metrics."""
     from prometheus_client.parser import text_string_to_metric_families
-    body = urllib.request.urlopen(f"http://127.0.0.1:{cluster.bookies[0].http_port}/metrics",
-                                  timeout=5).read().decode()
+    body = bookie_http(cluster.bookies[0], "/metrics")[1].decode()
     return {frozenset(s.labels.items()): s.value
             for family in text_string_to_metric_families(body) for s in family.samples
             if s.name == name}

@@ -189,7 +189,6 @@ def test_autorecovery_commands(cluster, capsys):
 
 
 def test_triggeraudit_makes_the_elected_auditor_audit(cluster, capsys):
-    import urllib.request
     code, doc, _ = sh(capsys, cluster, "whoisauditor", as_json=True)
     auditor = doc["auditor"]
     bookie = next(b for b in cluster.bookie_ids if auditor.startswith(b + ":"))
@@ -197,9 +196,11 @@ def test_triggeraudit_makes_the_elected_auditor_audit(cluster, capsys):
         port = registry.list_bookies(bk.store)[bookie]["http_port"]
 
     def audits():
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/autorecovery/process",
-                                    timeout=10) as r:
-            return json.loads(r.read())["auditor"]["auditsRequested"]
+        creds = cluster.credentials("client")
+        status, doc = creds.http_json(creds.url("127.0.0.1", port,
+                                                "/api/v1/autorecovery/process"))
+        assert status == 200, doc
+        return doc["auditor"]["auditsRequested"]
     before = audits()
     code, doc, err = sh(capsys, cluster, "triggeraudit", as_json=True)
     assert code == 0 and doc["auditor"] == auditor, err

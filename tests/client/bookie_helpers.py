@@ -4,11 +4,10 @@ from __future__ import annotations
 import threading
 import time
 
-import grpc
-
 from bkspark.client import BookKeeper
 from bkspark.proto import bookie_pb2 as pb
 from bkspark.proto import bookie_pb2_grpc as pb_grpc
+from bkspark.testing.cluster import bookie_channel
 
 
 def client(c, **kw):
@@ -24,7 +23,7 @@ def idx(c, bookie_id) -> int:
 
 def raw_read(bookie_id, lid, eid):
     """One bookie's own answer to a plain read (no client logic in between)."""
-    with grpc.insecure_channel(bookie_id) as ch:
+    with bookie_channel(bookie_id) as ch:
         return pb_grpc.BookieStub(ch).Read(pb.ReadRequest(ledger_id=lid, entry_id=eid),
                                            timeout=10)
 

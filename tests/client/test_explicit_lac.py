@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import threading
 import time
-import urllib.request
 
 import pytest
 
 from bkspark.client import BookKeeper
-from bkspark.testing.cluster import BookieCluster
+from bkspark.testing.cluster import BookieCluster, bookie_http
 
 SLOW_INTERVAL = 30.0        # the periodic path never fires within a test
 POLL = 8.0                  # a reader's long poll (bookies cap one at 10 s)
@@ -40,8 +39,7 @@ def write_lac_requests(cluster) -> int:
     """WriteLac requests the bookies answered so far (their /metrics, every status)."""
     total = 0
     for b in cluster.bookies:
-        body = urllib.request.urlopen(f"http://127.0.0.1:{b.http_port}/metrics",
-                                      timeout=5).read().decode()
+        body = bookie_http(b, "/metrics")[1].decode()
         for line in body.splitlines():
             if line.startswith("bookie_write_lac_requests_total{"):
                 total += int(float(line.rsplit(" ", 1)[1]))

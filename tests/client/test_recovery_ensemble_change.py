@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import time
 
-import grpc
 import pytest
 
+from bkspark.testing.cluster import bookie_channel
 from bkspark import errors
 from bkspark.client import quorum
 from bkspark.client.digest import peek_header
@@ -53,7 +53,7 @@ def start(c, i, bk):
 
 
 def listed(bookie_id, lid) -> set[int]:
-    with grpc.insecure_channel(bookie_id) as ch:
+    with bookie_channel(bookie_id) as ch:
         r = pb_grpc.BookieStub(ch).ListEntries(pb.ListEntriesRequest(ledger_id=lid),
                                                 timeout=10)
     assert r.status == errors.EOK, r

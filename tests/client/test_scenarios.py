@@ -10,9 +10,9 @@ from __future__ import annotations
 import threading
 import time
 
-import grpc
 import pytest
 
+from bkspark.testing.cluster import bookie_channel
 from bkspark import errors
 from bkspark.client.digest import master_key
 from bkspark.errors import (BadRequestError, FencedError, LedgerClosedError,
@@ -317,7 +317,7 @@ def test_wrong_password_and_bad_quorums(c):
                 bk.open_ledger(lh.ledger_id, password=b"guess", recovery=recovery)
         # a bookie refuses a fencing read with the wrong master key
         ens = lh.metadata.last_ensemble()
-        with grpc.insecure_channel(ens[0]) as ch:
+        with bookie_channel(ens[0]) as ch:
             r = pb_grpc.BookieStub(ch).Read(pb.ReadRequest(
                 ledger_id=lh.ledger_id, entry_id=-1, flags=pb.ReadRequest.FENCE_LEDGER,
                 master_key=master_key(b"guess")), timeout=10)
@@ -330,7 +330,7 @@ def test_fencing_a_ledger_the_bookie_never_saw_still_fences_it(c):
     bid = c.bookie_ids[0]
     lid = 10 ** 12 + 7
     mk = master_key(PW)
-    with grpc.insecure_channel(bid) as ch:
+    with bookie_channel(bid) as ch:
         stub = pb_grpc.BookieStub(ch)
         r = stub.Read(pb.ReadRequest(ledger_id=lid, entry_id=-1, master_key=mk,
                                      flags=pb.ReadRequest.FENCE_LEDGER), timeout=10)
@@ -357,7 +357,7 @@ def test_digest_mismatch_served_from_another_replica(c):
         # a corrupt copy of entry 4 on the first replica
         good = raw_read(ens[(4 + 1) % 3], lh.ledger_id, 4).body
         bad = good[:-1] + bytes([good[-1] ^ 0xFF])
-        with grpc.insecure_channel(first) as ch:
+        with bookie_channel(first) as ch:
             r = pb_grpc.BookieStub(ch).Add(pb.AddRequest(
                 ledger_id=lh.ledger_id, entry_id=4, master_key=master_key(PW),
                 flags=pb.AddRequest.RECOVERY_ADD, body=bad), timeout=10)

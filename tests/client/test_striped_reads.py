@@ -2,9 +2,9 @@
 step), merged in order; a failed or corrupt bookie's share continues on the next replica."""
 from __future__ import annotations
 
-import grpc
 import pytest
 
+from bkspark.testing.cluster import bookie_channel
 from bkspark.client import BookKeeper
 from bkspark.errors import ENOENTRY, EOK
 from bkspark.proto import bookie_pb2 as pb
@@ -24,7 +24,7 @@ def test_bookie_streams_every_kth_entry(cluster):
         lh = bk.create_ledger(3, 3, 3, password=b"pw")     # Qa = E: every bookie has all
         lh.append_many([b"e%d" % i for i in range(20)])
         lh.close()
-    with grpc.insecure_channel(cluster.bookie_ids[0]) as channel:
+    with bookie_channel(cluster.bookie_ids[0]) as channel:
         replies = list(pb_grpc.BookieStub(channel).ReadRange(pb.ReadRangeRequest(
             ledger_id=lh.ledger_id, first_entry_id=2, last_entry_id=30, step=3), timeout=30))
     entries = [e.entry_id for r in replies for e in r.entries]

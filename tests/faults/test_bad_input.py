@@ -17,6 +17,7 @@ import os
 import random
 import time
 
+
 import grpc
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -27,7 +28,7 @@ from bkspark.client import BookKeeper
 from bkspark.client.digest import DigestManager, master_key
 from bkspark.proto import bookie_pb2 as pb
 from bkspark.proto import bookie_pb2_grpc as pb_grpc
-from bkspark.testing.cluster import BookieCluster
+from bkspark.testing.cluster import BookieCluster, bookie_channel
 from metadata.ledgers import write_ledger
 
 SERVICE = "/bkspark.bookie.v1.Bookie/"
@@ -60,7 +61,7 @@ def fuzz_bookie(tmp_path_factory):
     with BookieCluster(uri, num_bookies=1, data_dir=data, fault_injection=False,
                        extra_args=["--long-poll-max-ms", "100", "--max-entry-bytes", str(1 << 20)],
                        session_timeout=1.0) as cluster:
-        channel = grpc.insecure_channel(cluster.bookie_ids[0])
+        channel = bookie_channel(cluster.bookie_ids[0])
         stub = pb_grpc.BookieStub(channel)
         # a real ledger with entries, so mutated requests also hit existing state
         mkey = master_key(PASSWORD)
@@ -232,7 +233,7 @@ def test_corrupted_journal_and_entry_logs(tmp_path, case, faults_seed):
         lid = bk.create_ledger(1, 1, 1, password=PASSWORD).ledger_id
         dm = DigestManager(lid, "crc32c", PASSWORD)
         bodies = {}
-        with grpc.insecure_channel(c.bookie_ids[0]) as ch:
+        with bookie_channel(c.bookie_ids[0]) as ch:
             stub = pb_grpc.BookieStub(ch)
             for e in range(rng.randint(50, 600)):
                 body = dm.frame(e, e - 1, e, rng.randbytes(rng.randint(10, 3000)))
@@ -250,7 +251,7 @@ def test_corrupted_journal_and_entry_logs(tmp_path, case, faults_seed):
         b.start()
         deadline = time.monotonic() + 60
         from bkspark.localcluster import bookie_state
-        while b.alive and time.monotonic() < deadline and not bookie_state(b.http_port).get("registeredAs"):
+        while b.alive and time.monotonic() < deadline and not bookie_state(b.http_port, b.address, b.credentials).get("registeredAs"):
             time.sleep(0.1)
         if not b.alive:
             log = b.log_tail(15)
@@ -259,9 +260,9 @@ def test_corrupted_journal_and_entry_logs(tmp_path, case, faults_seed):
                                                or "error" in log.lower() or "refusing to start" in log), \
                 f"{what}: startup failed without a clear message:\n{log}"
             return
-        assert bookie_state(b.http_port).get("registeredAs"), f"{what}: bookie neither up nor down"
+        assert bookie_state(b.http_port, b.address, b.credentials).get("registeredAs"), f"{what}: bookie neither up nor down"
         journal_hit = target.endswith(".txn")
-        with grpc.insecure_channel(c.bookie_ids[0]) as ch:
+        with bookie_channel(c.bookie_ids[0]) as ch:
             stub = pb_grpc.BookieStub(ch)
             for e, body in bodies.items():
                 r = stub.Read(pb.ReadRequest(ledger_id=lid, entry_id=e), timeout=10)
@@ -289,7 +290,7 @@ def test_wrong_digest_on_one_replica_is_detected_and_served_from_another(tmp_pat
         mkey = master_key(PASSWORD)
         payloads = [f"entry-{e}-".encode() * 20 for e in range(30)]
         length = 0
-        stubs = {b: pb_grpc.BookieStub(grpc.insecure_channel(b)) for b in ens}
+        stubs = {b: pb_grpc.BookieStub(bookie_channel(b)) for b in ens}
         for e, p in enumerate(payloads):
             length += len(p)
             good = dm.frame(e, e - 1, length, p)
@@ -337,7 +338,7 @@ def test_corrupt_stored_entry_on_one_replica_is_served_from_another(tmp_path):
                 f.write(data)
         assert hits >= 5, "the entries were not found in the entry logs"
         c.start(victim)
-        with grpc.insecure_channel(ens[0]) as ch:
+        with bookie_channel(ens[0]) as ch:
             r = pb_grpc.BookieStub(ch).Read(pb.ReadRequest(ledger_id=lh.ledger_id, entry_id=0),
                                             timeout=10)
             assert r.status == errors.EIO, "a corrupt stored entry must be EIO, never ENOENTRY"

@@ -17,6 +17,7 @@ import urllib.request
 
 import pytest
 
+from bkspark.auth.credentials import Credentials
 from bkspark.client import BookKeeper
 from bkspark.dashboard.collector import Collector
 from bkspark.ports import free_port
@@ -29,15 +30,12 @@ from .helpers import AutoRecoveryProcess, read_back, replication_problems, wait_
 pytestmark = [pytest.mark.integration]
 
 
-def http(port: int, path: str, method: str = "GET"):
-    """(status, JSON document or text) of one request."""
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
-                                 data=b"" if method in ("PUT", "POST") else None)
+def http(port: int, path: str, method: str = "GET", credentials=None):
+    """(status, JSON document or text) of one request (presenting ``credentials``)."""
+    creds = credentials or Credentials()
     try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            code, body, kind = r.status, r.read(), r.headers.get("Content-Type", "")
-    except urllib.error.HTTPError as exc:
-        code, body, kind = exc.code, exc.read(), exc.headers.get("Content-Type", "")
+        code, body, kind = creds.http_request(creds.url("127.0.0.1", port, path), method,
+                                              {} if method in ("PUT", "POST") else None)
     except urllib.error.URLError as exc:        # not listening (yet)
         return 0, str(exc.reason)
     return code, (json.loads(body) if kind.startswith("application/json") else body.decode())
@@ -113,9 +111,10 @@ def test_metrics_and_routes_of_a_running_autorecovery(tmp_path):
             # a bookie's admin endpoint answers the cluster's routes too
             alive = next(b for b in c.bookie_ids if b != victim)
             bookie_port = registry.list_bookies(bk.store)[alive]["http_port"]
-            assert http(bookie_port, "/api/v1/autorecovery/who_is_auditor") == \
-                (200, {"Auditor": "ar-http"})
-            code, doc = http(bookie_port, "/api/v1/autorecovery/process")
+            admin = c.credentials("admin")
+            assert http(bookie_port, "/api/v1/autorecovery/who_is_auditor",
+                        credentials=admin) == (200, {"Auditor": "ar-http"})
+            code, doc = http(bookie_port, "/api/v1/autorecovery/process", credentials=admin)
             assert code == 404 and "no autorecovery runs in this process" in doc["error"]
             # the dashboard finds the process by the endpoint it published, with its figures
             collector = Collector(bk.store, slow_interval=0)

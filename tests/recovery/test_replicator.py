@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import threading
 
-import grpc
 import pytest
 
+from bkspark.testing.cluster import bookie_channel
 from bkspark import errors
 from bkspark.client import BookKeeper, DigestManager, master_key
 from bkspark.client import quorum
@@ -66,7 +66,7 @@ def kill_and_wait(c, bk, bookie):
 
 
 def stub(bookie):
-    ch = grpc.insecure_channel(bookie)
+    ch = bookie_channel(bookie)
     return pb_grpc.BookieStub(ch), ch
 
 

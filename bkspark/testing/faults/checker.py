@@ -199,7 +199,8 @@ class Checker:
             for bid in ens:
                 if bid in holdings:
                     continue
-                channel, stub = bookie_rpc(b._resolve_address(bid))
+                channel, stub = bookie_rpc(b._resolve_address(bid),
+                                           self.cluster.credentials("admin"))
                 stubs[bid] = (channel, stub)
                 try:
                     resp = stub.ListEntries(pb.ListEntriesRequest(ledger_id=lid), timeout=10)

@@ -7,7 +7,6 @@ import random
 import struct
 import zlib
 
-import grpc
 
 #: the repository (the fault run's processes put it first on their PYTHONPATH)
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
@@ -51,14 +50,15 @@ def wait_serving(cluster, timeout: float = 60.0) -> None:
     """Wait until every bookie answers gRPC (through any reconnect backoff of this process)."""
     from bkspark.proto import bookie_pb2 as pb
     for address in cluster.bookie_ids:
-        channel, stub = bookie_rpc(address)
+        channel, stub = bookie_rpc(address, cluster.credentials("admin"))
         try:
             stub.GetBookieInfo(pb.BookieInfoRequest(), timeout=timeout, wait_for_ready=True)
         finally:
             channel.close()
 
 
-def bookie_rpc(address: str):
+def bookie_rpc(address: str, credentials):
+    """A channel to ``address`` presenting ``credentials``, and its Bookie stub."""
     from bkspark.proto import bookie_pb2_grpc as pb_grpc
-    channel = grpc.insecure_channel(address)
+    channel = credentials.channel(address)
     return channel, pb_grpc.BookieStub(channel)
