@@ -186,36 +186,71 @@ NO_METADATA_SERVICE = ("no metadata service: pass a URI ('zk://host:2181/ledgers
                        f"'sqlite:///abs/path.db'), set {ENV_URI}, or start `bkspark localcluster`")
 
 
-def _credentials_record(instance_id: str) -> str:
-    safe = "".join(c for c in instance_id if c.isalnum()) or "unknown"
-    return os.path.join(bkspark_home(), "clusters", f"{safe}.json")
+def _credentials_record(instance_id: str, home: str | None = None) -> str:
+    import hashlib
+    return os.path.join(home or bkspark_home(), "clusters",
+                        hashlib.sha256(instance_id.encode()).hexdigest()[:32] + ".json")
 
 
-def publish_credentials(instance_id: str, data_dir: str, tls: bool) -> None:
-    """Record that the cluster of ``instance_id`` keeps its credentials in ``data_dir``
-    (``tls``: its bookies serve TLS, verified with its CA)."""
-    path = _credentials_record(instance_id)
+def store_identity(uri: str) -> str:
+    """What names one metadata store whatever the URI's spelling: the database file's real
+    path, or ZooKeeper's servers and root (its settings aside)."""
+    from metadata.uri import SqliteUri, parse_uri
+    parsed = parse_uri(uri)
+    if isinstance(parsed, SqliteUri):
+        return "sqlite:" + os.path.realpath(parsed.path)
+    return "zk:" + ",".join(f"{h}:{p}" for h, p in sorted(parsed.hosts)) + parsed.root
+
+
+def publish_credentials(instance_id: str, data_dir: str, tls: bool, metadata_uri: str,
+                        home: str | None = None) -> None:
+    """Record that the cluster of ``instance_id`` (its store at ``metadata_uri``) keeps its
+    credentials in ``data_dir`` (``tls``: its bookies serve TLS, verified with its CA), for
+    the clients of ``home`` (default: :func:`bkspark_home`)."""
+    path = _credentials_record(instance_id, home)
     folder = private.make_dir(os.path.dirname(path))
     for name in os.listdir(folder):         # records of clusters whose data is gone
         doc = _read_json(os.path.join(folder, name)) or {}
         if name.endswith(".json") and not os.path.isdir(doc.get("data_dir") or "/nonexistent"):
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(folder, name))
-    _write_json(path, {"data_dir": os.path.abspath(data_dir), "tls": bool(tls)})
+    _write_json(path, {"data_dir": os.path.abspath(data_dir), "tls": bool(tls),
+                       "instance_id": instance_id, "store": store_identity(metadata_uri)})
+
+
+def _local_cluster(store):
+    """The credentials of the local cluster whose metadata ``store`` is, and its record; None
+    when it is none of this user's local clusters. Both the store's instance id and the store
+    itself (:func:`store_identity`) must be the recorded ones: a store elsewhere that copies a
+    cluster's instance id learns nothing."""
+    from bkspark.auth.local import ClusterCredentials
+    from metadata.registry import read_instance_id
+    instance = read_instance_id(store)
+    if not instance:
+        return None
+    doc = _read_json(_credentials_record(instance)) or {}
+    try:
+        same = (doc.get("instance_id") == instance and doc.get("data_dir")
+                and doc.get("store") == store_identity(store.uri))
+    except ValueError:
+        return None
+    return (ClusterCredentials(doc["data_dir"]), doc) if same else None
 
 
 def local_credentials(store, role: str = "client") -> dict:
     """ClientConfig fields that present ``role``'s credentials of the local cluster whose
     metadata ``store`` is ({} when it is none of this user's local clusters)."""
-    from bkspark.auth.local import ClusterCredentials
-    from metadata.registry import read_instance_id
-    instance = read_instance_id(store)
-    if not instance:
+    found = _local_cluster(store)
+    if found is None:
         return {}
-    doc = _read_json(_credentials_record(instance)) or {}
-    if not doc.get("data_dir"):
-        return {}
-    creds = ClusterCredentials(doc["data_dir"])
+    creds, doc = found
     if not os.path.exists(creds.token_file(role)):
         return {}
     return creds.client_settings(role, tls=bool(doc.get("tls")))
+
+
+def local_token_public_key(store) -> str:
+    """The token public key file of the local cluster whose metadata ``store`` is ("" when
+    none): what an endpoint of that cluster (a standalone autorecovery) verifies with."""
+    found = _local_cluster(store)
+    return found[0].public_key_file if found is not None else ""

@@ -333,9 +333,10 @@ class LocalCluster:
             self.default_elsewhere = claim_default(self.records)
             self._is_default = self.default_elsewhere is None
 
-    def _publish_credentials(self) -> None:
-        """Let clients of this machine find the cluster's credentials by its instance id
-        (created here if this is the store's first start, as its first bookie would)."""
+    def _publish_credentials(self, home: str | None = None) -> None:
+        """Let clients of this machine (of ``home``, default ``$BKSPARK_HOME``) find the
+        cluster's credentials by its instance id (created here if this is the store's first
+        start, as its first bookie would)."""
         if self.auth is None:
             return
         from metadata import open_store, registry
@@ -344,7 +345,12 @@ class LocalCluster:
             instance = registry.ensure_layout(store)
         finally:
             store.close()
-        publish_credentials(instance, self.data_dir, self.tls)
+        publish_credentials(instance, self.data_dir, self.tls, self.metadata_uri, home)
+
+    def publish_credentials_to(self, home: str) -> None:
+        """Also let the clients of another ``$BKSPARK_HOME`` find this cluster's credentials
+        (processes given a home of their own, as test runners' Spark jobs)."""
+        self._publish_credentials(home)
 
     def _start_retention(self) -> None:
         from bkspark.client import BookKeeper

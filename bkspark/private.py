@@ -20,8 +20,16 @@ def make_dir(path: str) -> str:
 
 
 def open_file(path: str, mode: str = "w"):
-    """``open(path, mode)``, a file it creates being 0600."""
-    return open(path, mode, opener=lambda p, flags: os.open(p, flags, FILE_MODE))
+    """``open(path, mode)``, the file being 0600 -- one it creates, and one that existed (it
+    is about to hold what this process writes)."""
+    def opener(p, flags):
+        fd = os.open(p, flags, FILE_MODE)
+        try:
+            os.fchmod(fd, FILE_MODE)
+        except OSError:
+            pass                    # not ours to change (the owner's choice stays)
+        return fd
+    return open(path, mode, opener=opener)
 
 
 def restrict_umask() -> None:

@@ -79,8 +79,13 @@ class ZooKeeperServer:
     def __init__(self, port: int | None = None, tick_time: int = 500,
                  max_session_timeout: int = 60000, java: str | None = None,
                  start_timeout: float = 30.0, host: str = "127.0.0.1",
-                 launcher: list[str] | None = None, quorum: tuple | None = None):
+                 launcher: list[str] | None = None, quorum: tuple | None = None,
+                 tls: tuple[str, str] | None = None):
         self.port = port
+        #: ``(PEM of the server's key and certificate, PEM of the CA its clients' certificates
+        #: are signed by)``: also serve TLS on :attr:`secure_port` (client certificates needed)
+        self.tls = tls
+        self.secure_port: int | None = None
         self.host = host
         self.launcher = list(launcher or [])
         self.quorum = quorum
@@ -130,6 +135,16 @@ class ZooKeeperServer:
                     "autopurge.snapRetainCount=3\n"
                     "autopurge.purgeInterval=1\n"
                     "4lw.commands.whitelist=ruok,stat,srvr,cons\n")
+            if self.tls is not None:
+                if self.secure_port is None:
+                    self.secure_port = free_port(self.host)
+                key_cert, ca = self.tls
+                f.write(f"secureClientPort={self.secure_port}\n"
+                        f"secureClientPortAddress={self.host}\n"
+                        "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n"
+                        f"ssl.keyStore.location={key_cert}\nssl.keyStore.type=PEM\n"
+                        f"ssl.trustStore.location={ca}\nssl.trustStore.type=PEM\n"
+                        "ssl.clientAuth=need\n")
             if self.quorum is not None:
                 my_id, members = self.quorum
                 f.write("initLimit=10\nsyncLimit=4\n")

@@ -1,7 +1,13 @@
 """Parsing of metadata service URIs.
 
-* ``zk://host:port[,host:port...]/root`` — ZooKeeper; ``root`` is the chroot of the store
-  (``/`` or empty for none); the port defaults to 2181.
+* ``zk://host:port[,host:port...]/root[?setting=value&...]`` — ZooKeeper; ``root`` is the
+  chroot of the store (``/`` or empty for none); the port defaults to 2181. The settings
+  secure the connection (:data:`ZK_SETTINGS`; files, never secrets, so the URI may be
+  printed): ``digest_file`` (a file holding ``user:password``: digest authentication, and
+  every record created is that user's alone) or ``sasl_file`` (``user:password`` for SASL
+  DIGEST-MD5; records are the SASL user's), ``read_acl`` (an identity also allowed to read
+  every record, ``scheme:id``), ``tls_ca_file`` / ``tls_cert_file`` / ``tls_key_file``
+  (ZooKeeper's client TLS).
 * ``sqlite:///abs/path/meta.db`` — embedded SQLite database file (absolute path;
   ``sqlite:////abs/path/meta.db``, SQLAlchemy's spelling, is accepted too).
 """
@@ -17,12 +23,18 @@ _HOSTNAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
 _ZK_ROOT_PART = re.compile(r"^[A-Za-z0-9_.:@+=-]+$")
 
 SCHEMES = ("zk", "sqlite")
+ZK_SETTINGS = ("digest_file", "sasl_file", "read_acl", "tls_ca_file", "tls_cert_file",
+               "tls_key_file")
 
 
 @dataclass(frozen=True)
 class ZkUri:
     hosts: tuple[tuple[str, int], ...]
     root: str  # "/" for no chroot
+    settings: tuple[tuple[str, str], ...] = ()     # (name, value) of ZK_SETTINGS, sorted
+
+    def setting(self, name: str) -> str:
+        return dict(self.settings).get(name, "")
 
     @property
     def hosts_string(self) -> str:
@@ -74,9 +86,35 @@ def _parse_sqlite(uri: str, rest: str) -> SqliteUri:
     return SqliteUri(path=path)
 
 
+def _zk_settings(uri: str, query: str) -> tuple[tuple[str, str], ...]:
+    from urllib.parse import parse_qsl
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=True)
+    except ValueError:
+        raise InvalidUriError(f"zk URI {uri!r}: malformed settings {query!r} (expected "
+                              "?name=value&...)") from None
+    seen: dict[str, str] = {}
+    for name, value in pairs:
+        if name not in ZK_SETTINGS:
+            raise InvalidUriError(f"zk URI {uri!r}: unknown setting {name!r} (known: "
+                                  f"{', '.join(ZK_SETTINGS)})")
+        if name in seen or not value:
+            raise InvalidUriError(f"zk URI {uri!r}: setting {name!r} given twice or empty")
+        seen[name] = value
+    if "digest_file" in seen and "sasl_file" in seen:
+        raise InvalidUriError(f"zk URI {uri!r}: give digest_file or sasl_file, not both")
+    if bool(seen.get("tls_cert_file")) != bool(seen.get("tls_key_file")):
+        raise InvalidUriError(f"zk URI {uri!r}: tls_cert_file and tls_key_file go together")
+    if ("tls_cert_file" in seen) and "tls_ca_file" not in seen:
+        raise InvalidUriError(f"zk URI {uri!r}: a client certificate needs tls_ca_file")
+    return tuple(sorted(seen.items()))
+
+
 def _parse_zk(uri: str, rest: str) -> ZkUri:
-    if "?" in rest or "#" in rest:
-        raise InvalidUriError(f"zk URI {uri!r} must not have a query or fragment")
+    if "#" in rest:
+        raise InvalidUriError(f"zk URI {uri!r} must not have a fragment")
+    rest, _, query = rest.partition("?")
+    settings = _zk_settings(uri, query) if query else ()
     slash = rest.find("/")
     netloc, root = (rest, "/") if slash < 0 else (rest[:slash], rest[slash:])
     if "@" in netloc:
@@ -122,4 +160,4 @@ def _parse_zk(uri: str, rest: str) -> ZkUri:
             if part in ("", ".", "..") or not _ZK_ROOT_PART.match(part):
                 raise InvalidUriError(
                     f"zk URI {uri!r}: invalid root path {root!r} (component {part!r})")
-    return ZkUri(hosts=tuple(hosts), root=root)
+    return ZkUri(hosts=tuple(hosts), root=root, settings=settings)

@@ -32,6 +32,7 @@ from bkspark.errors import (
     NoNodeError,
     NotEmptyError,
     SessionExpiredError,
+    UnauthorizedError,
 )
 
 from .layout import CLOCK, IDGEN
@@ -57,6 +58,8 @@ _ERRORS = (
     (kex.ConnectionLoss, MetadataConnectionError),
     (kex.OperationTimeoutError, MetadataConnectionError),
     (kex.BadArgumentsError, BadRequestError),
+    (kex.NoAuthError, UnauthorizedError),
+    (kex.AuthFailedError, UnauthorizedError),
 )
 
 
@@ -66,6 +69,7 @@ _MESSAGES = {
     BadVersionError: "version conflict",
     NotEmptyError: "node has children",
     SessionExpiredError: "session expired",
+    UnauthorizedError: "not authorized (the record's ACL; see the URI's digest_file)",
 }
 
 
@@ -85,6 +89,49 @@ def _stop_in_background(client: KazooClient) -> None:
         with contextlib.suppress(Exception):
             client.close()
     threading.Thread(target=stop, daemon=True, name="bkspark-zk-abandon").start()
+
+
+def _user_password(path: str, what: str) -> tuple[str, str]:
+    """``(user, password)`` from a file holding ``user:password`` (never shown in errors)."""
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError as exc:
+        raise MetadataError(f"cannot read ZooKeeper {what} file {path}: {exc.strerror}") \
+            from None
+    user, sep, password = text.partition(":")
+    if not sep or not user or not password:
+        raise MetadataError(f"ZooKeeper {what} file {path} must hold user:password")
+    return user, password
+
+
+def zk_security(parsed: ZkUri) -> tuple[list | None, dict]:
+    """``(ACL of created records, KazooClient keyword arguments)`` of the URI's settings:
+    digest or SASL credentials make every record created the user's alone (ZooKeeper's
+    CREATOR_ALL, as BookKeeper's ``zkEnableSecurity``), plus read for ``read_acl``."""
+    from kazoo.security import ACL, Id, Permissions, make_digest_acl
+    kwargs: dict = {}
+    acl = None
+    if parsed.setting("digest_file"):
+        user, password = _user_password(parsed.setting("digest_file"), "digest")
+        kwargs["auth_data"] = [("digest", f"{user}:{password}")]
+        acl = [make_digest_acl(user, password, all=True)]
+    elif parsed.setting("sasl_file"):
+        user, password = _user_password(parsed.setting("sasl_file"), "SASL")
+        kwargs["sasl_options"] = {"mechanism": "DIGEST-MD5", "username": user,
+                                  "password": password}
+        acl = [ACL(Permissions.ALL, Id("sasl", user))]
+    if parsed.setting("read_acl"):
+        scheme, sep, ident = parsed.setting("read_acl").partition(":")
+        if not sep or not ident or acl is None:
+            raise MetadataError("read_acl needs scheme:id and digest_file or sasl_file (a "
+                                "record open to all needs no read ACL)")
+        acl.append(ACL(Permissions.READ, Id(scheme, ident)))
+    if parsed.setting("tls_ca_file"):
+        kwargs.update(use_ssl=True, verify_certs=True, ca=parsed.setting("tls_ca_file"),
+                      certfile=parsed.setting("tls_cert_file") or None,
+                      keyfile=parsed.setting("tls_key_file") or None)
+    return acl, kwargs
 
 
 class ZkStore(MetadataStore):
@@ -109,10 +156,12 @@ class ZkStore(MetadataStore):
         # applied, so a read is simply retried on the next session.
         self._read_retry = KazooRetry(max_tries=-1, delay=0.05, max_delay=1.0,
                                       deadline=self.session_timeout, ignore_expire=True)
+        #: the ACL of every record this store creates (None: ZooKeeper's open ACL)
+        self.acl, security = zk_security(parsed)
         client = KazooClient(
             hosts=self.address, timeout=self.session_timeout,
             connection_retry=KazooRetry(max_tries=-1, delay=0.1, max_delay=2.0),
-            command_retry=None)
+            command_retry=None, default_acl=self.acl, **security)
         try:
             event = client.start_async()
             event.wait(timeout=self.connect_timeout)
@@ -166,6 +215,28 @@ class ZkStore(MetadataStore):
                 fn()
             except Exception:
                 log.exception("after ZooKeeper session loss: %r failed", fn)
+
+    def apply_acls(self) -> int:
+        """Set :attr:`acl` on the root and every record under it (records created before
+        the URI named credentials are open to anyone); returns how many records were set.
+        Idempotent: run it again after a failure."""
+        if self.acl is None:
+            raise MetadataError("the URI names no credentials (digest_file or sasl_file): "
+                                "there is no ACL to apply")
+        done, todo = 0, ["/"]
+        while todo:
+            path = todo.pop()
+            try:
+                children = self.client.get_children(path)
+                self.client.set_acls(path, self.acl)
+            except kex.NoNodeError:
+                continue                    # deleted meanwhile
+            except Exception as e:  # noqa: BLE001 - kazoo's errors, mapped
+                raise _map(e, f"setting the ACL of {path}") from e
+            done += 1
+            todo.extend(f"{path.rstrip('/')}/{c}" for c in children
+                        if not (path == "/" and self.root == "/" and c == "zookeeper"))
+        return done
 
     def on_session_lost(self, callback: Callable[[], None]) -> None:
         with self._lock:

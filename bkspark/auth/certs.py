@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from bkspark import private
-from bkspark.auth.roles import Role, role_named
+from bkspark.auth.roles import Role, role_named, role_of
 from bkspark.auth.tokens import Identity
 from bkspark.errors import UnauthorizedError
 
@@ -86,7 +86,7 @@ class CertificateAuthority:
         key = _key()
         attrs = [x509.NameAttribute(NameOID.COMMON_NAME, name)]
         if role is not None:
-            role = role if isinstance(role, Role) else role_named(role)
+            role = role_of(role)
             attrs.append(x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role.label))
         now = datetime.datetime.now(datetime.timezone.utc)
         builder = (x509.CertificateBuilder().subject_name(x509.Name(attrs))

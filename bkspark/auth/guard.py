@@ -8,11 +8,14 @@ One :class:`Guard` per server process, built from its settings (:meth:`Guard.fro
   signed by this CA, and the peer's role is the certificate's (:mod:`bkspark.auth.certs`);
   a token is then not needed and not looked at;
 * neither -- the server is open (allowed on loopback, or beyond it only with
-  ``allow_insecure_network``: see :func:`check_listen`).
+  ``allow_insecure_network``: see :func:`check_listen`) to ``client`` requests; an admin
+  request is refused (no one can be an admin where no one is authenticated).
 
 A refused request is answered EUA (gRPC ``UNAUTHENTICATED``/``PERMISSION_DENIED``, HTTP
 401/403, a refused data-port hello) and logged at WARNING once per peer address -- the
-addresses already logged are bounded (``LOGGED_PEERS``), so a peer cannot fill the log.
+addresses already logged are bounded (``LOGGED_PEERS``), and all of them together get at
+most ``REFUSAL_LINES`` lines a minute (the rest are counted), so peers cycling through
+addresses cannot fill the log either.
 """
 from __future__ import annotations
 
@@ -27,11 +30,15 @@ from bkspark.auth import certs, roles
 from bkspark.auth.roles import Role
 from bkspark.auth.tokens import Identity, TokenVerifier
 from bkspark.errors import BadRequestError, PermissionDeniedError, UnauthorizedError
+from bkspark.logging_setup import LogBudget
 
 log = logging.getLogger("bkspark.auth")
 
 LOGGED_PEERS = 1024
-OPEN_IDENTITY = Identity("unauthenticated (authentication off)", Role.ADMIN)
+REFUSAL_LINES = 10          # log lines of refusals per minute, all peers together
+#: who a peer of a server without authentication is: a client, never an admin (an open
+#: endpoint serves reads and writes on loopback, never admin actions)
+OPEN_IDENTITY = Identity("unauthenticated (authentication off)", Role.CLIENT)
 TOKEN_METADATA_KEY = "authorization"
 _CERT_CACHE = 256
 
@@ -87,6 +94,7 @@ class Guard:
         self._logged: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._certs: collections.OrderedDict[bytes, Identity] = collections.OrderedDict()
         self._lock = threading.Lock()
+        self._budget = LogBudget(REFUSAL_LINES, 60.0)
         self.refused = 0            # requests refused since start (metrics)
 
     @classmethod
@@ -139,10 +147,14 @@ class Guard:
               cert: bytes | None = None) -> Identity:
         """:meth:`identify`, then check that its role permits ``need``; a refusal is logged
         (once per peer) and raised as UnauthorizedError."""
-        if need is None or not self.enabled:
+        if need is None:
             return OPEN_IDENTITY
         try:
             identity = self.identify(token=token, cert=cert)
+            if not self.enabled and not roles.permits(identity.role, need):
+                raise PermissionDeniedError(
+                    f"this server authenticates no one, so it serves no {need.label} request: "
+                    "configure a token key (auth_token_public_key_file) or a client CA")
             if not roles.permits(identity.role, need):
                 raise PermissionDeniedError(
                     f"{identity.subject!r} has role {identity.role.label}; this needs "
@@ -161,9 +173,11 @@ class Guard:
             self._logged.move_to_end(host)
             while len(self._logged) > LOGGED_PEERS:
                 self._logged.popitem(last=False)
-        if first:
+        if first and (withheld := self._budget.allow()) is not None:
             log.warning("refused a request from %s: %s (further refusals of this peer are "
-                        "not logged)", host, why)
+                        "not logged%s)", host, why,
+                        f"; {withheld} refusals of other peers were not logged before this"
+                        if withheld else "")
 
     # ---- gRPC --------------------------------------------------------------------------
 
@@ -258,9 +272,12 @@ class _GrpcGuard(grpc.ServerInterceptor):
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
         guard = self.guard
-        if handler is None or not guard.enabled:
+        if handler is None:
             return handler
         need = self.table.get(handler_call_details.method.rsplit("/", 1)[-1], Role.ADMIN)
+        if not guard.enabled:
+            return handler if roles.permits(OPEN_IDENTITY.role, need) else \
+                _refusal_handler(handler, guard, need, None)
         token = None
         for key, value in handler_call_details.invocation_metadata or ():
             if key == TOKEN_METADATA_KEY:

@@ -30,12 +30,16 @@ class Role(enum.IntEnum):
 
 
 def role_named(name: str) -> Role:
-    """``"client"`` -> Role.CLIENT; ValueError naming the roles for anything else."""
-    try:
-        return Role[str(name).strip().upper()]
-    except KeyError:
-        raise ValueError(f"unknown role {name!r}: one of "
-                         f"{', '.join(r.label for r in Role)}") from None
+    """``"client"`` -> Role.CLIENT, spelled exactly (a certificate's OU ``Admin`` of some
+    other scheme grants nothing); ValueError naming the roles for anything else."""
+    for role in Role:
+        if name == role.label:
+            return role
+    raise ValueError(f"unknown role {name!r}: one of {', '.join(r.label for r in Role)}")
+
+
+def role_of(value: "Role | str") -> Role:
+    return value if isinstance(value, Role) else role_named(value)
 
 
 def permits(have: Role, need: Role | None) -> bool:

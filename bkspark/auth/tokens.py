@@ -13,7 +13,9 @@ dictionary lookup, and its expiry is checked again on each use.
 from __future__ import annotations
 
 import collections
+import math
 import threading
+import typing
 import time
 import uuid
 
@@ -21,7 +23,7 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from bkspark.auth.roles import Role, role_named
+from bkspark.auth.roles import Role, role_named, role_of
 from bkspark.errors import BadRequestError, UnauthorizedError
 
 ALGORITHM = "EdDSA"
@@ -46,7 +48,7 @@ def public_key_of(signing_key_pem: bytes) -> bytes:
 
 def mint(signing_key_pem: bytes, subject: str, role: Role | str, ttl_s: float) -> str:
     """A token for ``subject`` with ``role``, valid ``ttl_s`` seconds from now."""
-    role = role if isinstance(role, Role) else role_named(role)
+    role = role_of(role)
     if ttl_s <= 0:
         raise BadRequestError(f"a token's lifetime must be positive, got {ttl_s}")
     now = int(time.time())
@@ -68,16 +70,13 @@ def read_token_file(path: str) -> str:
     return token
 
 
-class Identity(tuple):
-    """``(subject, role)`` of an authenticated peer."""
+class Identity(typing.NamedTuple):
+    """An authenticated peer: its subject, its role, and until when (wall-clock seconds) its
+    credentials hold -- a connection admitted once (the data port) ends with them."""
 
-    __slots__ = ()
-
-    def __new__(cls, subject: str, role: Role):
-        return super().__new__(cls, (subject, role))
-
-    subject = property(lambda self: self[0])
-    role = property(lambda self: self[1])
+    subject: str
+    role: Role
+    expires: float = math.inf
 
 
 class TokenVerifier:
@@ -120,7 +119,8 @@ class TokenVerifier:
         try:
             claims = jwt.decode(token, self._key, algorithms=[ALGORITHM], issuer=ISSUER,
                                 leeway=LEEWAY_S, options={"require": ["exp", "sub", "iss"]})
-            identity = Identity(str(claims["sub"]), role_named(claims.get("role", "")))
+            identity = Identity(str(claims["sub"]), role_named(claims.get("role", "")),
+                                float(claims["exp"]) + LEEWAY_S)
         except jwt.ExpiredSignatureError:
             raise UnauthorizedError("token expired") from None
         except (jwt.InvalidTokenError, ValueError) as exc:

@@ -24,18 +24,24 @@ broken stream).
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import ssl
 import threading
+import time
 
 from bkspark.auth import roles
 from bkspark.errors import UnauthorizedError
+from bkspark.logging_setup import LogBudget
 from bkspark.proto import wire
 from bkspark.proto import bookie_pb2 as pb
 
 log = logging.getLogger("bkspark.bookie.data_port")
 
 MAX_CONNECTIONS = 1024      # beyond this, new connections are closed at once (a thread each)
+MAX_UNADMITTED = 128        # connections whose hello is not yet admitted, all peers
+MAX_UNADMITTED_PER_PEER = 16    # ... and from one address
+HELLO_DEADLINE_S = 10.0     # the whole hello (and TLS handshake) within this, or closed
 
 
 class DataPortServer:
@@ -50,6 +56,8 @@ class DataPortServer:
         self._listener = socket.create_server((host, port), backlog=128)
         self.port = self._listener.getsockname()[1]
         self._conns: set[socket.socket] = set()
+        self._unadmitted: dict[str, int] = {}   # address -> connections not admitted yet
+        self._budget = LogBudget(10, 60.0)      # warnings about refused connections
         self._lock = threading.Lock()
         self._stopped = False
         self._thread = threading.Thread(target=self._accept_loop, daemon=True,
@@ -74,47 +82,72 @@ class DataPortServer:
     def _accept_loop(self) -> None:
         while not self._stopped:
             try:
-                conn, _addr = self._listener.accept()
+                conn, addr = self._listener.accept()
             except OSError:
                 if self._stopped:
                     return
                 continue
-            if len(self._conns) >= MAX_CONNECTIONS:
-                log.warning("data port: %d connections open; refusing another", len(self._conns))
+            peer = addr[0] if isinstance(addr, tuple) else "?"
+            why = self._refuse_why(peer)
+            if why:
+                if (withheld := self._budget.allow()) is not None:
+                    log.warning("data port: refusing a connection from %s: %s%s", peer, why,
+                                f" ({withheld} more refused since the last warning)"
+                                if withheld else "")
                 conn.close()
                 continue
-            threading.Thread(target=self._serve, args=(conn,), daemon=True,
+            threading.Thread(target=self._serve, args=(conn, peer), daemon=True,
                              name="bookie-data-conn").start()
+
+    def _refuse_why(self, peer: str) -> str:
+        """Why a new connection from ``peer`` is refused ("" if it is taken; then it counts
+        as not admitted until its hello is)."""
+        with self._lock:
+            total = sum(self._unadmitted.values())
+            if len(self._conns) + total >= MAX_CONNECTIONS:
+                return f"{len(self._conns) + total} connections open"
+            if total >= MAX_UNADMITTED:
+                return f"{total} connections wait for their hello to be admitted"
+            if self._unadmitted.get(peer, 0) >= MAX_UNADMITTED_PER_PEER:
+                return f"{MAX_UNADMITTED_PER_PEER} of its connections wait for their hello"
+            self._unadmitted[peer] = self._unadmitted.get(peer, 0) + 1
+            return ""
+
+    def _admitted(self, peer: str) -> None:
+        with self._lock:
+            left = self._unadmitted.get(peer, 0) - 1
+            if left > 0:
+                self._unadmitted[peer] = left
+            else:
+                self._unadmitted.pop(peer, None)
 
     # ---- one connection ----------------------------------------------------------------
 
-    def _serve(self, conn: socket.socket) -> None:
-        with self._lock:
-            if self._stopped:
-                conn.close()
-                return
-            self._conns.add(conn)
+    def _serve(self, conn: socket.socket, peer: str) -> None:
+        admitted = False
+        sock = [conn]           # the connection as _hello leaves it (TLS-wrapped, maybe)
         try:
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn.settimeout(30.0)                       # the hello, and the TLS handshake
-            if self.ssl_context is not None:
-                conn = self.ssl_context.wrap_socket(conn, server_side=True)
-            rfile = conn.makefile("rb", buffering=256 << 10)
-            if rfile.read(len(wire.DATA_MAGIC)) != wire.DATA_MAGIC:
+            identity, rfile = self._hello(sock, peer)
+            conn = sock[0]
+            if identity is None:
                 return
-            item = wire.read_frame(rfile, wire.MAX_HELLO_BYTES)
-            if item is None or item[0] != wire.KIND_HELLO:
-                return
-            if not self._admit(conn, item[1]):
-                return
+            with self._lock:
+                if self._stopped:
+                    return
+                self._conns.add(conn)
+            self._admitted(peer)
+            admitted = True
             conn.settimeout(None)
             conn.sendall(wire.DATA_MAGIC)
-            _Connection(self, conn, rfile).run()
+            _Connection(self, conn, rfile, identity.expires).run()
         except (OSError, ssl.SSLError, wire.FrameError) as exc:
             log.debug("data connection ended: %s", exc)
         except Exception as exc:  # noqa: BLE001 - a message that does not parse, or a bug
             log.warning("data connection closed: %r", exc)
         finally:
+            conn = sock[0]
+            if not admitted:
+                self._admitted(peer)
             with self._lock:
                 self._conns.discard(conn)
             try:
@@ -122,21 +155,74 @@ class DataPortServer:
             except OSError:
                 pass
 
+    def _hello(self, sock: list, peer: str):
+        """Read and judge the hello on ``sock[0]`` within :data:`HELLO_DEADLINE_S` (all of it,
+        however the peer trickles its bytes; ``sock[0]`` becomes the TLS connection):
+        ``(identity, buffered reader)``, or ``(None, None)`` when it is malformed, late or
+        refused (a refusal is answered)."""
+        deadline = time.monotonic() + HELLO_DEADLINE_S
+        conn = sock[0]
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn.settimeout(HELLO_DEADLINE_S)
+        if self.ssl_context is not None:
+            conn = sock[0] = self.ssl_context.wrap_socket(conn, server_side=True)
+        if _recv_until(conn, len(wire.DATA_MAGIC), deadline) != wire.DATA_MAGIC:
+            return None, None           # another protocol, or a client of before: closed
+        head = _recv_until(conn, wire.FRAME.size, deadline)
+        if head is None:
+            return None, None
+        size, kind = wire.FRAME.unpack(head)
+        if kind != wire.KIND_HELLO or size > wire.MAX_HELLO_BYTES:
+            return None, None
+        token = _recv_until(conn, size, deadline)
+        identity = None if token is None else self._admit(conn, token, peer)
+        if identity is None:
+            return None, None
+        return identity, conn.makefile("rb", buffering=256 << 10)
 
-    def _admit(self, conn, token: bytes) -> bool:
-        """Whether the hello's credentials admit this connection; a refusal is answered."""
+
+    def _admit(self, conn, token: bytes, peer: str):
+        """The identity the hello's credentials admit; None after answering a refusal."""
         cert = conn.getpeercert(binary_form=True) if isinstance(conn, ssl.SSLSocket) else None
         try:
-            peer = conn.getpeername()[0]
-        except OSError:
-            peer = "?"
-        try:
-            self.guard.admit(roles.DATA_PORT, peer, token=token.decode(errors="replace"),
-                             cert=cert)
-            return True
+            return self.guard.admit(roles.DATA_PORT, peer,
+                                    token=token.decode(errors="replace"), cert=cert)
         except UnauthorizedError as exc:
             conn.sendall(wire.refusal(str(exc)))
-            return False
+            _drain_before_close(conn)
+            return None
+
+
+def _drain_before_close(conn, limit: int = 64 << 10, seconds: float = 1.0) -> None:
+    """End our side, then read (at most ``limit`` bytes, ``seconds``) what the peer already
+    sent: closing with unread input would reset the connection, and the peer could lose the
+    answer just sent (a refusal) to the reset."""
+    try:
+        conn.shutdown(socket.SHUT_WR)
+        conn.settimeout(seconds)
+        deadline = time.monotonic() + seconds
+        while limit > 0 and time.monotonic() < deadline:
+            chunk = conn.recv(min(limit, 16 << 10))
+            if not chunk:
+                return
+            limit -= len(chunk)
+    except OSError:
+        pass
+
+
+def _recv_until(conn, n: int, deadline: float) -> bytes | None:
+    """``n`` bytes from ``conn`` by ``deadline`` (monotonic); None if it ends or is late."""
+    data = b""
+    while len(data) < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        conn.settimeout(left)
+        more = conn.recv(n - len(data))
+        if not more:
+            return None
+        data += more
+    return data
 
 
 class _Connection:
@@ -156,7 +242,9 @@ class _Connection:
     re-replicating) into one fdatasync.
     """
 
-    def __init__(self, server: DataPortServer, conn: socket.socket, rfile) -> None:
+    def __init__(self, server: DataPortServer, conn: socket.socket, rfile,
+                 expires: float = math.inf) -> None:
+        self.expires = expires      # the credentials' end: the connection ends with them
         self.server = server
         self.service = server.service
         self.conn = conn
@@ -172,6 +260,9 @@ class _Connection:
             if item is None:
                 return
             kind, payload = item
+            if self.expires != math.inf and time.time() > self.expires:
+                log.info("data connection closed: its credentials expired")
+                return
             if kind == wire.KIND_ADD_BATCH:
                 raw = service.process_add_batch(payload)
                 if raw:                 # b"": every add dropped by fault injection

@@ -33,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser, *, suppress: bool = False) ->
 def client_settings(args: argparse.Namespace, environ=os.environ) -> dict:
     """``{ClientConfig field: value}`` of the flags; BadRequestError naming a bad one."""
     from bkspark.client.settings import client_settings as validate
-    from bkspark.client.settings import parse_assignment, read_settings_file
+    from bkspark.client.settings import SECRET_FIELDS, parse_assignment, read_settings_file
+    from bkspark.errors import BadRequestError
     settings: dict = {}
     path = getattr(args, "client_config", None) or environ.get(CONFIG_ENV)
     if path:
@@ -41,7 +42,11 @@ def client_settings(args: argparse.Namespace, environ=os.environ) -> dict:
     pairs = [parse_assignment(text, "--client-option")
              for text in getattr(args, "client_option", None) or ()]
     for key, value in pairs:        # one at a time: a later one overrides an earlier one
-        settings.update(validate([(key, value)], what="--client-option"))
+        typed = validate([(key, value)], what="--client-option")
+        if set(typed) & set(SECRET_FIELDS):
+            raise BadRequestError(f"--client-option {key}: a token on the command line is seen "
+                                  "by every local user (`ps`); give auth_token_file instead")
+        settings.update(typed)
     tls = getattr(args, "tls_ca_file", None)
     if tls is not None:
         settings.update(validate({"--tls-ca-file": tls}, what="flag"))   # names tls_ca_file

@@ -142,6 +142,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = add("apply-retention", "apply logs' retention policies now (what the retention "
                                "service does every pass)")
     p.add_argument("log", nargs="*", help="only these logs (default: every log)")
+    add("zk-acl", "give every record under the ZooKeeper root the ACL of the URI's credentials "
+                  "(digest_file / sasl_file): for a tree created before they were set")
     p = add("convert-logs", "convert logs kept as one metadata record (format 1) to a head plus "
                             "one record per ledger (format 2); each log converts on its first "
                             "write anyway")
@@ -691,6 +693,18 @@ def cmd_apply_retention(args, out):
               [(r["log"], RetentionPolicy.from_property(r["retention"]).describe()
                 if r["retention"] else "keep everything", len(r["removed"]),
                 r["held_by_cursor"] or "") for r in rows], rows)
+
+
+@command("zk-acl", "apply the URI's ACL to an existing ZooKeeper tree")
+def cmd_zk_acl(args, out):
+    from metadata.zk_store import ZkStore
+    with _store(args) as store:
+        if not isinstance(store, ZkStore):
+            raise ShellError("zk-acl applies to a ZooKeeper store (zk://...); the embedded "
+                             "store is a private file (README, Files on disk)", 2)
+        count = store.apply_acls()
+    out.table(f"ACL applied to {count} records", ["records"], [(count,)],
+              {"records": count})
 
 
 @command("convert-logs", "convert format-1 logs")

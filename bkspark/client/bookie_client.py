@@ -65,17 +65,6 @@ _REFUSALS = {grpc.StatusCode.UNAUTHENTICATED: errors.UnauthorizedError,
              grpc.StatusCode.PERMISSION_DENIED: errors.PermissionDeniedError}
 
 
-def _recv_exact(sock, n: int) -> bytes:
-    """``n`` bytes from ``sock``, or fewer if it ends first."""
-    data = b""
-    while len(data) < n:
-        more = sock.recv(n - len(data))
-        if not more:
-            break
-        data += more
-    return data
-
-
 def rpc_error(bookie_id: str, exc: BaseException, note: str = "") -> errors.BKError:
     """Map a transport failure to the client's exceptions (an *unknown* answer); ``note``
     (why the bookie may be unreachable, e.g. it serves TLS) is added to its message."""
@@ -464,7 +453,7 @@ class BookieClient:
             if self.credentials.tls:
                 sock = self.credentials.ssl_context.wrap_socket(sock, server_hostname=host)
             sock.sendall(wire.hello(self.credentials.token))
-            hello = _recv_exact(sock, len(wire.DATA_MAGIC))
+            hello = wire.recv_exact(sock, len(wire.DATA_MAGIC))
             if hello == wire.DATA_REFUSED:
                 why = wire.read_frame(sock.makefile("rb"), wire.MAX_HELLO_BYTES)
                 raise errors.UnauthorizedError(

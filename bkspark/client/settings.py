@@ -191,7 +191,9 @@ def parse_assignment(text: str, where: str) -> tuple[str, str]:
     """``"KEY = VALUE"`` -> ``(KEY, VALUE)`` stripped; ``where`` names it in the error."""
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
-        raise BadRequestError(f"{where}: expected KEY=VALUE, got {text.strip()!r}")
+        shown = text.strip().split()[0][:40] if text.strip() else ""
+        raise BadRequestError(f"{where}: expected KEY=VALUE, got a line starting {shown!r} "
+                              "(the rest is not shown: it may hold a secret)")
     return key.strip(), value.strip()
 
 

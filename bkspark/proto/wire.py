@@ -201,6 +201,17 @@ def refusal(why: str) -> bytes:
     return DATA_REFUSED + frame(KIND_REFUSED, (why.encode()[:MAX_HELLO_BYTES],))
 
 
+def recv_exact(sock, n: int) -> bytes:
+    """``n`` bytes from ``sock``, or fewer if it ends first."""
+    data = b""
+    while len(data) < n:
+        more = sock.recv(n - len(data))
+        if not more:
+            break
+        data += more
+    return data
+
+
 def shutdown(sock) -> None:
     """Shut both directions of a data-port socket (the peer and our reader see the end);
     an already closed one is fine."""

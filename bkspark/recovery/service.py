@@ -25,6 +25,7 @@ from metadata.layout import AUDITOR_ELECTION, UR_LEDGERS, UR_LOCKS
 from .auditor import Auditor, AuditorConfig
 from .election import LeaderElection
 from bkspark.auth.guard import Guard, check_listen
+from bkspark.cluster_registry import local_token_public_key
 
 from .http import RATE_WINDOW, AutoRecoveryHttp, metrics_registry
 from .throttle import DEFAULT_DAEMON_MB_PER_S
@@ -82,10 +83,10 @@ class AutoRecovery:
     def start(self) -> "AutoRecovery":
         from bkspark.client import BookKeeper
         c = self.config
-        guard = Guard.from_settings(c.http_token_public_key_file)
         if c.http_port >= 0:        # refused before anything starts
+            Guard.from_settings(c.http_token_public_key_file)   # (a readable key)
             check_listen("the autorecovery HTTP endpoint", c.http_host,
-                         authenticated=guard.enabled, tls=False,
+                         authenticated=bool(c.http_token_public_key_file), tls=False,
                          allow_insecure_network=c.allow_insecure_network)
         self.store = open_store(self.metadata_uri, session_timeout=c.session_timeout)
         for path in (UR_LEDGERS, UR_LOCKS, AUDITOR_ELECTION):
@@ -109,7 +110,11 @@ class AutoRecovery:
                 rate_entries_per_s=c.replication_rate_entries_per_s), self.identifier)
             self.worker.start()
         if c.http_port >= 0:
-            self.http = AutoRecoveryHttp(self, c.http_host, c.http_port, guard).start()
+            # no key given: a local cluster's own (its tokens); else the endpoint is open to
+            # reads only (bkspark.auth.guard: no admin where no one is authenticated)
+            key = c.http_token_public_key_file or local_token_public_key(self.store)
+            self.http = AutoRecoveryHttp(self, c.http_host, c.http_port,
+                                         Guard.from_settings(key)).start()
             self._publish_endpoint()
             self.store.on_session_lost(self._publish_endpoint)
         if c.retention_interval > 0:

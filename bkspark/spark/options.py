@@ -187,6 +187,13 @@ class ConnectorOptions:
             raise BadRequestError(f"format({FORMAT_NAME!r}) needs option 'log', 'logs' or "
                                   "'logPattern' (or a name passed to load()/save())")
 
+    def __repr__(self) -> str:      # client.authToken is never shown
+        from bkspark.client.settings import SECRET_FIELDS
+        shown = {f: ("<hidden>" if f in SECRET_FIELDS else v)
+                 for f, v in self.client_settings.items()}
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if k != "client_settings")
+        return f"ConnectorOptions({fields}, client_settings={shown!r})"
+
 
 def _bool(name: str, value: str) -> bool:
     v = value.strip().lower()

@@ -45,14 +45,7 @@ def connect(address, hello=None):
     return sock
 
 
-def recv_exact(sock, n):
-    data = b""
-    while len(data) < n:
-        more = sock.recv(n - len(data))
-        if not more:
-            break
-        data += more
-    return data
+recv_exact = wire.recv_exact
 
 
 def read_frame(sock):

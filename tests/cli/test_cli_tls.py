@@ -75,7 +75,9 @@ def test_shell_without_the_ca_file_says_the_bookies_serve_tls(tls, capsys):
 @pytest.mark.parametrize("args,match", [
     (["--client-option", "add_timout=3"],
      "unknown --client-option 'add_timout': did you mean 'add_timeout'?"),
-    (["--client-option", "add_timeout"], "--client-option: expected KEY=VALUE, got 'add_timeout'"),
+    (["--client-option", "add_timeout"],
+     "--client-option: expected KEY=VALUE, got a line starting 'add_timeout'"),
+    (["--client-option", "auth_token=eyJsecret"], "a token on the command line"),
     (["--client-option", "read_window=many"], "--client-option 'read_window' must be an integer"),
     (["--tls-ca-file", "/nonexistent/ca.pem"],
      "flag '--tls-ca-file': cannot read the CA file '/nonexistent/ca.pem'"),

@@ -119,8 +119,13 @@ def test_settings_file_key_value_lines(tmp_path, ca_file):
     assert read_settings_file(str(f)) == {"tls_ca_file": ca_file, "add_timeout": 30.0,
                                           "read_timeout": 7.5}
     f.write_text("add_timeout 30\n")
-    with pytest.raises(BadRequestError, match=f"{f}:1: expected KEY=VALUE, got 'add_timeout 30'"):
+    with pytest.raises(BadRequestError,
+                       match=f"{f}:1: expected KEY=VALUE, got a line starting 'add_timeout'"):
         read_settings_file(str(f))
+    f.write_text("auth_token: eyJsecret\n")      # a secret mistyped is not echoed
+    with pytest.raises(BadRequestError) as info:
+        read_settings_file(str(f))
+    assert "eyJsecret" not in str(info.value)
     f.write_text("add_timout = 30\n")
     with pytest.raises(BadRequestError, match=fr"unknown client setting 'add_timout' \(in {f}\)"
                                               r": did you mean 'add_timeout'\?"):

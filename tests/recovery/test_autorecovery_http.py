@@ -54,59 +54,67 @@ def test_metrics_and_routes_of_a_running_autorecovery(tmp_path):
         lh, payloads = write_ledger(bk, 60, size=2000)
         ar = AutoRecoveryProcess(uri, "ar-http", tmp_path, lost_bookie_recovery_delay=3600,
                                  http_port=port, http_host="127.0.0.1", rate=0)
+        admin = c.credentials("admin")
+
+        def as_admin(port, path, method="GET"):
+            return http(port, path, method, credentials=admin)
         try:
-            wait_until(lambda: http(port, "/api/v1/autorecovery/who_is_auditor")[1] ==
+            wait_until(lambda: as_admin(port, "/api/v1/autorecovery/who_is_auditor")[1] ==
                        {"Auditor": "ar-http"}, 30, what="the process to be elected auditor")
-            code, text = http(port, "/metrics")
+            code, text = as_admin(port, "/metrics")
             assert code == 200 and metric(text, "autorecovery_is_auditor") == 1.0, text
             assert metric(text, "autorecovery_rate_limit_bytes") == 0.0      # --rate 0
             assert metric(text, "autorecovery_under_replicated_ledgers") == 0.0
             # a bookie of the ledger dies; the long delay holds publication back ...
             victim = lh.metadata.last_ensemble()[0]
             c.kill(c.bookie_ids.index(victim))
-            wait_until(lambda: metric(http(port, "/metrics")[1],
+            wait_until(lambda: metric(as_admin(port, "/metrics")[1],
                                       "autorecovery_lost_bookie_seconds",
                                       f'{{bookie="{victim}"}}') is not None, 30,
                        what="the metrics to show the lost bookie")
-            assert http(port, "/api/v1/autorecovery/list_under_replicated_ledger") == (200, [])
+            assert as_admin(port, "/api/v1/autorecovery/list_under_replicated_ledger") == (200, [])
             # ... until an audit is requested: published at once, then repaired
-            code, doc = http(port, "/api/v1/autorecovery/trigger_audit", "PUT")
+            code, doc = as_admin(port, "/api/v1/autorecovery/trigger_audit", "PUT")
             assert code == 200 and doc["auditor"] == "ar-http", doc
             wait_until(lambda: victim not in bk.ledger_metadata(lh.ledger_id).all_bookies(),
                        60, what="the requested audit's repair")
             assert not replication_problems(bk, lh.ledger_id, 60)
             read_back(bk, lh.ledger_id, payloads)
-            wait_until(lambda: (metric(http(port, "/metrics")[1],
+            wait_until(lambda: (metric(as_admin(port, "/metrics")[1],
                                        "autorecovery_ledgers_replicated_total") or 0) >= 1, 30,
                        what="the counters to catch up")
-            text = http(port, "/metrics")[1]
+            text = as_admin(port, "/metrics")[1]
             assert metric(text, "autorecovery_entries_copied_total") == 40.0   # 2 of 3 entries
             assert metric(text, "autorecovery_bytes_copied_total") >= 40 * 2000
             assert metric(text, "autorecovery_fragments_copied_total") == 1.0
             assert metric(text, "autorecovery_check_age_seconds", '{check="placement"}') \
                 is not None
-            code, doc = http(port, "/api/v1/autorecovery/process")
+            code, doc = as_admin(port, "/api/v1/autorecovery/process")
             assert code == 200 and doc["auditor"]["auditsRequested"] == 1, doc
             assert doc["worker"]["entriesCopied"] == 40 and doc["worker"]["rateLimit"] == \
                 "unlimited"
             # the switch, and a record listed with its missing replicas
-            assert http(port, "/api/v1/autorecovery/status?enabled=false", "PUT") == \
+            assert as_admin(port, "/api/v1/autorecovery/status?enabled=false", "PUT") == \
                 (200, {"enabled": False})
-            assert http(port, "/api/v1/autorecovery/status") == (200, {"enabled": False})
+            assert as_admin(port, "/api/v1/autorecovery/status") == (200, {"enabled": False})
             urm = UnderReplicationManager(bk.store)
             urm.mark(lh.ledger_id, ["10.9.9.9:3181"], by="test")
-            assert http(port, "/api/v1/autorecovery/list_under_replicated_ledger") == \
+            assert as_admin(port, "/api/v1/autorecovery/list_under_replicated_ledger") == \
                 (200, [lh.ledger_id])
-            assert http(port, "/api/v1/autorecovery/list_under_replicated_ledger"
+            assert as_admin(port, "/api/v1/autorecovery/list_under_replicated_ledger"
                               "?printmissingreplica=true") == \
                 (200, {str(lh.ledger_id): ["10.9.9.9:3181"]})
             urm.delete_record(lh.ledger_id)
-            assert http(port, "/api/v1/autorecovery/status?enabled=true", "PUT")[1] == \
+            assert as_admin(port, "/api/v1/autorecovery/status?enabled=true", "PUT")[1] == \
                 {"enabled": True}
+            # the endpoint takes the local cluster's tokens: nobody else acts through it
+            assert http(port, "/api/v1/autorecovery/status?enabled=false", "PUT")[0] == 401
+            assert http(port, "/api/v1/autorecovery/status?enabled=false", "PUT",
+                        credentials=c.credentials("client"))[0] == 403
             # bad requests name the problem
-            code, doc = http(port, "/api/v1/autorecovery/status?enabled=maybe", "PUT")
+            code, doc = as_admin(port, "/api/v1/autorecovery/status?enabled=maybe", "PUT")
             assert code == 400 and "enabled=true" in doc["error"]
-            code, doc = http(port, "/api/v1/autorecovery/nope")
+            code, doc = as_admin(port, "/api/v1/autorecovery/nope")
             assert code == 404 and "/api/v1/autorecovery/nope" in doc["error"]
             # a bookie's admin endpoint answers the cluster's routes too
             alive = next(b for b in c.bookie_ids if b != victim)
@@ -117,7 +125,7 @@ def test_metrics_and_routes_of_a_running_autorecovery(tmp_path):
             code, doc = http(bookie_port, "/api/v1/autorecovery/process", credentials=admin)
             assert code == 404 and "no autorecovery runs in this process" in doc["error"]
             # the dashboard finds the process by the endpoint it published, with its figures
-            collector = Collector(bk.store, slow_interval=0)
+            collector = Collector(bk.store, bk, slow_interval=0)
             collector.sample()
             [found] = collector.overview()["autorecovery"]
             assert found["id"] == "ar-http" and found["up"] and found["is_auditor"], found
@@ -144,7 +152,7 @@ def test_an_autorecovery_whose_clock_is_off_refuses_retention_and_says_so(tmp_pa
     from bkspark.testing.clockskew import skewed_env
     uri = f"sqlite://{tmp_path}/meta.db"
     port = free_port()
-    with BookieCluster(uri, num_bookies=3, data_dir=tmp_path, session_timeout=3.0), \
+    with BookieCluster(uri, num_bookies=3, data_dir=tmp_path, session_timeout=3.0) as c, \
             BookKeeper(uri, add_timeout=5, read_timeout=5) as bk:
         logs = LogStore(bk, password=b"pw", ensemble_size=3, write_quorum=2, ack_quorum=2)
         logs.create("fresh")
@@ -153,16 +161,17 @@ def test_an_autorecovery_whose_clock_is_off_refuses_retention_and_says_so(tmp_pa
             with logs.open_writer("fresh") as w:
                 w.append(b"r%d" % i)
         listed = [e.ledger_id for e in logs.get("fresh")[0].ledgers]
+        admin = c.credentials("admin")
         ar = AutoRecoveryProcess(uri, "ar-skewed", tmp_path, env=skewed_env("+8d"),
                                  http_port=port, http_host="127.0.0.1", retention_interval=1)
         try:
             def refused():
-                code, text = http(port, "/metrics")
+                code, text = http(port, "/metrics", credentials=admin)
                 return code == 200 and (metric(text, "autorecovery_retention_refused_by_skew_total")
                                         or 0) >= 2 and text
             text = wait_until(refused, 60, what="retention refused twice (skew)")
             assert abs(metric(text, "bkspark_clock_skew_seconds") - 8 * 86400) < 60, text
-            collector = Collector(bk.store, slow_interval=0)
+            collector = Collector(bk.store, bk, slow_interval=0)
             collector.sample()
             [found] = collector.overview()["autorecovery"]
             assert found["clock_skew_alarm"] and found["clock_skew"] > 8 * 86400 - 60, found

@@ -13,6 +13,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import socket
+import time
 
 import grpc
 import pytest
@@ -217,3 +218,43 @@ def test_credentials_are_private_files(cluster):
         any(f.endswith("token.key") for f in files), files
     for f in files:
         assert stat.S_IMODE(os.stat(f).st_mode) == 0o600, f
+
+
+def test_a_store_that_copies_a_clusters_instance_id_gets_none_of_its_credentials(cluster,
+                                                                                 tmp_path):
+    from bkspark.cluster_registry import local_credentials
+    from metadata import open_store, registry
+    from metadata.layout import INSTANCEID
+    with open_store(cluster.metadata_uri) as store:
+        instance = registry.read_instance_id(store)
+        assert local_credentials(store)["auth_token_file"].endswith("client.token")
+    with open_store(f"sqlite://{tmp_path}/elsewhere.db", create=True) as other:
+        other.create(INSTANCEID, instance.encode())
+        assert local_credentials(other) == {}
+
+
+def test_connections_that_never_finish_their_hello_cannot_lock_clients_out(cluster):
+    from bkspark.bookie import data_port
+    address = _data_port(cluster)
+    t0 = time.monotonic()
+    silent = [socket.create_connection(address, timeout=30)
+              for _ in range(data_port.MAX_UNADMITTED_PER_PEER)]
+    trickle = silent[0]
+    try:
+        time.sleep(0.5)
+        with socket.create_connection(address, timeout=10) as one_more:
+            assert one_more.recv(1) == b""      # refused at once: too many waiting
+        for _ in range(3):                      # a hello trickled byte by byte ...
+            trickle.sendall(b"B")
+            time.sleep(1)
+        for s in silent:                        # ... is closed at the deadline like the rest
+            s.settimeout(data_port.HELLO_DEADLINE_S + 10)
+            assert s.recv(1) == b""
+        assert time.monotonic() - t0 < data_port.HELLO_DEADLINE_S + 10
+        with BookKeeper(cluster.metadata_uri) as bk:     # clients connect again
+            lh = bk.create_ledger(3, 3, 2)
+            lh.append(b"after the siege")
+            lh.close()
+    finally:
+        for s in silent:
+            s.close()

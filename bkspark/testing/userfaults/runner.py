@@ -167,6 +167,7 @@ class UserFaultRun:
                                 extra_args=BOOKIE_ARGS, session_timeout=2.0)
         self.cluster = cluster
         cluster.start_all()
+        cluster.publish_credentials_to(os.path.join(self.workdir, "home"))   # (Spark jobs')
         self.started = time.monotonic()
         self.events.write("T0", now())
         try:
