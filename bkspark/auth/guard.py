@@ -95,7 +95,7 @@ class Guard:
         self._certs: collections.OrderedDict[bytes, Identity] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._budget = LogBudget(REFUSAL_LINES, 60.0)
-        self.refused = 0            # requests refused since start (metrics)
+        self.refused = 0            # requests refused since start (bookie_auth_refused_total)
 
     @classmethod
     def from_settings(cls, token_public_key_file: str = "",

@@ -47,6 +47,10 @@ class BookieMetrics:
         self.registry.register(_DirectoryCollector(list(directories),
                                                    disk_errors or (lambda: storage.disk_errors())))
 
+    def watch_guard(self, guard) -> None:
+        """Export the refusals of the bookie's :class:`~bkspark.auth.guard.Guard`."""
+        self.registry.register(_RefusalCollector(guard))
+
     def record_adds(self, accepted, statuses, nbytes: int, seconds: float) -> None:
         """Count a stored batch: ``nbytes`` is the size of all accepted entries."""
         failed = [s for s in statuses if s != errors.EOK]
@@ -78,6 +82,20 @@ class BookieMetrics:
     def record_error(self, rpc: str, status: int) -> None:
         """An answer of ``rpc`` other than EOK."""
         self.rpc_errors.labels(rpc=rpc, status=errors.status_name(status)).inc()
+
+
+class _RefusalCollector:
+    """``bookie_auth_refused_total``: requests and connections the bookie refused for their
+    credentials or role since it started (:mod:`bkspark.auth.guard`)."""
+
+    def __init__(self, guard) -> None:
+        self._guard = guard
+
+    def collect(self):
+        family = CounterMetricFamily("bookie_auth_refused", "Requests refused for their "
+                                     "credentials or role (EUA / 401 / 403)")
+        family.add_metric([], float(self._guard.refused))
+        yield family
 
 
 class _StorageCollector:

@@ -149,6 +149,7 @@ class BookieServer:
             disk_errors=lambda: self.state.disk_errors)
         self.service.metrics = self.metrics
         self.guard = Guard.from_settings(cfg.auth_token_public_key_file, cfg.tls_client_ca_file)
+        self.metrics.watch_guard(self.guard)
         if not self.guard.enabled:
             log.warning("authentication is off: any process that reaches %s may read and write "
                         "every ledger (README, Security)", cfg.listen_address)

@@ -208,6 +208,9 @@ def test_refusals_are_logged_once_per_peer(cluster, ledger):
         assert len(lines) <= 1, lines
     with open(cluster.bookies[1].log_path, errors="replace") as f:
         assert sum("refused a request from 127.0.0.1" in line for line in f) == 1
+    code, text = _http(cluster, 1, "/metrics", "GET", "client")     # ... and all counted
+    refused = [line for line in text.splitlines() if line.startswith("bookie_auth_refused_total")]
+    assert refused and float(refused[0].split()[-1]) >= 50, refused
 
 
 def test_credentials_are_private_files(cluster):
