@@ -11,6 +11,36 @@ from urllib.parse import parse_qs, urlsplit
 
 log = logging.getLogger("bkspark.http")
 
+MAX_CONNECTIONS = 64            # connections served at once (a thread each); more are closed
+MAX_BODY_BYTES = 1 << 20        # a request body beyond this is refused (400)
+
+
+class _BoundedServer(ThreadingHTTPServer):
+    """A threaded HTTP server whose peers can hold at most :data:`MAX_CONNECTIONS` threads
+    (each connection also times out after ``JsonHandler.timeout`` idle seconds)."""
+
+    daemon_threads = True
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request, client_address):
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
 
 class JsonHandler(BaseHTTPRequestHandler):
     """A request handler with JSON answers; subclasses implement ``do_GET`` etc.
@@ -51,6 +81,8 @@ class JsonHandler(BaseHTTPRequestHandler):
     def body_json(self) -> dict:
         """The request's JSON body ({} when empty); ValueError when it is not JSON."""
         length = int(self.headers.get("Content-Length", "0") or 0)
+        if not 0 <= length <= MAX_BODY_BYTES:
+            raise ValueError(f"a body of {length} bytes (at most {MAX_BODY_BYTES})")
         doc = json.loads(self.rfile.read(length) or b"{}")
         if not isinstance(doc, dict):
             raise ValueError("the body must be a JSON object")
@@ -83,12 +115,11 @@ class HttpEndpoint:
     def __init__(self, handler: type, host: str, port: int, name: str, guard,
                  ssl_context: ssl.SSLContext | None = None) -> None:
         handler = type(handler.__name__, (handler,), {"guard": guard})
-        self._httpd = ThreadingHTTPServer((host, port), handler)
+        self._httpd = _BoundedServer((host, port), handler)
         self._httpd.handle_error = _quiet_error     # a peer's bad handshake is no traceback
         if ssl_context is not None:     # HTTPS; each connection's handshake in its thread
             self._httpd.socket = ssl_context.wrap_socket(
                 self._httpd.socket, server_side=True, do_handshake_on_connect=False)
-        self._httpd.daemon_threads = True
         self.port = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, name=name, daemon=True)
 

@@ -78,10 +78,6 @@ class Credentials:
         """The bearer token ("" when none); for the transports, not for printing."""
         return self._token
 
-    @property
-    def anonymous(self) -> bool:
-        return not self._token and not self.cert_file
-
     # ---- transports --------------------------------------------------------------------
 
     def channel(self, address: str, options=()) -> grpc.Channel:

@@ -261,3 +261,24 @@ def test_connections_that_never_finish_their_hello_cannot_lock_clients_out(clust
     finally:
         for s in silent:
             s.close()
+
+
+def test_http_connections_and_bodies_are_bounded(cluster):
+    from bkspark import httpd
+    b = cluster.bookies[0]
+    idle = [socket.create_connection((b.address, b.http_port), timeout=10)
+            for _ in range(httpd.MAX_CONNECTIONS)]
+    try:
+        time.sleep(0.5)
+        with socket.create_connection((b.address, b.http_port), timeout=10) as extra:
+            assert extra.recv(1) == b""             # over the bound: closed at once
+    finally:
+        for s in idle:
+            s.close()
+    time.sleep(0.5)
+    with socket.create_connection((b.address, b.http_port), timeout=10) as s:
+        token = cluster.credentials("admin").token
+        s.sendall(b"PUT /api/v1/bookie/state/readonly HTTP/1.1\r\nHost: x\r\n"
+                  b"Authorization: Bearer " + token.encode() +
+                  b"\r\nContent-Length: 100000000000000\r\n\r\n")
+        assert s.recv(64).startswith(b"HTTP/1.0 400")
