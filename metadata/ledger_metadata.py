@@ -1,13 +1,18 @@
 """The ledger metadata model and its versioned serialized form.
 
-Serialized form (format version 1)::
+Serialized form (format version 2)::
 
-    b"bkspark-ledger-metadata\\t1\\n" + UTF-8 JSON object
+    b"bkspark-ledger-metadata\\t2\\n" + UTF-8 JSON object
 
-The JSON object holds exactly the fields of :class:`LedgerMetadata` (password and custom
-metadata values base64-encoded). :meth:`LedgerMetadata.deserialize` rejects anything else —
+The JSON object holds exactly the fields of :class:`LedgerMetadata` (bytes base64-encoded;
+``keys`` an object ``{scheme, salt, iterations, master_key}``, see
+:mod:`metadata.ledger_keys`). :meth:`LedgerMetadata.deserialize` rejects anything else —
 unknown header or version, bad JSON, missing/extra/mistyped fields, invalid quorums — with
 :class:`~bkspark.errors.MetadataFormatError`; it never fills in defaults.
+
+Format 1 (before 2026-11-27) stored the ledger's ``password`` in place of ``keys``; it is
+still read, as the ``sha1`` key record of that password (the password itself is dropped), and
+the record's next write is format 2.
 """
 from __future__ import annotations
 
@@ -22,8 +27,11 @@ from dataclasses import dataclass, field
 
 from bkspark.errors import BadRequestError, MetadataFormatError
 
+from .ledger_keys import KeyRecord
+
 HEADER = b"bkspark-ledger-metadata"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+FORMAT_VERSIONS_READ = (1, 2)
 DIGEST_TYPES = ("crc32c", "hmac", "crc32", "dummy")
 MAX_LEDGER_ID = 2 ** 63 - 1
 
@@ -54,7 +62,8 @@ class LedgerMetadata:
     last_entry_id: int = -1
     length: int = 0
     digest_type: str = "crc32c"
-    password: bytes = b""
+    #: what the metadata keeps of the password (:mod:`metadata.ledger_keys`); required
+    keys: KeyRecord | None = None
     #: sorted ``[(first_entry_id, [bookie_id, ...]), ...]``; the first starts at entry 0
     ensembles: list = field(default_factory=list)
     ctime_ms: int = 0
@@ -108,8 +117,10 @@ class LedgerMetadata:
         if self.digest_type not in DIGEST_TYPES:
             raise BadRequestError(f"ledger metadata: digest_type {self.digest_type!r} is not one "
                                   f"of {', '.join(DIGEST_TYPES)}")
-        if not isinstance(self.password, bytes):
-            raise BadRequestError("ledger metadata: password must be bytes")
+        if not isinstance(self.keys, KeyRecord):
+            raise BadRequestError("ledger metadata: keys must be a KeyRecord (LedgerMetadata.new "
+                                  "derives it from the password)")
+        self.keys.validate()
         if not isinstance(self.custom_metadata, dict) or not all(
                 isinstance(k, str) and isinstance(v, bytes)
                 for k, v in self.custom_metadata.items()):
@@ -156,12 +167,21 @@ class LedgerMetadata:
             "last_entry_id": self.last_entry_id,
             "length": self.length,
             "digest_type": self.digest_type,
-            "password": base64.b64encode(self.password).decode("ascii"),
+            "keys": {"scheme": self.keys.scheme, "iterations": self.keys.iterations,
+                     "salt": base64.b64encode(self.keys.salt).decode("ascii"),
+                     "master_key": base64.b64encode(self.keys.master_key).decode("ascii")},
             "ensembles": [[first, list(bookies)] for first, bookies in self.ensembles],
             "ctime_ms": self.ctime_ms,
             "custom_metadata": {k: base64.b64encode(v).decode("ascii")
                                 for k, v in sorted(self.custom_metadata.items())},
         }
+
+    def to_public_dict(self) -> dict:
+        """:meth:`to_dict` for display (shell, dashboard): of the keys, only how they derive
+        (scheme, iterations); no salt, no master key."""
+        d = self.to_dict()
+        d["keys"] = {"scheme": self.keys.scheme, "iterations": self.keys.iterations}
+        return d
 
     def serialize(self) -> bytes:
         """Validated, versioned bytes (see the module docstring)."""
@@ -183,21 +203,23 @@ class LedgerMetadata:
             raise MetadataFormatError(f"corrupt ledger metadata: unknown header {head[:60]!r}")
         if not ver.isdigit() or len(ver) > 6:
             raise MetadataFormatError(f"corrupt ledger metadata: bad format version {ver[:20]!r}")
-        if int(ver) != FORMAT_VERSION:
+        if int(ver) not in FORMAT_VERSIONS_READ:
             raise MetadataFormatError(f"unsupported ledger metadata format version {int(ver)} "
-                                      f"(this bkspark reads version {FORMAT_VERSION})")
+                                      f"(this bkspark reads versions "
+                                      f"{', '.join(map(str, FORMAT_VERSIONS_READ))})")
         try:
             obj = json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
         except (UnicodeDecodeError, ValueError) as e:
             raise MetadataFormatError(f"corrupt ledger metadata: bad JSON body: {e}") from None
-        return cls.from_dict(obj)
+        return cls.from_dict(obj, int(ver))
 
     @classmethod
-    def from_dict(cls, obj) -> "LedgerMetadata":
+    def from_dict(cls, obj, format_version: int = FORMAT_VERSION) -> "LedgerMetadata":
         if not isinstance(obj, dict):
             raise MetadataFormatError("corrupt ledger metadata: body is not a JSON object")
+        secret = "password" if format_version == 1 else "keys"
         expected = {"ledger_id", "ensemble_size", "write_quorum", "ack_quorum", "state",
-                    "last_entry_id", "length", "digest_type", "password", "ensembles",
+                    "last_entry_id", "length", "digest_type", secret, "ensembles",
                     "ctime_ms", "custom_metadata"}
         missing, extra = expected - obj.keys(), obj.keys() - expected
         if missing or extra:
@@ -221,7 +243,9 @@ class LedgerMetadata:
             ledger_id=obj["ledger_id"], ensemble_size=obj["ensemble_size"],
             write_quorum=obj["write_quorum"], ack_quorum=obj["ack_quorum"], state=state,
             last_entry_id=obj["last_entry_id"], length=obj["length"],
-            digest_type=obj["digest_type"], password=_b64(obj["password"], "password"),
+            digest_type=obj["digest_type"],
+            keys=(KeyRecord.legacy(_b64(obj["password"], "password")) if format_version == 1
+                  else _key_record(obj["keys"])),
             ensembles=[(first, list(bookies)) for first, bookies in ensembles],
             ctime_ms=obj["ctime_ms"],
             custom_metadata={k: _b64(v, f"custom_metadata[{k!r}]") for k, v in custom.items()},
@@ -316,11 +340,23 @@ class LedgerMetadata:
     def new(cls, ensemble, write_quorum: int, ack_quorum: int, *, password: bytes = b"",
             digest_type: str = "crc32c", custom_metadata: dict | None = None,
             ledger_id: int = -1) -> "LedgerMetadata":
-        """Metadata of a new OPEN ledger on ``ensemble`` (validated)."""
+        """Metadata of a new OPEN ledger on ``ensemble`` (validated); its keys derive from
+        ``password`` with a fresh salt (:meth:`KeyRecord.for_password`)."""
         return cls(ledger_id=ledger_id, ensemble_size=len(ensemble), write_quorum=write_quorum,
-                   ack_quorum=ack_quorum, password=password, digest_type=digest_type,
+                   ack_quorum=ack_quorum, keys=KeyRecord.for_password(password),
+                   digest_type=digest_type,
                    ensembles=[(0, list(ensemble))], ctime_ms=int(time.time() * 1000),
                    custom_metadata=dict(custom_metadata or {})).validate()
+
+
+def _key_record(obj) -> KeyRecord:
+    if not isinstance(obj, dict) or obj.keys() != {"scheme", "salt", "iterations",
+                                                    "master_key"}:
+        raise MetadataFormatError("corrupt ledger metadata: keys must be an object of exactly "
+                                  "scheme, salt, iterations, master_key")
+    return KeyRecord(scheme=obj["scheme"], salt=_b64(obj["salt"], "keys.salt"),
+                     iterations=obj["iterations"],
+                     master_key=_b64(obj["master_key"], "keys.master_key"))
 
 
 def _b64(value, what: str) -> bytes:

@@ -26,7 +26,7 @@ from bkspark.proto.wire import (encode_add_oks, encode_add_responses, only_respo
 
 log = logging.getLogger("bkspark.bookie.service")
 
-MASTER_KEY_LEN = 20          # SHA1("ledger" || password)
+MASTER_KEY_LEN = 20          # metadata.ledger_keys.KEY_BYTES
 _LAC = struct.Struct(">q")
 _STREAM_MAX_INFLIGHT_BATCHES = 16
 _RANGE_DEFAULT_BYTES = 4 << 20

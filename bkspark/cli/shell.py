@@ -257,8 +257,7 @@ def _client(args):
 
 
 def _md_doc(md, version=None) -> dict:
-    d = md.to_dict()
-    d["password"] = "<%d bytes>" % len(md.password) if md.password else ""
+    d = md.to_public_dict()
     d["ensembles"] = [{"first_entry_id": f, "bookies": list(b)} for f, b in md.ensembles]
     d["custom_metadata"] = {k: v.decode("utf-8", "replace") for k, v in md.custom_metadata.items()}
     if version is not None:
@@ -290,7 +289,7 @@ def _open_ledger_extent(bk, md) -> tuple[int, int, int]:
     from its bookies and without fencing it (its metadata records an end only once closed).
     Entries past the LAC -- a writer that died before confirming them -- are read forward
     until one is missing: what they hold on disk, which recovery may still cut."""
-    rh = bk.open_ledger(md.ledger_id, password=md.password, recovery=False)
+    rh = bk.open_ledger_without_password(md.ledger_id, recovery=False)
     try:
         lac = last = rh.last_add_confirmed
         length = next(iter(rh.read(lac, lac))).length if lac >= 0 else 0
@@ -359,8 +358,7 @@ def cmd_ledgermetadata(args, out):
 def cmd_readledger(args, out):
     with _client(args) as bk:
         md = bk.ledger_metadata(args.ledger_id)
-        rh = bk.open_ledger(args.ledger_id, password=md.password,
-                            recovery=args.force_recovery)
+        rh = bk.open_ledger_without_password(args.ledger_id, recovery=args.force_recovery)
         last = rh.last_add_confirmed if args.last is None else args.last
         if args.first < 0:
             raise ShellError("--from must be >= 0", 2)
@@ -370,10 +368,16 @@ def cmd_readledger(args, out):
                 docs.append({"entry_id": e.entry_id, "bytes": len(e.data),
                              "data_b64": base64.b64encode(e.data).decode("ascii"),
                              "preview": e.data[:args.max_bytes]})
+    # the shell holds no ledger password: an hmac ledger's MACs cannot be checked here
+    mac_checked = md.digest_type != "hmac"
     if out.as_json:
         out.json({"ledger_id": args.ledger_id, "last_add_confirmed": last,
+                  "mac_checked": mac_checked,
                   "entries": [{k: v for k, v in d.items() if k != "preview"} for d in docs]})
         return
+    if not mac_checked:
+        out.console.print(f"ledger {args.ledger_id} uses the hmac digest: entry headers are "
+                          "checked, their MACs are not (that needs the ledger's password)")
     out.table(f"ledger {args.ledger_id}: entries {args.first}..{last}",
               ["entry_id", "bytes", "data"],
               [(d["entry_id"], d["bytes"], repr(d["preview"])[2:-1]
@@ -538,7 +542,7 @@ def cmd_bookiesanity(args, out):
             try:
                 md = ls.create_ledger(bk.store, LedgerMetadata.new(
                     [b], 1, 1, password=b"bookiesanity"))
-                lh = LedgerHandle(bk.ctx, md, ls.CREATED_VERSION, b"bookiesanity")
+                lh = LedgerHandle(bk.ctx, md, ls.CREATED_VERSION, md.keys.derive(b"bookiesanity"))
                 data = [f"sanity-{i}".encode() for i in range(args.entries)]
                 for d in data:
                     lh.append(d)

@@ -15,9 +15,9 @@ close), :mod:`.read_handle` (reads, LAC, tailing), :mod:`.recovery` (fencing + r
 (client settings given as text: Spark options, command-line flags, files).
 """
 from .api import BookKeeper, ClientConfig
-from .digest import DigestManager, master_key
+from .digest import DigestManager
 from .ledger_handle import LedgerHandle
 from .read_handle import LedgerEntry, ReadHandle
 
 __all__ = ["BookKeeper", "ClientConfig", "LedgerHandle", "ReadHandle", "LedgerEntry",
-           "DigestManager", "master_key"]
+           "DigestManager"]

@@ -281,7 +281,7 @@ class BookKeeper:
         md = _ledgers.create_ledger(self.store, md)
         log.info("created ledger %d on %s (E=%d Qw=%d Qa=%d)", md.ledger_id, ensemble,
                  ensemble_size, write_quorum, ack_quorum)
-        return LedgerHandle(self.ctx, md, _ledgers.CREATED_VERSION, password)
+        return LedgerHandle(self.ctx, md, _ledgers.CREATED_VERSION, md.keys.derive(password))
 
     def create_ledger_async(self, *args, **kwargs) -> Future:
         return self._executor.submit(self.create_ledger, *args, **kwargs)
@@ -308,14 +308,29 @@ class BookKeeper:
         self._check_open()
         password = _as_bytes(password, "password")
         md, version = self.ctx.read_metadata(ledger_id)
-        if md.password != password:
+        keys = md.keys.derive(password)
+        if keys is None:
             raise UnauthorizedError(
                 f"wrong password for ledger {ledger_id}: the password does not match the one "
                 "the ledger was created with")
+        return self._open(md, version, keys, recovery, read_lac)
+
+    def open_ledger_without_password(self, ledger_id: int, recovery: bool = True,
+                                     read_lac: bool = True) -> ReadHandle:
+        """:meth:`open_ledger` with the keys the ledger's metadata stores instead of its
+        password (:mod:`metadata.ledger_keys`): for autorecovery and an admin's tools, whose
+        credentials the bookies check. The master key allows fencing and recovery; entries
+        of an ``hmac`` ledger are checked for their header and size only (their MAC needs the
+        password), entries of every other digest type fully."""
+        self._check_open()
+        md, version = self.ctx.read_metadata(ledger_id)
+        return self._open(md, version, md.keys.stored_keys(), recovery, read_lac)
+
+    def _open(self, md, version: int, keys, recovery: bool, read_lac: bool) -> ReadHandle:
         if recovery and md.state is not LedgerState.CLOSED:
-            md, version = LedgerRecovery(self.ctx, ledger_id, password).run(md, version)
-            return ReadHandle(self.ctx, md, version, password)
-        rh = ReadHandle(self.ctx, md, version, password)
+            md, version = LedgerRecovery(self.ctx, md.ledger_id, keys).run(md, version)
+            return ReadHandle(self.ctx, md, version, keys)
+        rh = ReadHandle(self.ctx, md, version, keys)
         if md.state is not LedgerState.CLOSED and read_lac:
             rh.try_read_last_add_confirmed()
         return rh

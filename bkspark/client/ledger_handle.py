@@ -70,7 +70,7 @@ from metadata.ledger_metadata import LedgerState
 from metadata.update import NoChange
 
 from . import placement
-from .digest import DigestManager, master_key
+from .digest import DigestManager
 from .quorum import has_entry, write_set_bookies
 
 log = logging.getLogger("bkspark.client.ledger")
@@ -102,14 +102,14 @@ class LedgerHandle:
     Thread-safe. Use as a context manager (closes the ledger on exit).
     """
 
-    def __init__(self, ctx, md, version: int, password: bytes):
+    def __init__(self, ctx, md, version: int, keys):
         self._ctx = ctx
         self._md = md
         self._version = version
         self.ledger_id = md.ledger_id
         self._E, self._Qw, self._Qa = md.ensemble_size, md.write_quorum, md.ack_quorum
-        self._digest = DigestManager(md.ledger_id, md.digest_type, password)
-        self._master_key = master_key(password)
+        self._digest = DigestManager(md.ledger_id, md.digest_type, keys.mac_key)
+        self._master_key = keys.master_key
         self._prefix = wire.request_prefix(md.ledger_id, self._master_key)
         self._set_ensemble(md.last_ensemble())
 

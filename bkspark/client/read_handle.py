@@ -26,7 +26,7 @@ from bkspark.proto import wire
 from metadata.ledger_metadata import LedgerState
 
 from . import quorum
-from .digest import DigestManager, master_key, peek_header
+from .digest import DigestManager, peek_header
 from .lac import lac_of, read_lac
 
 log = logging.getLogger("bkspark.client.read")
@@ -177,14 +177,13 @@ class _EntryRead:
 class ReadHandle:
     """Handle for reading a ledger (opened with or without recovery). Thread-safe."""
 
-    def __init__(self, ctx, md, version: int, password: bytes, lac: int | None = None):
+    def __init__(self, ctx, md, version: int, keys, lac: int | None = None):
         self._ctx = ctx
         self._md = md
         self._version = version
         self.ledger_id = md.ledger_id
-        self._digest = DigestManager(md.ledger_id, md.digest_type, password)
-        self._master_key = master_key(password)
-        self._password = password
+        self._digest = DigestManager(md.ledger_id, md.digest_type, keys.mac_key)
+        self._master_key = keys.master_key
         if md.state is LedgerState.CLOSED:
             self._lac = md.last_entry_id
         else:

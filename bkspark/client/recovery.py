@@ -77,7 +77,7 @@ from metadata.ledger_metadata import LedgerState
 from metadata.update import NoChange
 
 from . import placement, quorum
-from .digest import DigestManager, master_key
+from .digest import DigestManager
 from .lac import NEGATIVE as _NEGATIVE
 from .lac import read_lac
 from .recovery_add import RecoveryAdds, WriteBack
@@ -145,12 +145,12 @@ class LedgerRecovery:
     Qw == Qa a write-back to it could never complete).
     """
 
-    def __init__(self, ctx, ledger_id: int, password: bytes, *, substitutes: dict | None = None):
+    def __init__(self, ctx, ledger_id: int, keys, *, substitutes: dict | None = None):
         self.ctx = ctx
         self.substitutes = substitutes or {}
         self.ledger_id = ledger_id
-        self.password = password
-        self.master_key = master_key(password)
+        self.keys = keys
+        self.master_key = keys.master_key
         self.conf = ctx.conf
         self._adds: RecoveryAdds | None = None     # while the scan runs
         self._bad: set[str] = set()     # bookies that failed a write-back in this recovery
@@ -235,7 +235,7 @@ class LedgerRecovery:
         ensemble = md.last_ensemble()
         e, qa = md.ensemble_size, md.ack_quorum
         need = quorum.fencing_threshold(e, qa)
-        digest = DigestManager(self.ledger_id, md.digest_type, self.password)
+        digest = DigestManager(self.ledger_id, md.digest_type, self.keys.mac_key)
         answers = read_lac(self.ctx, self.ledger_id, ensemble, digest, fence=True,
                            master_key=self.master_key, enough=lambda got: len(got) >= need)
         for note in answers.mismatches:
@@ -255,7 +255,7 @@ class LedgerRecovery:
         lac = self.fence(md)
         last_fragment_first = md.last_ensemble_first_entry()
         start = max(lac, last_fragment_first - 1)
-        digest = DigestManager(self.ledger_id, md.digest_type, self.password)
+        digest = DigestManager(self.ledger_id, md.digest_type, self.keys.mac_key)
         log.info("ledger %d: fenced; highest LAC %d, reading forward from %d",
                  self.ledger_id, lac, start + 1)
         self._adds = RecoveryAdds(self.ctx, self.ledger_id, self.master_key,

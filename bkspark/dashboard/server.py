@@ -63,8 +63,7 @@ class Dashboard(HttpEndpoint):
         from bkspark.recovery.urm import UnderReplicationManager
         from metadata import ledgers as ledger_store
         md, version = ledger_store.read_ledger(self.collector.store, ledger_id)
-        doc = md.to_dict()
-        doc.pop("password", None)
+        doc = md.to_public_dict()
         doc["version"] = version
         ends = [first for first, _ in md.ensembles[1:]] + [None]
         doc["fragments"] = [{"first": first, "last": None if end is None else end - 1,

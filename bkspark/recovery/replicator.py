@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 
 from bkspark import errors
 from bkspark.client import quorum
-from bkspark.client.digest import DigestManager, master_key
+from bkspark.client.digest import DigestManager
 from bkspark.client.placement import choose_replacement
 from bkspark.client.recovery import LedgerRecovery
 from bkspark.client.recovery_add import RecoveryAdds
@@ -469,8 +469,9 @@ class LedgerReplicator:
                 holdings[b] = list_entries(self.ctx, b, lid)
             except BKError:
                 holdings[b] = None      # unknown: may still try to read from it
-        digest = DigestManager(lid, md.digest_type, md.password)
-        mk = master_key(md.password)
+        keys = md.keys.stored_keys()        # no password here: an hmac's MAC is not checked
+        digest = DigestManager(lid, md.digest_type, keys.mac_key)
+        mk = keys.master_key
 
         def candidates(x: int) -> list[str]:
             ws = quorum.write_set_bookies(x, ens, qw) if qw < e else list(ens)
@@ -661,7 +662,7 @@ class LedgerReplicator:
         try:
             cur, version = ledger_store.read_ledger(self.store, md.ledger_id)
             if cur.state is not LedgerState.CLOSED:
-                LedgerRecovery(self.ctx, md.ledger_id, cur.password,
+                LedgerRecovery(self.ctx, md.ledger_id, cur.keys.stored_keys(),
                                substitutes=subst).run(cur, version)
         except BKError as exc:
             raise ReplicationError(f"ledger {md.ledger_id}: fencing/recovery failed: {exc}") \

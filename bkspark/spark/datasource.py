@@ -182,7 +182,7 @@ class BookKeeperDataSource(importguard.Guarded, DataSource,
             return
         if last is not None:
             newest = logs.bk.ledger_metadata(last.ledger_id)
-            if newest.password != self.opts.password:
+            if newest.keys.derive(self.opts.password) is None:
                 raise BadRequestError(
                     f"log {name!r} holds ledgers written with another password than option "
                     "'password' gives: pass the log's password (every ledger of a log must have "

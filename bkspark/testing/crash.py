@@ -38,7 +38,7 @@ import time
 import grpc
 
 from bkspark import errors
-from bkspark.client.digest import DigestManager, master_key
+from bkspark.client.digest import DigestManager
 
 PASSWORD = b"crash"
 CRASH_BOOKIE_ARGS = ["--write-cache-mb", "1", "--checkpoint-interval-s", "0.1",
@@ -57,7 +57,7 @@ class Loader(threading.Thread):
         self.rng = random.Random(seed)
         self.acked: dict[int, dict[int, bytes]] = {}
         self.finished: list[int] = []
-        self.fenced: set[int] = set()
+        self.fenced: dict[int, bytes] = {}      # ledger id -> its master key
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.adds = 0
@@ -66,7 +66,6 @@ class Loader(threading.Thread):
     def run(self) -> None:
         from bkspark.proto import bookie_pb2 as pb
         from bkspark.proto import bookie_pb2_grpc as pb_grpc
-        mkey = master_key(PASSWORD)
         address = self.c.cluster.bookie_ids[self.index]
         channel = self.c.cluster.credentials("client").channel(address)
         stub = pb_grpc.BookieStub(channel)
@@ -77,7 +76,9 @@ class Loader(threading.Thread):
                 time.sleep(0.2)
                 continue
             lid = lh.ledger_id
-            dm = DigestManager(lid, "crc32c", PASSWORD)
+            keys = lh.metadata.keys.derive(PASSWORD)
+            mkey = keys.master_key
+            dm = DigestManager(lid, "crc32c", keys.mac_key)
             with self.lock:
                 self.acked[lid] = {}
             length, eid, n = 0, 0, self.rng.randint(100, 600)
@@ -111,7 +112,7 @@ class Loader(threading.Thread):
                     resp = stub.Read(req, timeout=5)
                     if resp.status in (errors.EOK, errors.ENOENTRY, errors.ENOLEDGER):
                         with self.lock:
-                            self.fenced.add(lid)
+                            self.fenced[lid] = mkey
                 except grpc.RpcError:
                     pass
             with self.lock:
@@ -120,14 +121,14 @@ class Loader(threading.Thread):
                 while len(self.finished) > 6:
                     old = self.finished.pop(0)
                     self.acked.pop(old, None)
-                    self.fenced.discard(old)
+                    self.fenced.pop(old, None)
                     self.c.retired.add(old)     # before its metadata can be deleted
                     self.c.to_delete.append(old)
         channel.close()
 
     def snapshot(self):
         with self.lock:
-            return ({lid: dict(e) for lid, e in self.acked.items()}, set(self.fenced))
+            return ({lid: dict(e) for lid, e in self.acked.items()}, dict(self.fenced))
 
 
 class CrashCampaign:
@@ -247,7 +248,7 @@ class CrashCampaign:
             if m:
                 self.stats[key] += int(float(m.group(1)))
 
-    def _verify(self, i: int, k: int, acked: dict, fenced: set, rng: random.Random) -> None:
+    def _verify(self, i: int, k: int, acked: dict, fenced: dict, rng: random.Random) -> None:
         from bkspark.proto import bookie_pb2 as pb
         from bkspark.proto import bookie_pb2_grpc as pb_grpc
         with self.cluster.credentials("client").channel(self.cluster.bookie_ids[i]) as channel:
@@ -282,11 +283,11 @@ class CrashCampaign:
                                        entry=eid, status=r.status)
                     elif r.body != entries[eid]:
                         self.violation("acked-entry-corrupt", kill=k, bookie=i, ledger=lid, entry=eid)
-            for lid in fenced:
-                dm = DigestManager(lid, "crc32c", PASSWORD)
+            for lid, mkey in fenced.items():
+                dm = DigestManager(lid, "crc32c")
                 body = dm.frame(10_000_000, -1, 1, b"x")
                 r = stub.Add(pb.AddRequest(ledger_id=lid, entry_id=10_000_000,
-                                           master_key=master_key(PASSWORD), body=body), timeout=10)
+                                           master_key=mkey, body=body), timeout=10)
                 self.stats["fences"] += 1
                 if r.status != errors.EFENCED:
                     self.violation("fence-lost", kill=k, bookie=i, ledger=lid, status=r.status)

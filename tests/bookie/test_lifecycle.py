@@ -170,9 +170,7 @@ def test_disk_usage_threshold_makes_bookie_read_only(tmp_path):
 def test_gc_deletes_only_ledgers_missing_from_metadata(cluster):
     store = open_store(cluster.metadata_uri)
     bookie_id = cluster.bookie_ids[0]
-    live = ledger_store.create_ledger(store, LedgerMetadata(
-        ledger_id=-1, ensemble_size=1, write_quorum=1, ack_quorum=1,
-        ensembles=[(0, [bookie_id])], password=b"pw"))
+    live = ledger_store.create_ledger(store, LedgerMetadata.new([bookie_id], 1, 1))
     dead = live.ledger_id + 1_000_000
     stub, channel = stub_for(bookie_id)
     for lid in (live.ledger_id, dead):
@@ -195,9 +193,7 @@ def test_gc_deletes_nothing_while_the_metadata_store_is_unreachable(tmp_path):
         uri = zk.uri(unique_root("gc"))
         with BookieCluster(uri, num_bookies=1, data_dir=tmp_path, session_timeout=20.0) as c:
             store = open_store(uri)
-            live = ledger_store.create_ledger(store, LedgerMetadata(
-                ledger_id=-1, ensemble_size=1, write_quorum=1, ack_quorum=1,
-                ensembles=[(0, [c.bookie_ids[0]])], password=b"pw"))
+            live = ledger_store.create_ledger(store, LedgerMetadata.new([c.bookie_ids[0]], 1, 1))
             store.close()
             dead = live.ledger_id + 1_000_000           # data without metadata
             stub, channel = stub_for(c.bookie_ids[0])

@@ -14,6 +14,7 @@ import pytest
 
 from bkspark.cli.main import main
 from bkspark.client import BookKeeper
+from bkspark.errors import UnauthorizedError
 from bkspark.log import LogStore
 from bkspark.testing.cluster import BookieCluster
 from metadata import registry
@@ -72,7 +73,8 @@ def test_ledger_commands(cluster, ledgers, capsys):
 
     code, doc, _ = sh(capsys, cluster, "ledgermetadata", str(closed), as_json=True)
     assert code == 0 and doc["last_entry_id"] == 9 and doc["state"] == "CLOSED"
-    assert doc["password"] == "<2 bytes>"          # never printed
+    assert doc["keys"] == {"scheme": "pbkdf2-sha256", "iterations": 10_000}   # no key shown
+    assert "password" not in doc and "master_key" not in json.dumps(doc)
     code, out, _ = sh(capsys, cluster, "ledgermetadata", str(closed))
     assert code == 0 and "last_entry_id=9" in out
 
@@ -106,6 +108,28 @@ def test_readledger_force_recovery_and_delete(cluster, capsys):
     assert code == 0 and doc == {"deleted": lid, "removed_from_logs": []}
     code, _, err = sh(capsys, cluster, "readledger", str(lid))
     assert code == 1 and "no such ledger" in err
+
+
+def test_an_admin_recovers_and_reads_an_hmac_ledger_without_its_password(cluster, capsys):
+    """The metadata keeps no password: the shell fences, recovers and reads with the stored
+    master key, and says the entries' MACs were not checked."""
+    with BookKeeper(cluster.metadata_uri) as bk:
+        lh = bk.create_ledger(3, 2, 2, digest="hmac", password=b"only the writer knows")
+        for i in range(4):
+            lh.append(b"h%d" % i)
+        lid = lh.ledger_id
+    code, doc, err = sh(capsys, cluster, "readledger", str(lid), "--force-recovery",
+                        as_json=True)
+    assert code == 0, err
+    assert [e["entry_id"] for e in doc["entries"]] == [0, 1, 2, 3]
+    assert doc["mac_checked"] is False
+    code, out, _ = sh(capsys, cluster, "readledger", str(lid))
+    assert code == 0 and "MACs are not" in out and "h3" in out
+    with BookKeeper(cluster.metadata_uri) as bk:
+        rh = bk.open_ledger(lid, password=b"only the writer knows")
+        assert rh.is_closed and [e.data for e in rh.read(0, 3)] == [b"h0", b"h1", b"h2", b"h3"]
+        with pytest.raises(UnauthorizedError, match="wrong password"):
+            bk.open_ledger(lid, password=b"")
 
 
 def test_listledgers_shows_the_size_of_an_open_ledger_so_far(cluster, capsys):

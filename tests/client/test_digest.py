@@ -7,13 +7,8 @@ import crc32c
 import pytest
 from hypothesis import given, strategies as st
 
-from bkspark.client.digest import DIGEST_SIZES, DigestManager, mac_key, master_key
+from bkspark.client.digest import DIGEST_SIZES, DigestManager
 from bkspark.errors import BadRequestError, DigestMismatchError
-
-
-def test_master_and_mac_keys():
-    assert master_key(b"pw") == hashlib.sha1(b"ledgerpw").digest()
-    assert mac_key(b"pw") == hashlib.sha1(b"macpw").digest()
 
 
 def test_golden_crc32c_frame():
@@ -30,8 +25,8 @@ def test_golden_other_digests():
     header = struct.pack(">qqqq", 1, 0, -1, 3)
     assert DigestManager(1, "crc32").frame(0, -1, 3, b"abc")[32:40] == struct.pack(
         ">Q", zlib.crc32(header + b"abc"))
-    want = hmac.new(hashlib.sha1(b"macpw").digest(), header + b"abc", hashlib.sha1).digest()
-    assert DigestManager(1, "hmac", b"pw").frame(0, -1, 3, b"abc")[32:52] == want
+    want = hmac.new(b"K" * 20, header + b"abc", hashlib.sha1).digest()
+    assert DigestManager(1, "hmac", b"K" * 20).frame(0, -1, 3, b"abc")[32:52] == want
     assert DigestManager(1, "dummy").frame(0, -1, 3, b"abc") == header + b"abc"
 
 
@@ -62,3 +57,18 @@ def test_lac_body_and_unknown_type():
     assert d.verify_lac(d.frame_lac(42)) == 42
     with pytest.raises(BadRequestError):
         DigestManager(1, "md5")
+
+
+def test_without_the_mac_key_an_hmac_entry_is_checked_for_its_header_only():
+    """Autorecovery and an admin open ledgers without their password: an hmac entry's
+    header is still checked, its MAC cannot be, and nothing can be framed."""
+    body = DigestManager(5, "hmac", b"K" * 20).frame(9, 8, 1, b"x")
+    blind = DigestManager(5, "hmac")
+    assert not blind.checks_content and DigestManager(5, "crc32c").checks_content
+    assert blind.verify(body[:-1] + b"y", 9)[3] == b"y"           # content not checked
+    with pytest.raises(DigestMismatchError):
+        blind.verify(body, 10)                                     # header is
+    with pytest.raises(DigestMismatchError):
+        DigestManager(6, "hmac").verify(body, 9)
+    with pytest.raises(BadRequestError, match="password"):
+        blind.frame(0, -1, 1, b"x")

@@ -35,9 +35,9 @@ def test_add_elements_are_the_framed_bodies_encoded(kind, lid, first, lac, lengt
     """crc32c and dummy go through the C encoder (bkspark._native.encode_adds), the others
     through Python: both give the bytes of the reference encoder, and each element parses as
     an AddRequest whose body verifies."""
-    from bkspark.client.digest import DigestManager, master_key
-    d = DigestManager(lid, kind, b"pw")
-    prefix = wire.request_prefix(lid, master_key(b"pw"))
+    from bkspark.client.digest import DigestManager
+    d = DigestManager(lid, kind, b"m" * 20)
+    prefix = wire.request_prefix(lid, b"k" * 20)
     elems = d.add_elements(prefix, first, lac, length, payloads)
     assert elems == _reference_elements(d, prefix, first, lac, length, payloads)
     for i, r in enumerate(pb.AddBatch.FromString(b"".join(elems)).adds):
@@ -77,7 +77,7 @@ def test_ledger_handle_encodes_valid_add_batches():
     from types import SimpleNamespace
 
     from bkspark.client.api import ClientConfig
-    from bkspark.client.digest import DigestManager, master_key
+    from bkspark.client.digest import DigestManager
     from bkspark.client.ledger_handle import LedgerHandle
     from metadata.ledger_metadata import LedgerMetadata
 
@@ -94,19 +94,20 @@ def test_ledger_handle_encodes_valid_add_batches():
 
     ctx = SimpleNamespace(conf=ClientConfig(), pool=Pool(), register_writer=lambda h: None)
     md = LedgerMetadata.new(["a", "b", "c", "d"], 3, 2, ledger_id=300, password=b"pw")
-    lh = LedgerHandle(ctx, md, 0, b"pw")
+    keys = md.keys.derive(b"pw")
+    lh = LedgerHandle(ctx, md, 0, keys)
     payloads = [bytes([i]) * (i * 37 % 300) for i in range(40)]
     lh.append_many_async(payloads[:10])
     for p in payloads[10:]:
         lh.append_async(p)
-    d = DigestManager(300, "crc32c", b"pw")
+    d = DigestManager(300, "crc32c")
     for i, b in enumerate("abcd"):
         batch = pb.AddBatch.FromString(b"".join(sent[b]))
         ids = [r.entry_id for r in batch.adds]
         assert ids == [e for e in range(40) if (i - e) % 4 < 3]
         length = 0
         for r in batch.adds:
-            assert r.ledger_id == 300 and r.master_key == master_key(b"pw") and r.flags == 0
+            assert r.ledger_id == 300 and r.master_key == keys.master_key and r.flags == 0
             eid, lac, ln, payload = d.verify(r.body, r.entry_id)
             assert payload == payloads[eid] and lac == -1
             assert ln == sum(len(p) for p in payloads[:eid + 1])

@@ -112,6 +112,21 @@ def test_the_overview_loads_and_its_plots_receive_points(browser, cluster, dashb
         bk.close()
 
 
+def test_a_ledger_shows_how_its_keys_derive_but_no_key(cluster, dashboard):
+    """Anyone who can load the dashboard sees a ledger's metadata: not its master key nor
+    its salt (and the metadata holds no password)."""
+    import base64
+    with BookKeeper(cluster.metadata_uri) as bk:
+        lh = bk.create_ledger(3, 2, 2, password=b"pw")
+        lh.close()
+        stored = bk.ledger_metadata(lh.ledger_id).keys
+    with urllib.request.urlopen(dashboard.url + f"api/ledger/{lh.ledger_id}", timeout=10) as r:
+        body = r.read()
+    assert json.loads(body)["keys"] == {"scheme": "pbkdf2-sha256", "iterations": 10_000}
+    for secret in (stored.master_key, stored.salt):
+        assert base64.b64encode(secret) not in body
+
+
 def test_actions_need_the_token(cluster, dashboard):
     target = cluster.bookie_ids[0]
     body = json.dumps({"bookie": target, "readOnly": True}).encode()

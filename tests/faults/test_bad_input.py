@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from bkspark import errors
 from bkspark.client import BookKeeper
-from bkspark.client.digest import DigestManager, master_key
+from bkspark.client.digest import DigestManager
 from bkspark.proto import bookie_pb2 as pb
 from bkspark.proto import bookie_pb2_grpc as pb_grpc
 from bkspark.testing.cluster import BookieCluster, bookie_channel
@@ -42,6 +42,7 @@ VALID_STATUS = {errors.EOK, errors.ENOLEDGER, errors.ENOENTRY, errors.EBADREQ, e
 # a gRPC error is an acceptable answer to undecodable bytes; a dead or hung bookie is not
 BAD_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 PASSWORD = b"fuzz"
+MASTER_KEY = b"fuzz-master-key-0020"    # 20 bytes, a bookie's key length
 FUZZ = settings(max_examples=int(os.environ.get("BKSPARK_FUZZ_EXAMPLES", "100")), deadline=None,
                 suppress_health_check=list(HealthCheck), derandomize=True)
 
@@ -64,8 +65,8 @@ def fuzz_bookie(tmp_path_factory):
         channel = bookie_channel(cluster.bookie_ids[0])
         stub = pb_grpc.BookieStub(channel)
         # a real ledger with entries, so mutated requests also hit existing state
-        mkey = master_key(PASSWORD)
-        dm = DigestManager(1, "crc32c", PASSWORD)
+        mkey = MASTER_KEY       # ledger 1 has no metadata: the bookie takes any key first
+        dm = DigestManager(1, "crc32c")
         for e in range(20):
             r = stub.Add(pb.AddRequest(ledger_id=1, entry_id=e, master_key=mkey,
                                        body=dm.frame(e, e - 1, e + 1, b"x")), timeout=10)
@@ -126,7 +127,7 @@ def test_random_bytes_on_streaming_methods(fuzz_bookie, data, method):
 
 
 ids = st.one_of(st.integers(-3, 30), st.integers(-(1 << 63), (1 << 63) - 1))
-keys = st.one_of(st.just(master_key(PASSWORD)), st.binary(max_size=40))
+keys = st.one_of(st.just(MASTER_KEY), st.binary(max_size=40))
 bodies = st.binary(max_size=400)
 
 
@@ -224,14 +225,14 @@ def _mutate(rng: random.Random, path: str) -> str:
 def test_corrupted_journal_and_entry_logs(tmp_path, case, faults_seed):
     rng = random.Random(faults_seed * 100 + case)
     uri = f"sqlite:///{tmp_path}/meta.db"
-    mkey = master_key(PASSWORD)
     killed = rng.random() < 0.5     # SIGKILL: the journal holds the newest entries
     with BookieCluster(uri, num_bookies=1, data_dir=tmp_path, fault_injection=False,
                        extra_args=["--write-cache-mb", "1", "--journal-max-size-mb", "1",
                                    "--entry-log-max-size-mb", "1"],
                        session_timeout=1.0) as c, BookKeeper(uri) as bk:
-        lid = bk.create_ledger(1, 1, 1, password=PASSWORD).ledger_id
-        dm = DigestManager(lid, "crc32c", PASSWORD)
+        lh = bk.create_ledger(1, 1, 1, password=PASSWORD)
+        lid, mkey = lh.ledger_id, lh.metadata.keys.derive(PASSWORD).master_key
+        dm = DigestManager(lid, "crc32c")
         bodies = {}
         with bookie_channel(c.bookie_ids[0]) as ch:
             stub = pb_grpc.BookieStub(ch)
@@ -286,8 +287,8 @@ def test_wrong_digest_on_one_replica_is_detected_and_served_from_another(tmp_pat
             BookKeeper(uri, speculative_read_timeout=0) as bk:
         lh = bk.create_ledger(3, 3, 2, password=PASSWORD)
         lid, ens = lh.ledger_id, lh.metadata.ensembles[0][1]
-        dm = DigestManager(lid, "crc32c", PASSWORD)
-        mkey = master_key(PASSWORD)
+        dm = DigestManager(lid, "crc32c")
+        mkey = lh.metadata.keys.derive(PASSWORD).master_key
         payloads = [f"entry-{e}-".encode() * 20 for e in range(30)]
         length = 0
         stubs = {b: pb_grpc.BookieStub(bookie_channel(b)) for b in ens}

@@ -8,12 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bkspark.errors import BadRequestError, MetadataFormatError
+from metadata.ledger_keys import KeyRecord
 from metadata.ledger_metadata import HEADER, LedgerMetadata, LedgerState
+
+KEYS = KeyRecord("pbkdf2-sha256", bytes(range(16)), 10_000, b"M" * 20)
 
 
 def sample(**kw) -> LedgerMetadata:
     base = dict(ledger_id=7, ensemble_size=3, write_quorum=2, ack_quorum=2,
-                password=b"pw\x00\xff", ensembles=[(0, ["b1:3181", "b2:3181", "b3:3181"])],
+                keys=KEYS, ensembles=[(0, ["b1:3181", "b2:3181", "b3:3181"])],
                 ctime_ms=1700000000000, custom_metadata={"app": b"\x01\x02"})
     base.update(kw)
     return LedgerMetadata(**base)
@@ -41,7 +44,10 @@ def ledger_metadata(draw):
         ack_quorum=qa, state=state, last_entry_id=last,
         length=0 if last == -1 else draw(st.integers(0, 2 ** 62)),
         digest_type=draw(st.sampled_from(["crc32c", "hmac", "crc32", "dummy"])),
-        password=draw(st.binary(max_size=40)), ensembles=ensembles,
+        keys=draw(st.one_of(st.builds(KeyRecord.legacy, st.binary(max_size=40)), st.builds(
+            KeyRecord, st.just("pbkdf2-sha256"), st.binary(min_size=16, max_size=16),
+            st.integers(1, 10_000_000), st.binary(min_size=20, max_size=20)))),
+        ensembles=ensembles,
         ctime_ms=draw(st.integers(0, 2 ** 50)),
         custom_metadata=draw(st.dictionaries(st.text(max_size=8), st.binary(max_size=16),
                                              max_size=3)))
@@ -51,7 +57,7 @@ def ledger_metadata(draw):
 @given(ledger_metadata())
 def test_round_trip(md):
     data = md.serialize()
-    assert data.startswith(HEADER + b"\t1\n")
+    assert data.startswith(HEADER + b"\t2\n")
     back = LedgerMetadata.deserialize(data)
     assert back == md
     assert back.serialize() == data
@@ -60,9 +66,12 @@ def test_round_trip(md):
 def test_serialized_form_is_stable():
     data = sample().serialize()
     head, body = data.split(b"\n", 1)
-    assert head == b"bkspark-ledger-metadata\t1"
+    assert head == b"bkspark-ledger-metadata\t2"
     obj = json.loads(body)
-    assert obj["password"] == "cHcA/w=="
+    assert obj["keys"] == {"scheme": "pbkdf2-sha256", "iterations": 10_000,
+                           "salt": "AAECAwQFBgcICQoLDA0ODw==",
+                           "master_key": "TU1NTU1NTU1NTU1NTU1NTU1NTU0="}
+    assert "password" not in obj
     assert obj["state"] == "OPEN"
     assert obj["ensembles"] == [[0, ["b1:3181", "b2:3181", "b3:3181"]]]
 
@@ -84,7 +93,8 @@ def test_quorum_validation(e, qw, qa):
     (dict(ensembles=[(1, ["a", "b", "c"])]), "not 0"),
     (dict(ensembles=[(0, ["a", "b", "c"]), (0, ["a", "b", "d"])]), "strictly increasing"),
     (dict(digest_type="md5"), "digest_type"),
-    (dict(password="text"), "password"),
+    (dict(keys=None), "keys must be a KeyRecord"),
+    (dict(keys=KeyRecord("sha1", b"", 0, b"x")), "master key of 1 bytes"),
     (dict(state="HALF_OPEN"), "state"),
     (dict(last_entry_id=-2), "last_entry_id"),
     (dict(length=-1), "length"),
@@ -111,22 +121,29 @@ def _corrupt(body_change=None, header=None):
 
 CORRUPT = {
     "empty": b"",
-    "no newline": b"bkspark-ledger-metadata\t1",
+    "no newline": b"bkspark-ledger-metadata\t2",
     "wrong magic": _corrupt(header=b"BookieMetadataFormatVersion\t3"),
-    "future version": _corrupt(header=b"bkspark-ledger-metadata\t2"),
+    "future version": _corrupt(header=b"bkspark-ledger-metadata\t3"),
+    "version 1 with keys": _corrupt(header=b"bkspark-ledger-metadata\t1"),
+    "version 2 with a password": _corrupt(lambda o: o.update(password=o.pop("keys"))),
     "version not a number": _corrupt(header=b"bkspark-ledger-metadata\tx"),
     "no version": _corrupt(header=b"bkspark-ledger-metadata"),
     "truncated json": sample().serialize()[:-5],
-    "not an object": b"bkspark-ledger-metadata\t1\n[1, 2]",
-    "not utf8": b"bkspark-ledger-metadata\t1\n\xff\xfe",
-    "NaN": b"bkspark-ledger-metadata\t1\n" + sample().serialize().split(b"\n", 1)[1]
+    "not an object": b"bkspark-ledger-metadata\t2\n[1, 2]",
+    "not utf8": b"bkspark-ledger-metadata\t2\n\xff\xfe",
+    "NaN": b"bkspark-ledger-metadata\t2\n" + sample().serialize().split(b"\n", 1)[1]
     .replace(b'"length":0', b'"length":NaN'),
     "missing field": _corrupt(lambda o: o.pop("ack_quorum")),
     "unknown field": _corrupt(lambda o: o.update(extra=1)),
     "bad state": _corrupt(lambda o: o.update(state="HALF_OPEN")),
     "bad quorum": _corrupt(lambda o: o.update(ack_quorum=5)),
-    "bad base64": _corrupt(lambda o: o.update(password="***")),
-    "password not str": _corrupt(lambda o: o.update(password=5)),
+    "bad base64": _corrupt(lambda o: o["keys"].update(salt="***")),
+    "keys not an object": _corrupt(lambda o: o.update(keys="x")),
+    "keys field missing": _corrupt(lambda o: o["keys"].pop("iterations")),
+    "keys field extra": _corrupt(lambda o: o["keys"].update(password="cHc=")),
+    "keys scheme unknown": _corrupt(lambda o: o["keys"].update(scheme="none")),
+    "keys iterations float": _corrupt(lambda o: o["keys"].update(iterations=1.5)),
+    "master key short": _corrupt(lambda o: o["keys"].update(master_key="cHc=")),
     "ensembles not list": _corrupt(lambda o: o.update(ensembles={"0": []})),
     "ensemble wrong size": _corrupt(lambda o: o.update(ensembles=[[0, ["a"]]])),
     "string id": _corrupt(lambda o: o.update(ledger_id="7")),
@@ -143,7 +160,7 @@ def test_corrupt_forms_raise_metadata_format_error(name):
 
 
 def test_future_version_message_names_version():
-    with pytest.raises(MetadataFormatError, match="version 2"):
+    with pytest.raises(MetadataFormatError, match="version 3"):
         LedgerMetadata.deserialize(CORRUPT["future version"])
 
 
@@ -224,3 +241,25 @@ def test_segments_and_state_are_normalised():
     assert a.ensembles == [(0, ["b1:3181", "b2:3181", "b3:3181"])]
     assert a.state is LedgerState.CLOSED
     assert LedgerMetadata.deserialize(a.serialize()) == a
+
+
+def test_format_1_is_read_without_keeping_the_password_and_rewritten_as_format_2():
+    """A record written before key records (format 1 held the password itself) still opens
+    with its password; read, the password is gone, and its next write is format 2."""
+    obj = json.loads(sample().serialize().split(b"\n", 1)[1])
+    del obj["keys"]
+    obj["password"] = "cHcA/w=="            # b"pw\x00\xff"
+    v1 = b"bkspark-ledger-metadata\t1\n" + json.dumps(obj).encode()
+    md = LedgerMetadata.deserialize(v1)
+    assert md.keys == KeyRecord.legacy(b"pw\x00\xff")
+    assert md.keys.derive(b"pw\x00\xff") is not None and md.keys.derive(b"pw") is None
+    again = md.serialize()
+    assert again.startswith(HEADER + b"\t2\n") and b"cHcA/w==" not in again
+    assert LedgerMetadata.deserialize(again) == md
+
+
+def test_new_metadata_stores_a_fresh_salted_record_not_the_password():
+    a = LedgerMetadata.new(["a", "b", "c"], 2, 2, password=b"hunter2")
+    b = LedgerMetadata.new(["a", "b", "c"], 2, 2, password=b"hunter2")
+    assert a.keys.salt != b.keys.salt and a.keys.derive(b"hunter2") is not None
+    assert b"hunter2" not in a.serialize()

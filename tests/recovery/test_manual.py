@@ -36,7 +36,7 @@ def bk(c):
 
 def ledger_on(bk, ensemble, n, close=True):
     md = ledger_store.create_ledger(bk.store, LedgerMetadata.new(ensemble, 2, 2, password=PW))
-    lh = LedgerHandle(bk.ctx, md, ledger_store.CREATED_VERSION, PW)
+    lh = LedgerHandle(bk.ctx, md, ledger_store.CREATED_VERSION, md.keys.derive(PW))
     payloads = [b"p%05d" % i * 50 for i in range(n)]
     for f in [lh.append_async(p) for p in payloads]:
         f.result()
@@ -87,7 +87,7 @@ def test_decommission_migrates_first_then_deletes_the_cookie(c, bk, capsys):
     # a live writer on the bookie: it must move on (read-only bookie), never be fenced
     md = ledger_store.create_ledger(bk.store, LedgerMetadata.new([d] + c.bookie_ids[1:3], 2, 2,
                                                                  password=PW))
-    live = LedgerHandle(bk.ctx, md, ledger_store.CREATED_VERSION, PW)
+    live = LedgerHandle(bk.ctx, md, ledger_store.CREATED_VERSION, md.keys.derive(PW))
     acked, errs, halt = [], [], threading.Event()
 
     def write():

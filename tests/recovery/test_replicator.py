@@ -17,7 +17,7 @@ import pytest
 
 from bkspark.testing.cluster import bookie_channel
 from bkspark import errors
-from bkspark.client import BookKeeper, DigestManager, master_key
+from bkspark.client import BookKeeper, DigestManager
 from bkspark.client import quorum
 from bkspark.proto import bookie_pb2 as pb
 from bkspark.proto import bookie_pb2_grpc as pb_grpc
@@ -107,7 +107,7 @@ def test_copy_to_a_bookie_that_has_the_ledger_fenced_uses_recovery_adds(c, bk):
     s, ch = stub(other)
     r = s.Read(pb.ReadRequest(ledger_id=lh.ledger_id, entry_id=-1,
                               flags=pb.ReadRequest.FENCE_LEDGER,
-                              master_key=master_key(PW)), timeout=10)
+                              master_key=master_key_of(bk, lh.ledger_id)), timeout=10)
     assert r.status in (errors.EOK, errors.ENOENTRY, errors.ENOLEDGER)
     victim = ens[2]
     kill_and_wait(c, bk, victim)
@@ -117,19 +117,25 @@ def test_copy_to_a_bookie_that_has_the_ledger_fenced_uses_recovery_adds(c, bk):
     assert md.ensembles[0][1][2] == other
     assert not replication_problems(bk, lh.ledger_id, 20)
     # still fenced for normal writers
-    body = DigestManager(lh.ledger_id, "crc32c", PW).frame(100, 19, 1, b"x")
-    r = s.Add(pb.AddRequest(ledger_id=lh.ledger_id, entry_id=100, master_key=master_key(PW),
+    body = DigestManager(lh.ledger_id, "crc32c").frame(100, 19, 1, b"x")
+    r = s.Add(pb.AddRequest(ledger_id=lh.ledger_id, entry_id=100,
+                            master_key=master_key_of(bk, lh.ledger_id),
                             body=body), timeout=10)
     assert r.status == errors.EFENCED
     ch.close()
     read_back(bk, lh.ledger_id, payloads)
 
 
+def master_key_of(bk, lid: int) -> bytes:
+    return bk.ledger_metadata(lid).keys.derive(PW).master_key
+
+
 def _manual_ledger(bk, ensemble, n, skip, qw=2):
     """A CLOSED ledger written entry by entry to its write sets, skipping ``skip`` =
     {(entry, bookie)} -- entries that a live bookie should hold but lacks."""
     md = ledger_store.create_ledger(bk.store, LedgerMetadata.new(ensemble, qw, 2, password=PW))
-    dm = DigestManager(md.ledger_id, md.digest_type, PW)
+    keys = md.keys.derive(PW)
+    dm = DigestManager(md.ledger_id, md.digest_type, keys.mac_key)
     length = 0
     for e in range(n):
         payload = b"m%04d" % e
@@ -138,7 +144,7 @@ def _manual_ledger(bk, ensemble, n, skip, qw=2):
         for b in quorum.write_set_bookies(e, ensemble, qw):
             if (e, b) in skip:
                 continue
-            r = bk.ctx.pool.get(b).add(md.ledger_id, e, body, master_key(PW)).result()
+            r = bk.ctx.pool.get(b).add(md.ledger_id, e, body, keys.master_key).result()
             assert r.status == errors.EOK
     closed = md.with_closed(n - 1, length)
     ledger_store.write_ledger(bk.store, closed, ledger_store.CREATED_VERSION)
@@ -153,7 +159,7 @@ def test_fenced_ledger_missing_entries_on_live_bookie_repaired(c, bk):
     for b in ensemble:
         s, ch = stub(b)
         s.Read(pb.ReadRequest(ledger_id=lid, entry_id=-1, flags=pb.ReadRequest.FENCE_LEDGER,
-                              master_key=master_key(PW)), timeout=10)
+                              master_key=master_key_of(bk, lid)), timeout=10)
         ch.close()
     assert 5 not in list_entries(bk.ctx, lacking, lid)
     assert replication_problems(bk, lid, 12)

@@ -11,7 +11,6 @@ every request below was served.
 from __future__ import annotations
 
 import glob
-import hashlib
 import socket
 import time
 
@@ -27,7 +26,6 @@ from bkspark.proto import bookie_pb2_grpc as pb_grpc
 from bkspark.proto import wire
 from metadata.testing import unique_root
 
-PUBLIC_KEY = hashlib.sha1(b"ledger").digest()       # the master key of password b""
 OUTSIDER_TOKENS = {
     "none": "",
     "garbage": "not-a-token",
@@ -115,14 +113,15 @@ def test_the_old_hello_is_refused(cluster):
 
 def test_an_outsider_cannot_forge_an_entry_or_fence_the_writer(cluster, ledger):
     lh, entries = ledger
+    key = lh.metadata.keys.master_key       # even the ledger's own key: refused all the same
     for bookie in lh.metadata.last_ensemble():
         stub, channel = _stub(bookie, OUTSIDER_TOKENS["signed by another key"])
         with channel:
-            forged = pb.AddRequest(ledger_id=lh.ledger_id, entry_id=0, master_key=PUBLIC_KEY,
+            forged = pb.AddRequest(ledger_id=lh.ledger_id, entry_id=0, master_key=key,
                                    body=b"forged" * 10)
             assert _refused(lambda: stub.Add(forged, timeout=10)) == \
                 grpc.StatusCode.UNAUTHENTICATED
-            fence = pb.ReadRequest(ledger_id=lh.ledger_id, entry_id=-1, master_key=PUBLIC_KEY,
+            fence = pb.ReadRequest(ledger_id=lh.ledger_id, entry_id=-1, master_key=key,
                                    flags=pb.ReadRequest.FENCE_LEDGER)
             assert _refused(lambda: stub.Read(fence, timeout=10)) == \
                 grpc.StatusCode.UNAUTHENTICATED

@@ -191,7 +191,7 @@ class Checker:
         from bkspark.proto import bookie_pb2 as pb
         if last < 0:
             return
-        dm = DigestManager(lid, md.digest_type, PASSWORD)
+        dm = DigestManager(lid, md.digest_type, md.keys.derive(PASSWORD).mac_key)
         ensembles = _ensembles(md)
         holdings: dict[str, set] = {}
         stubs = {}
