@@ -121,6 +121,7 @@ class HttpEndpoint:
             self._httpd.socket = ssl_context.wrap_socket(
                 self._httpd.socket, server_side=True, do_handshake_on_connect=False)
         self.port = self._httpd.server_address[1]
+        self.scheme = "http" if ssl_context is None else "https"
         self._thread = threading.Thread(target=self._httpd.serve_forever, name=name, daemon=True)
 
     def start(self) -> "HttpEndpoint":

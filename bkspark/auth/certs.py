@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+import ssl
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -126,3 +127,17 @@ def identity_of(cert: bytes) -> Identity:
         return Identity(subject, role_named(str(units[0].value)))
     except ValueError as exc:
         raise UnauthorizedError(f"client certificate {subject!r}: {exc}") from None
+
+
+def server_tls_context(cert_file: str, key_file: str, client_ca_file: str = "", *,
+                       require_client_certificate: bool = False) -> ssl.SSLContext:
+    """A server's TLS context: its certificate, and -- with ``client_ca_file`` -- client
+    certificates signed by that CA verified when given (required with
+    ``require_client_certificate``; else a peer may present a token instead)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert_file, key_file)
+    if client_ca_file:
+        context.load_verify_locations(client_ca_file)
+        context.verify_mode = ssl.CERT_REQUIRED if require_client_certificate \
+            else ssl.CERT_OPTIONAL
+    return context

@@ -66,23 +66,25 @@ def is_loopback(host: str) -> bool:
 
 
 def check_listen(what: str, host: str, *, authenticated: bool, tls: bool,
-                 allow_insecure_network: bool) -> None:
+                 allow_insecure_network: bool,
+                 authenticate: str = "auth_token_public_key_file (tokens) or "
+                                     "tls_client_ca_file (client certificates)",
+                 encrypt: str = "tls_cert_file and tls_key_file") -> None:
     """Refuse (BadRequestError naming the fix) to serve ``what`` on a non-loopback ``host``
     without authentication, or with tokens sent in clear; ``allow_insecure_network`` is the
-    operator's statement that the network is protected otherwise."""
+    operator's statement that the network is protected otherwise. ``authenticate`` and
+    ``encrypt`` name the settings that fix each, as ``what`` calls them."""
     if is_loopback(host) or allow_insecure_network:
         return
     if not authenticated:
         raise BadRequestError(
             f"{what} would listen on {host} with no authentication: anyone who reaches it could "
-            "read and overwrite ledgers. Set auth_token_public_key_file (tokens) or "
-            "tls_client_ca_file (client certificates), listen on 127.0.0.1, or pass "
+            f"use it. Set {authenticate}, listen on 127.0.0.1, or pass "
             "--allow-insecure-network if the network is protected otherwise")
     if not tls:
         raise BadRequestError(
-            f"{what} would listen on {host} and take tokens in clear text: set tls_cert_file and "
-            "tls_key_file, or pass --allow-insecure-network if the network is protected "
-            "otherwise")
+            f"{what} would listen on {host} and take tokens in clear text: set {encrypt}, or "
+            "pass --allow-insecure-network if the network is protected otherwise")
 
 
 class Guard:

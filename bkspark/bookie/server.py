@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import ssl
 import threading
 import time
 import weakref
@@ -20,6 +19,7 @@ import grpc
 
 from bkspark import errors, private
 from bkspark.auth import roles
+from bkspark.auth.certs import server_tls_context
 from bkspark.auth.guard import Guard
 from bkspark.bookie import cookie as cookies
 from bkspark.bookie.config import BookieConfig
@@ -172,16 +172,11 @@ class BookieServer:
             creds = grpc.ssl_server_credentials([(key, cert)], root_certificates=client_ca,
                                                 require_client_auth=client_ca is not None)
             bound = self.grpc_server.add_secure_port(address, creds)
-            data_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            data_tls.load_cert_chain(cfg.tls_cert_file, cfg.tls_key_file)
-            if cfg.tls_client_ca_file:
-                data_tls.load_verify_locations(cfg.tls_client_ca_file)
-                data_tls.verify_mode = ssl.CERT_REQUIRED
-            http_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)      # certificates optional:
-            http_tls.load_cert_chain(cfg.tls_cert_file, cfg.tls_key_file)   # tokens too
-            if cfg.tls_client_ca_file:
-                http_tls.load_verify_locations(cfg.tls_client_ca_file)
-                http_tls.verify_mode = ssl.CERT_OPTIONAL
+            data_tls = server_tls_context(cfg.tls_cert_file, cfg.tls_key_file,
+                                          cfg.tls_client_ca_file,
+                                          require_client_certificate=True)
+            http_tls = server_tls_context(cfg.tls_cert_file, cfg.tls_key_file,   # or tokens
+                                          cfg.tls_client_ca_file)
         else:
             bound = self.grpc_server.add_insecure_port(address)
         if not bound:

@@ -54,13 +54,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "free port, logged)")
     parser.add_argument("--http-host", default="127.0.0.1",
                         help="address of --http-port (default 127.0.0.1; beyond loopback it "
-                             "needs --allow-insecure-network: the endpoint speaks HTTP)")
+                             "needs authentication and HTTPS, or --allow-insecure-network)")
     parser.add_argument("--http-token-public-key-file", default="", metavar="PEM",
                         help="accept tokens signed by the matching key on --http-port (each "
                              "route's role: README, Security); none: the endpoint is open, "
                              "which only loopback allows")
+    parser.add_argument("--http-tls-cert-file", default="", metavar="PEM",
+                        help="serve --http-port over HTTPS with this certificate (and "
+                             "--http-tls-key-file)")
+    parser.add_argument("--http-tls-key-file", default="", metavar="PEM")
+    parser.add_argument("--http-tls-client-ca-file", default="", metavar="PEM",
+                        help="over HTTPS, also accept client certificates signed by this CA "
+                             "(their first OU is the role)")
     parser.add_argument("--allow-insecure-network", action="store_true",
-                        help="serve --http-host beyond loopback (a network protected otherwise)")
+                        help="serve --http-host beyond loopback without authentication or "
+                             "TLS (a network protected otherwise)")
     parser.add_argument("--no-auditor", action="store_true", help="run only the worker")
     parser.add_argument("--no-worker", action="store_true", help="run only the auditor")
     parser.add_argument("--id", default=None, help="identifier shown by `shell whoisauditor`")
@@ -90,6 +98,8 @@ def config_from_args(args):
         retention_interval=args.retention_interval,
         http_port=args.http_port, http_host=args.http_host,
         http_token_public_key_file=args.http_token_public_key_file,
+        http_tls_cert_file=args.http_tls_cert_file, http_tls_key_file=args.http_tls_key_file,
+        http_tls_client_ca_file=args.http_tls_client_ca_file,
         allow_insecure_network=args.allow_insecure_network,
         replication_rate_mb_per_s=args.rate, replication_rate_entries_per_s=args.rate_entries,
         client=client_args.client_settings(args))

@@ -373,7 +373,7 @@ class Collector:
         out = []
         for ident, info in sorted(endpoints.items())[:MAX_AUTORECOVERY]:
             host, port = info.get("host", ""), info.get("http_port")
-            samples = self._scrape(host, port, False)   # autorecovery speaks HTTP
+            samples = self._scrape(host, port, info.get("scheme") == "https")
             doc = {"id": ident, "address": f"{host}:{port}", "up": samples is not None}
             if samples is not None:
                 doc.update({

@@ -17,14 +17,23 @@ Routes (GET unless said):
   long: their unlisted ledgers are deleted) -- only with the token given at start
   (``Authorization: Bearer <token>``); without a token the dashboard is read-only and
   refuses them (403).
+
+Viewers: with a token, every route needs it too -- the header above, or the viewer cookie a
+browser gets by opening any page with ``?token=<token>`` once (then redirected to the page
+without it, as Jupyter does). The cookie holds an HMAC of the token, not the token: it
+opens the pages, never an action (actions take the header only, so a page of another site
+cannot trigger one). Without a token the pages are open, and the dashboard may only listen on
+loopback (:func:`bkspark.auth.guard.check_listen`). With a certificate it speaks HTTPS.
 """
 from __future__ import annotations
 
 import functools
+import hashlib
 import hmac
 import html
 import json
 import os
+from http.cookies import CookieError, SimpleCookie
 
 from bkspark.errors import BKError, NoSuchLedgerError, NoSuchLogError
 from bkspark.httpd import HttpEndpoint, JsonHandler
@@ -34,6 +43,7 @@ from .collector import Collector
 _PAGE = os.path.join(os.path.dirname(__file__), "page.html")
 #: newest segments a log's page lists
 LOG_PAGE_SEGMENTS = 100
+VIEWER_COOKIE = "bkspark_dashboard"
 
 
 @functools.lru_cache(maxsize=1)
@@ -48,15 +58,36 @@ class Dashboard(HttpEndpoint):
     ``token``: what actions must present (None: no actions)."""
 
     def __init__(self, collector: Collector, host: str = "127.0.0.1", port: int = 0,
-                 token: str | None = None):
+                 token: str | None = None, ssl_context=None):
         self.collector = collector
         self.token = token
-        super().__init__(_handler_for(self), host, port, "bkspark-dashboard", None)
+        self._viewer = None if not token else hmac.new(
+            token.encode(), b"bkspark dashboard viewer", hashlib.sha256).hexdigest()
+        super().__init__(_handler_for(self), host, port, "bkspark-dashboard", None, ssl_context)
 
     @property
     def url(self) -> str:
         host = self._httpd.server_address[0]
-        return f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{self.port}/"
+        return (f"{self.scheme}://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:"
+                f"{self.port}/")
+
+    # ---- who may look ----------------------------------------------------------------------------
+    def may_view(self, headers) -> bool:
+        """Whether a request may see the pages: no token set, or the token's header, or the
+        viewer cookie (compared in constant time)."""
+        if not self.token or self.authorized(headers.get("Authorization")):
+            return True
+        try:
+            morsel = SimpleCookie(headers.get("Cookie") or "").get(VIEWER_COOKIE)
+        except CookieError:
+            return False
+        return morsel is not None and hmac.compare_digest(morsel.value.encode(),
+                                                          self._viewer.encode())
+
+    def viewer_cookie(self) -> str:
+        """The ``Set-Cookie`` value given for a right ``?token=``."""
+        return (f"{VIEWER_COOKIE}={self._viewer}; Path=/; HttpOnly; SameSite=Strict"
+                + ("; Secure" if self.scheme == "https" else ""))
 
     # ---- data of the detail pages ------------------------------------------------------------
     def ledger(self, ledger_id: int) -> dict:
@@ -133,8 +164,29 @@ def pending_grace() -> float:
 
 def _handler_for(dash: Dashboard):
     class Handler(JsonHandler):
+        def _viewer_admitted(self, path: str, query: dict) -> bool:
+            """Let a viewer in, or answer: a right ``?token=`` gets the cookie and the page
+            without the token in its address; anything else without the token, 401."""
+            given = query.get("token")
+            if given is not None and dash.authorized(f"Bearer {given}"):
+                self.send_response(303)
+                self.send_header("Location", path or "/")
+                self.send_header("Set-Cookie", dash.viewer_cookie())
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return False
+            if dash.may_view(self.headers):
+                return True
+            self.json(401, {"error": "this dashboard needs its token: open it once as "
+                                     "<url>?token=<the token of `bkspark dashboard "
+                                     "--token-file`>, or send Authorization: Bearer <token>"})
+            self.close_connection = True
+            return False
+
         def do_GET(self):  # noqa: N802 - http.server API
             path, query = self.route
+            if not self._viewer_admitted(path, query):
+                return
             try:
                 if path in ("", "/index.html"):
                     with open(_PAGE, "rb") as f:

@@ -168,8 +168,9 @@ def metrics_registry(autorecovery) -> CollectorRegistry:
 class AutoRecoveryHttp(HttpEndpoint):
     """The endpoint of a standalone ``bkspark autorecovery`` (module docstring)."""
 
-    def __init__(self, autorecovery, host: str, port: int, guard) -> None:
-        super().__init__(_handler_for(autorecovery), host, port, "autorecovery-http", guard)
+    def __init__(self, autorecovery, host: str, port: int, guard, ssl_context=None) -> None:
+        super().__init__(_handler_for(autorecovery), host, port, "autorecovery-http", guard,
+                         ssl_context)
 
 
 def _handler_for(ar):

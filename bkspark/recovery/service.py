@@ -18,15 +18,15 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from bkspark.errors import BKError
+from bkspark.auth.certs import server_tls_context
+from bkspark.auth.guard import Guard, check_listen
+from bkspark.cluster_registry import local_token_public_key
+from bkspark.errors import BadRequestError, BKError
 from metadata import open_store
 from metadata.layout import AUDITOR_ELECTION, UR_LEDGERS, UR_LOCKS
 
 from .auditor import Auditor, AuditorConfig
 from .election import LeaderElection
-from bkspark.auth.guard import Guard, check_listen
-from bkspark.cluster_registry import local_token_public_key
-
 from .http import RATE_WINDOW, AutoRecoveryHttp, metrics_registry
 from .throttle import DEFAULT_DAEMON_MB_PER_S
 from .urm import UnderReplicationManager
@@ -55,6 +55,9 @@ class AutoRecoveryConfig:
     http_port: int = -1                 # metrics and routes (.http) on this port (0: any
     http_host: str = "127.0.0.1"        # free one; -1: none -- a bookie serves its own)
     http_token_public_key_file: str = ""    # tokens the endpoint accepts (bkspark.auth)
+    http_tls_cert_file: str = ""        # with http_tls_key_file: the endpoint speaks HTTPS
+    http_tls_key_file: str = ""
+    http_tls_client_ca_file: str = ""   # client certificates it accepts (their OU: a role)
     allow_insecure_network: bool = False    # serve http_host beyond loopback anyway
     retention_interval: float = 60.0    # seconds between retention passes (0: no retention
                                         # service in this process)
@@ -83,11 +86,26 @@ class AutoRecovery:
     def start(self) -> "AutoRecovery":
         from bkspark.client import BookKeeper
         c = self.config
+        tls = None
         if c.http_port >= 0:        # refused before anything starts
-            Guard.from_settings(c.http_token_public_key_file)   # (a readable key)
+            Guard.from_settings(c.http_token_public_key_file,       # (readable files)
+                                c.http_tls_client_ca_file)
+            if bool(c.http_tls_cert_file) != bool(c.http_tls_key_file):
+                raise BadRequestError("autorecovery: give both --http-tls-cert-file and "
+                                      "--http-tls-key-file, or neither")
+            if c.http_tls_cert_file:
+                tls = server_tls_context(c.http_tls_cert_file, c.http_tls_key_file,
+                                         c.http_tls_client_ca_file)
+            elif c.http_tls_client_ca_file:
+                raise BadRequestError("autorecovery: --http-tls-client-ca-file needs "
+                                      "--http-tls-cert-file and --http-tls-key-file (HTTPS)")
             check_listen("the autorecovery HTTP endpoint", c.http_host,
-                         authenticated=bool(c.http_token_public_key_file), tls=False,
-                         allow_insecure_network=c.allow_insecure_network)
+                         authenticated=bool(c.http_token_public_key_file
+                                            or c.http_tls_client_ca_file),
+                         tls=tls is not None, allow_insecure_network=c.allow_insecure_network,
+                         authenticate="--http-token-public-key-file or "
+                                      "--http-tls-client-ca-file",
+                         encrypt="--http-tls-cert-file and --http-tls-key-file")
         self.store = open_store(self.metadata_uri, session_timeout=c.session_timeout)
         for path in (UR_LEDGERS, UR_LOCKS, AUDITOR_ELECTION):
             self.store.ensure_path(path)
@@ -114,7 +132,8 @@ class AutoRecovery:
             # reads only (bkspark.auth.guard: no admin where no one is authenticated)
             key = c.http_token_public_key_file or local_token_public_key(self.store)
             self.http = AutoRecoveryHttp(self, c.http_host, c.http_port,
-                                         Guard.from_settings(key)).start()
+                                         Guard.from_settings(key, c.http_tls_client_ca_file),
+                                         tls).start()
             self._publish_endpoint()
             self.store.on_session_lost(self._publish_endpoint)
         if c.retention_interval > 0:
@@ -135,7 +154,8 @@ class AutoRecovery:
             host = socket.getfqdn()
         try:
             UnderReplicationManager(self.store, self.identifier).publish_endpoint(
-                self.identifier, {"host": host, "http_port": self.http.port})
+                self.identifier, {"host": host, "http_port": self.http.port,
+                                  "scheme": self.http.scheme})
         except BKError as exc:
             log.warning("autorecovery %s: its HTTP endpoint is not published: %s",
                         self.identifier, exc)

@@ -58,6 +58,12 @@ def dashboard(cluster):
     stop_dashboard(dash)
 
 
+def _get(dashboard, path: str):
+    """GET ``path`` of the dashboard with its token (every route needs it once one is set)."""
+    return urllib.request.urlopen(urllib.request.Request(
+        dashboard.url + path, headers={"Authorization": f"Bearer {TOKEN}"}), timeout=10)
+
+
 def _wait(page, expression: str, timeout_s: float = 30.0):
     page.wait_for_function(expression, timeout=timeout_s * 1000)
 
@@ -71,7 +77,7 @@ def test_the_overview_loads_and_its_plots_receive_points(browser, cluster, dashb
                 w.append(b"x%d" % i)
         logs.commit_cursor("dash-log", "reader-1", logs.resolve("dash-log", "earliest"))
         page = browser.new_page(viewport={"width": 1400, "height": 1500})
-        page.goto(dashboard.url)
+        page.goto(dashboard.url + f"?token={TOKEN}")      # the viewer cookie
         _wait(page, "document.querySelectorAll('#bookies tbody tr[data-state=writable]').length == 4")
         lh = bk.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2)
         for i in range(300):                # adds the plots must show
@@ -88,8 +94,7 @@ def test_the_overview_loads_and_its_plots_receive_points(browser, cluster, dashb
             except Exception as exc:        # name the plot and what the page and server hold
                 traces = page.evaluate(f"(document.getElementById('plot-{plot}').data || [])"
                                        ".map(t => [t.name, t.x.length])")
-                with urllib.request.urlopen(dashboard.url + "api/series?since=0",
-                                            timeout=10) as resp:
+                with _get(dashboard, "api/series?since=0") as resp:
                     series = {k: len(v) for k, v in json.loads(resp.read()).items()
                               if isinstance(v, list)}
                 raise AssertionError(f"plot {plot}: traces {traces}; server series {series}") \
@@ -120,7 +125,7 @@ def test_a_ledger_shows_how_its_keys_derive_but_no_key(cluster, dashboard):
         lh = bk.create_ledger(3, 2, 2, password=b"pw")
         lh.close()
         stored = bk.ledger_metadata(lh.ledger_id).keys
-    with urllib.request.urlopen(dashboard.url + f"api/ledger/{lh.ledger_id}", timeout=10) as r:
+    with _get(dashboard, f"api/ledger/{lh.ledger_id}") as r:
         body = r.read()
     assert json.loads(body)["keys"] == {"scheme": "pbkdf2-sha256", "iterations": 10_000}
     for secret in (stored.master_key, stored.salt):
@@ -160,7 +165,7 @@ def test_an_abandoned_spark_job_shows_and_is_reclaimed_with_the_token(cluster, d
         pending.end_task(logs.store, key, alive, lh.ledger_id)      # the driver never commits
 
         def overview():
-            with urllib.request.urlopen(dashboard.url + "api/overview", timeout=10) as resp:
+            with _get(dashboard, "api/overview") as resp:
                 return json.loads(resp.read())
         # the collector snapshots every slow_interval: a snapshot taken between begin_task and
         # register shows the job with no ledger yet (true then), so wait for the ended task's
@@ -195,7 +200,7 @@ def test_a_killed_bookie_turns_red_and_its_ledger_shows_under_replicated_until_r
         for _ in range(20):
             lh.append(b"z" * 50)
         lh.close()
-        page.goto(dashboard.url)
+        page.goto(dashboard.url + f"?token={TOKEN}")      # the viewer cookie
         victim = bk.ledger_metadata(lh.ledger_id).ensembles[0][1][0]
         row = f"document.getElementById('bookie-{victim}')"
         _wait(page, f"{row} && {row}.dataset.state == 'writable'")
