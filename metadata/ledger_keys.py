@@ -8,11 +8,13 @@ A ledger has two keys (both 20 bytes):
   writer's.
 
 The metadata stores a :class:`KeyRecord`: how the keys derive from the password (scheme,
-per-ledger random salt, iteration count) and the master key -- what autorecovery and an admin
-need to fence, recover and re-replicate a ledger without its password. It never stores the
-password nor the MAC key: a reader of the metadata cannot learn the password (other than by
-guessing it, one PBKDF2 per guess and ledger), cannot forge an ``hmac`` ledger's entries, and
-the master key of one ledger opens no other (the salt differs).
+per-ledger random salt, iteration count) and both keys -- what autorecovery and an admin need
+to fence, recover, verify and re-replicate a ledger without its password (a recovery or a copy
+that could not check an entry's MAC would adopt a corrupt replica and write it over the good
+ones). It never stores the password: a reader of the metadata cannot learn it (other than by
+guessing, one PBKDF2 per guess and ledger), and the keys of one ledger open no other (the
+salt differs). The keys themselves are as sensitive as the metadata is: protect reads of it
+(ZooKeeper ACLs, a private SQLite file).
 
 Schemes:
 
@@ -31,7 +33,7 @@ import functools
 import hashlib
 import hmac
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from bkspark.errors import BadRequestError
@@ -42,17 +44,19 @@ SCHEMES = (SCHEME_PBKDF2, SCHEME_SHA1)
 #: PBKDF2 rounds of a new ledger (~2 ms on one core of the test machine, 2026-11-27); a
 #: record keeps its own count, so raising this changes new ledgers only
 ITERATIONS = 10_000
-MAX_ITERATIONS = 10_000_000
+MAX_ITERATIONS = 1_000_000      # a record asking more is refused (~0.3 s an open at most)
 SALT_BYTES = 16
 KEY_BYTES = 20          # a bookie's master key length (bookie_native: AF_MASTER_KEY_LEN)
 _DERIVED_CACHE = 1024   # (record, password) pairs whose keys are remembered per process
 
 
 class LedgerKeys(NamedTuple):
-    """The keys a client uses for one ledger. ``mac_key`` is None when it is not known: a
-    ledger opened from its metadata alone (autorecovery, an admin) without the password."""
+    """The keys a client uses for one ledger (never shown by ``repr``)."""
     master_key: bytes
-    mac_key: bytes | None
+    mac_key: bytes
+
+    def __repr__(self) -> str:
+        return "LedgerKeys(<hidden>)"
 
 
 @dataclass(frozen=True)
@@ -61,33 +65,35 @@ class KeyRecord:
     scheme: str
     salt: bytes
     iterations: int
-    master_key: bytes
+    master_key: bytes = field(repr=False)
+    mac_key: bytes = field(repr=False)
 
     @classmethod
     def for_password(cls, password: bytes, *, iterations: int = ITERATIONS) -> "KeyRecord":
         """The record of a new ledger: a fresh random salt."""
         salt = os.urandom(SALT_BYTES)
-        keys = _derive(SCHEME_PBKDF2, salt, iterations, bytes(password))
-        return cls(SCHEME_PBKDF2, salt, iterations, keys.master_key)
+        return cls(SCHEME_PBKDF2, salt, iterations,
+                   *_derive(SCHEME_PBKDF2, salt, iterations, bytes(password)))
 
     @classmethod
     def legacy(cls, password: bytes) -> "KeyRecord":
         """The record of a ledger whose format-1 metadata held ``password`` itself."""
-        return cls(SCHEME_SHA1, b"", 0, _derive(SCHEME_SHA1, b"", 0, bytes(password)).master_key)
+        return cls(SCHEME_SHA1, b"", 0, *_derive(SCHEME_SHA1, b"", 0, bytes(password)))
 
     def validate(self) -> "KeyRecord":
         """:raises BadRequestError: what is wrong."""
         if self.scheme not in SCHEMES:
             raise BadRequestError(f"ledger keys: unknown scheme {self.scheme!r} (known: "
                                   f"{', '.join(SCHEMES)})")
-        if not isinstance(self.salt, bytes) or not isinstance(self.master_key, bytes):
-            raise BadRequestError("ledger keys: salt and master key must be bytes")
+        if not all(isinstance(v, bytes) for v in (self.salt, self.master_key, self.mac_key)):
+            raise BadRequestError("ledger keys: salt and keys must be bytes")
         if not isinstance(self.iterations, int) or isinstance(self.iterations, bool):
             raise BadRequestError(f"ledger keys: iterations must be an int, got "
                                   f"{self.iterations!r}")
-        if len(self.master_key) != KEY_BYTES:
-            raise BadRequestError(f"ledger keys: master key of {len(self.master_key)} bytes, "
-                                  f"expected {KEY_BYTES}")
+        for name, key in (("master key", self.master_key), ("MAC key", self.mac_key)):
+            if len(key) != KEY_BYTES:
+                raise BadRequestError(f"ledger keys: {name} of {len(key)} bytes, expected "
+                                      f"{KEY_BYTES}")
         if self.scheme == SCHEME_SHA1:
             if self.salt or self.iterations:
                 raise BadRequestError("ledger keys: the sha1 scheme has no salt nor iterations")
@@ -104,8 +110,8 @@ class KeyRecord:
         return keys if hmac.compare_digest(keys.master_key, self.master_key) else None
 
     def stored_keys(self) -> LedgerKeys:
-        """The keys known without the password: the master key only."""
-        return LedgerKeys(self.master_key, None)
+        """The keys, from the record alone (autorecovery, an admin: no password)."""
+        return LedgerKeys(self.master_key, self.mac_key)
 
 
 @functools.lru_cache(maxsize=_DERIVED_CACHE)

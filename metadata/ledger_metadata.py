@@ -5,7 +5,7 @@ Serialized form (format version 2)::
     b"bkspark-ledger-metadata\\t2\\n" + UTF-8 JSON object
 
 The JSON object holds exactly the fields of :class:`LedgerMetadata` (bytes base64-encoded;
-``keys`` an object ``{scheme, salt, iterations, master_key}``, see
+``keys`` an object ``{scheme, salt, iterations, master_key, mac_key}``, see
 :mod:`metadata.ledger_keys`). :meth:`LedgerMetadata.deserialize` rejects anything else —
 unknown header or version, bad JSON, missing/extra/mistyped fields, invalid quorums — with
 :class:`~bkspark.errors.MetadataFormatError`; it never fills in defaults.
@@ -169,7 +169,8 @@ class LedgerMetadata:
             "digest_type": self.digest_type,
             "keys": {"scheme": self.keys.scheme, "iterations": self.keys.iterations,
                      "salt": base64.b64encode(self.keys.salt).decode("ascii"),
-                     "master_key": base64.b64encode(self.keys.master_key).decode("ascii")},
+                     "master_key": base64.b64encode(self.keys.master_key).decode("ascii"),
+                     "mac_key": base64.b64encode(self.keys.mac_key).decode("ascii")},
             "ensembles": [[first, list(bookies)] for first, bookies in self.ensembles],
             "ctime_ms": self.ctime_ms,
             "custom_metadata": {k: base64.b64encode(v).decode("ascii")
@@ -177,8 +178,8 @@ class LedgerMetadata:
         }
 
     def to_public_dict(self) -> dict:
-        """:meth:`to_dict` for display (shell, dashboard): of the keys, only how they derive
-        (scheme, iterations); no salt, no master key."""
+        """:meth:`to_dict` for display (shell, dashboard, reports): of the keys, only how they
+        derive (scheme, iterations); no salt, no key."""
         d = self.to_dict()
         d["keys"] = {"scheme": self.keys.scheme, "iterations": self.keys.iterations}
         return d
@@ -351,12 +352,13 @@ class LedgerMetadata:
 
 def _key_record(obj) -> KeyRecord:
     if not isinstance(obj, dict) or obj.keys() != {"scheme", "salt", "iterations",
-                                                    "master_key"}:
+                                                    "master_key", "mac_key"}:
         raise MetadataFormatError("corrupt ledger metadata: keys must be an object of exactly "
-                                  "scheme, salt, iterations, master_key")
+                                  "scheme, salt, iterations, master_key, mac_key")
     return KeyRecord(scheme=obj["scheme"], salt=_b64(obj["salt"], "keys.salt"),
                      iterations=obj["iterations"],
-                     master_key=_b64(obj["master_key"], "keys.master_key"))
+                     master_key=_b64(obj["master_key"], "keys.master_key"),
+                     mac_key=_b64(obj["mac_key"], "keys.mac_key"))
 
 
 def _b64(value, what: str) -> bytes:

@@ -357,7 +357,6 @@ def cmd_ledgermetadata(args, out):
 @command("readledger", "read entries")
 def cmd_readledger(args, out):
     with _client(args) as bk:
-        md = bk.ledger_metadata(args.ledger_id)
         rh = bk.open_ledger_without_password(args.ledger_id, recovery=args.force_recovery)
         last = rh.last_add_confirmed if args.last is None else args.last
         if args.first < 0:
@@ -368,16 +367,10 @@ def cmd_readledger(args, out):
                 docs.append({"entry_id": e.entry_id, "bytes": len(e.data),
                              "data_b64": base64.b64encode(e.data).decode("ascii"),
                              "preview": e.data[:args.max_bytes]})
-    # the shell holds no ledger password: an hmac ledger's MACs cannot be checked here
-    mac_checked = md.digest_type != "hmac"
     if out.as_json:
         out.json({"ledger_id": args.ledger_id, "last_add_confirmed": last,
-                  "mac_checked": mac_checked,
                   "entries": [{k: v for k, v in d.items() if k != "preview"} for d in docs]})
         return
-    if not mac_checked:
-        out.console.print(f"ledger {args.ledger_id} uses the hmac digest: entry headers are "
-                          "checked, their MACs are not (that needs the ledger's password)")
     out.table(f"ledger {args.ledger_id}: entries {args.first}..{last}",
               ["entry_id", "bytes", "data"],
               [(d["entry_id"], d["bytes"], repr(d["preview"])[2:-1]

@@ -319,9 +319,7 @@ class BookKeeper:
                                      read_lac: bool = True) -> ReadHandle:
         """:meth:`open_ledger` with the keys the ledger's metadata stores instead of its
         password (:mod:`metadata.ledger_keys`): for autorecovery and an admin's tools, whose
-        credentials the bookies check. The master key allows fencing and recovery; entries
-        of an ``hmac`` ledger are checked for their header and size only (their MAC needs the
-        password), entries of every other digest type fully."""
+        credentials the bookies check. Entries are verified as with the password."""
         self._check_open()
         md, version = self.ctx.read_metadata(ledger_id)
         return self._open(md, version, md.keys.stored_keys(), recovery, read_lac)

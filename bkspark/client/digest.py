@@ -18,9 +18,7 @@ type         bytes  algorithm
 ===========  =====  ==========================================================
 
 The MAC key and the master key (sent to bookies with every add and fencing read) derive from
-the ledger's password and the key record of its metadata (:mod:`metadata.ledger_keys`). A
-manager without the MAC key (a ledger opened from its metadata alone, by autorecovery or an
-admin) checks an ``hmac`` entry's header and size but not its MAC, and cannot frame one.
+the ledger's password and the key record of its metadata (:mod:`metadata.ledger_keys`).
 
 A LAC body (explicit LAC written with WriteLac) is ``[ledger_id:8][lac:8][digest]`` with the
 digest over the 16 leading bytes.
@@ -68,16 +66,16 @@ class DigestManager:
     bytes (the hand-encoded wire request) in a single copy.
     """
 
-    __slots__ = ("ledger_id", "digest_type", "digest_size", "checks_content", "_mac_key",
-                 "_digest")
+    __slots__ = ("ledger_id", "digest_type", "digest_size", "_mac_key", "_digest")
 
     def __init__(self, ledger_id: int, digest_type: str, mac_key: bytes | None = None):
         self.ledger_id = int(ledger_id)
         self.digest_type = normalize_digest_type(digest_type)
         self.digest_size = DIGEST_SIZES[self.digest_type]
+        if self.digest_type == "hmac" and not mac_key:
+            raise BadRequestError(f"ledger {self.ledger_id}: the hmac digest needs the ledger's "
+                                  "MAC key (metadata.ledger_keys)")
         self._mac_key = mac_key
-        #: False for an ``hmac`` ledger without its MAC key: only headers are checked
-        self.checks_content = self.digest_type != "hmac" or mac_key is not None
         self._digest = getattr(self, "_d_" + self.digest_type)
 
     # -- digest functions over (header, payload) ----------------------------------------
@@ -90,10 +88,6 @@ class DigestManager:
         return _U64.pack(zlib.crc32(payload, zlib.crc32(header)))
 
     def _d_hmac(self, header: bytes, payload) -> bytes:
-        if self._mac_key is None:
-            raise BadRequestError(f"ledger {self.ledger_id}: its hmac digest needs the MAC key, "
-                                  "which only the ledger's password gives (open it with the "
-                                  "password)")
         m = _hmac.new(self._mac_key, header, hashlib.sha1)
         m.update(payload)
         return m.digest()
@@ -138,8 +132,7 @@ class DigestManager:
         memoryview of ``body`` (no copy).
 
         Raises :class:`DigestMismatchError` on a short body, a digest mismatch, or an
-        entry of another ledger / another entry id than expected. Without the MAC key
-        (``checks_content`` False) the MAC is not checked.
+        entry of another ledger / another entry id than expected.
         """
         body = memoryview(body)
         ds = self.digest_size
@@ -149,8 +142,8 @@ class DigestManager:
         header = bytes(body[:HEADER_SIZE])
         lid, eid, lac, length = HEADER.unpack(header)
         payload = body[HEADER_SIZE + ds:]
-        if self.checks_content and not _hmac.compare_digest(
-                self._digest(header, payload), bytes(body[HEADER_SIZE:HEADER_SIZE + ds])):
+        if not _hmac.compare_digest(self._digest(header, payload),
+                                    bytes(body[HEADER_SIZE:HEADER_SIZE + ds])):
             raise DigestMismatchError(
                 f"ledger {self.ledger_id} entry {eid}: {self.digest_type} digest mismatch")
         if lid != self.ledger_id:
@@ -172,8 +165,7 @@ class DigestManager:
             raise DigestMismatchError(f"ledger {self.ledger_id}: LAC body too short")
         header = body[:16]
         lid, lac = _LAC_HEADER.unpack(header)
-        if self.checks_content and not _hmac.compare_digest(
-                self._digest(header, b""), body[16:16 + self.digest_size]):
+        if not _hmac.compare_digest(self._digest(header, b""), body[16:16 + self.digest_size]):
             raise DigestMismatchError(f"ledger {self.ledger_id}: LAC digest mismatch")
         if lid != self.ledger_id:
             raise DigestMismatchError(f"LAC body of ledger {lid}, expected {self.ledger_id}")

@@ -469,7 +469,7 @@ class LedgerReplicator:
                 holdings[b] = list_entries(self.ctx, b, lid)
             except BKError:
                 holdings[b] = None      # unknown: may still try to read from it
-        keys = md.keys.stored_keys()        # no password here: an hmac's MAC is not checked
+        keys = md.keys.stored_keys()        # no password here: the record's keys
         digest = DigestManager(lid, md.digest_type, keys.mac_key)
         mk = keys.master_key
 

@@ -5,11 +5,11 @@ import hmac
 import pytest
 
 from bkspark.errors import BadRequestError
-from metadata.ledger_keys import (ITERATIONS, KEY_BYTES, SALT_BYTES, SCHEME_PBKDF2, SCHEME_SHA1,
-                                  KeyRecord, LedgerKeys)
+from metadata.ledger_keys import (ITERATIONS, KEY_BYTES, MAX_ITERATIONS, SALT_BYTES,
+                                  SCHEME_PBKDF2, SCHEME_SHA1, KeyRecord, LedgerKeys)
 
 
-def test_a_new_record_is_salted_per_ledger_and_holds_neither_password_nor_mac_key():
+def test_a_new_record_is_salted_per_ledger_and_holds_the_keys_not_the_password():
     a, b = KeyRecord.for_password(b"pw"), KeyRecord.for_password(b"pw")
     assert a.scheme == SCHEME_PBKDF2 and a.iterations == ITERATIONS
     assert len(a.salt) == SALT_BYTES and a.salt != b.salt
@@ -22,14 +22,16 @@ def test_a_new_record_is_salted_per_ledger_and_holds_neither_password_nor_mac_ke
     assert keys == LedgerKeys(
         hmac.new(root, b"bkspark ledger master key", hashlib.sha256).digest()[:20],
         hmac.new(root, b"bkspark ledger mac key", hashlib.sha256).digest()[:20])
-    stored = repr(a).encode() + a.salt + a.master_key
-    assert b"pw" not in stored.replace(b"pbkdf2", b"") and keys.mac_key not in stored
+    assert a.stored_keys() == keys          # autorecovery verifies as the owner does
+    assert b"pw" not in a.salt + a.master_key + a.mac_key
+    shown = repr(a) + repr(keys)            # no key in a repr (logs, tracebacks)
+    assert a.master_key.hex() not in shown and str(a.master_key) not in shown
+    assert str(keys.mac_key) not in shown and "hidden" in repr(keys)
 
 
-def test_a_wrong_password_derives_nothing_and_stored_keys_lack_the_mac_key():
+def test_a_wrong_password_derives_nothing():
     rec = KeyRecord.for_password(b"secret")
     assert rec.derive(b"guess") is None and rec.derive(b"") is None
-    assert rec.stored_keys() == LedgerKeys(rec.master_key, None)
 
 
 def test_the_legacy_record_is_apache_bookkeepers_rule():
@@ -44,13 +46,15 @@ def test_the_legacy_record_is_apache_bookkeepers_rule():
     (dict(master_key=b"short"), "master key of 5 bytes"),
     (dict(salt=b"x" * 3), "16-byte salt"),
     (dict(iterations=0), "iterations"),
+    (dict(iterations=MAX_ITERATIONS + 1), "iterations"),     # a hostile record: no slow opens
+    (dict(mac_key=b"k" * 19), "MAC key of 19 bytes"),
     (dict(iterations=True), "must be an int"),
     (dict(scheme=SCHEME_SHA1), "no salt"),
 ])
 def test_invalid_records_are_refused(change, match):
     rec = KeyRecord.for_password(b"pw")
     fields = dict(scheme=rec.scheme, salt=rec.salt, iterations=rec.iterations,
-                  master_key=rec.master_key)
+                  master_key=rec.master_key, mac_key=rec.mac_key)
     fields.update(change)
     with pytest.raises(BadRequestError, match=match):
         KeyRecord(**fields).validate()

@@ -11,7 +11,7 @@ from bkspark.errors import BadRequestError, MetadataFormatError
 from metadata.ledger_keys import KeyRecord
 from metadata.ledger_metadata import HEADER, LedgerMetadata, LedgerState
 
-KEYS = KeyRecord("pbkdf2-sha256", bytes(range(16)), 10_000, b"M" * 20)
+KEYS = KeyRecord("pbkdf2-sha256", bytes(range(16)), 10_000, b"M" * 20, b"C" * 20)
 
 
 def sample(**kw) -> LedgerMetadata:
@@ -46,7 +46,8 @@ def ledger_metadata(draw):
         digest_type=draw(st.sampled_from(["crc32c", "hmac", "crc32", "dummy"])),
         keys=draw(st.one_of(st.builds(KeyRecord.legacy, st.binary(max_size=40)), st.builds(
             KeyRecord, st.just("pbkdf2-sha256"), st.binary(min_size=16, max_size=16),
-            st.integers(1, 10_000_000), st.binary(min_size=20, max_size=20)))),
+            st.integers(1, 1_000_000), st.binary(min_size=20, max_size=20),
+            st.binary(min_size=20, max_size=20)))),
         ensembles=ensembles,
         ctime_ms=draw(st.integers(0, 2 ** 50)),
         custom_metadata=draw(st.dictionaries(st.text(max_size=8), st.binary(max_size=16),
@@ -70,7 +71,8 @@ def test_serialized_form_is_stable():
     obj = json.loads(body)
     assert obj["keys"] == {"scheme": "pbkdf2-sha256", "iterations": 10_000,
                            "salt": "AAECAwQFBgcICQoLDA0ODw==",
-                           "master_key": "TU1NTU1NTU1NTU1NTU1NTU1NTU0="}
+                           "master_key": "TU1NTU1NTU1NTU1NTU1NTU1NTU0=",
+                           "mac_key": "Q0NDQ0NDQ0NDQ0NDQ0NDQ0NDQ0M="}
     assert "password" not in obj
     assert obj["state"] == "OPEN"
     assert obj["ensembles"] == [[0, ["b1:3181", "b2:3181", "b3:3181"]]]
@@ -94,7 +96,7 @@ def test_quorum_validation(e, qw, qa):
     (dict(ensembles=[(0, ["a", "b", "c"]), (0, ["a", "b", "d"])]), "strictly increasing"),
     (dict(digest_type="md5"), "digest_type"),
     (dict(keys=None), "keys must be a KeyRecord"),
-    (dict(keys=KeyRecord("sha1", b"", 0, b"x")), "master key of 1 bytes"),
+    (dict(keys=KeyRecord("sha1", b"", 0, b"x", b"y" * 20)), "master key of 1 bytes"),
     (dict(state="HALF_OPEN"), "state"),
     (dict(last_entry_id=-2), "last_entry_id"),
     (dict(length=-1), "length"),
@@ -144,6 +146,8 @@ CORRUPT = {
     "keys scheme unknown": _corrupt(lambda o: o["keys"].update(scheme="none")),
     "keys iterations float": _corrupt(lambda o: o["keys"].update(iterations=1.5)),
     "master key short": _corrupt(lambda o: o["keys"].update(master_key="cHc=")),
+    "mac key missing": _corrupt(lambda o: o["keys"].pop("mac_key")),
+    "iterations too many": _corrupt(lambda o: o["keys"].update(iterations=10 ** 9)),
     "ensembles not list": _corrupt(lambda o: o.update(ensembles={"0": []})),
     "ensemble wrong size": _corrupt(lambda o: o.update(ensembles=[[0, ["a"]]])),
     "string id": _corrupt(lambda o: o.update(ledger_id="7")),

@@ -338,7 +338,7 @@ class Checker:
         ledgers = {}
         for entry in sealed.ledgers:
             try:
-                ledgers[entry.ledger_id] = bk.ledger_metadata(entry.ledger_id).to_dict()
+                ledgers[entry.ledger_id] = bk.ledger_metadata(entry.ledger_id).to_public_dict()
             except errors.BKError as exc:
                 ledgers[entry.ledger_id] = repr(exc)
         with open(os.path.join(self.workdir, "log-state.json"), "w") as f:
