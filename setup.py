@@ -27,6 +27,7 @@ setup(
         "grpcio>=1.60,<2",
         "protobuf>=5.26,<8",
         "kazoo>=2.10,<3",
+        "pure-sasl>=0.6,<1",  # kazoo's SASL (a metadata URI's sasl_file)
         "crc32c>=2.4,<3",
         "pyarrow>=15,<30",
         "pandas>=2.0,<3",

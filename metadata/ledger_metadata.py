@@ -190,6 +190,13 @@ class LedgerMetadata:
         body = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
         return HEADER + b"\t" + str(self.format_version).encode() + b"\n" + body.encode("utf-8")
 
+    @staticmethod
+    def format_of(data: bytes) -> int | None:
+        """The format version a serialized record says it is (None: not a ledger record)."""
+        head = bytes(data[:64]).partition(b"\n")[0]
+        magic, _, ver = head.partition(b"\t")
+        return int(ver) if magic == HEADER and ver.isdigit() and len(ver) <= 6 else None
+
     @classmethod
     def deserialize(cls, data: bytes) -> "LedgerMetadata":
         """Parse :meth:`serialize` output. :raises MetadataFormatError: anything corrupt."""

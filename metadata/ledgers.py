@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Callable, Iterator
 
-from bkspark.errors import (BadRequestError, MetadataConnectionError, NodeExistsError, NoNodeError,
-                            NoSuchLedgerError)
+from bkspark.errors import (BadRequestError, BadVersionError, MetadataConnectionError,
+                            NodeExistsError, NoNodeError, NoSuchLedgerError)
 
 from .layout import (
     LEDGERS_ROOT,
@@ -123,6 +123,29 @@ def update_ledger(store: MetadataStore, ledger_id: int,
                              done=done, start=start, what=what or f"ledger {ledger_id}")
     except NoNodeError:
         raise NoSuchLedgerError(f"no such ledger: {ledger_id}") from None
+
+
+def upgrade_ledger(store: MetadataStore, ledger_id: int) -> bool:
+    """Rewrite the ledger's record in the current format if it is stored in an older one
+    (format 1 held the ledger's password: :mod:`metadata.ledger_metadata`); return whether
+    this call rewrote it. A conflict re-reads (any other write is in the current format
+    already); an answer lost raises, and a rerun decides from what is stored.
+
+    :raises NoSuchLedgerError: no such ledger (deleted meanwhile).
+    """
+    from metadata.ledger_metadata import FORMAT_VERSION
+    while True:
+        try:
+            data, version = store.get(ledger_path(ledger_id))
+        except NoNodeError:
+            raise NoSuchLedgerError(f"no such ledger: {ledger_id}") from None
+        if LedgerMetadata.format_of(data) == FORMAT_VERSION:
+            return False
+        try:
+            write_ledger(store, _decode(ledger_id, data), version)
+            return True
+        except BadVersionError:
+            continue
 
 
 def write_ledger(store: MetadataStore, md: LedgerMetadata, version: int) -> int:

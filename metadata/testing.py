@@ -80,8 +80,11 @@ class ZooKeeperServer:
                  max_session_timeout: int = 60000, java: str | None = None,
                  start_timeout: float = 30.0, host: str = "127.0.0.1",
                  launcher: list[str] | None = None, quorum: tuple | None = None,
-                 tls: tuple[str, str] | None = None):
+                 tls: tuple[str, str] | None = None, sasl_users: dict[str, str] | None = None):
         self.port = port
+        #: ``{user: password}``: clients may authenticate with SASL DIGEST-MD5 as these users
+        #: (ZooKeeper's SASLAuthenticationProvider, its DigestLoginModule in a JAAS file)
+        self.sasl_users = dict(sasl_users or {})
         #: ``(PEM of the server's key and certificate, PEM of the CA its clients' certificates
         #: are signed by)``: also serve TLS on :attr:`secure_port` (client certificates needed)
         self.tls = tls
@@ -145,6 +148,9 @@ class ZooKeeperServer:
                         f"ssl.keyStore.location={key_cert}\nssl.keyStore.type=PEM\n"
                         f"ssl.trustStore.location={ca}\nssl.trustStore.type=PEM\n"
                         "ssl.clientAuth=need\n")
+            if self.sasl_users:
+                f.write("authProvider.1="
+                        "org.apache.zookeeper.server.auth.SASLAuthenticationProvider\n")
             if self.quorum is not None:
                 my_id, members = self.quorum
                 f.write("initLimit=10\nsyncLimit=4\n")
@@ -152,11 +158,20 @@ class ZooKeeperServer:
                     f.write(f"server.{sid}={h}:{peer}:{election}\n")
                 with open(os.path.join(data_dir, "myid"), "w") as idf:
                     idf.write(f"{my_id}\n")
+        jaas = []
+        if self.sasl_users:
+            path = os.path.join(self.dir, "jaas.conf")
+            with open(path, "w") as f:
+                users = "".join(f'\n    user_{u}="{p}"' for u, p in self.sasl_users.items())
+                f.write("Server {\n    org.apache.zookeeper.server.auth.DigestLoginModule "
+                        f"required{users};\n}};\n")
+            os.chmod(path, 0o600)
+            jaas = [f"-Djava.security.auth.login.config={path}"]
         self.log_path = os.path.join(self.dir, "zookeeper.log")
         with open(self.log_path, "wb") as logf:
             self.proc = subprocess.Popen(
                 [*self.launcher, self.java, "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-                 "-Dzookeeper.jmx.log4j.disable=true",
+                 "-Dzookeeper.jmx.log4j.disable=true", *jaas,
                  "-cp", classpath,
                  # QuorumPeerMain also for a standalone server (no server.N lines): it starts
                  # the autopurge task first, which ZooKeeperServerMain never runs

@@ -69,7 +69,8 @@ _MESSAGES = {
     BadVersionError: "version conflict",
     NotEmptyError: "node has children",
     SessionExpiredError: "session expired",
-    UnauthorizedError: "not authorized (the record's ACL; see the URI's digest_file)",
+    UnauthorizedError: "not authorized: ZooKeeper refused the credentials of the URI's "
+                       "digest_file or sasl_file, or the record's ACL does not admit them",
 }
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import ipaddress
 import logging
+import socket
 import threading
 
 import grpc
@@ -56,9 +57,16 @@ def _token_of(value: str | None) -> str | None:
 
 
 def is_loopback(host: str) -> bool:
-    """Whether ``host`` (an address or ``localhost``) is reachable from this machine only."""
+    """Whether ``host`` is reachable from this machine only: a loopback address, or
+    ``localhost`` / ``ip6-localhost`` when every address it resolves to is one (a hosts file
+    may say otherwise). Any other name counts as reachable from the network."""
     if host in ("localhost", "ip6-localhost"):
-        return True
+        try:
+            found = {info[4][0] for info in socket.getaddrinfo(host, None)}
+        except OSError:
+            return False
+        return bool(found) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback
+                                   for a in found)
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:

@@ -18,7 +18,7 @@ import sys
 import time
 
 from bkspark.cli import client_args
-from bkspark.errors import BadRequestError, BKError, did_you_mean
+from bkspark.errors import BadRequestError, BKError, NoSuchLedgerError, did_you_mean
 from bkspark.log.retention import RetentionPolicy
 
 COMMANDS = {}
@@ -144,6 +144,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("log", nargs="*", help="only these logs (default: every log)")
     add("zk-acl", "give every record under the ZooKeeper root the ACL of the URI's credentials "
                   "(digest_file / sasl_file): for a tree created before they were set")
+    add("upgrade-ledgers", "rewrite ledger records of format 1 (which held the ledger's "
+                           "password) in the current format (a salted key record, no "
+                           "password); each converts on its next write anyway")
     p = add("convert-logs", "convert logs kept as one metadata record (format 1) to a head plus "
                             "one record per ledger (format 2); each log converts on its first "
                             "write anyway")
@@ -702,6 +705,25 @@ def cmd_zk_acl(args, out):
         count = store.apply_acls()
     out.table(f"ACL applied to {count} records", ["records"], [(count,)],
               {"records": count})
+
+
+@command("upgrade-ledgers", "rewrite format-1 ledger records")
+def cmd_upgrade_ledgers(args, out):
+    from metadata import ledgers as ls
+    upgraded = current = gone = 0
+    with _store(args) as store:
+        for lid in ls.list_ledgers(store):
+            try:
+                if ls.upgrade_ledger(store, lid):
+                    upgraded += 1
+                else:
+                    current += 1
+            except NoSuchLedgerError:
+                gone += 1           # deleted while the listing ran
+    doc = {"upgraded": upgraded, "current": current, "deleted_meanwhile": gone}
+    out.table(f"{upgraded} ledger records rewritten without their password",
+              ["upgraded", "already current", "deleted meanwhile"], [(upgraded, current, gone)],
+              doc)
 
 
 @command("convert-logs", "convert format-1 logs")

@@ -162,6 +162,41 @@ def test_recovery_without_the_password_repairs_a_corrupt_hmac_replica(cluster, c
         assert [e.data for e in rh.read(0, 9)] == [b"entry-%d" % i for i in range(10)]
 
 
+def test_upgrade_ledgers_removes_the_passwords_of_format_1_records(cluster, capsys):
+    """A ledger written by an older bkspark (format 1: the password in its record, keys by
+    BookKeeper's unsalted rule) is rewritten as format 2 -- no password, the same keys --
+    and reads on with its password."""
+    import base64
+    from bkspark.client.ledger_handle import LedgerHandle
+    from metadata import ledgers as ls
+    from metadata.layout import ledger_path
+    from metadata.ledger_keys import KeyRecord
+    from metadata.ledger_metadata import LedgerMetadata
+    secret = b"old secret"
+    with BookKeeper(cluster.metadata_uri) as bk:
+        md = ls.create_ledger(bk.store, LedgerMetadata.new(
+            cluster.bookie_ids[:3], 2, 2, digest_type="hmac").copy(keys=KeyRecord.legacy(secret)))
+        lh = LedgerHandle(bk.ctx, md, ls.CREATED_VERSION, md.keys.derive(secret))
+        for i in range(3):
+            lh.append(b"v1-%d" % i)
+        lh.close()
+        closed, version = ls.read_ledger(bk.store, md.ledger_id)
+        old = closed.to_dict()
+        del old["keys"]
+        old["password"] = base64.b64encode(secret).decode()
+        bk.store.set(ledger_path(md.ledger_id),
+                     b"bkspark-ledger-metadata\t1\n" + json.dumps(old).encode(), version=version)
+        code, doc, err = sh(capsys, cluster, "upgrade-ledgers", as_json=True)
+        assert code == 0 and doc["upgraded"] == 1, (doc, err)
+        raw, _ = bk.store.get(ledger_path(md.ledger_id))
+        assert raw.startswith(b"bkspark-ledger-metadata\t2\n")
+        assert secret not in raw and base64.b64encode(secret) not in raw
+        rh = bk.open_ledger(md.ledger_id, password=secret)
+        assert [e.data for e in rh.read(0, 2)] == [b"v1-0", b"v1-1", b"v1-2"]
+        code, doc, _ = sh(capsys, cluster, "upgrade-ledgers", as_json=True)
+        assert code == 0 and doc["upgraded"] == 0
+
+
 def test_listledgers_shows_the_size_of_an_open_ledger_so_far(cluster, capsys):
     """An OPEN ledger's metadata has no end yet (length 0): the bookies know its size."""
     with BookKeeper(cluster.metadata_uri) as bk:

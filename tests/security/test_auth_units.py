@@ -46,6 +46,19 @@ def test_loopback_may_listen_open(host):
     check_listen("x", host, authenticated=False, tls=False, allow_insecure_network=False)
 
 
+def test_localhost_counts_as_loopback_only_if_it_resolves_to_loopback(monkeypatch):
+    """A hosts file may point localhost elsewhere: then it is a network address."""
+    import socket
+    real = socket.getaddrinfo
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, *a, **kw: [
+        (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.5", 0))]
+        if host == "localhost" else real(host, *a, **kw))
+    assert not is_loopback("localhost")
+    with pytest.raises(BadRequestError, match="--allow-insecure-network"):
+        check_listen("x", "localhost", authenticated=False, tls=False,
+                     allow_insecure_network=False)
+
+
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.0.0.5", "192.168.1.2", "bookie1.example",
                                   "::ffff:10.0.0.5"])
 def test_beyond_loopback_needs_authentication_and_tls(host):

@@ -202,3 +202,40 @@ class zookeeper_at:
 
     def uri(self, root: str = "/") -> str:
         return f"zk://{self.address}{root}"
+
+
+def test_sasl_credentials_protect_the_tree_like_digest_ones(tmp_path):
+    """``?sasl_file=`` against a ZooKeeper that authenticates with SASL DIGEST-MD5: records
+    are the SASL user's alone (sasl:<user> ACL), an outsider reads nothing, a wrong password
+    is refused with a clear error."""
+    from metadata.testing import ZooKeeperServer
+    server = ZooKeeperServer(sasl_users={"bkspark": "s3cret-sasl"}).start()
+    try:
+        sasl = tmp_path / "zk.sasl"
+        sasl.write_text("bkspark:s3cret-sasl\n")
+        root = unique_root("zksasl")
+        with open_store(server.uri(root) + f"?sasl_file={sasl}") as store:
+            registry.ensure_layout(store)
+            store.create("/ledgers/probe", b"mine")
+            assert store.get("/ledgers/probe")[0] == b"mine"
+        owner = KazooClient(hosts=server.address, sasl_options={
+            "mechanism": "DIGEST-MD5", "username": "bkspark", "password": "s3cret-sasl"})
+        owner.start(timeout=15)
+        try:
+            acls, _ = owner.get_acls(root + "/ledgers/probe")
+            assert [(a.id.scheme, a.id.id, a.perms) for a in acls] == [("sasl", "bkspark", 31)]
+        finally:
+            owner.stop()
+        outsider = _kazoo(server)
+        try:
+            with pytest.raises(NoAuthError):
+                outsider.get(root + "/ledgers/probe")
+        finally:
+            outsider.stop()
+        wrong = tmp_path / "wrong.sasl"
+        wrong.write_text("bkspark:guess\n")
+        with pytest.raises(UnauthorizedError, match="sasl_file"):
+            with open_store(server.uri(root) + f"?sasl_file={wrong}") as store:
+                store.get("/ledgers/probe")
+    finally:
+        server.stop()
