@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -12,34 +13,56 @@ from urllib.parse import parse_qs, urlsplit
 log = logging.getLogger("bkspark.http")
 
 MAX_CONNECTIONS = 64            # connections served at once (a thread each); more are closed
+MAX_PER_PEER = 16               # of which one address may hold at most this many
+HANDSHAKE_TIMEOUT_S = 5.0       # a TLS handshake must finish within this
 MAX_BODY_BYTES = 1 << 20        # a request body beyond this is refused (400)
+_SECRET_PARAM = re.compile(r"(token=)[^&\s\"]*")
 
 
 class _BoundedServer(ThreadingHTTPServer):
-    """A threaded HTTP server whose peers can hold at most :data:`MAX_CONNECTIONS` threads
-    (each connection also times out after ``JsonHandler.timeout`` idle seconds)."""
+    """A threaded HTTP server whose peers can hold at most :data:`MAX_CONNECTIONS` threads,
+    :data:`MAX_PER_PEER` of them from one address (each connection also times out after
+    ``JsonHandler.timeout`` idle seconds, its TLS handshake after
+    :data:`HANDSHAKE_TIMEOUT_S`)."""
 
     daemon_threads = True
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._lock = threading.Lock()
+        self._held = 0
+        self._per_peer: dict[str, int] = {}
 
     def process_request(self, request, client_address):
-        if not self._slots.acquire(blocking=False):
+        peer = client_address[0]
+        with self._lock:
+            if self._held >= MAX_CONNECTIONS or self._per_peer.get(peer, 0) >= MAX_PER_PEER:
+                admitted = False
+            else:
+                admitted = True
+                self._held += 1
+                self._per_peer[peer] = self._per_peer.get(peer, 0) + 1
+        if not admitted:
             self.shutdown_request(request)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()
+            self._release(peer)
             raise
 
     def process_request_thread(self, request, client_address):
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self._release(client_address[0])
+
+    def _release(self, peer: str) -> None:
+        with self._lock:
+            self._held -= 1
+            left = self._per_peer.pop(peer) - 1
+            if left:
+                self._per_peer[peer] = left
 
 
 class JsonHandler(BaseHTTPRequestHandler):
@@ -55,7 +78,10 @@ class JsonHandler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         super().setup()
         if isinstance(self.request, ssl.SSLSocket):
-            self.request.do_handshake()     # here, in the connection's thread, not in accept
+            # here, in the connection's thread, not in accept; within its own deadline
+            self.request.settimeout(HANDSHAKE_TIMEOUT_S)
+            self.request.do_handshake()
+            self.request.settimeout(self.timeout)
 
     @property
     def peer_certificate(self) -> bytes | None:
@@ -69,8 +95,8 @@ class JsonHandler(BaseHTTPRequestHandler):
             return False
         return self.guard is None or self.guard.admit_http(self) is not None
 
-    def log_message(self, fmt, *args):  # route through logging, quietly
-        log.debug("http %s", fmt % args)
+    def log_message(self, fmt, *args):  # route through logging, quietly; no token shown
+        log.debug("http %s", _SECRET_PARAM.sub(r"\1<hidden>", fmt % args))
 
     @property
     def route(self) -> tuple[str, dict[str, str]]:

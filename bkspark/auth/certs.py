@@ -20,7 +20,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from bkspark import private
 from bkspark.auth.roles import Role, role_named, role_of
 from bkspark.auth.tokens import Identity
-from bkspark.errors import UnauthorizedError
+from bkspark.errors import BadRequestError, UnauthorizedError
 
 DEFAULT_DAYS = 825
 
@@ -135,9 +135,16 @@ def server_tls_context(cert_file: str, key_file: str, client_ca_file: str = "", 
     certificates signed by that CA verified when given (required with
     ``require_client_certificate``; else a peer may present a token instead)."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert_file, key_file)
+    try:
+        context.load_cert_chain(cert_file, key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise BadRequestError(f"cannot load the certificate {cert_file} and its key {key_file}: "
+                              f"{exc}") from None
     if client_ca_file:
-        context.load_verify_locations(client_ca_file)
+        try:
+            context.load_verify_locations(client_ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise BadRequestError(f"cannot load the client CA {client_ca_file}: {exc}") from None
         context.verify_mode = ssl.CERT_REQUIRED if require_client_certificate \
             else ssl.CERT_OPTIONAL
     return context

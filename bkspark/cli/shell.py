@@ -18,7 +18,8 @@ import sys
 import time
 
 from bkspark.cli import client_args
-from bkspark.errors import BadRequestError, BKError, NoSuchLedgerError, did_you_mean
+from bkspark.errors import (BadRequestError, BKError, MetadataFormatError, NoSuchLedgerError,
+                            did_you_mean)
 from bkspark.log.retention import RetentionPolicy
 
 COMMANDS = {}
@@ -711,6 +712,8 @@ def cmd_zk_acl(args, out):
 def cmd_upgrade_ledgers(args, out):
     from metadata import ledgers as ls
     upgraded = current = gone = 0
+    corrupt: list[int] = []
+    first_error = ""
     with _store(args) as store:
         for lid in ls.list_ledgers(store):
             try:
@@ -720,10 +723,17 @@ def cmd_upgrade_ledgers(args, out):
                     current += 1
             except NoSuchLedgerError:
                 gone += 1           # deleted while the listing ran
-    doc = {"upgraded": upgraded, "current": current, "deleted_meanwhile": gone}
+            except MetadataFormatError as exc:     # left as it is; the others go on
+                first_error = first_error or str(exc)
+                corrupt.append(lid)
+    doc = {"upgraded": upgraded, "current": current, "deleted_meanwhile": gone,
+           "corrupt": len(corrupt), "corrupt_ledgers": corrupt[:100]}
     out.table(f"{upgraded} ledger records rewritten without their password",
-              ["upgraded", "already current", "deleted meanwhile"], [(upgraded, current, gone)],
-              doc)
+              ["upgraded", "already current", "deleted meanwhile", "corrupt (left as is)"],
+              [(upgraded, current, gone, len(corrupt))], doc)
+    if corrupt:
+        raise ShellError(f"{len(corrupt)} ledger records are corrupt and were left as they are "
+                         f"(first: {corrupt[:10]}; {first_error})", 1)
 
 
 @command("convert-logs", "convert format-1 logs")

@@ -121,8 +121,9 @@ class Dashboard(HttpEndpoint):
     def authorized(self, header: str | None) -> bool:
         if not self.token:
             return False
-        given = (header or "").removeprefix("Bearer ").strip()
-        return hmac.compare_digest(given.encode(), self.token.encode())
+        scheme, _, given = (header or "").partition(" ")
+        return scheme == "Bearer" and hmac.compare_digest(given.strip().encode(),
+                                                          self.token.encode())
 
     def set_read_only(self, bookie: str, read_only: bool) -> dict:
         doc = next((b for b in self.collector.overview()["bookies"] if b["bookie_id"] == bookie), None)
@@ -170,7 +171,8 @@ def _handler_for(dash: Dashboard):
             given = query.get("token")
             if given is not None and dash.authorized(f"Bearer {given}"):
                 self.send_response(303)
-                self.send_header("Location", path or "/")
+                # the page, on this site: never "//host" nor "/\\host" (another site)
+                self.send_header("Location", "/" + path.lstrip("/\\"))
                 self.send_header("Set-Cookie", dash.viewer_cookie())
                 self.send_header("Content-Length", "0")
                 self.end_headers()

@@ -186,8 +186,13 @@ def test_upgrade_ledgers_removes_the_passwords_of_format_1_records(cluster, caps
         old["password"] = base64.b64encode(secret).decode()
         bk.store.set(ledger_path(md.ledger_id),
                      b"bkspark-ledger-metadata\t1\n" + json.dumps(old).encode(), version=version)
-        code, doc, err = sh(capsys, cluster, "upgrade-ledgers", as_json=True)
-        assert code == 0 and doc["upgraded"] == 1, (doc, err)
+        junk = bk.create_ledger(3, 2, 2)        # a corrupt record stops nothing
+        junk.close()
+        _, junk_version = ls.read_ledger(bk.store, junk.ledger_id)
+        bk.store.set(ledger_path(junk.ledger_id), b"garbage", version=junk_version)
+        code, out, err = sh(capsys, cluster, "upgrade-ledgers")
+        assert code == 1 and f"[{junk.ledger_id}" in err and "1 ledger records" in out, (out, err)
+        bk.store.delete(ledger_path(junk.ledger_id))
         raw, _ = bk.store.get(ledger_path(md.ledger_id))
         assert raw.startswith(b"bkspark-ledger-metadata\t2\n")
         assert secret not in raw and base64.b64encode(secret) not in raw

@@ -7,7 +7,10 @@ Before, both spoke plain HTTP, and the dashboard's pages were open to whoever re
 from __future__ import annotations
 
 import json
+import logging
+import socket
 import ssl
+import time
 import urllib.error
 import urllib.request
 
@@ -103,7 +106,9 @@ def test_half_a_certificate_is_a_clear_error(cluster, server_cert):
         start_dashboard(cluster.metadata_uri, port=0, https_key_file=key)
 
 
-def test_the_dashboard_over_https_lets_in_only_holders_of_its_token(cluster, server_cert):
+def test_the_dashboard_over_https_lets_in_only_holders_of_its_token(cluster, server_cert,
+                                                                    caplog):
+    caplog.set_level(logging.DEBUG, logger="bkspark.http")
     key, cert, ca = server_cert
     dash = start_dashboard(cluster.metadata_uri, port=0, token=TOKEN, https_cert_file=cert,
                            https_key_file=key)
@@ -121,6 +126,13 @@ def test_the_dashboard_over_https_lets_in_only_holders_of_its_token(cluster, ser
             with pytest.raises(urllib.error.HTTPError) as refused:
                 get(path)
             assert refused.value.code == 401, path
+        with pytest.raises(urllib.error.HTTPError) as refused:      # the header, not the token
+            get("api/overview", {"Authorization": TOKEN})
+        assert refused.value.code == 401
+        # the login's redirect stays on this site ("/\\host" is another site to a browser)
+        with pytest.raises(urllib.error.HTTPError) as login:
+            get(f"%5Cevil.example?token={TOKEN}".replace("%5C", "\\"))
+        assert login.value.code == 303 and login.value.headers["Location"] == "/evil.example"
         with pytest.raises(urllib.error.HTTPError) as login:
             get(f"api/overview?token={TOKEN}")
         assert login.value.code == 303 and login.value.headers["Location"] == "/api/overview"
@@ -139,8 +151,44 @@ def test_the_dashboard_over_https_lets_in_only_holders_of_its_token(cluster, ser
         with pytest.raises(urllib.error.HTTPError) as refused:
             no_redirect.open(action, timeout=10)
         assert refused.value.code == 403
+        assert "token=<hidden>" in caplog.text and TOKEN not in caplog.text    # debug log
     finally:
         stop_dashboard(dash)
+
+
+def test_stalled_tls_handshakes_hold_the_dashboard_only_briefly(cluster, server_cert,
+                                                                monkeypatch):
+    """Bare TCP connections that never start their handshake: one address holds at most
+    MAX_PER_PEER threads, each for HANDSHAKE_TIMEOUT_S; then a real client is served."""
+    from bkspark import httpd
+    monkeypatch.setattr(httpd, "HANDSHAKE_TIMEOUT_S", 1.0)
+    key, cert, ca = server_cert
+    dash = start_dashboard(cluster.metadata_uri, port=0, https_cert_file=cert,
+                           https_key_file=key)
+    stalled = [socket.create_connection(("127.0.0.1", dash.port)) for _ in range(40)]
+    try:
+        time.sleep(0.3)
+        assert dash._httpd._held <= httpd.MAX_PER_PEER
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with urllib.request.urlopen(dash.url + "api/overview", timeout=5,
+                                            context=_trusting(ca)) as r:
+                    assert r.status == 200
+                    break
+            except (urllib.error.URLError, ConnectionError, ssl.SSLError):
+                assert time.monotonic() < deadline, "stalled handshakes held the dashboard"
+                time.sleep(0.2)
+    finally:
+        for s in stalled:
+            s.close()
+        stop_dashboard(dash)
+
+
+def test_an_unreadable_certificate_is_a_clear_error(tmp_path):
+    from bkspark.auth.certs import server_tls_context
+    with pytest.raises(BadRequestError, match="cannot load the certificate"):
+        server_tls_context(str(tmp_path / "missing.pem"), str(tmp_path / "missing.key"))
 
 
 @pytest.mark.parametrize("kwargs, names", [
