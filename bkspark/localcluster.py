@@ -94,7 +94,8 @@ class BookieProcess:
         self.metadata_uri = metadata_uri
         self.extra_args = list(extra_args)
         self.proc: subprocess.Popen | None = None
-        self.log_path = os.path.join(self.dir, "bookie.log")
+        self.log_path = os.path.join(self.dir, "bookie.log")      # its log, rotated
+        self.out_path = os.path.join(self.dir, "bookie.out")      # its stdout and stderr
 
     def _ports(self) -> tuple[int, int]:
         if self.launcher:
@@ -167,7 +168,7 @@ class BookieProcess:
                 "--port", str(self.port), "--http-port", str(self.http_port),
                 "--journal-dir", os.path.join(self.dir, "journal"),
                 "--ledger-dirs", os.path.join(self.dir, "ledgers"), *self.security_args,
-                *self.extra_args]
+                "--log-file", self.log_path, *self.extra_args]
 
     def new_ports(self) -> None:
         """Take fresh ports and an empty directory: for a bookie that never started (its
@@ -181,10 +182,10 @@ class BookieProcess:
         if self.recorded or self.ever_ready:
             self._check_ports_free()
         self._record_identity()
-        log = private.open_file(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+        out = private.open_file(self.out_path, "ab")
+        self.proc = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
-        log.close()
+        out.close()
 
     def failure(self) -> str | None:
         """The error the bookie exited with (its last ``bkspark bookie: ...`` line), if any."""
@@ -209,11 +210,19 @@ class BookieProcess:
                 self.proc.wait()
 
     def log_tail(self, lines: int = 30) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                return b"\n".join(f.read().splitlines()[-lines:]).decode(errors="replace")
-        except OSError:
-            return ""
+        """The last ``lines`` lines of the bookie's log, then of its output (where a bookie
+        that could not start says why)."""
+        parts = []
+        for path in (self.log_path, self.out_path):
+            try:
+                with open(path, "rb") as f:
+                    f.seek(max(0, os.fstat(f.fileno()).st_size - (lines << 9)))
+                    tail = f.read().splitlines()[-lines:]
+            except OSError:
+                continue
+            if tail:
+                parts.append(b"\n".join(tail).decode(errors="replace"))
+        return "\n".join(parts)
 
 
 _RUNNING: "weakref.WeakSet[LocalCluster]" = weakref.WeakSet()   # this process's clusters
@@ -452,7 +461,8 @@ class LocalCluster:
                     continue
                 headline = bookie.failure() or f"exited with {bookie.proc.returncode}"
                 raise BKError(f"bookie {bookie.bookie_id} ({bookie.dir}) could not start: "
-                              f"{headline}\n-- last lines of {bookie.log_path}:\n{tail}")
+                              f"{headline}\n-- last lines of {bookie.log_path} and "
+                              f"{bookie.out_path}:\n{tail}")
             if bookie_state(bookie.http_port, bookie.address,
                             bookie.credentials).get("registeredAs"):
                 bookie.ever_ready = True

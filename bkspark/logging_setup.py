@@ -1,11 +1,17 @@
-"""Structured logging for bkspark processes: ``key=value`` text lines or JSON lines."""
+"""Structured logging for bkspark processes: ``key=value`` text lines or JSON lines, to
+stderr or to a file rotated by size; what peers can cause is bounded (:class:`LogBudget`,
+:class:`PeerErrorFilter`)."""
 from __future__ import annotations
 
 import json
 import logging
+import logging.handlers
 import sys
 import threading
 import time
+
+#: loggers of libraries that log a peer's malformed request with its traceback at ERROR
+PEER_ERROR_LOGGERS = ("grpc._server", "grpc._common")
 
 
 class JsonFormatter(logging.Formatter):
@@ -19,8 +25,16 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(doc)
 
 
-def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
-    handler = logging.StreamHandler(sys.stderr)
+def setup_logging(level: str = "INFO", fmt: str = "text", file: str = "",
+                  max_mb: int = 64, backups: int = 5) -> None:
+    """Configure the root logger: lines to stderr, or -- with ``file`` -- to that file,
+    rotated at ``max_mb`` MiB keeping ``backups`` old files (at most (backups + 1) x max_mb on
+    disk). gRPC's lines about a peer's malformed request go through :class:`PeerErrorFilter`."""
+    if file:
+        handler = logging.handlers.RotatingFileHandler(
+            file, maxBytes=max_mb << 20, backupCount=backups, encoding="utf-8")
+    else:
+        handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
@@ -31,6 +45,41 @@ def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     logging.getLogger("kazoo").setLevel(logging.WARNING)
+    peer_errors = PeerErrorFilter()
+    for name in PEER_ERROR_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.filters[:] = [f for f in logger.filters if not isinstance(f, PeerErrorFilter)]
+        logger.addFilter(peer_errors)
+
+
+class PeerErrorFilter(logging.Filter):
+    """For a library logger that reports a peer's bad request (a message that does not
+    parse, a handler's exception) at ERROR with its traceback: the line is kept as a WARNING
+    without the traceback (that only at DEBUG), and at most :class:`LogBudget`'s lines a
+    minute pass -- a peer sending garbage cannot fill the disk with tracebacks."""
+
+    def __init__(self, lines: int = 10, per_s: float = 60.0) -> None:
+        super().__init__()
+        self.budget = LogBudget(lines, per_s)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        withheld = self.budget.allow()
+        if withheld is None:
+            return False
+        if record.exc_info and not logging.getLogger().isEnabledFor(logging.DEBUG):
+            err = record.exc_info[1]
+            record.msg = f"{record.getMessage()}: {err!r}" if err is not None else \
+                record.getMessage()
+            record.args = None
+            record.exc_info = record.exc_text = None
+        if record.levelno > logging.WARNING:
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        if withheld:
+            record.msg = f"{record.getMessage()} ({withheld} more such lines withheld)"
+            record.args = None
+        return True
 
 
 class LogBudget:

@@ -130,6 +130,28 @@ long af_parse_batch(const unsigned char *p, size_t n, WireAdd **out, const char 
     return (long)count;
 }
 
+long af_scan_batch(const unsigned char *p, size_t n, long max_adds, const char **why)
+{
+    const unsigned char *end = p + n;
+    long count = 0;
+    while (p < end) {
+        Field f;
+        if (next_field(&p, end, &f, why) < 0)
+            return -1;
+        if (f.tag != ((1 << 3) | WT_LEN))
+            continue;
+        if (f.vlen < AF_MIN_ADD_BYTES) {
+            *why = "an add too short to hold a master key";
+            return -1;
+        }
+        if (++count > max_adds) {
+            *why = "more adds than max_adds_per_message";
+            return -1;
+        }
+    }
+    return count;
+}
+
 static unsigned char *put_varint(unsigned char *d, uint64_t v)
 {
     while (v >= 0x80) {

@@ -27,6 +27,17 @@ typedef struct {
  * Returns the number of adds, or -1 with *why naming the defect. */
 long af_parse_batch(const unsigned char *p, size_t n, WireAdd **out, const char **why);
 
+/* Below this an AddRequest cannot even hold its master key (tag, length, 20 bytes): no
+ * client sends one. (A longer invalid add is answered EBADREQ on its own.) */
+#define AF_MIN_ADD_BYTES (2 + 20)
+
+/* Walk an AddBatch's top-level fields without decoding an add or allocating: the number of
+ * adds, or -1 with *why when the message is not protobuf, holds an add shorter than
+ * AF_MIN_ADD_BYTES (a message of empty adds cost the bookie ~400x its size before), or more
+ * than max_adds adds. What the bookie spends on an add it answers is then bounded by ~20x
+ * the add's size and by max_adds a message. */
+long af_scan_batch(const unsigned char *p, size_t n, long max_adds, const char **why);
+
 /* Upper bound of the bytes af_put_response writes for a message of msglen (< 2 MiB) bytes:
  * tag, length, four fields of at most 11 bytes, the message's tag, length and text. */
 #define AF_RESPONSE_MAX(msglen) (1 + 3 + 4 * 11 + 1 + 3 + (msglen))

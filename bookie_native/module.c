@@ -370,6 +370,25 @@ static int64_t get_be64(const unsigned char *p)
     return (int64_t)v;
 }
 
+/* scan_add_batch(payload, max_adds) -> the number of adds of an AddBatch, walked without
+ * decoding one (af_scan_batch); BadRequest naming the defect for a message the bookie refuses
+ * whole: not protobuf, an add shorter than any valid one, more than max_adds adds. */
+static PyObject *mod_scan_add_batch(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer payload;
+    long max_adds;
+    if (!PyArg_ParseTuple(args, "y*l", &payload, &max_adds))
+        return NULL;
+    const char *why = "";
+    long n;
+    Py_BEGIN_ALLOW_THREADS n = af_scan_batch(payload.buf, (size_t)payload.len, max_adds, &why);
+    Py_END_ALLOW_THREADS PyBuffer_Release(&payload);
+    if (n < 0)
+        return PyErr_Format(ExcBadReq ? ExcBadReq : PyExc_ValueError, "malformed AddBatch: %s", why);
+    return PyLong_FromLong(n);
+}
+
 /* add_batch(payload, max_entry_bytes) -> (responses, lacs, ok, ok_bytes, failed)
  *
  * The bookie's whole add path for one AddBatch message: parse the wire bytes, refuse invalid
@@ -1267,6 +1286,8 @@ static PyMethodDef mod_methods[] = {
     {"encode_adds", mod_encode_adds, METH_VARARGS,
      "encode_adds(prefix, ledger, first_entry, lac, length, payloads, digest_size) -> [AddBatch element]"},
     {"crc32c_sw", mod_crc32c_sw, METH_VARARGS, "software (slice-by-8) crc32c"},
+    {"scan_add_batch", mod_scan_add_batch, METH_VARARGS,
+     "scan_add_batch(payload, max_adds) -> number of adds; BadRequest for a message refused whole"},
     {"add_rejection", mod_add_rejection, METH_VARARGS,
      "add_rejection(ledger, entry, key_len, flags, size, max_entry_bytes) -> why an add is refused, or None"},
     {"crc32c_hw", mod_crc32c_hw, METH_NOARGS, "True if the SSE4.2 path is used"},

@@ -39,9 +39,10 @@ def run(args: argparse.Namespace) -> int:
     except BKError as exc:
         print(f"bkspark bookie: {exc}", file=sys.stderr)
         return 2
-    setup_logging(config.log_level, config.log_format)
     from bkspark import private
-    private.restrict_umask()        # (its data, index and cookies are private: bkspark.private)
+    private.restrict_umask()        # (its data, index, cookies and log are private)
+    setup_logging(config.log_level, config.log_format, config.log_file, config.log_max_mb,
+                  config.log_backups)
     from bkspark.bookie.server import BookieServer
     server = BookieServer(config)
     try:

@@ -52,8 +52,11 @@ class BookieConfig:
     max_entry_bytes: int = 5 << 20
     max_message_bytes: int = 64 << 20
     max_inflight_add_mb: int = 128      # beyond this, adds answer ETOOMANYREQUESTS
+    max_adds_per_message: int = 65_536  # an AddBatch with more adds is refused whole
     grpc_workers: int = 64
     long_poll_max_ms: int = 10_000
+    max_long_polls: int = 32            # long-poll reads waiting at once (each holds a gRPC
+                                        # worker); more answer ETOOMANYREQUESTS at once
     # lifecycle
     metadata_session_timeout_s: float = 10.0
     disk_usage_threshold: float = 0.95  # read-only above this fraction used
@@ -80,6 +83,9 @@ class BookieConfig:
                                         # default is recovery.throttle.DEFAULT_DAEMON_MB_PER_S
     log_format: str = "text"            # "text" or "json"
     log_level: str = "INFO"
+    log_file: str = ""                  # log to this file, rotated by size (else stderr)
+    log_max_mb: int = 64                # rotate the log file at this size ...
+    log_backups: int = 5                # ... keeping this many old ones
 
     def finalize(self) -> "BookieConfig":
         """Fill derived defaults and validate; raises BadRequestError naming the bad setting."""
@@ -146,9 +152,14 @@ class BookieConfig:
         if self.log_format not in ("text", "json"):
             raise BadRequestError(f"log_format must be text or json, got {self.log_format!r}")
         for name in ("write_cache_mb", "max_entry_bytes", "max_message_bytes", "grpc_workers",
-                     "max_inflight_add_mb", "journal_max_size_mb"):
+                     "max_inflight_add_mb", "journal_max_size_mb", "max_adds_per_message",
+                     "max_long_polls", "log_max_mb"):
             if getattr(self, name) <= 0:
                 raise BadRequestError(f"{name} must be positive")
+        if self.max_long_polls >= self.grpc_workers:
+            raise BadRequestError(f"max_long_polls ({self.max_long_polls}) must be below "
+                                  f"grpc_workers ({self.grpc_workers}): waiting reads would "
+                                  "hold every worker")
         return self
 
     def client_settings(self) -> dict:

@@ -31,7 +31,8 @@ import threading
 import time
 
 from bkspark.auth import roles
-from bkspark.errors import UnauthorizedError
+from bkspark.bookie.service import RangeBuffer
+from bkspark.errors import BadRequestError, UnauthorizedError
 from bkspark.logging_setup import LogBudget
 from bkspark.proto import wire
 from bkspark.proto import bookie_pb2 as pb
@@ -142,6 +143,11 @@ class DataPortServer:
             _Connection(self, conn, rfile, identity.expires).run()
         except (OSError, ssl.SSLError, wire.FrameError) as exc:
             log.debug("data connection ended: %s", exc)
+        except BadRequestError as exc:      # a message refused whole: the peer is not ours
+            if (withheld := self._budget.allow()) is not None:
+                log.warning("data port: closed a connection from %s: %s%s", peer, exc,
+                            f" ({withheld} more refused since the last warning)"
+                            if withheld else "")
         except Exception as exc:  # noqa: BLE001 - a message that does not parse, or a bug
             log.warning("data connection closed: %r", exc)
         finally:
@@ -249,7 +255,7 @@ class _Connection:
         self.service = server.service
         self.conn = conn
         self.rfile = rfile
-        self.range_buf: bytearray | None = None     # range reads' bodies, reused
+        self.range_buf = RangeBuffer()      # range reads' bodies, reused
 
     def run(self) -> None:
         service = self.service
@@ -269,9 +275,8 @@ class _Connection:
                     sendall(frame(wire.KIND_ADD_RESPONSES, (raw,)))
             elif kind == wire.KIND_READ_RANGE:
                 request = pb.ReadRangeRequest.FromString(payload)
-                buf = self.range_buf = service.range_buffer(self.range_buf, request)
                 for parts in service.read_range_chunks(request, lambda: not service._stopping,
-                                                       buf):
+                                                       self.range_buf):
                     send_frame(self.conn, wire.KIND_READ_CHUNK, parts)   # sent: buf is free
                 sendall(frame(wire.KIND_READ_END, ()))
             else:

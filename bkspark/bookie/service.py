@@ -29,6 +29,10 @@ log = logging.getLogger("bkspark.bookie.service")
 MASTER_KEY_LEN = 20          # metadata.ledger_keys.KEY_BYTES
 _LAC = struct.Struct(">q")
 _STREAM_MAX_INFLIGHT_BATCHES = 16
+#: what the bookie's own work on one add costs in memory beyond its bytes (parsed request,
+#: storage request, status, refusal text, response: bookie_native/module.c add_batch), so
+#: the in-flight bound counts what a message costs, not what it says
+ADD_OVERHEAD_BYTES = 320
 _RANGE_DEFAULT_BYTES = 4 << 20
 _RANGE_BUFFER_MAX = 16 << 20        # a connection's range buffer; larger chunks read as bytes
 
@@ -112,6 +116,24 @@ class LacTracker:
         return lac
 
 
+class RangeBuffer:
+    """A data-port connection's buffer for range reads, kept from range to range and sized
+    by what the connection was served, never by what a request asks: none until a chunk was
+    read (a range of a ledger that does not exist costs nothing), then the power of two
+    holding the largest chunk read outside it (64 KiB to :data:`_RANGE_BUFFER_MAX`)."""
+
+    __slots__ = ("bytes",)
+
+    def __init__(self) -> None:
+        self.bytes: bytearray | None = None
+
+    def served(self, nbytes: int) -> None:
+        """A chunk of ``nbytes`` was read outside the buffer: grow it to hold the next."""
+        want = min(_RANGE_BUFFER_MAX, 1 << max(16, (nbytes - 1).bit_length()))
+        if nbytes and (self.bytes is None or len(self.bytes) < want):
+            self.bytes = bytearray(want)
+
+
 class BookieService(pb_grpc.BookieServicer):
     """Implements every RPC of ``bookie.proto`` against a ``Storage``."""
 
@@ -125,6 +147,7 @@ class BookieService(pb_grpc.BookieServicer):
         self._inflight_bytes = 0
         self._inflight_lock = threading.Lock()
         self._max_inflight = config.max_inflight_add_mb << 20
+        self._long_polls = 0            # long-poll reads waiting (config.max_long_polls)
         self._add_pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="bookie-add")
         self._stopping = False
         self.data_port = 0              # set by the server once its data port listens
@@ -242,13 +265,20 @@ class BookieService(pb_grpc.BookieServicer):
         return b"".join(out)
 
     def process_add_batch(self, payload) -> bytes:
-        """The data port's add path: an encoded ``AddBatch`` in, the encoded
-        ``AddBatchResponse`` body out, answered like :meth:`_process_adds` but parsed,
-        validated, stored and encoded in C (``Storage.add_batch``) with no Python object per
-        entry. Falls back to :meth:`_process_adds` while faults are injected, when the bookie
-        is read-only or over its in-flight bytes, and when storage fails as a whole (closed),
-        so those answers have one implementation."""
-        size = len(payload)
+        """The add path of both streams (the data port's frames, gRPC ``AddStream``): an
+        encoded ``AddBatch`` in, the encoded ``AddBatchResponse`` body out, answered like
+        :meth:`_process_adds` but parsed, validated, stored and encoded in C
+        (``Storage.add_batch``) with no Python object per entry. Falls back to
+        :meth:`_process_adds` while faults are injected, when the bookie is read-only or over
+        its in-flight bytes, and when storage fails as a whole (closed), so those answers
+        have one implementation.
+
+        A message is first walked without decoding (``_native.scan_add_batch``): one that is
+        not protobuf, holds an add shorter than any valid add or more than
+        ``max_adds_per_message`` adds raises :class:`BadRequestError` and costs nothing more
+        (the caller ends the stream). The in-flight bound counts its bytes plus
+        :data:`ADD_OVERHEAD_BYTES` an add."""
+        size = len(payload) + self.scan_add_batch(payload) * ADD_OVERHEAD_BYTES
         if self.faults.active or self.state.read_only or not self._reserve(size):
             return self._process_adds(pb.AddBatch.FromString(payload).adds)
         started = time.perf_counter()
@@ -268,6 +298,15 @@ class BookieService(pb_grpc.BookieServicer):
         if self.metrics is not None and (ok or failed):
             self.metrics.record_batch(ok, ok_bytes, failed, time.perf_counter() - started)
         return raw
+
+    def scan_add_batch(self, payload) -> int:
+        """The number of adds of an encoded ``AddBatch``, walked without decoding one;
+        :raises BadRequestError: a message refused whole (not protobuf, an add shorter than
+            any valid one, more than ``max_adds_per_message`` adds)."""
+        try:
+            return _native.scan_add_batch(payload, self.config.max_adds_per_message)
+        except ValueError as exc:       # before storage mapped _native's errors to ours
+            raise errors.BadRequestError(str(exc)) from None
 
     def Add(self, request, context):
         raw = self._process_adds([request])
@@ -289,13 +328,14 @@ class BookieService(pb_grpc.BookieServicer):
         slots: queue.SimpleQueue = queue.SimpleQueue()      # tokens: batches in flight
         for _ in range(_STREAM_MAX_INFLIGHT_BATCHES):
             slots.put(None)
-        process = self._process_adds
+        process = self.process_add_batch
+        refused: list[str] = []         # why the stream's messages were refused (ends it)
 
-        def store(adds):
+        def store(payload):
             try:
-                raw = process(adds)
+                raw = process(payload)
             except Exception as exc:  # noqa: BLE001 - must answer, never kill the stream
-                log.exception("add batch crashed: %s", exc)
+                log.error("add batch failed: %r", exc)
                 raw = b""
             slots.put(None)
             out.put(raw)
@@ -303,8 +343,13 @@ class BookieService(pb_grpc.BookieServicer):
         def reader():
             submitted = 0
             try:
-                for batch in request_iterator:
+                for payload in request_iterator:        # AddBatch bytes (add_to_server)
                     if self._stopping:
+                        break
+                    try:
+                        self.scan_add_batch(payload)
+                    except errors.BadRequestError as exc:
+                        refused.append(str(exc))
                         break
                     while True:
                         try:
@@ -313,7 +358,7 @@ class BookieService(pb_grpc.BookieServicer):
                         except queue.Empty:
                             if not context.is_active():
                                 return
-                    self._add_pool.submit(store, list(batch.adds))
+                    self._add_pool.submit(store, payload)
                     submitted += 1
             except Exception:  # noqa: BLE001 - client went away or sent garbage
                 pass
@@ -345,6 +390,8 @@ class BookieService(pb_grpc.BookieServicer):
                     break
             if parts:
                 yield b"".join(parts) if len(parts) > 1 else parts[0]
+        if refused:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, refused[0])
 
     def _injected(self, op: str, ledger_id: int, alive, entry_id: int = ANY_ENTRY) -> int:
         """Apply a matching test fault: sleep its delay (a drop sleeps until the caller gives
@@ -381,9 +428,17 @@ class BookieService(pb_grpc.BookieServicer):
                 return self._read_error(request, status, "fence refused")
         lac = None
         if request.has_previous_lac:
+            if not self._enter_long_poll():
+                return self._read_error(request, errors.ETOOMANYREQUESTS,
+                                        f"{self.config.max_long_polls} long polls wait already")
             timeout_s = min(request.timeout_ms, self.config.long_poll_max_ms) / 1000.0
-            lac = self.lac.wait_beyond(request.ledger_id, request.previous_lac, timeout_s,
-                                       stopped=lambda: self._stopping or not context.is_active())
+            try:
+                lac = self.lac.wait_beyond(
+                    request.ledger_id, request.previous_lac, timeout_s,
+                    stopped=lambda: self._stopping or not context.is_active())
+            finally:
+                with self._inflight_lock:
+                    self._long_polls -= 1
             if lac <= request.previous_lac or not (request.flags & pb.ReadRequest.ENTRY_PIGGYBACK):
                 return pb.ReadResponse(status=errors.EOK, ledger_id=request.ledger_id,
                                        entry_id=request.entry_id, max_lac=lac)
@@ -401,16 +456,25 @@ class BookieService(pb_grpc.BookieServicer):
         return pb.ReadResponse(status=errors.EOK, ledger_id=request.ledger_id, entry_id=entry_id,
                                body=body, max_lac=lac if lac is not None else self.lac.get(request.ledger_id))
 
+    def _enter_long_poll(self) -> bool:
+        """Count a long poll in, unless ``max_long_polls`` wait already (each holds a gRPC
+        worker: the others must stay free for adds, reads and fencing)."""
+        with self._inflight_lock:
+            if self._long_polls >= self.config.max_long_polls:
+                return False
+            self._long_polls += 1
+            return True
+
     def ReadRange(self, request, context):
         for parts in self.read_range_chunks(request, context.is_active):
             yield b"".join(parts)
 
-    def read_range_chunks(self, request, alive, buf=None):
+    def read_range_chunks(self, request, alive, buf: "RangeBuffer | None" = None):
         """The ``ReadRangeResponse`` messages answering ``request``, each as the pieces of its
         encoding (:func:`range_chunk_parts`; gRPC and the data port): EOK chunks of up to
         ``max_bytes_per_message``, then at most one error chunk (ENOENTRY at the first absent
         entry, EIO for an unreadable one); stops early once ``alive()`` is false. With ``buf``
-        (a bytearray, see :meth:`range_buffer`) the bodies of a chunk are views of it: the
+        (a connection's :class:`RangeBuffer`) the bodies of a chunk may be views of it: the
         caller must be done with a chunk before asking for the next."""
         lid, first, last = request.ledger_id, request.first_entry_id, request.last_entry_id
         if lid < 0 or first < 0 or last < first:
@@ -428,10 +492,13 @@ class BookieService(pb_grpc.BookieServicer):
             started = time.perf_counter()
             try:
                 chunk = None
-                if buf is not None:
-                    chunk = self.storage.read_range_into(lid, next_id, last, max_bytes, buf, step)
-                if not chunk:           # no buffer, or its first entry is larger than buf
+                if buf is not None and buf.bytes is not None:
+                    chunk = self.storage.read_range_into(lid, next_id, last, max_bytes,
+                                                         buf.bytes, step)
+                if not chunk:           # no buffer yet, or its first entry is larger
                     chunk = self.storage.read_range(lid, next_id, last, max_bytes, step)
+                    if buf is not None:     # the next chunk goes into one this large
+                        buf.served(sum(len(b) for _, b in chunk))
             except errors.BKError as exc:
                 yield self._range_error(exc.status or errors.EIO, next_id, str(exc))
                 return
@@ -449,13 +516,6 @@ class BookieService(pb_grpc.BookieServicer):
             self.metrics.record_error("ReadRange", status)
         return range_chunk_parts(status, next_id, (), message)
 
-    @staticmethod
-    def range_buffer(buf: bytearray | None, request) -> bytearray:
-        """A buffer for :meth:`read_range_chunks` of ``request``: ``buf`` (a connection's,
-        kept from range to range) if large enough, else a new one of a chunk's size."""
-        need = _RANGE_DEFAULT_BYTES if not request.max_bytes_per_message else \
-            min(request.max_bytes_per_message, _RANGE_BUFFER_MAX)
-        return buf if buf is not None and len(buf) >= need else bytearray(need)
 
     # ---- LAC ---------------------------------------------------------------------------
 
@@ -578,7 +638,10 @@ def add_to_server(service: BookieService, server) -> None:
     serialized again; the other methods answer protobuf objects."""
     handlers = {}
     for method in pb.DESCRIPTOR.services_by_name["Bookie"].methods:
-        request = getattr(pb, method.input_type.name)
+        # AddStream's messages reach the service as bytes: walked and parsed in C, never
+        # decoded into a Python object per add (process_add_batch)
+        deserialize = _as_is if method.name == "AddStream" else \
+            getattr(pb, method.input_type.name).FromString
         respond = _as_is if method.name in _ENCODED_ANSWERS else \
             _counting_errors(service, method.name,
                              getattr(pb, method.output_type.name).SerializeToString)
@@ -588,7 +651,7 @@ def add_to_server(service: BookieService, server) -> None:
                 (True, False): grpc.stream_unary_rpc_method_handler}[
             (method.client_streaming, method.server_streaming)]
         handlers[method.name] = kind(getattr(service, method.name),
-                                     request_deserializer=request.FromString,
+                                     request_deserializer=deserialize,
                                      response_serializer=respond)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)

@@ -420,7 +420,9 @@ class ReadHandle:
         ``wake``: the event this call waits on, a fresh one per call; the caller may set it
         from another thread to end the wait early (say, a watch saw the ledger's log record
         change: a roll or a takeover closed the ledger, and bookies do not answer a long
-        poll for a close). The call sets it too when the wait is over."""
+        poll for a close). The call sets it too when the wait is over. A bookie that holds
+        its limit of long polls answers ETOOMANYREQUESTS: that is no answer, so a reader
+        refused by all waits out ``timeout`` before asking again (its back-off)."""
         if self.is_closed or self._lac > previous or (wake is not None and wake.is_set()):
             return self._lac
         md = self._md
@@ -434,6 +436,8 @@ class ReadHandle:
                 resp = fut.result()
                 if resp.status == errors.EOK:
                     self._saw_lac(lac_of(resp, self._digest)[0])
+                elif resp.status == errors.ETOOMANYREQUESTS:
+                    return      # the bookie holds enough long polls: no answer, the wait goes on
             except BKError:
                 pass
             with lock:

@@ -38,6 +38,10 @@ class MemoryStorage:
                 out.append(errors.EOK)
         return out
 
+    def add_batch(self, payload, max_entry_bytes):
+        """No native path here: the service stores the batch through add_entries."""
+        raise errors.BKError("memory storage stores batches through add_entries")
+
     def read_entry(self, lid, eid):
         with self.lock:
             es = self.entries.get(lid)
@@ -97,7 +101,8 @@ class MemoryBookie:
         self.storage = MemoryStorage()
         config = SimpleNamespace(max_entry_bytes=64 << 20, max_message_bytes=256 << 20,
                                  long_poll_max_ms=30000, fault_injection=True,
-                                 max_inflight_add_mb=512)
+                                 max_inflight_add_mb=512, max_adds_per_message=65_536,
+                                 max_long_polls=24)
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32),
                                   options=[("grpc.max_receive_message_length", 256 << 20),
                                            ("grpc.max_send_message_length", 256 << 20)])

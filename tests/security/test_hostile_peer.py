@@ -1,0 +1,178 @@
+"""Issue 49: a peer -- authenticated, so past the guard of issue 48 -- cannot exhaust a bookie.
+One test per finding of the review, each against a real bookie process:
+
+* a message of empty adds (gRPC ``AddStream``, a data-port ``AddBatch`` frame) is refused
+  whole before any per-add work: the stream ends, the bookie's memory does not move (it grew
+  ~410x the message's size before);
+* a message with more adds than ``max_adds_per_message`` is refused whole;
+* a range read asking ``max_bytes_per_message = 0xFFFFFFFF`` of a ledger that does not exist
+  pins no buffer (16 MiB a connection before);
+* long-poll reads beyond ``max_long_polls`` are answered ETOOMANYREQUESTS at once, so the
+  gRPC workers stay free for the other calls (``GetBookieInfo`` took 9.5 s before);
+* malformed gRPC requests are logged a few lines a minute, without tracebacks.
+"""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import grpc
+import pytest
+
+from bkspark import errors
+from bkspark.proto import bookie_pb2 as pb
+from bkspark.proto import bookie_pb2_grpc as pb_grpc
+from bkspark.proto import wire
+from bkspark.testing.cluster import BookieCluster, bookie_channel, credentials_of_bookie
+
+MAX_ADDS = 1000
+MAX_LONG_POLLS = 4
+GRPC_WORKERS = 8
+ADD_STREAM = "/bkspark.bookie.v1.Bookie/AddStream"
+
+
+@pytest.fixture(scope="module")
+def bookie(tmp_path_factory):
+    data = tmp_path_factory.mktemp("hostile")
+    with BookieCluster(f"sqlite:///{data}/meta.db", num_bookies=1, data_dir=data,
+                       fault_injection=False,
+                       extra_args=["--max-adds-per-message", str(MAX_ADDS),
+                                   "--max-long-polls", str(MAX_LONG_POLLS),
+                                   "--grpc-workers", str(GRPC_WORKERS),
+                                   "--long-poll-max-ms", "4000"]) as cluster:
+        bid = cluster.bookie_ids[0]
+        channel = bookie_channel(bid, role="client")
+        cluster.stub = pb_grpc.BookieStub(channel)
+        cluster.bid = bid
+        cluster.pid = cluster.bookies[0].proc.pid
+        cluster.data_port = cluster.stub.GetBookieInfo(pb.BookieInfoRequest(),
+                                                       timeout=10).data_port
+        yield cluster
+        channel.close()
+
+
+def _memory_kb(pid: int, field: str = "VmRSS") -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def _add(lid: int, eid: int, size: int = 64) -> pb.AddRequest:
+    body = lid.to_bytes(8, "big") + eid.to_bytes(8, "big") + (-1).to_bytes(8, "big", signed=True) \
+        + size.to_bytes(8, "big") + b"\0\0\0\0" + b"x" * (size - 36)
+    return pb.AddRequest(ledger_id=lid, entry_id=eid, master_key=b"h" * 20, body=body)
+
+
+def _data_conn(bookie) -> tuple[socket.socket, object]:
+    sock = socket.create_connection((bookie.bid.rsplit(":", 1)[0], bookie.data_port), timeout=10)
+    sock.sendall(wire.hello(credentials_of_bookie(bookie.bid, "client").token))
+    rfile = sock.makefile("rb")
+    assert rfile.read(4) == wire.DATA_MAGIC
+    return sock, rfile
+
+
+def _raw_add_stream(bookie, payload: bytes):
+    """Send one AddStream message of ``payload`` bytes; the stream's outcome."""
+    creds = credentials_of_bookie(bookie.bid, "client")
+    with creds.channel(bookie.bid) as channel:
+        call = channel.stream_stream(ADD_STREAM, request_serializer=lambda b: b,
+                                     response_deserializer=pb.AddBatchResponse.FromString)
+        try:
+            return list(call(iter([payload]), timeout=30))
+        except grpc.RpcError as exc:
+            return exc
+
+
+def test_a_stream_of_empty_adds_is_refused_before_any_per_add_work(bookie):
+    empty = pb.AddBatch(adds=[pb.AddRequest()] * 500_000).SerializeToString()  # ~1 MiB
+    before = _memory_kb(bookie.pid)
+    outcome = _raw_add_stream(bookie, empty)
+    assert isinstance(outcome, grpc.RpcError), outcome
+    assert outcome.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "too short to hold a master key" in outcome.details()
+    sock, rfile = _data_conn(bookie)
+    with sock:
+        sock.sendall(wire.frame(wire.KIND_ADD_BATCH, [empty]))
+        assert rfile.read(1) == b""                     # closed, nothing answered
+    grown = _memory_kb(bookie.pid) - before
+    assert grown < 64 << 10, f"the bookie grew {grown} KiB for {len(empty) >> 10} KiB of adds"
+    # a real add still goes through
+    answer = _raw_add_stream(bookie, pb.AddBatch(adds=[_add(7, 0)]).SerializeToString())
+    assert [r.status for m in answer for r in m.responses] == [errors.EOK]
+
+
+def test_a_message_over_max_adds_per_message_is_refused_whole(bookie):
+    many = pb.AddBatch(adds=[_add(8, e) for e in range(MAX_ADDS + 1)]).SerializeToString()
+    outcome = _raw_add_stream(bookie, many)
+    assert isinstance(outcome, grpc.RpcError) and "max_adds_per_message" in outcome.details()
+    r = bookie.stub.Read(pb.ReadRequest(ledger_id=8, entry_id=0), timeout=10)
+    assert r.status in (errors.ENOLEDGER, errors.ENOENTRY)          # nothing was stored
+    fits = pb.AddBatch(adds=[_add(8, e) for e in range(MAX_ADDS)]).SerializeToString()
+    answer = _raw_add_stream(bookie, fits)
+    assert sum(r.status == errors.EOK for m in answer for r in m.responses) == MAX_ADDS
+
+
+def test_range_reads_of_nothing_pin_no_buffer(bookie):
+    request = pb.ReadRangeRequest(ledger_id=987_654_321, first_entry_id=0, last_entry_id=10,
+                                  max_bytes_per_message=0xFFFFFFFF).SerializeToString()
+    before = _memory_kb(bookie.pid)
+    conns = []
+    try:
+        for _ in range(16):
+            sock, rfile = _data_conn(bookie)
+            conns.append(sock)
+            sock.sendall(wire.frame(wire.KIND_READ_RANGE, [request]))
+            kind, chunk = wire.read_frame(rfile, 1 << 20)
+            assert kind == wire.KIND_READ_CHUNK
+            assert pb.ReadRangeResponse.FromString(chunk).status in (errors.ENOENTRY,
+                                                                     errors.ENOLEDGER)
+        grown = _memory_kb(bookie.pid) - before
+        assert grown < 32 << 10, f"16 empty range reads pinned {grown} KiB"
+    finally:
+        for sock in conns:
+            sock.close()
+
+
+def test_long_polls_beyond_the_limit_are_refused_and_workers_stay_free(bookie):
+    """Twice as many long polls as workers: the first max_long_polls wait, the others are
+    answered ETOOMANYREQUESTS at once, and another call is answered meanwhile."""
+    answers: list = []
+    started = time.monotonic()
+
+    def poll():
+        r = bookie.stub.Read(pb.ReadRequest(ledger_id=424_242, entry_id=0, has_previous_lac=True,
+                                            previous_lac=5, timeout_ms=4000), timeout=20)
+        answers.append((r.status, time.monotonic() - started))
+
+    threads = [threading.Thread(target=poll) for _ in range(2 * GRPC_WORKERS)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    info = bookie.stub.GetBookieInfo(pb.BookieInfoRequest(), timeout=10)
+    assert info.status == errors.EOK and time.monotonic() - t0 < 1.0
+    for t in threads:
+        t.join()
+    refused = [at for status, at in answers if status == errors.ETOOMANYREQUESTS]
+    waited = [at for status, at in answers if status == errors.EOK]
+    assert len(waited) == MAX_LONG_POLLS and len(refused) == 2 * GRPC_WORKERS - MAX_LONG_POLLS
+    assert max(refused) < 2.0 and min(waited) > 3.0, answers
+
+
+def test_malformed_grpc_requests_are_logged_briefly_without_tracebacks(bookie):
+    creds = credentials_of_bookie(bookie.bid, "client")
+    with creds.channel(bookie.bid) as channel:
+        call = channel.unary_unary("/bkspark.bookie.v1.Bookie/Read",
+                                   request_serializer=lambda b: b,
+                                   response_deserializer=lambda b: b)
+        for _ in range(50):
+            with pytest.raises(grpc.RpcError):
+                call(b"\xff\xff\xff\xff not protobuf", timeout=10)
+    time.sleep(0.5)
+    log = open(bookie.bookies[0].log_path, errors="replace").read()
+    lines = [line for line in log.splitlines() if "deserializ" in line.lower()]
+    assert 1 <= len(lines) <= 10, lines
+    assert "Traceback" not in log
