@@ -27,6 +27,7 @@ import logging
 import math
 import socket
 import ssl
+import struct
 import threading
 import time
 
@@ -40,9 +41,12 @@ from bkspark.proto import bookie_pb2 as pb
 log = logging.getLogger("bkspark.bookie.data_port")
 
 MAX_CONNECTIONS = 1024      # beyond this, new connections are closed at once (a thread each)
+MAX_PER_PEER = 256          # connections from one address, admitted or not (a host's clients)
 MAX_UNADMITTED = 128        # connections whose hello is not yet admitted, all peers
 MAX_UNADMITTED_PER_PEER = 16    # ... and from one address
 HELLO_DEADLINE_S = 10.0     # the whole hello (and TLS handshake) within this, or closed
+SEND_TIMEOUT_S = 30.0       # a peer that reads none of its answers this long is closed (the
+                            # answers it holds in the bookie's socket buffer are bounded so)
 
 
 class DataPortServer:
@@ -58,6 +62,7 @@ class DataPortServer:
         self.port = self._listener.getsockname()[1]
         self._conns: set[socket.socket] = set()
         self._unadmitted: dict[str, int] = {}   # address -> connections not admitted yet
+        self._per_peer: dict[str, int] = {}     # address -> its connections, admitted or not
         self._budget = LogBudget(10, 60.0)      # warnings about refused connections
         self._lock = threading.Lock()
         self._stopped = False
@@ -111,7 +116,10 @@ class DataPortServer:
                 return f"{total} connections wait for their hello to be admitted"
             if self._unadmitted.get(peer, 0) >= MAX_UNADMITTED_PER_PEER:
                 return f"{MAX_UNADMITTED_PER_PEER} of its connections wait for their hello"
+            if self._per_peer.get(peer, 0) >= MAX_PER_PEER:
+                return f"it holds {MAX_PER_PEER} connections"
             self._unadmitted[peer] = self._unadmitted.get(peer, 0) + 1
+            self._per_peer[peer] = self._per_peer.get(peer, 0) + 1
             return ""
 
     def _admitted(self, peer: str) -> None:
@@ -139,6 +147,8 @@ class DataPortServer:
             self._admitted(peer)
             admitted = True
             conn.settimeout(None)
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
+                            struct.pack("ll", int(SEND_TIMEOUT_S), 0))
             conn.sendall(wire.DATA_MAGIC)
             _Connection(self, conn, rfile, identity.expires).run()
         except (OSError, ssl.SSLError, wire.FrameError) as exc:
@@ -156,6 +166,9 @@ class DataPortServer:
                 self._admitted(peer)
             with self._lock:
                 self._conns.discard(conn)
+                left = self._per_peer.pop(peer, 1) - 1
+                if left > 0:
+                    self._per_peer[peer] = left
             try:
                 conn.close()
             except OSError:

@@ -8,6 +8,7 @@ entry is EIO, never ENOENTRY; overload is ETOOMANYREQUESTS with bounded in-fligh
 """
 from __future__ import annotations
 
+import hmac
 import logging
 import queue
 import struct
@@ -542,7 +543,10 @@ class BookieService(pb_grpc.BookieServicer):
 
     def WriteLac(self, request, context):
         """Store an idle writer's explicit LAC (journaled: answered EOK once durable), then
-        raise this bookie's LAC for the ledger, which wakes its long-polling readers."""
+        raise this bookie's LAC for the ledger, which wakes its long-polling readers. The
+        LAC is the one of ``lac_body`` -- what is stored and what readers verify with the
+        ledger's digest --, never a separate number: a request whose ``lac`` field or ledger
+        id disagrees with its body is refused (EBADREQ)."""
         reply = self._write_lac(request, context)
         if self.metrics is not None:
             self.metrics.record_write_lac(reply.status)
@@ -556,14 +560,20 @@ class BookieService(pb_grpc.BookieServicer):
             return pb.WriteLacResponse(status=errors.EBADREQ, message="bad ledger id or master key")
         if self.state.read_only:
             return pb.WriteLacResponse(status=errors.EREADONLY)
+        body = request.lac_body
+        if len(body) < 16 or _LAC.unpack_from(body, 0)[0] != request.ledger_id \
+                or explicit_lac_value(body) != request.lac:
+            return pb.WriteLacResponse(status=errors.EBADREQ,
+                                       message="lac_body must be this ledger's LAC body (ledger "
+                                               "id, LAC, digest) and agree with lac")
         known = self.storage.master_key(request.ledger_id)
-        if known is not None and known != request.master_key:
+        if known is not None and not hmac.compare_digest(known, request.master_key):
             return pb.WriteLacResponse(status=errors.EUA, message="wrong master key")
         try:
-            self.storage.set_explicit_lac(request.ledger_id, request.lac_body)
+            self.storage.set_explicit_lac(request.ledger_id, body)
         except errors.BKError as exc:
             return pb.WriteLacResponse(status=exc.status or errors.EIO, message=str(exc))
-        self.lac.advance({request.ledger_id: request.lac})
+        self.lac.advance({request.ledger_id: explicit_lac_value(body)})
         return pb.WriteLacResponse(status=errors.EOK)
 
     # ---- info, listing, force, faults ------------------------------------------------

@@ -177,6 +177,14 @@ def test_explicit_lac_round_trip(stub):
                         timeout=10)
     assert bad.status == errors.EUA
     assert stub.ReadLac(pb.ReadLacRequest(ledger_id=new_ledger_id()), timeout=10).status == errors.ENOLEDGER
+    # the LAC is the body's: a number beside it, or another ledger's body, is refused (a
+    # client holding the key set readers' LAC to 1,000,000 this way, issue 49)
+    for lac, body in ((1_000_000, lac_body),
+                      (5, DigestManager(lid + 1, "crc32c").frame_lac(5)), (0, b"short")):
+        refused = stub.WriteLac(pb.WriteLacRequest(ledger_id=lid, lac=lac, master_key=MASTER_KEY,
+                                                   lac_body=body), timeout=10)
+        assert refused.status == errors.EBADREQ, (lac, body)
+    assert read(stub, lid, -1).max_lac == 0
 
 
 @pytest.mark.parametrize("digest", ["crc32c", "crc32", "hmac"])

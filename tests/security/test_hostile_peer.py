@@ -176,3 +176,35 @@ def test_malformed_grpc_requests_are_logged_briefly_without_tracebacks(bookie):
     lines = [line for line in log.splitlines() if "deserializ" in line.lower()]
     assert 1 <= len(lines) <= 10, lines
     assert "Traceback" not in log
+
+
+def test_one_address_holds_at_most_max_per_peer_data_connections(bookie):
+    """Admitted connections count too (an authenticated peer could fill the bookie's 1,024
+    before): the address's next connection is closed at once, and served again once it
+    holds fewer."""
+    from bkspark.bookie.data_port import MAX_PER_PEER
+    held = []
+    try:
+        for _ in range(MAX_PER_PEER):
+            held.append(_data_conn(bookie)[0])
+        extra = socket.create_connection((bookie.bid.rsplit(":", 1)[0], bookie.data_port),
+                                         timeout=10)
+        with extra:
+            try:
+                extra.sendall(wire.hello(credentials_of_bookie(bookie.bid, "client").token))
+                answer = extra.recv(4)
+            except ConnectionResetError:
+                answer = b""
+            assert answer == b""                        # closed, no hello answered
+    finally:
+        for sock in held:
+            sock.close()
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            sock, _ = _data_conn(bookie)
+            sock.close()
+            break
+        except (AssertionError, OSError):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
