@@ -16,6 +16,7 @@ static PyObject *ExcNoLedger, *ExcNoEntry, *ExcIO, *ExcBadReq;
 typedef struct {
     PyObject_HEAD Engine *e;
     int busy; /* calls running without the GIL (modified only with the GIL held) */
+    int replace_entries; /* 1: an add of a held entry with other bytes replaces it (store_adds) */
 } StoreObject;
 
 /* every engine call made without the GIL is counted so close() can wait for it */
@@ -90,17 +91,19 @@ static int Store_init(StoreObject *self, PyObject *args, PyObject *kw)
     static char *kwlist[] = {"journal_dirs", "ledger_dirs", "write_cache_bytes", "group_wait_us", "threshold",
                              "journal_max_size", "max_backups", "sync", "entry_log_max_size", "compaction_threshold",
                              "compaction_max_bytes", "checkpoint_interval_ms", "page_cache", "compaction_rate",
-                             "index_cache_bytes", "ledger_cache_entries", "index_memtable_bytes", NULL};
+                             "index_cache_bytes", "ledger_cache_entries", "index_memtable_bytes",
+                             "replace_entries", NULL};
     PyObject *jdirs, *ldirs;
     unsigned long long wcb = 64ull << 20, gw = 2000, thr = 512 << 10, jmax = 512ull << 20, elmax = 1ull << 30,
                        cmax = 64ull << 20, cint = 10000, crate = 0, icache = 32ull << 20, lcache = 65536,
                        imem = 16ull << 20;
-    int backups = 5, sync = 1, page_cache = 0;
+    int backups = 5, sync = 1, page_cache = 0, replace = 0;
     double cthr = 0.5;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|KKKKipKdKKpKKKK", kwlist, &jdirs, &ldirs, &wcb, &gw, &thr, &jmax,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|KKKKipKdKKpKKKKp", kwlist, &jdirs, &ldirs, &wcb, &gw, &thr, &jmax,
                                      &backups, &sync, &elmax, &cthr, &cmax, &cint, &page_cache, &crate, &icache,
-                                     &lcache, &imem))
+                                     &lcache, &imem, &replace))
         return -1;
+    self->replace_entries = replace;
     if (self->e) {
         PyErr_SetString(PyExc_RuntimeError, "Store already initialised");
         return -1;
@@ -213,6 +216,92 @@ static void put_bytes(Py_buffer *v, char held)
         PyBuffer_Release(v);
 }
 
+/* An entry, once stored, is never replaced by other bytes (issue 49): before storing, the adds
+ * of entries this bookie may already hold -- at or below the ledger's last entry; a writer's
+ * adds are beyond it, so this costs one ledger lookup a run of adds of one ledger -- are read
+ * back, and one whose body differs is answered BKS_EBADREQ and not stored. An add of the same
+ * bytes (a recovery write-back, a resend) is stored as before: idempotent. Two adds of one new
+ * entry racing each other are not caught (neither is held yet when both are checked).
+ * replace (StorageConfig.replace_entries, the engine's own tests): the last add wins, unchecked.
+ * Called without the GIL; *conflicts counts the refused adds. */
+static int store_adds(Engine *e, AddReq *reqs, size_t n, int *status, size_t *conflicts, int replace)
+{
+    unsigned char *other = NULL;
+    size_t nother = 0;
+    uint64_t cur = 0;
+    int64_t last = -1;
+    int have = 0, rc = E_OK;
+    *conflicts = 0;
+    for (size_t i = 0; i < n && !replace; i++) {
+        if (!have || reqs[i].ledger != cur) {
+            LedgerInfo li;
+            eng_lock(e);
+            rc = eng_ledger_info(e, reqs[i].ledger, &li);
+            last = rc == E_OK ? li.last : -1;
+            eng_unlock(e);
+            if (rc != E_OK && rc != E_NOLEDGER)
+                goto out;
+            rc = E_OK;
+            cur = reqs[i].ledger;
+            have = 1;
+        }
+        if (reqs[i].entry > last)
+            continue;
+        unsigned char *held = NULL;
+        uint32_t len = 0;
+        int64_t eid;
+        int r = eng_read(e, reqs[i].ledger, reqs[i].entry, &held, &len, &eid);
+        if (r == E_NOENTRY || r == E_NOLEDGER)
+            continue;
+        if (r != E_OK) {
+            rc = r;
+            goto out;
+        }
+        int differs = len != reqs[i].len || memcmp(held, reqs[i].body, len) != 0;
+        free(held);
+        if (differs) {
+            if (!other && !(other = calloc(n, 1))) {
+                rc = E_IO;
+                goto out;
+            }
+            other[i] = 1;
+            nother++;
+        }
+    }
+    if (!nother) {
+        rc = eng_add_entries(e, reqs, n, status);
+        goto out;
+    }
+    AddReq *todo = malloc((n - nother ? n - nother : 1) * sizeof *todo);
+    int *st = malloc((n - nother ? n - nother : 1) * sizeof *st);
+    if (!todo || !st) {
+        free(todo);
+        free(st);
+        rc = E_IO;
+        goto out;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!other[i])
+            todo[k++] = reqs[i];
+    rc = k ? eng_add_entries(e, todo, k, st) : E_OK;
+    k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (other[i]) {
+            status[i] = BKS_EBADREQ;
+        } else {
+            reqs[i] = todo[k]; /* (its checksums, filled in) */
+            status[i] = st[k++];
+        }
+    }
+    free(todo);
+    free(st);
+    *conflicts = nother;
+out:
+    free(other);
+    return rc;
+}
+
 static PyObject *Store_add_entries(StoreObject *self, PyObject *arg)
 {
     if (check_open(self) < 0)
@@ -271,8 +360,10 @@ static PyObject *Store_add_entries(StoreObject *self, PyObject *arg)
         r->len = (uint32_t)views[2 * got + 1].len;
     }
     int rc;
+    size_t conflicts;
     Engine *e = self->e;
-    BKS_BEGIN rc = eng_add_entries(e, reqs, (size_t)n, status);
+    int replace = self->replace_entries;
+    BKS_BEGIN rc = store_adds(e, reqs, (size_t)n, status, &conflicts, replace);
     BKS_END if (rc != E_OK)
     {
         raise_rc(self, rc, "add failed");
@@ -445,10 +536,13 @@ static PyObject *Store_add_batch(StoreObject *self, PyObject *args)
         which[nreq++] = i;
     }
     int rc = E_OK;
+    size_t conflicts = 0;
     char io_msg[256] = "";
+    static const char other_bytes[] = "entry already stored with other bytes: never replaced";
     if (nreq) {
         Engine *e = self->e;
-        BKS_BEGIN rc = eng_add_entries(e, reqs, nreq, status);
+        int replace = self->replace_entries;
+        BKS_BEGIN rc = store_adds(e, reqs, nreq, status, &conflicts, replace);
         BKS_END
         if (rc != E_OK)
             snprintf(io_msg, sizeof io_msg, "%s", rc == E_CLOSED ? "storage is closed"
@@ -456,7 +550,8 @@ static PyObject *Store_add_batch(StoreObject *self, PyObject *args)
     }
     size_t io_len = strlen(io_msg);
     raw = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(cnt * AF_RESPONSE_MAX(0) + bad_text + nbad * 3 +
-                                                       (rc != E_OK ? nreq * (io_len + 3) : 0)));
+                                                       (rc != E_OK ? nreq * (io_len + 3) : 0) +
+                                                       conflicts * (sizeof other_bytes + 3)));
     lacs = PyDict_New();
     failed = PyList_New(0);
     if (!raw || !lacs || !failed)
@@ -473,8 +568,12 @@ static PyObject *Store_add_batch(StoreObject *self, PyObject *args)
     for (size_t k = 0; k < nreq; k++) {
         const WireAdd *a = &adds[which[k]];
         int st = rc == E_OK ? status[k] : BKS_EIO;
-        d += af_put_response(d, st, a->ledger, a->entry, a->request_id, st == BKS_EOK ? "" : io_msg,
-                             st == BKS_EOK ? 0 : (rc == E_OK ? 0 : io_len));
+        if (st == BKS_EBADREQ) /* (storage's only EBADREQ: an entry held with other bytes) */
+            d += af_put_response(d, st, a->ledger, a->entry, a->request_id, other_bytes,
+                                 sizeof other_bytes - 1);
+        else
+            d += af_put_response(d, st, a->ledger, a->entry, a->request_id, st == BKS_EOK ? "" : io_msg,
+                                 st == BKS_EOK ? 0 : (rc == E_OK ? 0 : io_len));
         if (st != BKS_EOK) {
             PyObject *v = PyLong_FromLong(st);
             if (!v || PyList_Append(failed, v) < 0) {

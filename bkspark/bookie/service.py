@@ -20,6 +20,7 @@ import grpc
 
 from bkspark import _native, errors
 from bkspark.bookie.faults import ANY_ENTRY, Fault, FaultInjector, FaultRule
+from bkspark.logging_setup import LogBudget
 from bkspark.proto import bookie_pb2 as pb
 from bkspark.proto import bookie_pb2_grpc as pb_grpc
 from bkspark.proto.wire import (encode_add_oks, encode_add_responses, only_response,
@@ -34,6 +35,8 @@ _STREAM_MAX_INFLIGHT_BATCHES = 16
 #: storage request, status, refusal text, response: bookie_native/module.c add_batch), so
 #: the in-flight bound counts what a message costs, not what it says
 ADD_OVERHEAD_BYTES = 320
+#: storage's answer to an add of an entry it holds with other bytes (bookie_native store_adds)
+OTHER_BYTES = "entry already stored with other bytes: never replaced"
 _RANGE_DEFAULT_BYTES = 4 << 20
 _RANGE_BUFFER_MAX = 16 << 20        # a connection's range buffer; larger chunks read as bytes
 
@@ -149,6 +152,7 @@ class BookieService(pb_grpc.BookieServicer):
         self._inflight_lock = threading.Lock()
         self._max_inflight = config.max_inflight_add_mb << 20
         self._long_polls = 0            # long-poll reads waiting (config.max_long_polls)
+        self._replace_refusals = LogBudget(10, 60.0)    # adds that would replace an entry
         self._add_pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="bookie-add")
         self._stopping = False
         self.data_port = 0              # set by the server once its data port listens
@@ -252,12 +256,14 @@ class BookieService(pb_grpc.BookieServicer):
                     lacs[lid] = lac
             else:
                 all_ok = False
+        if not all_ok:
+            self._log_replacements(sum(s == errors.EBADREQ for s in statuses))
         if all_ok and request_ids is None:
             out.append(encode_add_oks(accepted))
         else:
             out.append(encode_add_responses(
                 [(status, a[0], a[1], request_ids[i] if request_ids else 0,
-                  message if status != ok else "")
+                  "" if status == ok else OTHER_BYTES if status == errors.EBADREQ else message)
                  for i, (a, status) in enumerate(zip(accepted, statuses))]))
         if lacs:
             self.lac.advance(lacs)
@@ -294,11 +300,21 @@ class BookieService(pb_grpc.BookieServicer):
         if stored is None:      # storage failed as a whole: the Python path words the answers
             return self._process_adds(pb.AddBatch.FromString(payload).adds)
         raw, lacs, ok, ok_bytes, failed = stored
+        if failed:
+            self._log_replacements(failed.count(errors.EBADREQ))
         if lacs:
             self.lac.advance(lacs)
         if self.metrics is not None and (ok or failed):
             self.metrics.record_batch(ok, ok_bytes, failed, time.perf_counter() - started)
         return raw
+
+    def _log_replacements(self, refused: int) -> None:
+        """Say (10 lines a minute at most) that adds were refused for holding other bytes
+        than the entries they name: a client bug or a hostile peer, never a writer of ours."""
+        if refused and (withheld := self._replace_refusals.allow()) is not None:
+            log.warning("refused %d adds of entries stored with other bytes (an entry is never "
+                        "replaced)%s", refused,
+                        f"; {withheld} such warnings withheld" if withheld else "")
 
     def scan_add_batch(self, payload) -> int:
         """The number of adds of an encoded ``AddBatch``, walked without decoding one;

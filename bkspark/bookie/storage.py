@@ -95,6 +95,10 @@ class StorageConfig:
     # journal_dirs[L % len(journal_dirs)]; empty = [journal_dir].  The number and order of the
     # directories of an existing store must not change (bookie_native/README.md).
     journal_dirs: list[str] = field(default_factory=list)
+    # An entry, once stored, is never replaced: an add of a held entry with other bytes is
+    # answered EBADREQ (the same bytes again are stored: idempotent). True lets the last add
+    # win -- the engine supports it (its tests exercise the rewrite paths); a bookie never does.
+    replace_entries: bool = False
 
     def __post_init__(self):
         journal_dir_list(self.journal_dir, self.journal_dirs)
@@ -140,6 +144,7 @@ class Storage:
             index_cache_bytes=int(config.index_cache_bytes),
             ledger_cache_entries=int(config.ledger_cache_entries),
             index_memtable_bytes=int(config.index_memtable_bytes),
+            replace_entries=bool(config.replace_entries),
         )
         converted = self._store.stats()["index_converted_entries"]
         if converted:

@@ -208,3 +208,31 @@ def test_one_address_holds_at_most_max_per_peer_data_connections(bookie):
         except (AssertionError, OSError):
             assert time.monotonic() < deadline
             time.sleep(0.1)
+
+
+def test_an_entry_once_stored_is_never_replaced(bookie):
+    """A second add of a stored entry with other bytes -- a normal add, a RECOVERY_ADD, over
+    gRPC or the data port -- is refused (EBADREQ) and the entry keeps its bytes; the same
+    bytes again are accepted (a recovery write-back is idempotent). Before, the last add won
+    and readers got the forged bytes."""
+    lid = 31_337
+    first, forged = _add(lid, 0, 80), _add(lid, 0, 80)
+    forged.body = forged.body[:-4] + b"evil"
+    assert bookie.stub.Add(first, timeout=10).status == errors.EOK
+    for add in (forged, pb.AddRequest(ledger_id=lid, entry_id=0, master_key=forged.master_key,
+                                      body=forged.body, flags=pb.AddRequest.RECOVERY_ADD)):
+        refused = bookie.stub.Add(add, timeout=10)
+        assert refused.status == errors.EBADREQ and "never replaced" in refused.message
+        answer = _raw_add_stream(bookie, pb.AddBatch(adds=[add]).SerializeToString())
+        (r,) = [r for m in answer for r in m.responses]
+        assert r.status == errors.EBADREQ and "never replaced" in r.message
+    sock, rfile = _data_conn(bookie)
+    with sock:
+        sock.sendall(wire.frame(wire.KIND_ADD_BATCH, [pb.AddBatch(adds=[forged])
+                                                      .SerializeToString()]))
+        kind, payload = wire.read_frame(rfile, 1 << 20)
+        (r,) = pb.AddBatchResponse.FromString(payload).responses
+        assert r.status == errors.EBADREQ
+    assert bookie.stub.Read(pb.ReadRequest(ledger_id=lid, entry_id=0), timeout=10).body \
+        == first.body
+    assert bookie.stub.Add(first, timeout=10).status == errors.EOK     # same bytes: idempotent

@@ -33,9 +33,10 @@ def _body(lid, e, gen):
 
 def test_flush_order_runs_rewrites_and_unsynced_flushes(tmp_path):
     """Interleaved ledgers, increasing and decreasing batches, re-adds of the same entries (runs
-    that overlap), sparse ids: everything reads back from cache, after flushes that did not move
-    the mark (crash-like close: no checkpoint, journal replay + uncommitted index blocks), and
-    after a full checkpoint."""
+    that overlap; with their bytes: an entry is never replaced by others), sparse ids:
+    everything reads back from cache, after flushes that did not move the mark (crash-like
+    close: no checkpoint, journal replay + uncommitted index blocks), and after a full
+    checkpoint."""
     rnd = random.Random(5)
     want = {}
     s = make(tmp_path, write_cache_bytes=256 << 10, checkpoint_interval_s=3600, entry_log_max_size=128 << 10)
@@ -55,11 +56,11 @@ def test_flush_order_runs_rewrites_and_unsynced_flushes(tmp_path):
                 ids = list(range(lo, min(nxt[lid], lo + rnd.randint(1, 10))))
             if not ids:
                 continue
-            gen = step
-            batch = [(lid, e, b"k", True, _body(lid, e, gen)) for e in ids]
+            batch = [(lid, e, b"k", True, want.get((lid, e)) or _body(lid, e, step))
+                     for e in ids]
             assert s.add_entries(batch) == [0] * len(batch)
-            for e in ids:
-                want[(lid, e)] = _body(lid, e, gen)
+            for _, e, _, _, body in batch:
+                want[(lid, e)] = body
             if step % 50 == 0:
                 for (l, e), b in rnd.sample(sorted(want.items()), min(20, len(want))):
                     assert s.read_entry(l, e) == b

@@ -24,6 +24,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def cfg(d, **kw):
     kw.setdefault("checkpoint_interval_s", 3600.0)  # checkpoints only when asked (and at open)
+    kw.setdefault("replace_entries", True)          # (re-adds with new bodies: the rewrite paths)
     kw.setdefault("entry_log_max_size", 256 << 10)
     return StorageConfig(journal_dir=os.path.join(d, "j"), ledger_dirs=[os.path.join(d, "l")],
                          journal_max_size_mb=1, write_cache_bytes=1 << 20, **kw)

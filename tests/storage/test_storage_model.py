@@ -20,6 +20,7 @@ class StorageMachine(RuleBasedStateMachine):
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="bks-model-")
         self.cfg = StorageConfig(journal_dir=self.dir + "/j", ledger_dirs=[self.dir + "/l0", self.dir + "/l1"],
+                                 replace_entries=True,      # the model re-adds with new bodies
                                  write_cache_bytes=16 << 10, entry_log_max_size=6 << 10,
                                  journal_max_size_mb=1, journal_max_backups=0, compaction_threshold=0.8,
                                  compaction_max_bytes_per_pass=8 << 10, journal_max_group_wait_ms=0.2,

@@ -215,9 +215,27 @@ def test_close_while_adding_is_safe(tmp_path):
         s.close()
 
 
+def test_an_entry_once_stored_is_never_replaced_by_other_bytes(tmp_path):
+    """The bookie's rule (issue 49): a re-add with other bytes is refused (EBADREQ), from the
+    write cache and after a flush; the same bytes again are stored (idempotent)."""
+    s = make(tmp_path)
+    try:
+        assert s.add_entries([(3, e, b"k" * 20, False, b"body-%d" % e) for e in range(4)]) == [0] * 4
+        for flushed in (False, True):
+            if flushed:
+                s.checkpoint()
+            assert s.add_entries([(3, 1, b"k" * 20, True, b"forged"),
+                                  (3, 2, b"k" * 20, True, b"body-2"),
+                                  (3, 9, b"k" * 20, False, b"new")]) == [404, 0, 0]
+            assert [s.read_entry(3, e) for e in (1, 2, 9)] == [b"body-1", b"body-2", b"new"]
+    finally:
+        s.close()
+
+
 def test_readd_same_entry_keeps_latest_across_flush(tmp_path):
     # regression: an empty body followed by a re-add of the same entry share a cache offset
-    s = make(tmp_path)
+    # (the engine's rewrite path: a bookie never replaces an entry, replace_entries=False)
+    s = make(tmp_path, replace_entries=True)
     try:
         assert s.add_entries([(0, 0, b"a", False, b""), (0, 0, b"a", False, b"\x00"),
                               (0, 1, b"a", False, b"x"), (0, 1, b"a", False, b"")]) == [0] * 4
