@@ -144,6 +144,9 @@ long af_scan_batch(const unsigned char *p, size_t n, long max_adds, const char *
             *why = "an add too short to hold a master key";
             return -1;
         }
+        WireAdd add; /* its fields parse (no allocation): what passes here, add_batch parses */
+        if (parse_add(f.val, f.vlen, &add, why) < 0)
+            return -1;
         if (++count > max_adds) {
             *why = "more adds than max_adds_per_message";
             return -1;

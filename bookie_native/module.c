@@ -220,24 +220,36 @@ static void put_bytes(Py_buffer *v, char held)
  * of entries this bookie may already hold -- at or below the ledger's last entry; a writer's
  * adds are beyond it, so this costs one ledger lookup a run of adds of one ledger -- are read
  * back, and one whose body differs is answered BKS_EBADREQ and not stored. An add of the same
- * bytes (a recovery write-back, a resend) is stored as before: idempotent. Two adds of one new
- * entry racing each other are not caught (neither is held yet when both are checked).
+ * bytes (a recovery write-back, a resend) is stored as before: idempotent. Only adds the engine
+ * would take are read back (the ledger's key, and not fenced unless a recovery add: the others
+ * get EUA / EFENCED from it, learning nothing of what is held), and at most twice the batch's
+ * bytes plus 1 MiB are read back: a held entry beyond that budget is refused unread (no writer
+ * of ours re-sends that much). A held entry that cannot be read fails that add alone (EIO).
+ * Two adds of one new entry racing each other are not caught (neither is held when checked).
  * replace (StorageConfig.replace_entries, the engine's own tests): the last add wins, unchecked.
- * Called without the GIL; *conflicts counts the refused adds. */
+ * Called without the GIL; *conflicts counts the adds refused EBADREQ. */
 static int store_adds(Engine *e, AddReq *reqs, size_t n, int *status, size_t *conflicts, int replace)
 {
-    unsigned char *other = NULL;
+    unsigned char *other = NULL; /* 1: held with other bytes (EBADREQ); 2: unreadable (EIO) */
     size_t nother = 0;
-    uint64_t cur = 0;
+    uint64_t cur = 0, budget = 1u << 20;
     int64_t last = -1;
-    int have = 0, rc = E_OK;
+    int have = 0, rc = E_OK, takes = 1, fenced = 0;
+    unsigned char key[MAX_KEY];
+    uint32_t keylen = 0;
     *conflicts = 0;
+    for (size_t i = 0; i < n; i++)
+        budget += 2ull * reqs[i].len;
     for (size_t i = 0; i < n && !replace; i++) {
         if (!have || reqs[i].ledger != cur) {
             LedgerInfo li;
             eng_lock(e);
             rc = eng_ledger_info(e, reqs[i].ledger, &li);
             last = rc == E_OK ? li.last : -1;
+            fenced = rc == E_OK && li.fenced;
+            keylen = rc == E_OK && li.has_key && li.keylen <= MAX_KEY ? li.keylen : 0;
+            if (keylen)
+                memcpy(key, li.key, keylen);
             eng_unlock(e);
             if (rc != E_OK && rc != E_NOLEDGER)
                 goto out;
@@ -247,24 +259,34 @@ static int store_adds(Engine *e, AddReq *reqs, size_t n, int *status, size_t *co
         }
         if (reqs[i].entry > last)
             continue;
-        unsigned char *held = NULL;
-        uint32_t len = 0;
-        int64_t eid;
-        int r = eng_read(e, reqs[i].ledger, reqs[i].entry, &held, &len, &eid);
-        if (r == E_NOENTRY || r == E_NOLEDGER)
-            continue;
-        if (r != E_OK) {
-            rc = r;
-            goto out;
+        takes = (!keylen || (reqs[i].keylen == keylen && !memcmp(reqs[i].key, key, keylen))) &&
+                (!fenced || reqs[i].recovery);
+        if (!takes)
+            continue; /* the engine refuses it (EUA, EFENCED) */
+        int kind = 0;
+        if (budget < reqs[i].len) {
+            kind = 1;
+        } else {
+            unsigned char *held = NULL;
+            uint32_t len = 0;
+            int64_t eid;
+            int r = eng_read(e, reqs[i].ledger, reqs[i].entry, &held, &len, &eid);
+            if (r == E_NOENTRY || r == E_NOLEDGER)
+                continue;
+            if (r == E_OK) {
+                budget -= len < budget ? len : budget;
+                kind = len != reqs[i].len || memcmp(held, reqs[i].body, len) != 0;
+                free(held);
+            } else {
+                kind = 2;
+            }
         }
-        int differs = len != reqs[i].len || memcmp(held, reqs[i].body, len) != 0;
-        free(held);
-        if (differs) {
+        if (kind) {
             if (!other && !(other = calloc(n, 1))) {
                 rc = E_IO;
                 goto out;
             }
-            other[i] = 1;
+            other[i] = (unsigned char)kind;
             nother++;
         }
     }
@@ -288,7 +310,8 @@ static int store_adds(Engine *e, AddReq *reqs, size_t n, int *status, size_t *co
     k = 0;
     for (size_t i = 0; i < n; i++) {
         if (other[i]) {
-            status[i] = BKS_EBADREQ;
+            status[i] = other[i] == 2 ? BKS_EIO : BKS_EBADREQ;
+            *conflicts += other[i] == 1;
         } else {
             reqs[i] = todo[k]; /* (its checksums, filled in) */
             status[i] = st[k++];
@@ -296,7 +319,6 @@ static int store_adds(Engine *e, AddReq *reqs, size_t n, int *status, size_t *co
     }
     free(todo);
     free(st);
-    *conflicts = nother;
 out:
     free(other);
     return rc;
@@ -478,6 +500,51 @@ static PyObject *mod_scan_add_batch(PyObject *self, PyObject *args)
     if (n < 0)
         return PyErr_Format(ExcBadReq ? ExcBadReq : PyExc_ValueError, "malformed AddBatch: %s", why);
     return PyLong_FromLong(n);
+}
+
+/* answer_adds(payload, max_entry_bytes, status, message) -> the AddBatchResponse body refusing
+ * every add of an AddBatch, in order: an invalid one EBADREQ with its reason (af_rejection), the
+ * others `status` with `message` -- what a read-only or overloaded bookie answers, in C and
+ * without storing, so that refusing costs it no Python object per add. */
+static PyObject *mod_answer_adds(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer payload;
+    long long max_entry;
+    int status;
+    const char *msg;
+    Py_ssize_t msglen;
+    if (!PyArg_ParseTuple(args, "y*Lis#", &payload, &max_entry, &status, &msg, &msglen))
+        return NULL;
+    PyObject *raw = NULL;
+    WireAdd *adds = NULL;
+    const char *defect = "";
+    char why[96];
+    long n = af_parse_batch(payload.buf, (size_t)payload.len, &adds, &defect);
+    if (n < 0) {
+        PyErr_Format(ExcBadReq ? ExcBadReq : PyExc_ValueError, "malformed AddBatch: %s", defect);
+        goto out;
+    }
+    if (msglen > 200)
+        msglen = 200;
+    raw = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)((size_t)n * AF_RESPONSE_MAX(sizeof why + msglen)));
+    if (!raw)
+        goto out;
+    unsigned char *d = (unsigned char *)PyBytes_AS_STRING(raw), *d0 = d;
+    for (long i = 0; i < n; i++) { /* in order, as the Python path answers a read-only bookie */
+        size_t wl = af_rejection(&adds[i], max_entry, why, sizeof why);
+        if (wl)
+            d += af_put_response(d, BKS_EBADREQ, adds[i].ledger, adds[i].entry, adds[i].request_id, why, wl);
+        else
+            d += af_put_response(d, status, adds[i].ledger, adds[i].entry, adds[i].request_id, msg,
+                                 (size_t)msglen);
+    }
+    if (_PyBytes_Resize(&raw, (Py_ssize_t)(d - d0)) < 0)
+        raw = NULL;
+out:
+    free(adds);
+    PyBuffer_Release(&payload);
+    return raw;
 }
 
 /* add_batch(payload, max_entry_bytes) -> (responses, lacs, ok, ok_bytes, failed)
@@ -1385,6 +1452,8 @@ static PyMethodDef mod_methods[] = {
     {"encode_adds", mod_encode_adds, METH_VARARGS,
      "encode_adds(prefix, ledger, first_entry, lac, length, payloads, digest_size) -> [AddBatch element]"},
     {"crc32c_sw", mod_crc32c_sw, METH_VARARGS, "software (slice-by-8) crc32c"},
+    {"answer_adds", mod_answer_adds, METH_VARARGS,
+     "answer_adds(payload, max_entry_bytes, status, message) -> responses refusing every add"},
     {"scan_add_batch", mod_scan_add_batch, METH_VARARGS,
      "scan_add_batch(payload, max_adds) -> number of adds; BadRequest for a message refused whole"},
     {"add_rejection", mod_add_rejection, METH_VARARGS,

@@ -55,8 +55,9 @@ class BookieConfig:
     max_adds_per_message: int = 65_536  # an AddBatch with more adds is refused whole
     grpc_workers: int = 64
     long_poll_max_ms: int = 10_000
-    max_long_polls: int = 32            # long-poll reads waiting at once (each holds a gRPC
-                                        # worker); more answer ETOOMANYREQUESTS at once
+    max_long_polls: int = 0             # long-poll reads waiting at once (each holds a gRPC
+                                        # worker); more answer ETOOMANYREQUESTS at once.
+                                        # 0: half of grpc_workers
     # lifecycle
     metadata_session_timeout_s: float = 10.0
     disk_usage_threshold: float = 0.95  # read-only above this fraction used
@@ -153,10 +154,14 @@ class BookieConfig:
             raise BadRequestError(f"log_format must be text or json, got {self.log_format!r}")
         for name in ("write_cache_mb", "max_entry_bytes", "max_message_bytes", "grpc_workers",
                      "max_inflight_add_mb", "journal_max_size_mb", "max_adds_per_message",
-                     "max_long_polls", "log_max_mb"):
+                     "log_max_mb"):
             if getattr(self, name) <= 0:
                 raise BadRequestError(f"{name} must be positive")
-        if self.max_long_polls >= self.grpc_workers:
+        if self.max_long_polls < 0:
+            raise BadRequestError("max_long_polls must be positive (0: half of grpc_workers)")
+        if not self.max_long_polls:
+            self.max_long_polls = max(1, self.grpc_workers // 2)
+        elif self.max_long_polls >= self.grpc_workers:
             raise BadRequestError(f"max_long_polls ({self.max_long_polls}) must be below "
                                   f"grpc_workers ({self.grpc_workers}): waiting reads would "
                                   "hold every worker")

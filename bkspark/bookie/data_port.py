@@ -27,7 +27,6 @@ import logging
 import math
 import socket
 import ssl
-import struct
 import threading
 import time
 
@@ -147,8 +146,6 @@ class DataPortServer:
             self._admitted(peer)
             admitted = True
             conn.settimeout(None)
-            conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
-                            struct.pack("ll", int(SEND_TIMEOUT_S), 0))
             conn.sendall(wire.DATA_MAGIC)
             _Connection(self, conn, rfile, identity.expires).run()
         except (OSError, ssl.SSLError, wire.FrameError) as exc:
@@ -270,10 +267,23 @@ class _Connection:
         self.rfile = rfile
         self.range_buf = RangeBuffer()      # range reads' bodies, reused
 
+    def _send(self, kind: int, parts) -> None:
+        """Send one frame within :data:`SEND_TIMEOUT_S` (socket.timeout, an OSError, ends the
+        connection). The deadline is set around each send only: a connection waits for its
+        next frame without one (an idle client keeps it), and a frame is answered before the
+        next is read, so no read runs meanwhile. (SO_SNDTIMEO would not do: a TLS socket
+        retries its write past it.)"""
+        conn = self.conn
+        conn.settimeout(SEND_TIMEOUT_S)
+        try:
+            wire.send_frame(conn, kind, parts)
+        finally:
+            conn.settimeout(None)
+
     def run(self) -> None:
         service = self.service
         max_bytes = self.server.max_frame_bytes
-        sendall, frame, send_frame = self.conn.sendall, wire.frame, wire.send_frame
+        send = self._send
         while not service._stopping:
             item = wire.read_frame(self.rfile, max_bytes)
             if item is None:
@@ -285,13 +295,13 @@ class _Connection:
             if kind == wire.KIND_ADD_BATCH:
                 raw = service.process_add_batch(payload)
                 if raw:                 # b"": every add dropped by fault injection
-                    sendall(frame(wire.KIND_ADD_RESPONSES, (raw,)))
+                    send(wire.KIND_ADD_RESPONSES, (raw,))
             elif kind == wire.KIND_READ_RANGE:
                 request = pb.ReadRangeRequest.FromString(payload)
                 for parts in service.read_range_chunks(request, lambda: not service._stopping,
                                                        self.range_buf):
-                    send_frame(self.conn, wire.KIND_READ_CHUNK, parts)   # sent: buf is free
-                sendall(frame(wire.KIND_READ_END, ()))
+                    send(wire.KIND_READ_CHUNK, parts)   # sent: buf is free
+                send(wire.KIND_READ_END, ())
             else:
                 raise wire.FrameError(f"unknown frame kind {kind}")
 

@@ -138,6 +138,13 @@ class RangeBuffer:
         if nbytes and (self.bytes is None or len(self.bytes) < want):
             self.bytes = bytearray(want)
 
+    def filled(self, nbytes: int, asked: int) -> None:
+        """A chunk of ``nbytes`` was read into the buffer for a request allowing ``asked``:
+        when it took more than half the buffer, double it (up to ``asked``) for the next."""
+        size = len(self.bytes)
+        if nbytes > size // 2:
+            self.served(min(asked, 2 * size))
+
 
 class BookieService(pb_grpc.BookieServicer):
     """Implements every RPC of ``bookie.proto`` against a ``Storage``."""
@@ -276,10 +283,10 @@ class BookieService(pb_grpc.BookieServicer):
         """The add path of both streams (the data port's frames, gRPC ``AddStream``): an
         encoded ``AddBatch`` in, the encoded ``AddBatchResponse`` body out, answered like
         :meth:`_process_adds` but parsed, validated, stored and encoded in C
-        (``Storage.add_batch``) with no Python object per entry. Falls back to
-        :meth:`_process_adds` while faults are injected, when the bookie is read-only or over
-        its in-flight bytes, and when storage fails as a whole (closed), so those answers
-        have one implementation.
+        (``Storage.add_batch``) with no Python object per entry. A read-only or overloaded
+        bookie refuses it in C too (``_native.answer_adds``). Falls back to
+        :meth:`_process_adds` while faults are injected and when storage fails as a whole
+        (closed), so those answers have one implementation.
 
         A message is first walked without decoding (``_native.scan_add_batch``): one that is
         not protobuf, holds an add shorter than any valid add or more than
@@ -287,8 +294,14 @@ class BookieService(pb_grpc.BookieServicer):
         (the caller ends the stream). The in-flight bound counts its bytes plus
         :data:`ADD_OVERHEAD_BYTES` an add."""
         size = len(payload) + self.scan_add_batch(payload) * ADD_OVERHEAD_BYTES
-        if self.faults.active or self.state.read_only or not self._reserve(size):
+        if self.faults.active:          # (tests) the one implementation of faults, in Python
             return self._process_adds(pb.AddBatch.FromString(payload).adds)
+        if self.state.read_only:        # refused in C: no Python object per add
+            return _native.answer_adds(payload, self.config.max_entry_bytes, errors.EREADONLY,
+                                       "bookie is read-only")
+        if not self._reserve(size):
+            return _native.answer_adds(payload, self.config.max_entry_bytes,
+                                       errors.ETOOMANYREQUESTS, "bookie overloaded")
         started = time.perf_counter()
         try:
             stored = self.storage.add_batch(payload, self.config.max_entry_bytes)
@@ -513,6 +526,8 @@ class BookieService(pb_grpc.BookieServicer):
                 if buf is not None and buf.bytes is not None:
                     chunk = self.storage.read_range_into(lid, next_id, last, max_bytes,
                                                          buf.bytes, step)
+                    if chunk and max_bytes > len(buf.bytes):    # the buffer cut the chunk?
+                        buf.filled(sum(len(b) for _, b in chunk), max_bytes)
                 if not chunk:           # no buffer yet, or its first entry is larger
                     chunk = self.storage.read_range(lid, next_id, last, max_bytes, step)
                     if buf is not None:     # the next chunk goes into one this large

@@ -429,20 +429,24 @@ class ReadHandle:
         conf = self._ctx.conf
         done = wake if wake is not None else threading.Event()
         lock = threading.Lock()
-        state = {"left": len(md.last_ensemble())}
+        asked = len(md.last_ensemble())
+        state = {"left": asked, "refused": 0}
 
         def on_resp(fut):
+            refused = False
             try:
                 resp = fut.result()
                 if resp.status == errors.EOK:
                     self._saw_lac(lac_of(resp, self._digest)[0])
-                elif resp.status == errors.ETOOMANYREQUESTS:
-                    return      # the bookie holds enough long polls: no answer, the wait goes on
+                refused = resp.status == errors.ETOOMANYREQUESTS
             except BKError:
                 pass
             with lock:
                 state["left"] -= 1
-                if self._lac > previous or state["left"] == 0:
+                state["refused"] += refused
+                # every bookie answered: done -- unless all of them hold their limit of long
+                # polls (ETOOMANYREQUESTS at once): that is no answer, the wait goes on
+                if self._lac > previous or (state["left"] == 0 and state["refused"] < asked):
                     done.set()
 
         for b in md.last_ensemble():
@@ -451,7 +455,8 @@ class ReadHandle:
                 previous_lac=previous, long_poll_ms=int(timeout * 1000),
                 timeout=timeout + conf.read_timeout)
             f.add_done_callback(on_resp)
-        done.wait(timeout + conf.read_timeout)
+        if not done.wait(timeout) and state["refused"] < asked:
+            done.wait(conf.read_timeout)    # the long polls' answers, which take their time
         if self._lac <= previous:
             self._refresh_if_open()
         return self._lac

@@ -193,3 +193,14 @@ def test_a_message_holding_an_add_too_short_for_a_key_is_refused_whole(twins, sh
         twins[0].process_add_batch(_batch(add_request(17, 0, b"ok"), broken))
     with pytest.raises(errors.NoSuchLedgerError):
         twins[0].storage.read_entry(17, 0)
+
+
+def test_a_read_only_bookie_refuses_in_c_as_the_python_path_does(twins):
+    """Refusing costs no Python object per add (issue 49: the fallback decoded every add, the
+    bookie spent most when it could least): the same answers, invalid adds with their reason."""
+    for service in twins:
+        service.state.read_only = True
+    broken = add_request(23, 1, b"b")
+    broken.master_key = b"short" * 3
+    answers = _both(twins, _batch(add_request(23, 0, b"a"), broken, add_request(23, 2, b"c")))
+    assert [a[0] for a in answers] == [errors.EREADONLY, errors.EBADREQ, errors.EREADONLY]

@@ -105,3 +105,13 @@ def test_client_config_of_in_bookie_autorecovery(tmp_path, caplog):
     with pytest.raises(BadRequestError, match=f"unknown client setting 'tls_ca_fil' "
                                               f"\\(in {client}\\): did you mean 'tls_ca_file'"):
         config_from_args(build_parser().parse_args([*base, "--client-config", str(client)]))
+
+
+def test_max_long_polls_defaults_to_half_the_grpc_workers():
+    """A configuration of before issue 49 with few workers still starts."""
+    config = BookieConfig(metadata_uri="sqlite:///x", journal_dir="j", ledger_dirs=["l"],
+                          grpc_workers=16).finalize()
+    assert config.max_long_polls == 8
+    with pytest.raises(BadRequestError, match="below grpc_workers"):
+        BookieConfig(metadata_uri="sqlite:///x", journal_dir="j", ledger_dirs=["l"],
+                     grpc_workers=16, max_long_polls=16).finalize()

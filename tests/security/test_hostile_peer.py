@@ -244,3 +244,55 @@ def test_an_entry_once_stored_is_never_replaced(bookie):
     assert bookie.stub.Read(pb.ReadRequest(ledger_id=lid, entry_id=0), timeout=10).body \
         == first.body
     assert bookie.stub.Add(first, timeout=10).status == errors.EOK     # same bytes: idempotent
+
+
+def test_a_reader_refused_by_every_bookie_waits_its_timeout_then_asks_again(bookie):
+    """Every long-poll slot held by others: the tailing reader's wait is its timeout (its
+    back-off), not timeout + read_timeout, and it learns an entry added meanwhile on the next
+    wait."""
+    from bkspark.client import BookKeeper
+    with BookKeeper(bookie.metadata_uri, read_timeout=5.0) as bk:
+        lh = bk.create_ledger(1, 1, 1)
+        lh.append(b"first")
+        rh = bk.open_ledger(lh.ledger_id, recovery=False)
+        holders = [threading.Thread(target=lambda: bookie.stub.Read(pb.ReadRequest(
+            ledger_id=515_151, entry_id=0, has_previous_lac=True, previous_lac=5,
+            timeout_ms=4000), timeout=20)) for _ in range(MAX_LONG_POLLS)]
+        for t in holders:
+            t.start()
+        time.sleep(0.5)
+        lh.append(b"second")
+        t0 = time.monotonic()
+        rh.read_lac_long_poll(rh.last_add_confirmed, 1.0)
+        waited = time.monotonic() - t0
+        assert 0.9 < waited < 2.5, waited
+        for t in holders:
+            t.join()
+        lh.append(b"third")
+        assert rh.read_lac_long_poll(rh.last_add_confirmed, 3.0) >= 1
+        lh.close()
+
+
+def test_a_range_buffer_grows_to_the_chunks_asked_once_data_fills_it(bookie):
+    """After a small range, a large one is served in chunks of the size asked, not the small
+    buffer's (the buffer doubles while a chunk fills it)."""
+    lid = 61_616
+    size = 256 << 10
+    for e in range(40):
+        add = _add(lid, e, size)
+        assert bookie.stub.Add(add, timeout=10).status == errors.EOK
+    sock, rfile = _data_conn(bookie)
+    with sock:
+        def chunks(last, max_bytes):
+            sock.sendall(wire.frame(wire.KIND_READ_RANGE, [pb.ReadRangeRequest(
+                ledger_id=lid, first_entry_id=0, last_entry_id=last,
+                max_bytes_per_message=max_bytes).SerializeToString()]))
+            got = []
+            while True:
+                kind, payload = wire.read_frame(rfile, 64 << 20)
+                if kind == wire.KIND_READ_END:
+                    return got
+                got.append(len(pb.ReadRangeResponse.FromString(payload).entries))
+        assert chunks(0, 4 << 20) == [1]                        # a small range first
+        big = chunks(39, 4 << 20)
+        assert sum(big) == 40 and len(big) <= 20, big           # 16 a chunk once grown

@@ -232,6 +232,24 @@ def test_an_entry_once_stored_is_never_replaced_by_other_bytes(tmp_path):
         s.close()
 
 
+def test_a_re_add_the_engine_would_refuse_learns_nothing_of_what_is_held(tmp_path):
+    """The read-back of a held entry happens only for an add the engine would take: with
+    another key it is EUA, on a fenced ledger (not a recovery add) EFENCED -- held or not,
+    other bytes or not (before, EBADREQ said "held, with other bytes" to a peer without the
+    key, and cost a read of the entry)."""
+    s = make(tmp_path)
+    try:
+        assert s.add_entries([(4, 0, b"k" * 20, False, b"body")]) == [0]
+        assert s.add_entries([(4, 0, b"x" * 20, False, b"other"),
+                              (4, 7, b"x" * 20, False, b"other")]) == [502, 502]
+        s.fence(4, b"k" * 20)
+        assert s.add_entries([(4, 0, b"k" * 20, False, b"other")]) == [504]
+        assert s.add_entries([(4, 0, b"k" * 20, True, b"other")]) == [404]
+        assert s.read_entry(4, 0) == b"body"
+    finally:
+        s.close()
+
+
 def test_readd_same_entry_keeps_latest_across_flush(tmp_path):
     # regression: an empty body followed by a re-add of the same entry share a cache offset
     # (the engine's rewrite path: a bookie never replaces an entry, replace_entries=False)
