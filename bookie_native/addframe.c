@@ -102,18 +102,30 @@ static int parse_add(const unsigned char *p, size_t n, WireAdd *a, const char **
     return 0;
 }
 
-long af_parse_batch(const unsigned char *p, size_t n, WireAdd **out, const char **why)
+/* the next AddBatch.adds element at *pp, parsed into *a: 1, or 0 at the end, -1 with *why */
+static int next_add(const unsigned char **pp, const unsigned char *end, WireAdd *a, size_t *len,
+                    const char **why)
 {
-    const unsigned char *end = p + n;
-    size_t count = 0, cap = 0;
-    WireAdd *adds = NULL;
-    *out = NULL;
-    while (p < end) {
+    while (*pp < end) {
         Field f;
-        if (next_field(&p, end, &f, why) < 0)
+        if (next_field(pp, end, &f, why) < 0)
             return -1;
         if (f.tag != ((1 << 3) | WT_LEN))
             continue;
+        *len = f.vlen;
+        return parse_add(f.val, f.vlen, a, why) < 0 ? -1 : 1;
+    }
+    return 0;
+}
+
+long af_parse_batch(const unsigned char *p, size_t n, WireAdd **out, const char **why)
+{
+    const unsigned char *end = p + n;
+    size_t count = 0, cap = 0, len;
+    WireAdd *adds = NULL, add;
+    int rc;
+    *out = NULL;
+    while ((rc = next_add(&p, end, &add, &len, why)) > 0) {
         if (count == cap) {
             cap = cap ? cap * 2 : 64;
             WireAdd *grown = realloc(adds, cap * sizeof *adds);
@@ -123,36 +135,29 @@ long af_parse_batch(const unsigned char *p, size_t n, WireAdd **out, const char 
             }
             *out = adds = grown;
         }
-        if (parse_add(f.val, f.vlen, &adds[count], why) < 0)
-            return -1;
-        count++;
+        adds[count++] = add;
     }
-    return (long)count;
+    return rc < 0 ? -1 : (long)count;
 }
 
 long af_scan_batch(const unsigned char *p, size_t n, long max_adds, const char **why)
 {
     const unsigned char *end = p + n;
     long count = 0;
-    while (p < end) {
-        Field f;
-        if (next_field(&p, end, &f, why) < 0)
-            return -1;
-        if (f.tag != ((1 << 3) | WT_LEN))
-            continue;
-        if (f.vlen < AF_MIN_ADD_BYTES) {
+    size_t len;
+    WireAdd add; /* each add parses (no allocation): what passes here, add_batch parses */
+    int rc;
+    while ((rc = next_add(&p, end, &add, &len, why)) > 0) {
+        if (len < AF_MIN_ADD_BYTES) {
             *why = "an add too short to hold a master key";
             return -1;
         }
-        WireAdd add; /* its fields parse (no allocation): what passes here, add_batch parses */
-        if (parse_add(f.val, f.vlen, &add, why) < 0)
-            return -1;
         if (++count > max_adds) {
             *why = "more adds than max_adds_per_message";
             return -1;
         }
     }
-    return count;
+    return rc < 0 ? -1 : count;
 }
 
 static unsigned char *put_varint(unsigned char *d, uint64_t v)
