@@ -125,7 +125,8 @@ class RangeBuffer:
     """A data-port connection's buffer for range reads, kept from range to range and sized
     by what the connection was served, never by what a request asks: none until a chunk was
     read (a range of a ledger that does not exist costs nothing), then the power of two
-    holding the largest chunk read outside it (64 KiB to :data:`_RANGE_BUFFER_MAX`)."""
+    holding the largest chunk read outside it, doubled while chunks fill more than half of it
+    (64 KiB to :data:`_RANGE_BUFFER_MAX`, never beyond what a request allows)."""
 
     __slots__ = ("bytes",)
 
@@ -289,7 +290,7 @@ class BookieService(pb_grpc.BookieServicer):
         (closed), so those answers have one implementation.
 
         A message is first walked without decoding (``_native.scan_add_batch``): one that is
-        not protobuf, holds an add shorter than any valid add or more than
+        not protobuf, holds an add too short to carry a master key or more than
         ``max_adds_per_message`` adds raises :class:`BadRequestError` and costs nothing more
         (the caller ends the stream). The in-flight bound counts its bytes plus
         :data:`ADD_OVERHEAD_BYTES` an add."""
@@ -332,8 +333,8 @@ class BookieService(pb_grpc.BookieServicer):
 
     def scan_add_batch(self, payload) -> int:
         """The number of adds of an encoded ``AddBatch``, walked without decoding one;
-        :raises BadRequestError: a message refused whole (not protobuf, an add shorter than
-            any valid one, more than ``max_adds_per_message`` adds)."""
+        :raises BadRequestError: a message refused whole (not protobuf, an add too short to
+            carry a master key, more than ``max_adds_per_message`` adds)."""
         try:
             return _native.scan_add_batch(payload, self.config.max_adds_per_message)
         except ValueError as exc:       # before storage mapped _native's errors to ours
