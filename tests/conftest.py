@@ -18,6 +18,9 @@ Helpers (import them from :mod:`metadata.testing`, not from this conftest — se
 """
 from __future__ import annotations
 
+import shutil
+import tempfile
+
 import pytest
 
 from metadata import open_store
@@ -28,6 +31,30 @@ from metadata.testing import (  # noqa: F401 - re-exported for other test packag
     skip_or_fail,
     unique_root,
 )
+
+
+def _temp_disk_usage() -> tuple[str, float]:
+    """The temporary directory the tests' bookies write to, and the fraction of its disk in
+    use (as a bookie computes it: used / (used + available))."""
+    where = tempfile.gettempdir()
+    total, used, free = shutil.disk_usage(where)
+    return where, used / max(1, used + free)
+
+
+def pytest_report_header(config):
+    where, usage = _temp_disk_usage()
+    return f"bkspark: disk of {where} {usage:.1%} used (test bookies go read-only at 95%)"
+
+
+def pytest_sessionstart(session):
+    """Refuse to start on a disk the bookies would refuse: every cluster of the run would be
+    read-only ("need 3 writable bookies, only 0 available") and hundreds of tests would fail
+    for one reason that this message names."""
+    where, usage = _temp_disk_usage()
+    if usage >= 0.94:
+        pytest.exit(f"the disk of {where} is {usage:.1%} used: test bookies go read-only at "
+                    "95% (disk_usage_threshold), so the run cannot pass. Free space first "
+                    "(old runs: /tmp/pytest-of-$USER).", returncode=3)
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from bkspark import errors
 from bkspark.auth.credentials import Credentials
-from bkspark.errors import BadRequestError, UnauthorizedError
+from bkspark.errors import BadRequestError, NotEnoughBookiesError, UnauthorizedError
 from metadata import ledgers as _ledgers
 from metadata import open_store
 from metadata import registry as _registry
@@ -48,7 +48,8 @@ class ClientConfig:
     read_range_timeout: float = 120.0
     max_outstanding_bytes: int = 32 << 20   # back-pressure bound of unacknowledged adds
     max_bookie_backlog_bytes: int = 64 << 20  # unsent adds to one bookie beyond this for
-                                              # add_timeout: the bookie is replaced
+                                              # add_timeout, or beyond twice this at any
+                                              # time: the bookie is replaced
     read_window: int = 64                   # per-entry reads in flight
     recovery_read_window: int = 64          # recovery reads in flight
     recovery_negative_grace: float = 1.0    # wait this long for a late positive answer
@@ -121,7 +122,8 @@ class BookKeeper:
                                       credentials,
                                       linger=self.conf.add_linger,
                                       max_linger=self.conf.add_max_linger,
-                                      note_for=self._transport_note)
+                                      note_for=self._transport_note,
+                                      max_backlog=2 * self.conf.max_bookie_backlog_bytes)
         self._executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="bk-client")
         self._scheduler = Scheduler()
         self._writers: weakref.WeakSet = weakref.WeakSet()
@@ -177,6 +179,19 @@ class BookKeeper:
             log.warning("bookies %s are left out of new ensembles: %s", sorted(why),
                         next(iter(why.values())))
         return {b: info for b, info in bookies.items() if b not in why}
+
+    def _readonly_note(self) -> str:
+        """What to add to "not enough writable bookies": the bookies registered read-only,
+        and why a bookie is (nothing if there are none, or if the registry cannot say)."""
+        try:
+            readonly = sorted(_registry.list_bookies(self.store, readonly=True))
+        except errors.BKError:
+            return ""
+        if not readonly:
+            return ""
+        return (f"; {len(readonly)} more registered read-only: {readonly} (a bookie goes "
+                "read-only when a disk is full -- over disk_usage_threshold -- or failing, or "
+                "by an operator; GET /api/v1/bookie/state on its admin port says why)")
 
     def _transport_mismatch(self, registration) -> str:
         """Why this client cannot talk to a bookie registered with ``registration``: it
@@ -275,7 +290,10 @@ class BookKeeper:
         for k, v in (custom_metadata or {}).items():
             custom[str(k)] = v.encode() if isinstance(v, str) else _as_bytes(v, f"custom {k}")
         self._check_open()
-        ensemble = placement.choose_ensemble(self._writable_bookies(), ensemble_size)
+        try:
+            ensemble = placement.choose_ensemble(self._writable_bookies(), ensemble_size)
+        except NotEnoughBookiesError as exc:
+            raise NotEnoughBookiesError(f"{exc}{self._readonly_note()}") from None
         md = LedgerMetadata.new(ensemble, write_quorum, ack_quorum, password=password,
                                 digest_type=digest, custom_metadata=custom)
         md = _ledgers.create_ledger(self.store, md)

@@ -285,10 +285,12 @@ class _AddStream:
             cancel()
 
     def send(self, elems: list[bytes]) -> bool:
-        """Hand ``elems`` to the stream; False if it is dead. Never blocks on the bookie."""
+        """Hand ``elems`` to the stream; False if it is dead or cancelled (the elements are
+        dropped: its sinks hear the stream end and resend what is unacknowledged to the
+        bookie's replacement). Never blocks on the bookie."""
         size = sum(map(len, elems))
         with self.lock:
-            if self.dead:
+            if self.dead or self.cancelled:
                 return False
             self.backlog += size
             if self.q is not None:
@@ -380,6 +382,7 @@ class BookieClient:
     linger = None       # min seconds between two add messages (None: 0 on the data port,
                         # GRPC_ADD_LINGER on gRPC)
     max_linger = 0.005  # ... and at most this long waiting for the previous ones' acks
+    max_backlog = 0     # unsent add bytes beyond which the stream is broken at once (0: none)
 
     def __init__(self, bookie_id: str, address: str, sinks: dict, on_failure=None,
                  credentials: Credentials | None = None):
@@ -411,7 +414,15 @@ class BookieClient:
 
     # ---- streamed adds -----------------------------------------------------------------
     def send_adds(self, elems: list[bytes]) -> None:
-        """Queue encoded ``AddBatch`` elements; acks arrive through the sinks."""
+        """Queue encoded ``AddBatch`` elements; acks arrive through the sinks.
+
+        Never blocks on the bookie. A bookie that takes adds slower than they come (a hung
+        or stopped process outside the ack quorum) grows the stream's unsent backlog; beyond
+        ``max_backlog`` bytes the stream is broken here, at once, so its sinks replace the
+        bookie: the client holds at most about ``max_backlog`` unsent bytes per bookie,
+        whatever the writers' rate. (Below it, the client's periodic check replaces a bookie
+        whose backlog stayed over the softer ``max_bookie_backlog_bytes`` for the add
+        timeout.)"""
         with self._lock:
             if self.closed:
                 raise BookieUnavailableError(f"bookie client {self.bookie_id} closed")
@@ -420,6 +431,10 @@ class BookieClient:
                 st = self._stream = _AddStream(self)
             for run in _runs(elems):
                 st.send(run)
+            over = self.max_backlog and st.backlog > self.max_backlog and not st.cancelled
+        if over:
+            self.break_stream(f"{st.backlog} bytes of adds unsent, over the bound of "
+                              f"{self.max_backlog}")
 
     def _open_add_transport(self, stream: _AddStream):
         """Open ``stream``'s transport; return the iterator of its ``AddBatchResponse``s.
@@ -557,7 +572,12 @@ class BookieClient:
             sock.close()
 
     def _stream_died(self, stream: _AddStream, error: errors.BKError) -> None:
+        """``stream`` is over: its sinks hear it once (a stream broken while it was still
+        opening is reported by :meth:`break_stream`, and again, ignored, when its opening
+        ends)."""
         with self._lock:
+            if stream.dead:
+                return
             stream.dead = True
             if self._stream is stream:
                 self._stream = None
@@ -609,11 +629,18 @@ class BookieClient:
             return False
 
     def break_stream(self, reason: str) -> None:
-        """Abort the add stream (its sinks hear on_bookie_failed and replace the bookie)."""
+        """Abort the add stream (its sinks hear on_bookie_failed and replace the bookie).
+
+        A stream still opening (a stopped bookie does not answer ``GetBookieInfo`` or the
+        hello until ``DATA_CONNECT_TIMEOUT``) is reported dead now rather than when its
+        opening gives up: the bookie is replaced at once."""
         st = self._stream
         if st is not None:
             log.warning("bookie %s: %s; abandoning its add stream", self.bookie_id, reason)
             st.cancel()
+            if st._cancel is None:
+                self._stream_died(st, BookieUnavailableError(
+                    f"bookie {self.bookie_id}: {reason}"))
 
     # ---- unary calls -------------------------------------------------------------------
     def _wrap(self, grpc_future) -> Future:
@@ -806,13 +833,15 @@ class BookieClientPool:
     """One :class:`BookieClient` per bookie id; addresses from the bookie registry."""
 
     def __init__(self, resolve_address, on_failure=None, credentials: Credentials | None = None, *,
-                 linger: float | None = None, max_linger: float | None = None, note_for=None):
+                 linger: float | None = None, max_linger: float | None = None, note_for=None,
+                 max_backlog: int = 0):
         self._resolve = resolve_address     # bookie_id -> "host:port"
         self._note_for = note_for           # bookie_id -> BookieClient.note
         self.on_failure = on_failure        # called with a bookie id whose stream broke
         self.credentials = credentials      # who this client is; the roots of bookies
         self.linger = BookieClient.linger if linger is None else linger
         self.max_linger = BookieClient.max_linger if max_linger is None else max_linger
+        self.max_backlog = max_backlog      # see BookieClient.send_adds
         self._clients: dict[str, BookieClient] = {}
         self._lock = threading.Lock()
         self.sinks: dict[int, object] = {}
@@ -827,6 +856,7 @@ class BookieClientPool:
                 c = BookieClient(bookie_id, self._resolve(bookie_id), self.sinks,
                                  self.on_failure, self.credentials)
                 c.linger, c.max_linger = self.linger, self.max_linger
+                c.max_backlog = self.max_backlog
                 if self._note_for is not None:
                     c.note = self._note_for(bookie_id)
                 self._clients[bookie_id] = c

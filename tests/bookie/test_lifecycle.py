@@ -165,6 +165,12 @@ def test_disk_usage_threshold_makes_bookie_read_only(tmp_path):
         stub, channel = stub_for(c.bookie_ids[0])
         assert stub.Add(add_request(5, 0), timeout=10).status == errors.EREADONLY
         channel.close()
+        from bkspark.client import BookKeeper
+        with BookKeeper(c.metadata_uri) as bk:      # the client says which bookies, and why
+            with pytest.raises(errors.NotEnoughBookiesError,
+                               match=r"only 0 available: \[\]; 1 more registered read-only: "
+                                     r".*disk_usage_threshold"):
+                bk.create_ledger(1, 1, 1)
 
 
 def test_gc_deletes_only_ledgers_missing_from_metadata(cluster):

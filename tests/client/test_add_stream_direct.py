@@ -106,3 +106,57 @@ def test_close_sends_what_is_held_then_ends_the_request_side():
     client.far.settimeout(10)
     assert client.far.recv(1) == b""        # SHUT_WR: the bookie sees the end
     client.close()
+
+
+class _Sink:
+    def __init__(self):
+        self.failed = threading.Event()
+        self.errors = []
+
+    def on_bookie_failed(self, bookie_id, error):
+        self.errors.append(error)
+        self.failed.set()
+
+
+def test_a_backlog_over_the_bound_breaks_the_stream_at_once_and_bounds_what_is_held():
+    """A peer that reads nothing: once more than ``max_backlog`` bytes wait unsent, the
+    stream is broken in the appender's call (its sinks hear it) and what comes after is
+    dropped, not held: the client's memory for a stuck bookie is bounded whatever the
+    writer's rate."""
+    client, stream = _open_stream()
+    sink = _Sink()
+    client.sinks[7] = sink
+    client.max_backlog = 8 << 20
+    for i in range(64):                              # 64 x 1 MiB at a peer that reads nothing
+        client.send_adds([bytes([i]) * (1 << 20)])
+        if stream.cancelled:
+            break
+    assert stream.cancelled, "64 MiB queued for a peer that reads nothing"
+    assert sink.failed.wait(10), "the broken stream's sinks never heard of it"
+    held = stream.backlog
+    assert not stream.send([b"x" * (1 << 20)])
+    assert stream.backlog == held <= (8 << 20) + (2 << 20)
+    client.close()
+
+
+def test_a_stream_broken_while_opening_is_reported_at_once():
+    """A stopped bookie leaves the stream's opening waiting up to ``DATA_CONNECT_TIMEOUT``;
+    breaking it reports the bookie failed now (so the ledger replaces it now), once."""
+    release = threading.Event()
+
+    class _Hanging(bc.BookieClient):
+        def _open_add_transport(self, stream):
+            release.wait(30)
+            raise OSError("the opening gave up")
+
+    client = _Hanging("hang:1", "127.0.0.1:1", {})
+    sink = _Sink()
+    client.sinks[7] = sink
+    client.send_adds([b"a" * 100])
+    client.break_stream("test: stuck")
+    assert sink.failed.wait(5), "the broken stream was reported only when its opening ended"
+    assert "stuck" in str(sink.errors[0])
+    release.set()
+    threading.Event().wait(0.3)
+    assert len(sink.errors) == 1, sink.errors
+    client.close()
