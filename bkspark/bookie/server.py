@@ -142,6 +142,7 @@ class BookieServer:
         cookies.validate_or_create(self.store, cfg)
         self.storage = Storage(storage_config(cfg))
         self.service = BookieService(self.storage, cfg, self.state)
+        self.service.ledger_master_key = self._ledger_master_key
         self.metrics = BookieMetrics(
             self.storage, weakref.ref(self.service),
             [("journal", d) for d in (cfg.journal_dirs or [cfg.journal_dir])]
@@ -304,6 +305,16 @@ class BookieServer:
             except errors.BKError:
                 pass
             self.state.registered_as = None
+
+    def _ledger_master_key(self, ledger_id: int) -> bytes | None:
+        """The master key the metadata holds for ``ledger_id`` (read after a sync, so a
+        ledger created just before is seen), or None if it lists no such ledger.
+        :raises BKError: the store cannot answer, or the record is corrupt."""
+        try:
+            md, _ = ledger_store.read_ledger(self.store, ledger_id, settle=True)
+        except errors.NoSuchLedgerError:
+            return None
+        return md.keys.master_key
 
     def _on_session_lost(self, *_args) -> None:
         log.warning("metadata session lost; re-registering id=%s", self.config.bookie_id)

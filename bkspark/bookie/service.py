@@ -157,6 +157,8 @@ class BookieService(pb_grpc.BookieServicer):
         self.metrics = metrics
         self.lac = LacTracker(storage)
         self.faults = FaultInjector()
+        self.ledger_master_key = None   # ledger id -> its master key from the metadata (None:
+                                        # not listed); set by the server (see Read's fencing)
         self._inflight_bytes = 0
         self._inflight_lock = threading.Lock()
         self._max_inflight = config.max_inflight_add_mb << 20
@@ -441,6 +443,11 @@ class BookieService(pb_grpc.BookieServicer):
                                max_lac=-1, message=message)
 
     def Read(self, request, context):
+        """One entry; or, for entry -1 (a fencing read with FENCE_LEDGER, which fences durably
+        before answering) and for long polls (``has_previous_lac``: wait until this bookie's
+        LAC passes ``previous_lac``), an answer about the LAC: ``max_lac`` (a hint), the last
+        entry held as the body (with ENTRY_PIGGYBACK, on a long poll) and the explicit LAC
+        body -- the digest-protected proofs that readers verify before counting a LAC."""
         started = time.perf_counter()
         if request.ledger_id < 0 or request.entry_id < -1:
             return self._read_error(request, errors.EBADREQ, "bad ledger or entry id")
@@ -452,6 +459,9 @@ class BookieService(pb_grpc.BookieServicer):
         if request.flags & pb.ReadRequest.FENCE_LEDGER:
             if len(request.master_key) != MASTER_KEY_LEN:
                 return self._read_error(request, errors.EBADREQ, "fencing read needs the master key")
+            refused = self._check_new_ledger_key(request.ledger_id, request.master_key)
+            if refused:
+                return self._read_error(request, *refused)
             try:
                 status = self.storage.fence(request.ledger_id, request.master_key)
             except errors.BKError as exc:
@@ -473,20 +483,58 @@ class BookieService(pb_grpc.BookieServicer):
                     self._long_polls -= 1
             if lac <= request.previous_lac or not (request.flags & pb.ReadRequest.ENTRY_PIGGYBACK):
                 return pb.ReadResponse(status=errors.EOK, ledger_id=request.ledger_id,
-                                       entry_id=request.entry_id, max_lac=lac)
+                                       entry_id=request.entry_id, max_lac=lac,
+                                       lac_body=self._lac_body(request.ledger_id))
+        # an answer about the LAC (entry -1, a long poll) carries what proves it: the last
+        # entry held (its piggybacked LAC) and the explicit LAC body, both digest-protected
+        about_lac = request.entry_id == -1 or request.has_previous_lac
         try:
-            body = self.storage.read_entry(request.ledger_id, request.entry_id)
+            body = self.storage.read_entry(request.ledger_id,
+                                           -1 if about_lac else request.entry_id)
         except errors.BKError as exc:
             if request.has_previous_lac and exc.status in (errors.ENOENTRY, errors.ENOLEDGER):
                 return pb.ReadResponse(status=errors.EOK, ledger_id=request.ledger_id,
-                                       entry_id=request.entry_id, max_lac=lac)
+                                       entry_id=request.entry_id, max_lac=lac,
+                                       lac_body=self._lac_body(request.ledger_id))
             return self._read_error(request, exc.status or errors.EIO, str(exc))
-        entry_id = request.entry_id if request.entry_id >= 0 else _entry_id_of(body)
+        entry_id = _entry_id_of(body) if about_lac else request.entry_id
         if self.metrics is not None:
             self.metrics.record_read(len(body), seconds=None if request.has_previous_lac
                                      else time.perf_counter() - started)
         return pb.ReadResponse(status=errors.EOK, ledger_id=request.ledger_id, entry_id=entry_id,
-                               body=body, max_lac=lac if lac is not None else self.lac.get(request.ledger_id))
+                               body=body, max_lac=lac if lac is not None else self.lac.get(request.ledger_id),
+                               lac_body=self._lac_body(request.ledger_id) if about_lac else b"")
+
+    def _lac_body(self, ledger_id: int) -> bytes:
+        """The explicit LAC body stored for ``ledger_id`` (b"" if none, or unreadable: the
+        answer then proves only what its entry body does)."""
+        try:
+            return self.storage.explicit_lac(ledger_id) or b""
+        except errors.BKError:
+            return b""
+
+    def _check_new_ledger_key(self, ledger_id: int, master_key: bytes):
+        """Fencing creates the ledger's record on a bookie that never saw it (so a writer
+        that never reached this bookie is refused here too), under the fencer's key, for
+        good. Such a record is made only under the key the ledger's metadata holds: a ledger
+        the metadata does not list (a guessed future id) is answered ENOLEDGER and not
+        recorded, a key that is not the ledger's EUA -- else any client could claim ids in
+        advance and lock their writers out. ``(status, message)`` to answer, or None to go
+        on (the bookie knows the ledger: storage checks the key; or the service has no
+        metadata store: ``ledger_master_key`` unset). A metadata store that cannot answer
+        gives EIO: unknown, never a record made on a guess."""
+        lookup = self.ledger_master_key
+        if lookup is None or self.storage.master_key(ledger_id) is not None:
+            return None
+        try:
+            expected = lookup(ledger_id)
+        except errors.BKError as exc:
+            return errors.EIO, f"cannot read the ledger's metadata to check the key: {exc}"
+        if expected is None:
+            return errors.ENOLEDGER, "no such ledger in the metadata: nothing to fence"
+        if not hmac.compare_digest(expected, master_key):
+            return errors.EUA, "wrong master key"
+        return None
 
     def _enter_long_poll(self) -> bool:
         """Count a long poll in, unless ``max_long_polls`` wait already (each holds a gRPC

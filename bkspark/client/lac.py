@@ -4,8 +4,11 @@
 Every bookie of the last ensemble is asked (``Read`` of entry -1; with ``fence``, the same read
 also fences the ledger on the bookie, durably, before it answers). An answer is:
 
-* EOK: the bookie's LAC -- the highest of its ``max_lac`` and the LAC piggybacked in the body
-  of its last entry (digest-checked; a body that fails its digest only loses its LAC);
+* EOK: the bookie's LAC -- the highest LAC this client verified in the answer: the one
+  piggybacked in the body of its last entry and the explicit LAC body (each checked with the
+  ledger's digest; one that fails it only loses its LAC). The bookie's ``max_lac`` is never
+  counted: it is the bookie's word, and a LAC beyond the acknowledged entries would make
+  readers serve entries never acknowledged and recovery look for entries that are not there;
 * ENOENTRY / ENOLEDGER: it holds nothing of the ledger -- an answer, without a LAC;
 * EUA: the master key is wrong -- :class:`UnauthorizedError`, whatever the others say;
 * anything else, or no answer: unknown (the bookie may hold entries).
@@ -35,16 +38,21 @@ class LacAnswers:
 
 
 def lac_of(resp, digest) -> tuple[int, str]:
-    """The LAC an EOK answer tells (``max_lac`` and the body's piggybacked LAC), and why the
-    body's LAC was left out ("" if it was not)."""
-    lac = resp.max_lac if resp.max_lac is not None else -1
+    """The LAC an EOK answer proves (the highest of its body's piggybacked LAC and its
+    explicit LAC body, each digest-checked; -1 if neither), and why a proof was left out
+    ("" if none was)."""
+    lac, why = -1, []
     if resp.body:
         try:
-            _, body_lac, _, _ = digest.verify(resp.body)
-            lac = max(lac, body_lac)
+            lac = max(lac, digest.verify(resp.body)[1])
         except DigestMismatchError as exc:
-            return lac, str(exc)
-    return lac, ""
+            why.append(str(exc))
+    if resp.lac_body:
+        try:
+            lac = max(lac, digest.verify_lac(resp.lac_body))
+        except DigestMismatchError as exc:
+            why.append(str(exc))
+    return lac, "; ".join(why)
 
 
 def read_lac(ctx, ledger_id: int, ensemble: list, digest, *, fence: bool = False,

@@ -107,20 +107,22 @@ class ReadRequest(_message.Message):
     def __init__(self, ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., flags: _Optional[int] = ..., master_key: _Optional[bytes] = ..., has_previous_lac: _Optional[bool] = ..., previous_lac: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
 
 class ReadResponse(_message.Message):
-    __slots__ = ("status", "ledger_id", "entry_id", "body", "max_lac", "message")
+    __slots__ = ("status", "ledger_id", "entry_id", "body", "max_lac", "message", "lac_body")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
     ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
     BODY_FIELD_NUMBER: _ClassVar[int]
     MAX_LAC_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    LAC_BODY_FIELD_NUMBER: _ClassVar[int]
     status: StatusCode
     ledger_id: int
     entry_id: int
     body: bytes
     max_lac: int
     message: str
-    def __init__(self, status: _Optional[_Union[StatusCode, str]] = ..., ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., body: _Optional[bytes] = ..., max_lac: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+    lac_body: bytes
+    def __init__(self, status: _Optional[_Union[StatusCode, str]] = ..., ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., body: _Optional[bytes] = ..., max_lac: _Optional[int] = ..., message: _Optional[str] = ..., lac_body: _Optional[bytes] = ...) -> None: ...
 
 class ReadRangeRequest(_message.Message):
     __slots__ = ("ledger_id", "first_entry_id", "last_entry_id", "max_bytes_per_message", "step")

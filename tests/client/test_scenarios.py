@@ -330,20 +330,56 @@ def test_wrong_password_and_bad_quorums(c):
 def test_fencing_a_ledger_the_bookie_never_saw_still_fences_it(c):
     """Recovery counts NoSuchLedger fence answers as fenced: the bookie must then refuse
     the old writer's adds for that ledger."""
-    bid = c.bookie_ids[0]
-    lid = 10 ** 12 + 7
-    mk = b"k" * 20       # the first key a bookie sees for a ledger is the ledger's
-    with bookie_channel(bid) as ch:
-        stub = pb_grpc.BookieStub(ch)
-        r = stub.Read(pb.ReadRequest(ledger_id=lid, entry_id=-1, master_key=mk,
-                                     flags=pb.ReadRequest.FENCE_LEDGER), timeout=10)
-        assert r.status in (errors.ENOLEDGER, errors.ENOENTRY, errors.EOK)
-        body = b"".join([lid.to_bytes(8, "big"), (0).to_bytes(8, "big"),
-                         (-1).to_bytes(8, "big", signed=True), (1).to_bytes(8, "big"),
-                         b"\0\0\0\0", b"x"])
-        r = stub.Add(pb.AddRequest(ledger_id=lid, entry_id=0, master_key=mk, body=body),
-                     timeout=10)
-        assert r.status == errors.EFENCED
+    with client(c) as bk:
+        lh = bk.create_ledger(3, 3, 2, password=PW)
+        (bid,) = [b for b in c.bookie_ids if b not in lh.metadata.last_ensemble()]
+        lid, mk = lh.ledger_id, lh._master_key
+        with bookie_channel(bid) as ch:
+            stub = pb_grpc.BookieStub(ch)
+            r = stub.Read(pb.ReadRequest(ledger_id=lid, entry_id=-1, master_key=mk,
+                                         flags=pb.ReadRequest.FENCE_LEDGER), timeout=10)
+            assert r.status in (errors.ENOLEDGER, errors.ENOENTRY, errors.EOK)
+            body = b"".join([lid.to_bytes(8, "big"), (0).to_bytes(8, "big"),
+                             (-1).to_bytes(8, "big", signed=True), (1).to_bytes(8, "big"),
+                             b"\0\0\0\0", b"x"])
+            r = stub.Add(pb.AddRequest(ledger_id=lid, entry_id=0, master_key=mk, body=body),
+                         timeout=10)
+            assert r.status == errors.EFENCED
+        lh.close()
+
+
+def test_fencing_claims_no_ledger_id_for_another_key(c):
+    """A client fencing ids the metadata does not list yet (ids are sequential: the next
+    ones are easy to guess) leaves no record on the bookies, so the ledgers later created
+    with those ids are written by their own keys; fencing a listed ledger with a key that is
+    not its own is refused. Before, the first key a bookie saw claimed the id for good and
+    the real writer got "wrong password"."""
+    with client(c) as bk:
+        probe = bk.create_ledger(3, 3, 2, password=PW)
+        probe.close()
+        upcoming = range(probe.ledger_id + 1, probe.ledger_id + 20)
+        squatter = b"s" * 20
+        for bid in c.bookie_ids:
+            with bookie_channel(bid) as ch:
+                stub = pb_grpc.BookieStub(ch)
+                for lid in upcoming:
+                    r = stub.Read(pb.ReadRequest(ledger_id=lid, entry_id=-1,
+                                                 master_key=squatter,
+                                                 flags=pb.ReadRequest.FENCE_LEDGER), timeout=10)
+                    assert r.status == errors.ENOLEDGER, errors.status_name(r.status)
+        for _ in range(3):
+            lh = bk.create_ledger(3, 3, 2, password=PW)
+            assert lh.ledger_id in upcoming
+            (bid,) = [b for b in c.bookie_ids if b not in lh.metadata.last_ensemble()]
+            with bookie_channel(bid) as ch:
+                r = pb_grpc.BookieStub(ch).Read(pb.ReadRequest(
+                    ledger_id=lh.ledger_id, entry_id=-1, master_key=squatter,
+                    flags=pb.ReadRequest.FENCE_LEDGER), timeout=10)
+                assert r.status == errors.EUA
+            assert lh.append_many([b"mine-%d" % i for i in range(3)]) == [0, 1, 2]
+            lh.close()
+            rh = bk.open_ledger(lh.ledger_id, password=PW)
+            assert [e.data for e in rh.read(0, 2)] == [b"mine-%d" % i for i in range(3)]
 
 
 def test_digest_mismatch_served_from_another_replica(c):

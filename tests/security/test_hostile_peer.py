@@ -296,3 +296,34 @@ def test_a_range_buffer_grows_to_the_chunks_asked_once_data_fills_it(bookie):
         assert chunks(0, 4 << 20) == [1]                        # a small range first
         big = chunks(39, 4 << 20)
         assert sum(big) == 40 and len(big) <= 20, big           # 16 a chunk once grown
+
+
+def test_a_lac_no_digest_proves_is_counted_by_no_reader(bookie):
+    """A peer holding the master key stores an explicit LAC of 1,000,000 whose digest no key
+    made (a bookie cannot check digests: it holds no MAC key). Readers count only what they
+    verified: a tailing reader's LAC stays at the acknowledged end, a long poll does not jump,
+    and recovery closes the ledger at its last entry -- before, readers took the bookie's
+    ``max_lac`` and recovery failed "cannot read entry 1000000 (at or below the LAC)"."""
+    from bkspark.client import BookKeeper
+    from bkspark.client.digest import DigestManager
+    with BookKeeper(bookie.metadata_uri) as bk:
+        lh = bk.create_ledger(1, 1, 1, password=b"pw")
+        for i in range(5):
+            lh.append(b"entry-%d" % i)
+        key = lh._master_key
+        forged = DigestManager(lh.ledger_id, "crc32c", b"pw").frame_lac(1_000_000)
+        forged = forged[:-1] + bytes([forged[-1] ^ 1])
+        assert bookie.stub.WriteLac(pb.WriteLacRequest(
+            ledger_id=lh.ledger_id, lac=1_000_000, master_key=key, lac_body=forged),
+            timeout=10).status == errors.EOK
+        fence = bookie.stub.Read(pb.ReadRequest(ledger_id=lh.ledger_id, entry_id=-1),
+                                 timeout=10)
+        assert fence.max_lac == 1_000_000            # the bookie's word, unchecked
+        tail = bk.open_ledger(lh.ledger_id, password=b"pw", recovery=False)
+        # entry 4 carries LAC 3; the writer's own explicit LAC (4) may land after the forgery
+        assert tail.last_add_confirmed in (3, 4)
+        assert tail.read_lac_long_poll(4, 1.0) <= 4
+        assert tail.read_last_add_confirmed() in (3, 4)
+        rh = bk.open_ledger(lh.ledger_id, password=b"pw")
+        assert rh.is_closed and rh.last_add_confirmed == 4
+        assert [e.data for e in rh.read(0, 4)] == [b"entry-%d" % i for i in range(5)]
