@@ -17,6 +17,9 @@ install:
 	@command -v faketime >/dev/null || { echo "make install: installing faketime (the tests' skewed clocks)"; \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq faketime >/dev/null; }
+	@command -v clang >/dev/null || { echo "make install: installing clang (the fuzz tests' sanitizer build)"; \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq clang >/dev/null; }
 	$(PYTHON) -m pip install --config-settings editable_mode=compat -e '.[test]'
 	$(PYTHON) setup.py -q build_ext --inplace
 

@@ -45,6 +45,7 @@ setup(
             "hypothesis>=6.100",
             "grpcio-tools>=1.60,<2",  # make proto / staleness test
             "playwright>=1.40,<2",  # dashboard tests drive Debian's chromium (.ci/run installs it)
+            "atheris>=2.3,<4",  # coverage-guided fuzzing of the bookie's parsers (tests/fuzz)
         ],
     },
     entry_points={"console_scripts": ["bkspark=bkspark.cli.main:main"]},

@@ -77,6 +77,10 @@ static int next_field(const unsigned char **pp, const unsigned char *end, Field 
         *why = "truncated field tag";
         return -1;
     }
+    if ((f->tag >> 3) == 0 || f->tag > 0xFFFFFFFFu) { /* as protobuf: no field 0, 32-bit tags */
+        *why = "invalid field number";
+        return -1;
+    }
     return field_value(pp, end, (int)(f->tag & 7), &f->num, &f->val, &f->vlen, why);
 }
 

@@ -216,6 +216,61 @@ static void put_bytes(Py_buffer *v, char held)
         PyBuffer_Release(v);
 }
 
+typedef struct {
+    uint64_t ledger;
+    int64_t entry;
+    size_t i;
+} AddKey;
+
+static int add_key_cmp(const void *a, const void *b)
+{
+    const AddKey *x = a, *y = b;
+    if (x->ledger != y->ledger)
+        return x->ledger < y->ledger ? -1 : 1;
+    if (x->entry != y->entry)
+        return x->entry < y->entry ? -1 : 1;
+    return x->i < y->i ? -1 : x->i > y->i;
+}
+
+/* Adds of one entry more than once in a batch: the first is stored, a later one with other
+ * bytes is marked 1 in other[] (EBADREQ; other is allocated when needed). A writer's batch
+ * names its entries in increasing order, which is checked first; only another order costs a
+ * sort. 0, or -1 when out of memory. */
+static int mark_batch_repeats(const AddReq *reqs, size_t n, unsigned char **other, size_t *nother)
+{
+    size_t i = 1;
+    while (i < n && (reqs[i].ledger > reqs[i - 1].ledger ||
+                     (reqs[i].ledger == reqs[i - 1].ledger && reqs[i].entry > reqs[i - 1].entry)))
+        i++;
+    if (i >= n)
+        return 0;
+    AddKey *keys = malloc(n * sizeof *keys);
+    if (!keys)
+        return -1;
+    for (i = 0; i < n; i++)
+        keys[i] = (AddKey){reqs[i].ledger, reqs[i].entry, i};
+    qsort(keys, n, sizeof *keys, add_key_cmp);
+    for (size_t first = 0, k = 1; k < n; k++) {
+        if (keys[k].ledger != keys[first].ledger || keys[k].entry != keys[first].entry) {
+            first = k;
+            continue;
+        }
+        const AddReq *a = &reqs[keys[first].i], *b = &reqs[keys[k].i];
+        if (a->len == b->len && memcmp(a->body, b->body, a->len) == 0)
+            continue;
+        if (!*other && !(*other = calloc(n, 1))) {
+            free(keys);
+            return -1;
+        }
+        if (!(*other)[keys[k].i]) {
+            (*other)[keys[k].i] = 1;
+            (*nother)++;
+        }
+    }
+    free(keys);
+    return 0;
+}
+
 /* An entry, once stored, is never replaced by other bytes (issue 49): before storing, the adds
  * of entries this bookie may already hold -- at or below the ledger's last entry; a writer's
  * adds are beyond it, so this costs one ledger lookup a run of adds of one ledger -- are read
@@ -225,7 +280,9 @@ static void put_bytes(Py_buffer *v, char held)
  * get EUA / EFENCED from it, learning nothing of what is held), and at most twice the batch's
  * bytes plus 1 MiB are read back: a held entry beyond that budget is refused unread (no writer
  * of ours re-sends that much). A held entry that cannot be read fails that add alone (EIO).
- * Two adds of one new entry racing each other are not caught (neither is held when checked).
+ * Two adds of one entry in the batch: the first is stored, a later one with other bytes is
+ * refused (mark_batch_repeats). Two adds of one new entry in batches racing each other are not
+ * caught (neither is held when checked).
  * replace (StorageConfig.replace_entries, the engine's own tests): the last add wins, unchecked.
  * Called without the GIL; *conflicts counts the adds refused EBADREQ. */
 static int store_adds(Engine *e, AddReq *reqs, size_t n, int *status, size_t *conflicts, int replace)
@@ -289,6 +346,10 @@ static int store_adds(Engine *e, AddReq *reqs, size_t n, int *status, size_t *co
             other[i] = (unsigned char)kind;
             nother++;
         }
+    }
+    if (!replace && mark_batch_repeats(reqs, n, &other, &nother) < 0) {
+        rc = E_IO;
+        goto out;
     }
     if (!nother) {
         rc = eng_add_entries(e, reqs, n, status);

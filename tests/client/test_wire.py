@@ -169,3 +169,43 @@ def test_frame_pool_keeps_the_larger_buffer_once_frames_outgrow_its_free_ones():
         assert bytes(v[:1]) == want and len(v) >= 2 * mib
         assert [b for b in pool._bufs if b is v.obj], "a larger frame's buffer was not kept"
         del v
+
+
+@given(adds=st.lists(st.tuples(st.integers(0, 2**63 - 1), st.integers(0, 2**63 - 1),
+                               st.sampled_from([0, 1]), st.binary(max_size=200)), max_size=20),
+       junk=st.binary(max_size=8))
+def test_the_bookies_walk_counts_what_the_client_encodes_and_refuses_what_protobuf_does(adds, junk):
+    """The client's encoder against the bookie's C walk (``_native.scan_add_batch``) and
+    refusal path (``_native.answer_adds``): every add counted and answered; bytes appended to
+    the message are refused by the walk whenever protobuf refuses them."""
+    from bkspark import _native
+    from bkspark.bookie import storage  # noqa: F401 - maps _native's errors to bkspark's
+    from bkspark.errors import BadRequestError
+    key = b"k" * 20
+    payload = b"".join(wire.encode_add(wire.request_prefix(lid, key), eid, flags, [body])
+                       for lid, eid, flags, body in adds)
+    assert _native.scan_add_batch(payload, 1000) == len(adds)
+    answered = pb.AddBatchResponse.FromString(_native.answer_adds(payload, 1 << 20, 503, "no"))
+    assert [(r.ledger_id, r.entry_id) for r in answered.responses] == \
+        [(lid, eid) for lid, eid, _, _ in adds]
+    try:
+        parsed = len(pb.AddBatch.FromString(payload + junk).adds)
+    except Exception:  # noqa: BLE001 - protobuf's DecodeError
+        parsed = None
+    try:
+        walked = _native.scan_add_batch(payload + junk, 1000)
+    except BadRequestError:
+        walked = None
+    if parsed is None:
+        assert walked is None, junk
+    elif walked is not None:
+        assert walked == parsed
+
+
+@given(frames=st.lists(st.tuples(st.integers(0, 255), st.binary(max_size=300)), max_size=8))
+def test_frames_read_back_as_written(frames):
+    import io
+    data = b"".join(wire.frame(kind, [payload[:7], payload[7:]]) for kind, payload in frames)
+    rfile = io.BytesIO(data)
+    assert [wire.read_frame(rfile, 1 << 20) for _ in frames] == frames
+    assert wire.read_frame(rfile, 1 << 20) is None

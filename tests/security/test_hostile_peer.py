@@ -244,6 +244,15 @@ def test_an_entry_once_stored_is_never_replaced(bookie):
     assert bookie.stub.Read(pb.ReadRequest(ledger_id=lid, entry_id=0), timeout=10).body \
         == first.body
     assert bookie.stub.Add(first, timeout=10).status == errors.EOK     # same bytes: idempotent
+    # one new entry twice in one message (found by the add_batch fuzz target): the first is
+    # stored, the other bytes refused -- before, both were acknowledged and the last one won
+    again, other = _add(lid, 1, 80), _add(lid, 1, 80)
+    other.body = other.body[:-4] + b"evil"
+    answer = _raw_add_stream(bookie, pb.AddBatch(adds=[again, other, again]).SerializeToString())
+    assert sorted(r.status for m in answer for r in m.responses) == \
+        [errors.EOK, errors.EOK, errors.EBADREQ]
+    assert bookie.stub.Read(pb.ReadRequest(ledger_id=lid, entry_id=1), timeout=10).body \
+        == again.body
 
 
 def test_a_reader_refused_by_every_bookie_waits_its_timeout_then_asks_again(bookie):
