@@ -54,10 +54,15 @@ class BookieConfig:
     max_inflight_add_mb: int = 128      # beyond this, adds answer ETOOMANYREQUESTS
     max_adds_per_message: int = 65_536  # an AddBatch with more adds is refused whole
     grpc_workers: int = 64
+    grpc_max_concurrent_rpcs: int = 0   # calls running or queued for a worker at once; more
+                                        # are refused RESOURCE_EXHAUSTED (the client tries
+                                        # another bookie). 0: 4 x grpc_workers
     long_poll_max_ms: int = 10_000
     max_long_polls: int = 0             # long-poll reads waiting at once (each holds a gRPC
                                         # worker); more answer ETOOMANYREQUESTS at once.
                                         # 0: half of grpc_workers
+    data_port_send_timeout_s: float = 30.0  # a data-port peer that reads none of its answers
+                                            # this long is closed
     # lifecycle
     metadata_session_timeout_s: float = 10.0
     disk_usage_threshold: float = 0.95  # read-only above this fraction used
@@ -157,6 +162,15 @@ class BookieConfig:
                      "log_max_mb"):
             if getattr(self, name) <= 0:
                 raise BadRequestError(f"{name} must be positive")
+        if self.grpc_max_concurrent_rpcs < 0:
+            raise BadRequestError("grpc_max_concurrent_rpcs must be positive (0: 4 x grpc_workers)")
+        if not self.grpc_max_concurrent_rpcs:
+            self.grpc_max_concurrent_rpcs = 4 * self.grpc_workers
+        elif self.grpc_max_concurrent_rpcs < self.grpc_workers:
+            raise BadRequestError(f"grpc_max_concurrent_rpcs ({self.grpc_max_concurrent_rpcs}) "
+                                  f"must be at least grpc_workers ({self.grpc_workers})")
+        if self.data_port_send_timeout_s <= 0:
+            raise BadRequestError("data_port_send_timeout_s must be positive")
         if self.max_long_polls < 0:
             raise BadRequestError("max_long_polls must be positive (0: half of grpc_workers)")
         if not self.max_long_polls:

@@ -45,15 +45,18 @@ MAX_UNADMITTED = 128        # connections whose hello is not yet admitted, all p
 MAX_UNADMITTED_PER_PEER = 16    # ... and from one address
 HELLO_DEADLINE_S = 10.0     # the whole hello (and TLS handshake) within this, or closed
 SEND_TIMEOUT_S = 30.0       # a peer that reads none of its answers this long is closed (the
-                            # answers it holds in the bookie's socket buffer are bounded so)
+                            # answers it holds in the bookie's socket buffer are bounded so);
+                            # the default of data_port_send_timeout_s
 
 
 class DataPortServer:
     """Accepts data-port connections for one :class:`~bkspark.bookie.service.BookieService`."""
 
     def __init__(self, service, host: str, port: int, *, max_frame_bytes: int, guard,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None,
+                 send_timeout: float = SEND_TIMEOUT_S) -> None:
         self.service = service
+        self.send_timeout = send_timeout
         self.guard = guard
         self.max_frame_bytes = max_frame_bytes
         self.ssl_context = ssl_context
@@ -268,13 +271,13 @@ class _Connection:
         self.range_buf = RangeBuffer()      # range reads' bodies, reused
 
     def _send(self, kind: int, parts) -> None:
-        """Send one frame within :data:`SEND_TIMEOUT_S` (socket.timeout, an OSError, ends the
+        """Send one frame within the server's ``send_timeout`` (socket.timeout, an OSError, ends the
         connection). The deadline is set around each send only: a connection waits for its
         next frame without one (an idle client keeps it), and a frame is answered before the
         next is read, so no read runs meanwhile. (SO_SNDTIMEO would not do: a TLS socket
         retries its write past it.)"""
         conn = self.conn
-        conn.settimeout(SEND_TIMEOUT_S)
+        conn.settimeout(self.server.send_timeout)
         try:
             wire.send_frame(conn, kind, parts)
         finally:

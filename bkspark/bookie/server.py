@@ -156,6 +156,7 @@ class BookieServer:
                         "every ledger (README, Security)", cfg.listen_address)
         self.grpc_server = grpc.server(
             _thread_pool(cfg.grpc_workers),
+            maximum_concurrent_rpcs=cfg.grpc_max_concurrent_rpcs,
             interceptors=[self.guard.grpc_interceptor(roles.GRPC_METHODS)],
             options=[("grpc.max_receive_message_length", cfg.max_message_bytes),
                      ("grpc.max_send_message_length", cfg.max_message_bytes),
@@ -187,7 +188,7 @@ class BookieServer:
                 self.data_server = DataPortServer(
                     self.service, cfg.listen_address, cfg.data_port,
                     max_frame_bytes=cfg.max_message_bytes, guard=self.guard,
-                    ssl_context=data_tls).start()
+                    ssl_context=data_tls, send_timeout=cfg.data_port_send_timeout_s).start()
             except OSError as exc:
                 raise errors.BKError(f"cannot listen on data port {cfg.listen_address}:"
                                      f"{cfg.data_port}: {exc}") from None

@@ -336,3 +336,86 @@ def test_a_lac_no_digest_proves_is_counted_by_no_reader(bookie):
         rh = bk.open_ledger(lh.ledger_id, password=b"pw")
         assert rh.is_closed and rh.last_add_confirmed == 4
         assert [e.data for e in rh.read(0, 4)] == [b"entry-%d" % i for i in range(5)]
+
+
+def test_calls_beyond_grpc_max_concurrent_rpcs_are_refused_at_once(bookie):
+    """Streams that send nothing hold the gRPC workers and fill the queue behind them (its
+    bound, ``grpc_max_concurrent_rpcs``, is 4 x grpc_workers here): the next call is refused
+    RESOURCE_EXHAUSTED at once -- before, it waited in an unbounded queue until its deadline
+    -- and once the streams end, calls are served again."""
+    release = threading.Event()
+    creds = credentials_of_bookie(bookie.bid, "client")
+    channels, calls = [], []
+
+    def nothing():
+        release.wait(30)
+        return
+        yield  # noqa: unreachable - a request iterator that sends nothing
+
+    try:
+        for _ in range(4 * GRPC_WORKERS):
+            ch = creds.channel(bookie.bid)
+            channels.append(ch)
+            call = ch.stream_stream(ADD_STREAM, request_serializer=lambda b: b,
+                                    response_deserializer=pb.AddBatchResponse.FromString)(
+                nothing(), timeout=60)
+            calls.append(call)
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        with pytest.raises(grpc.RpcError) as refused:
+            bookie.stub.GetBookieInfo(pb.BookieInfoRequest(), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert time.monotonic() - t0 < 2.0
+    finally:
+        release.set()
+        for call in calls:
+            call.cancel()
+        for ch in channels:
+            ch.close()
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            assert bookie.stub.GetBookieInfo(pb.BookieInfoRequest(), timeout=5).status == \
+                errors.EOK
+            break
+        except grpc.RpcError:
+            assert time.monotonic() < deadline, "calls were not served again"
+            time.sleep(0.2)
+
+
+def test_a_data_port_peer_that_reads_no_answer_is_closed_after_the_send_timeout(tmp_path):
+    """A peer asks a range read of more than socket buffers hold and never reads: the bookie
+    gives its send ``data_port_send_timeout_s`` and closes the connection (the thread and
+    the answers it held go with it)."""
+    with BookieCluster(f"sqlite:///{tmp_path}/meta.db", num_bookies=1, data_dir=tmp_path,
+                       extra_args=["--data-port-send-timeout-s", "2"]) as cluster:
+        bid = cluster.bookie_ids[0]
+        with bookie_channel(bid, role="client") as ch:
+            stub = pb_grpc.BookieStub(ch)
+            port = stub.GetBookieInfo(pb.BookieInfoRequest(), timeout=10).data_port
+            for e in range(48):                                       # 48 MiB to serve
+                assert stub.Add(_add(77, e, 1 << 20), timeout=30).status == errors.EOK
+        cluster.data_port = port
+        cluster.bid = bid
+        sock, rfile = _data_conn(cluster)
+        with sock:
+            sock.sendall(wire.frame(wire.KIND_READ_RANGE, [pb.ReadRangeRequest(
+                ledger_id=77, first_entry_id=0, last_entry_id=47).SerializeToString()]))
+            time.sleep(4.0)                                   # reads nothing: 2 s send timeout
+            got, closed = 0, False
+            sock.settimeout(1.0)
+            end = time.monotonic() + 20
+            while time.monotonic() < end:     # what the sockets held, then the end
+                try:
+                    chunk = sock.recv(1 << 20)
+                except ConnectionResetError:
+                    closed = True
+                    break
+                except socket.timeout:
+                    continue
+                if not chunk:
+                    closed = True
+                    break
+                got += len(chunk)
+            assert closed and got < 48 << 20, \
+                f"the connection was {'closed' if closed else 'kept'}, {got} bytes sent"
