@@ -169,6 +169,12 @@ class BookieUnavailableError(BKError):
     """A bookie could not be reached or timed out (an *unknown* answer in recovery)."""
 
 
+class BookieBackloggedError(BookieUnavailableError):
+    """A bookie took too little of the adds queued for it (over the client's backlog bound
+    too long): its stream was broken, and every writer with it in its ensemble replaces it,
+    even with no add of its own pending (what was queued for it is not resent there)."""
+
+
 class DigestMismatchError(BKError):
     """An entry failed its digest check (corrupt on the wire or on disk)."""
 

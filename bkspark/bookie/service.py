@@ -30,6 +30,8 @@ from bkspark.proto.wire import (encode_add_oks, encode_add_responses, only_respo
 log = logging.getLogger("bkspark.bookie.service")
 
 MASTER_KEY_LEN = 20          # metadata.ledger_keys.KEY_BYTES
+MAX_KEY_LOOKUPS = 8          # fencing reads checking a key in the metadata at once (more:
+                             # ETOOMANYREQUESTS, an unknown answer to the fencer)
 _LAC = struct.Struct(">q")
 _STREAM_MAX_INFLIGHT_BATCHES = 16
 #: what the bookie's own work on one add costs in memory beyond its bytes (parsed request,
@@ -163,6 +165,8 @@ class BookieService(pb_grpc.BookieServicer):
         self._inflight_lock = threading.Lock()
         self._max_inflight = config.max_inflight_add_mb << 20
         self._long_polls = 0            # long-poll reads waiting (config.max_long_polls)
+        self._write_lac_lock = threading.Lock()
+        self._key_lookups = threading.BoundedSemaphore(MAX_KEY_LOOKUPS)
         self._replace_refusals = LogBudget(10, 60.0)    # adds that would replace an entry
         self._add_pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="bookie-add")
         self._stopping = False
@@ -526,10 +530,15 @@ class BookieService(pb_grpc.BookieServicer):
         lookup = self.ledger_master_key
         if lookup is None or self.storage.master_key(ledger_id) is not None:
             return None
+        if not self._key_lookups.acquire(blocking=False):   # each holds a worker and a
+            return (errors.ETOOMANYREQUESTS,                # metadata round trip
+                    f"{MAX_KEY_LOOKUPS} fencing reads wait on the metadata store already")
         try:
             expected = lookup(ledger_id)
         except errors.BKError as exc:
             return errors.EIO, f"cannot read the ledger's metadata to check the key: {exc}"
+        finally:
+            self._key_lookups.release()
         if expected is None:
             return errors.ENOLEDGER, "no such ledger in the metadata: nothing to fence"
         if not hmac.compare_digest(expected, master_key):
@@ -650,11 +659,16 @@ class BookieService(pb_grpc.BookieServicer):
         known = self.storage.master_key(request.ledger_id)
         if known is not None and not hmac.compare_digest(known, request.master_key):
             return pb.WriteLacResponse(status=errors.EUA, message="wrong master key")
+        lac = explicit_lac_value(body)
         try:
-            self.storage.set_explicit_lac(request.ledger_id, body)
+            with self._write_lac_lock:  # the stored LAC never goes back: a late WriteLac of an
+                stored = self.storage.explicit_lac(request.ledger_id)     # earlier round, which
+                if stored and explicit_lac_value(stored) >= lac:          # readers would now
+                    return pb.WriteLacResponse(status=errors.EOK)         # verify and believe
+                self.storage.set_explicit_lac(request.ledger_id, body)
         except errors.BKError as exc:
             return pb.WriteLacResponse(status=exc.status or errors.EIO, message=str(exc))
-        self.lac.advance({request.ledger_id: explicit_lac_value(body)})
+        self.lac.advance({request.ledger_id: lac})
         return pb.WriteLacResponse(status=errors.EOK)
 
     # ---- info, listing, force, faults ------------------------------------------------

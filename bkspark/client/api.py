@@ -48,8 +48,8 @@ class ClientConfig:
     read_range_timeout: float = 120.0
     max_outstanding_bytes: int = 32 << 20   # back-pressure bound of unacknowledged adds
     max_bookie_backlog_bytes: int = 64 << 20  # unsent adds to one bookie beyond this for
-                                              # add_timeout, or beyond twice this at any
-                                              # time: the bookie is replaced
+                                              # add_timeout: the bookie is replaced; beyond
+                                              # twice this, appenders wait for it to drain
     read_window: int = 64                   # per-entry reads in flight
     recovery_read_window: int = 64          # recovery reads in flight
     recovery_negative_grace: float = 1.0    # wait this long for a late positive answer
@@ -123,7 +123,8 @@ class BookKeeper:
                                       linger=self.conf.add_linger,
                                       max_linger=self.conf.add_max_linger,
                                       note_for=self._transport_note,
-                                      max_backlog=2 * self.conf.max_bookie_backlog_bytes)
+                                      max_backlog=2 * self.conf.max_bookie_backlog_bytes,
+                                      backlog_wait=self.conf.add_timeout)
         self._executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="bk-client")
         self._scheduler = Scheduler()
         self._writers: weakref.WeakSet = weakref.WeakSet()
@@ -240,7 +241,7 @@ class BookKeeper:
                         del self._backlogged[bc.bookie_id]
                         self._health.suspect(bc.bookie_id)
                         bc.break_stream(f"{bc.backlog} bytes of adds unsent for "
-                                        f"{self.conf.add_timeout}s")
+                                        f"{self.conf.add_timeout}s", backlogged=True)
                 else:
                     self._backlogged.pop(bc.bookie_id, None)
             for lh in list(self._writers):

@@ -113,6 +113,7 @@ class _AddStream:
         self.q: queue.SimpleQueue | None = None     # generator transports: their requests
         self.dead = False
         self.cancelled = False
+        self.broken: errors.BKError | None = None   # why break_stream ended it (its sinks hear)
         self.closing = False
         self._cancel = None         # ends the transport once it is open
         self.backlog = 0            # bytes queued but not yet handed to the transport
@@ -382,7 +383,8 @@ class BookieClient:
     linger = None       # min seconds between two add messages (None: 0 on the data port,
                         # GRPC_ADD_LINGER on gRPC)
     max_linger = 0.005  # ... and at most this long waiting for the previous ones' acks
-    max_backlog = 0     # unsent add bytes beyond which the stream is broken at once (0: none)
+    max_backlog = 0     # unsent add bytes beyond which senders wait (0: no bound) ...
+    backlog_wait = 10.0  # ... at most this long, then the stream is broken (send_adds)
 
     def __init__(self, bookie_id: str, address: str, sinks: dict, on_failure=None,
                  credentials: Credentials | None = None):
@@ -416,13 +418,16 @@ class BookieClient:
     def send_adds(self, elems: list[bytes]) -> None:
         """Queue encoded ``AddBatch`` elements; acks arrive through the sinks.
 
-        Never blocks on the bookie. A bookie that takes adds slower than they come (a hung
-        or stopped process outside the ack quorum) grows the stream's unsent backlog; beyond
-        ``max_backlog`` bytes the stream is broken here, at once, so its sinks replace the
-        bookie: the client holds at most about ``max_backlog`` unsent bytes per bookie,
-        whatever the writers' rate. (Below it, the client's periodic check replaces a bookie
-        whose backlog stayed over the softer ``max_bookie_backlog_bytes`` for the add
-        timeout.)"""
+        Back-pressure: a bookie that takes adds slower than they come (a hung or stopped
+        process outside the ack quorum) grows the stream's unsent backlog. Once it is over
+        ``max_backlog`` bytes the caller waits here (never holding a ledger's lock) until the
+        backlog drains below it -- a healthy bookie sent one large burst -- or the stream
+        ends, or ``backlog_wait`` seconds pass: then the stream is broken, so its sinks
+        replace the bookie. The client so holds at most ``max_backlog`` unsent bytes per
+        bookie plus what the callers of the moment queue, whatever the writers' rate (it
+        grew by gigabytes in seconds before). (The client's periodic check also replaces a
+        bookie whose backlog stayed over the softer ``max_bookie_backlog_bytes`` for the
+        add timeout.)"""
         with self._lock:
             if self.closed:
                 raise BookieUnavailableError(f"bookie client {self.bookie_id} closed")
@@ -431,10 +436,18 @@ class BookieClient:
                 st = self._stream = _AddStream(self)
             for run in _runs(elems):
                 st.send(run)
-            over = self.max_backlog and st.backlog > self.max_backlog and not st.cancelled
-        if over:
-            self.break_stream(f"{st.backlog} bytes of adds unsent, over the bound of "
-                              f"{self.max_backlog}")
+        if self.max_backlog and st.backlog > self.max_backlog:
+            self._wait_for_backlog(st)
+
+    def _wait_for_backlog(self, st: "_AddStream") -> None:
+        deadline = time.monotonic() + self.backlog_wait
+        while st.backlog > self.max_backlog and not (st.dead or st.cancelled):
+            if time.monotonic() >= deadline:
+                self.break_stream(f"{st.backlog} bytes of adds unsent, over the bound of "
+                                  f"{self.max_backlog}, for {self.backlog_wait}s", st,
+                                  backlogged=True)
+                return
+            time.sleep(0.002)
 
     def _open_add_transport(self, stream: _AddStream):
         """Open ``stream``'s transport; return the iterator of its ``AddBatchResponse``s.
@@ -579,6 +592,7 @@ class BookieClient:
             if stream.dead:
                 return
             stream.dead = True
+            error = stream.broken or error
             if self._stream is stream:
                 self._stream = None
         stream.close()          # ends the request generator
@@ -628,19 +642,23 @@ class BookieClient:
         except (OSError, errors.BKError):
             return False
 
-    def break_stream(self, reason: str) -> None:
-        """Abort the add stream (its sinks hear on_bookie_failed and replace the bookie).
+    def break_stream(self, reason: str, stream: "_AddStream | None" = None,
+                     backlogged: bool = False) -> None:
+        """Abort the add stream -- ``stream``, or the current one (its sinks hear
+        on_bookie_failed and replace the bookie; ``backlogged``: with a
+        :class:`BookieBackloggedError`, which writers act on even with nothing pending).
 
         A stream still opening (a stopped bookie does not answer ``GetBookieInfo`` or the
         hello until ``DATA_CONNECT_TIMEOUT``) is reported dead now rather than when its
         opening gives up: the bookie is replaced at once."""
-        st = self._stream
-        if st is not None:
+        st = stream if stream is not None else self._stream
+        if st is not None and not st.dead:
             log.warning("bookie %s: %s; abandoning its add stream", self.bookie_id, reason)
+            kind = errors.BookieBackloggedError if backlogged else BookieUnavailableError
+            st.broken = kind(f"bookie {self.bookie_id}: {reason}")
             st.cancel()
             if st._cancel is None:
-                self._stream_died(st, BookieUnavailableError(
-                    f"bookie {self.bookie_id}: {reason}"))
+                self._stream_died(st, st.broken)
 
     # ---- unary calls -------------------------------------------------------------------
     def _wrap(self, grpc_future) -> Future:
@@ -834,7 +852,7 @@ class BookieClientPool:
 
     def __init__(self, resolve_address, on_failure=None, credentials: Credentials | None = None, *,
                  linger: float | None = None, max_linger: float | None = None, note_for=None,
-                 max_backlog: int = 0):
+                 max_backlog: int = 0, backlog_wait: float = BookieClient.backlog_wait):
         self._resolve = resolve_address     # bookie_id -> "host:port"
         self._note_for = note_for           # bookie_id -> BookieClient.note
         self.on_failure = on_failure        # called with a bookie id whose stream broke
@@ -842,6 +860,7 @@ class BookieClientPool:
         self.linger = BookieClient.linger if linger is None else linger
         self.max_linger = BookieClient.max_linger if max_linger is None else max_linger
         self.max_backlog = max_backlog      # see BookieClient.send_adds
+        self.backlog_wait = backlog_wait
         self._clients: dict[str, BookieClient] = {}
         self._lock = threading.Lock()
         self.sinks: dict[int, object] = {}
@@ -856,7 +875,7 @@ class BookieClientPool:
                 c = BookieClient(bookie_id, self._resolve(bookie_id), self.sinks,
                                  self.on_failure, self.credentials)
                 c.linger, c.max_linger = self.linger, self.max_linger
-                c.max_backlog = self.max_backlog
+                c.max_backlog, c.backlog_wait = self.max_backlog, self.backlog_wait
                 if self._note_for is not None:
                     c.note = self._note_for(bookie_id)
                 self._clients[bookie_id] = c

@@ -343,8 +343,10 @@ class LedgerHandle:
 
     def on_bookie_failed(self, bookie_id: str, error: BKError) -> None:
         fatal = isinstance(error, errors.UnauthorizedError)   # EUA: as an answer's (_FATAL)
-        with self._lock:
-            if bookie_id in self._index and self._pending:
+        with self._lock:        # (a backlogged bookie is replaced even with nothing pending:
+                                # what was queued for it is lost to it)
+            if bookie_id in self._index and (
+                    self._pending or isinstance(error, errors.BookieBackloggedError)):
                 if fatal:
                     self._fail_all(error)
                 else:

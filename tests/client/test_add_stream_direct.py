@@ -5,6 +5,7 @@ stay whole; while a message is unanswered the next one is held until the ack (or
 pair that reads only when told to."""
 import socket
 import threading
+import time
 
 from bkspark.client import bookie_client as bc
 from bkspark.proto import wire
@@ -118,24 +119,48 @@ class _Sink:
         self.failed.set()
 
 
-def test_a_backlog_over_the_bound_breaks_the_stream_at_once_and_bounds_what_is_held():
+def test_a_backlog_over_the_bound_holds_the_appender_then_breaks_the_stream():
     """A peer that reads nothing: once more than ``max_backlog`` bytes wait unsent, the
-    stream is broken in the appender's call (its sinks hear it) and what comes after is
-    dropped, not held: the client's memory for a stuck bookie is bounded whatever the
-    writer's rate."""
+    appender waits (back-pressure) and after ``backlog_wait`` the stream is broken (its sinks
+    hear it); what comes after is dropped, not held: the client's memory for a stuck bookie
+    is bounded whatever the writer's rate."""
     client, stream = _open_stream()
     sink = _Sink()
     client.sinks[7] = sink
-    client.max_backlog = 8 << 20
+    client.max_backlog, client.backlog_wait = 8 << 20, 0.5
+    t0 = time.monotonic()
     for i in range(64):                              # 64 x 1 MiB at a peer that reads nothing
         client.send_adds([bytes([i]) * (1 << 20)])
         if stream.cancelled:
             break
     assert stream.cancelled, "64 MiB queued for a peer that reads nothing"
+    assert 0.5 <= time.monotonic() - t0 < 5
     assert sink.failed.wait(10), "the broken stream's sinks never heard of it"
     held = stream.backlog
     assert not stream.send([b"x" * (1 << 20)])
     assert stream.backlog == held <= (8 << 20) + (2 << 20)
+    client.close()
+
+
+def test_a_burst_over_the_bound_to_a_reading_peer_waits_and_breaks_nothing():
+    """One call larger than ``max_backlog`` to a bookie that takes it: the appender waits
+    while it drains; the stream stays (before, a burst broke healthy bookies, and the
+    ensemble change then broke their replacements the same way)."""
+    client, stream = _open_stream()
+    client.max_backlog, client.backlog_wait = 1 << 20, 30
+    got = []
+
+    def bookie():
+        while sum(got) < 24 << 20:
+            got.append(len(client.far.recv(1 << 20)))
+
+    reader = threading.Thread(target=bookie, daemon=True)
+    reader.start()
+    for i in range(3):
+        client.send_adds([bytes([i]) * (1 << 20)] * 8)           # 8 MiB a call
+        assert not stream.cancelled and stream.backlog <= 1 << 20
+    reader.join(30)
+    assert sum(got) >= 24 << 20 and not stream.cancelled
     client.close()
 
 

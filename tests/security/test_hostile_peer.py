@@ -419,3 +419,19 @@ def test_a_data_port_peer_that_reads_no_answer_is_closed_after_the_send_timeout(
                 got += len(chunk)
             assert closed and got < 48 << 20, \
                 f"the connection was {'closed' if closed else 'kept'}, {got} bytes sent"
+
+
+def test_a_late_write_lac_of_an_earlier_round_does_not_take_the_lac_back(bookie):
+    """A WriteLac that timed out on the writer's side and lands after the next round's (or
+    one replayed by a key holder): the stored LAC -- the one readers verify and count --
+    stays the highest (found in review: readers then saw 3 while 5 was acknowledged)."""
+    from bkspark.client import BookKeeper
+    with BookKeeper(bookie.metadata_uri) as bk:
+        lh = bk.create_ledger(1, 1, 1, password=b"pw")
+        lh.append_many([b"e%d" % i for i in range(6)])
+        assert lh.flush_lac(5) == 5
+        late = bk._pool.get(bookie.bid).write_lac(lh.ledger_id, 3, lh._master_key,
+                                                 lh._digest.frame_lac(3)).result(10)
+        assert late.status == errors.EOK
+        rh = bk.open_ledger(lh.ledger_id, password=b"pw", recovery=False)
+        assert rh.read_last_add_confirmed() == 5
