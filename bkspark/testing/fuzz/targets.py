@@ -89,15 +89,23 @@ def _read_everything(storage: Storage) -> None:
 
 # ---- add_batch -------------------------------------------------------------------------
 
-def _add_batch():
-    from bkspark import _native
-    storage = Storage(storage_config(_work_dir("add_batch")))
+def _forgetting(storage: Storage, one):
+    """``one``, with every ledger of ``storage`` deleted each :data:`FORGET_EVERY` inputs."""
     count = [0]
 
-    def one(data: bytes) -> None:
+    def run(data: bytes) -> None:
         count[0] += 1
         if count[0] % FORGET_EVERY == 0:
             _forget_all(storage)
+        one(data)
+    return run
+
+
+def _add_batch():
+    from bkspark import _native
+    storage = Storage(storage_config(_work_dir("add_batch")))
+
+    def one(data: bytes) -> None:
         try:
             n = _native.scan_add_batch(data, MAX_ADDS)
         except errors.BadRequestError:
@@ -127,7 +135,7 @@ def _add_batch():
         for key, times in acked.items():    # an acknowledged add reads back as sent, and
             got = storage.read_entry(*key)  # two acknowledged adds of an entry sent the same
             assert bodies[key].count(got) >= times, (key, times)     # bytes: never replaced
-    return one
+    return _forgetting(storage, one)
 
 
 # ---- data_port -------------------------------------------------------------------------
@@ -157,17 +165,13 @@ def _data_port():
     storage = Storage(storage_config(directory))
     service = BookieService(storage, config, BookieState(config))
     server = SimpleNamespace(service=service, max_frame_bytes=MAX_FRAME_BYTES)
-    count = [0]
 
     def one(data: bytes) -> None:
-        count[0] += 1
-        if count[0] % FORGET_EVERY == 0:
-            _forget_all(storage)
         try:
             _Connection(server, _Peer(), io.BytesIO(data)).run()
         except EXPECTED:
             pass
-    return one
+    return _forgetting(storage, one)
 
 
 # ---- journal / entry_log: files of a stopped bookie ------------------------------------
