@@ -164,7 +164,7 @@ def _data_port():
                           max_adds_per_message=MAX_ADDS)
     storage = Storage(storage_config(directory))
     service = BookieService(storage, config, BookieState(config))
-    server = SimpleNamespace(service=service, max_frame_bytes=MAX_FRAME_BYTES)
+    server = SimpleNamespace(service=service, max_frame_bytes=MAX_FRAME_BYTES, send_timeout=1.0)
 
     def one(data: bytes) -> None:
         try:
