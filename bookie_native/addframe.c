@@ -70,6 +70,7 @@ typedef struct {
 /* read the next field's tag and value */
 static int next_field(const unsigned char **pp, const unsigned char *end, Field *f, const char **why)
 {
+    const unsigned char *start = *pp;
     f->num = 0;
     f->val = NULL;
     f->vlen = 0;
@@ -77,7 +78,8 @@ static int next_field(const unsigned char **pp, const unsigned char *end, Field 
         *why = "truncated field tag";
         return -1;
     }
-    if ((f->tag >> 3) == 0 || f->tag > 0xFFFFFFFFu) { /* as protobuf: no field 0, 32-bit tags */
+    /* as protobuf: no field 0, a tag of 32 bits in at most 5 bytes */
+    if ((f->tag >> 3) == 0 || f->tag > 0xFFFFFFFFu || *pp - start > 5) {
         *why = "invalid field number";
         return -1;
     }
