@@ -232,11 +232,21 @@ static int add_key_cmp(const void *a, const void *b)
     return x->i < y->i ? -1 : x->i > y->i;
 }
 
-/* Adds of one entry more than once in a batch: the first is stored, a later one with other
- * bytes is marked 1 in other[] (EBADREQ; other is allocated when needed). A writer's batch
+/* Whether the engine takes an add to a ledger of key `key` (keylen 0: any), fenced or not. */
+static int engine_takes(const AddReq *r, const unsigned char *key, uint32_t keylen, int fenced)
+{
+    return (!keylen || (r->keylen == keylen && !memcmp(r->key, key, keylen))) &&
+           (!fenced || r->recovery);
+}
+
+/* Adds of one entry more than once in a batch: of those the engine takes (the ledger's key;
+ * a recovery add if it is fenced; a new ledger's key is its first add's in the batch), the
+ * first is stored and a later one with other bytes is marked 1 in other[] (EBADREQ; other is
+ * allocated when needed); the others are left to the engine (EUA, EFENCED). A writer's batch
  * names its entries in increasing order, which is checked first; only another order costs a
- * sort. 0, or -1 when out of memory. */
-static int mark_batch_repeats(const AddReq *reqs, size_t n, unsigned char **other, size_t *nother)
+ * sort. 0, or -1 (out of memory, or the ledger's state unreadable). */
+static int mark_batch_repeats(Engine *e, const AddReq *reqs, size_t n, unsigned char **other,
+                              size_t *nother)
 {
     size_t i = 1;
     while (i < n && (reqs[i].ledger > reqs[i - 1].ledger ||
@@ -250,25 +260,64 @@ static int mark_batch_repeats(const AddReq *reqs, size_t n, unsigned char **othe
     for (i = 0; i < n; i++)
         keys[i] = (AddKey){reqs[i].ledger, reqs[i].entry, i};
     qsort(keys, n, sizeof *keys, add_key_cmp);
-    for (size_t first = 0, k = 1; k < n; k++) {
-        if (keys[k].ledger != keys[first].ledger || keys[k].entry != keys[first].entry) {
-            first = k;
+    int rc = 0;
+    size_t ledger_first = 0; /* the index in keys[] where the current ledger's adds begin */
+    for (size_t g = 0, k; g < n && rc == 0; g = k) {
+        if (keys[g].ledger != keys[ledger_first].ledger)
+            ledger_first = g;
+        for (k = g + 1; k < n && keys[k].ledger == keys[g].ledger && keys[k].entry == keys[g].entry; k++)
+            ;
+        if (k - g < 2)
             continue;
+        unsigned char key[MAX_KEY];
+        uint32_t keylen = 0;
+        int fenced = 0;
+        LedgerInfo li;
+        eng_lock(e);
+        int r = eng_ledger_info(e, keys[g].ledger, &li);
+        if (r == E_OK) {
+            fenced = li.fenced;
+            keylen = li.has_key && li.keylen <= MAX_KEY ? li.keylen : 0;
+            if (keylen)
+                memcpy(key, li.key, keylen);
         }
-        const AddReq *a = &reqs[keys[first].i], *b = &reqs[keys[k].i];
-        if (a->len == b->len && memcmp(a->body, b->body, a->len) == 0)
-            continue;
-        if (!*other && !(*other = calloc(n, 1))) {
-            free(keys);
-            return -1;
+        eng_unlock(e);
+        if (r != E_OK && r != E_NOLEDGER) {
+            rc = -1;
+            break;
         }
-        if (!(*other)[keys[k].i]) {
-            (*other)[keys[k].i] = 1;
-            (*nother)++;
+        if (!keylen) { /* a new ledger: the key of its first add in the batch */
+            size_t first = keys[ledger_first].i;
+            for (size_t m = ledger_first; m < n && keys[m].ledger == keys[g].ledger; m++)
+                if (keys[m].i < first)
+                    first = keys[m].i;
+            keylen = reqs[first].keylen <= MAX_KEY ? reqs[first].keylen : 0;
+            if (keylen)
+                memcpy(key, reqs[first].key, keylen);
+        }
+        const AddReq *taken = NULL;
+        for (size_t m = g; m < k; m++) { /* in batch order: keys[] sorts a group by index */
+            const AddReq *b = &reqs[keys[m].i];
+            if (!engine_takes(b, key, keylen, fenced))
+                continue;
+            if (!taken) {
+                taken = b;
+                continue;
+            }
+            if (taken->len == b->len && memcmp(taken->body, b->body, b->len) == 0)
+                continue;
+            if (!*other && !(*other = calloc(n, 1))) {
+                rc = -1;
+                break;
+            }
+            if (!(*other)[keys[m].i]) {
+                (*other)[keys[m].i] = 1;
+                (*nother)++;
+            }
         }
     }
     free(keys);
-    return 0;
+    return rc;
 }
 
 /* An entry, once stored, is never replaced by other bytes (issue 49): before storing, the adds
@@ -316,8 +365,7 @@ static int store_adds(Engine *e, AddReq *reqs, size_t n, int *status, size_t *co
         }
         if (reqs[i].entry > last)
             continue;
-        takes = (!keylen || (reqs[i].keylen == keylen && !memcmp(reqs[i].key, key, keylen))) &&
-                (!fenced || reqs[i].recovery);
+        takes = engine_takes(&reqs[i], key, keylen, fenced);
         if (!takes)
             continue; /* the engine refuses it (EUA, EFENCED) */
         int kind = 0;
@@ -347,7 +395,7 @@ static int store_adds(Engine *e, AddReq *reqs, size_t n, int *status, size_t *co
             nother++;
         }
     }
-    if (!replace && mark_batch_repeats(reqs, n, &other, &nother) < 0) {
+    if (!replace && mark_batch_repeats(e, reqs, n, &other, &nother) < 0) {
         rc = E_IO;
         goto out;
     }

@@ -150,7 +150,7 @@ class DataPortServer:
             admitted = True
             conn.settimeout(None)
             conn.sendall(wire.DATA_MAGIC)
-            _Connection(self, conn, rfile, identity.expires).run()
+            DataConnection(self, conn, rfile, identity.expires).run()
         except (OSError, ssl.SSLError, wire.FrameError) as exc:
             log.debug("data connection ended: %s", exc)
         except BadRequestError as exc:      # a message refused whole: the peer is not ours
@@ -244,7 +244,7 @@ def _recv_until(conn, n: int, deadline: float) -> bytes | None:
     return data
 
 
-class _Connection:
+class DataConnection:
     """Serves one connection from its own thread: each frame is answered before the next is
     read.
 

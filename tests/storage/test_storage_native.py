@@ -232,6 +232,30 @@ def test_an_entry_once_stored_is_never_replaced_by_other_bytes(tmp_path):
         s.close()
 
 
+def test_one_entry_twice_in_a_batch_keeps_the_first_add_the_engine_takes(tmp_path):
+    """Repeats of one entry in a batch (found by fuzzing; refined in review): among the adds
+    the engine takes -- the ledger's key, a recovery add once fenced; a new ledger's key is
+    its first add's -- the first is stored and a later one with other bytes refused
+    (EBADREQ); adds it refuses (EUA, EFENCED) do not count as the first."""
+    s = make(tmp_path)
+    try:
+        k, bad = b"k" * 20, b"x" * 20
+        assert s.add_entries([(4, 0, k, False, b"one"), (4, 0, k, False, b"two"),
+                              (4, 0, k, False, b"one")]) == [0, 404, 0]
+        assert s.read_entry(4, 0) == b"one"
+        assert s.add_entries([(4, 1, bad, False, b"evil"), (4, 1, k, False, b"good")]) == \
+            [errors.EUA, 0]
+        assert s.read_entry(4, 1) == b"good"
+        assert s.add_entries([(5, 0, k, False, b"first"), (5, 0, bad, False, b"other")]) == \
+            [0, errors.EUA]                                 # a new ledger: the first add's key
+        assert s.fence(4, k) == errors.EOK
+        assert s.add_entries([(4, 2, k, False, b"late"), (4, 2, k, True, b"recovered"),
+                              (4, 2, k, True, b"other")]) == [errors.EFENCED, 0, 404]
+        assert s.read_entry(4, 2) == b"recovered"
+    finally:
+        s.close()
+
+
 def test_a_re_add_the_engine_would_refuse_learns_nothing_of_what_is_held(tmp_path):
     """The read-back of a held entry happens only for an add the engine would take: with
     another key it is EUA, on a fenced ledger (not a recovery add) EFENCED -- held or not,

@@ -18,7 +18,7 @@ from google.protobuf.message import DecodeError
 
 from bkspark import errors
 from bkspark.bookie.config import BookieConfig
-from bkspark.bookie.data_port import _Connection
+from bkspark.bookie.data_port import DataConnection
 from bkspark.bookie.server import BookieState
 from bkspark.bookie.service import BookieService
 from bkspark.bookie.storage import Storage, StorageConfig
@@ -141,7 +141,7 @@ def _add_batch():
 # ---- data_port -------------------------------------------------------------------------
 
 class _Peer:
-    """The socket of a data-port connection, for :class:`_Connection`: answers are counted,
+    """The socket of a data-port connection, for :class:`DataConnection`: answers are counted,
     not sent."""
 
     def __init__(self):
@@ -168,7 +168,7 @@ def _data_port():
 
     def one(data: bytes) -> None:
         try:
-            _Connection(server, _Peer(), io.BytesIO(data)).run()
+            DataConnection(server, _Peer(), io.BytesIO(data)).run()
         except EXPECTED:
             pass
     return _forgetting(storage, one)
