@@ -227,7 +227,7 @@ def main() -> int:
           f"{'good p99':>10} {'quiet p99':>10} {'ratio':>6}  errors")
     for name in args.attacks.split(","):
         with tempfile.TemporaryDirectory(prefix="bkspark-hostile-") as d, \
-                BookieCluster(f"sqlite:///{d}/meta.db", num_bookies=1, data_dir=d,
+                BookieCluster(f"sqlite:///{d}/meta.db", raw_ledgers=True, num_bookies=1, data_dir=d,
                               fault_injection=False) as cluster, \
                 BookKeeper(cluster.metadata_uri) as bk:
             bid = cluster.bookie_ids[0]

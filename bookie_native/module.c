@@ -611,6 +611,38 @@ static PyObject *mod_scan_add_batch(PyObject *self, PyObject *args)
     return PyLong_FromLong(n);
 }
 
+/* batch_ledgers(payload) -> [(ledger, master key), ...]: the ledgers an AddBatch writes, each
+ * with the key of its first add -- one pair per run of adds of one ledger (a writer's message
+ * is one run or a few; the caller drops repeats). For the bookie's check that a ledger it has
+ * no record of is one the metadata lists, under that key, before an add creates its record. */
+static PyObject *mod_batch_ledgers(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer payload;
+    if (!PyArg_ParseTuple(args, "y*", &payload))
+        return NULL;
+    WireAdd *adds = NULL;
+    const char *why = "";
+    long n;
+    Py_BEGIN_ALLOW_THREADS n = af_parse_batch(payload.buf, (size_t)payload.len, &adds, &why);
+    Py_END_ALLOW_THREADS
+    PyObject *out = n < 0 ? NULL : PyList_New(0);
+    if (n < 0)
+        PyErr_Format(ExcBadReq ? ExcBadReq : PyExc_ValueError, "malformed AddBatch: %s", why);
+    for (long i = 0; out && i < n; i++) {
+        if (i && adds[i].ledger == adds[i - 1].ledger)
+            continue;
+        PyObject *pair = Py_BuildValue("(Ly#)", (long long)adds[i].ledger, (const char *)adds[i].key,
+                                       (Py_ssize_t)adds[i].keylen);
+        if (!pair || PyList_Append(out, pair) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(pair);
+    }
+    free(adds);
+    PyBuffer_Release(&payload);
+    return out;
+}
+
 /* answer_adds(payload, max_entry_bytes, status, message) -> the AddBatchResponse body refusing
  * every add of an AddBatch, in order: an invalid one EBADREQ with its reason (af_rejection), the
  * others `status` with `message` -- what a read-only or overloaded bookie answers, in C and
@@ -1563,6 +1595,8 @@ static PyMethodDef mod_methods[] = {
     {"crc32c_sw", mod_crc32c_sw, METH_VARARGS, "software (slice-by-8) crc32c"},
     {"answer_adds", mod_answer_adds, METH_VARARGS,
      "answer_adds(payload, max_entry_bytes, status, message) -> responses refusing every add"},
+    {"batch_ledgers", mod_batch_ledgers, METH_VARARGS,
+     "batch_ledgers(payload) -> [(ledger, master key)] of each run of adds of one ledger"},
     {"scan_add_batch", mod_scan_add_batch, METH_VARARGS,
      "scan_add_batch(payload, max_adds) -> number of adds; BadRequest for a message refused whole"},
     {"add_rejection", mod_add_rejection, METH_VARARGS,

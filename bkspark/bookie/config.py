@@ -63,6 +63,10 @@ class BookieConfig:
                                         # 0: half of grpc_workers
     data_port_send_timeout_s: float = 30.0  # a data-port peer that reads none of its answers
                                             # this long is closed
+    check_new_ledgers: bool = True      # a ledger this bookie has no record of is recorded (by
+                                        # a fence or an add) only if the metadata lists it,
+                                        # under its key; off only for tests and benchmarks of
+                                        # ledger ids no metadata lists
     # lifecycle
     metadata_session_timeout_s: float = 10.0
     disk_usage_threshold: float = 0.95  # read-only above this fraction used

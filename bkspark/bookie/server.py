@@ -142,7 +142,8 @@ class BookieServer:
         cookies.validate_or_create(self.store, cfg)
         self.storage = Storage(storage_config(cfg))
         self.service = BookieService(self.storage, cfg, self.state)
-        self.service.ledger_master_key = self._ledger_master_key
+        if cfg.check_new_ledgers:
+            self.service.ledger_master_key = self._ledger_master_key
         self.metrics = BookieMetrics(
             self.storage, weakref.ref(self.service),
             [("journal", d) for d in (cfg.journal_dirs or [cfg.journal_dir])]

@@ -30,8 +30,9 @@ from bkspark.proto.wire import (encode_add_oks, encode_add_responses, only_respo
 log = logging.getLogger("bkspark.bookie.service")
 
 MASTER_KEY_LEN = 20          # metadata.ledger_keys.KEY_BYTES
-MAX_KEY_LOOKUPS = 8          # fencing reads checking a key in the metadata at once (more:
-                             # ETOOMANYREQUESTS, an unknown answer to the fencer)
+MAX_KEY_LOOKUPS = 8          # checks of a new ledger's key in the metadata at once; more
+KEY_LOOKUP_WAIT_S = 10.0     # wait this long, then are answered ETOOMANYREQUESTS (unknown)
+ADMITTED_LEDGERS = 4096      # new ledgers remembered with the key the metadata gave them
 _LAC = struct.Struct(">q")
 _STREAM_MAX_INFLIGHT_BATCHES = 16
 #: what the bookie's own work on one add costs in memory beyond its bytes (parsed request,
@@ -167,6 +168,7 @@ class BookieService(pb_grpc.BookieServicer):
         self._long_polls = 0            # long-poll reads waiting (config.max_long_polls)
         self._write_lac_lock = threading.Lock()
         self._key_lookups = threading.BoundedSemaphore(MAX_KEY_LOOKUPS)
+        self._admitted: dict[int, bytes] = {}       # see _check_new_ledgers
         self._replace_refusals = LogBudget(10, 60.0)    # adds that would replace an entry
         self._add_pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="bookie-add")
         self._stopping = False
@@ -210,6 +212,7 @@ class BookieService(pb_grpc.BookieServicer):
         faults = self.faults if self.faults.active else None
         max_entry = self.config.max_entry_bytes
         rejection = _native.add_rejection   # the one rule, shared with the data port's C path
+        gate = self._check_new_ledgers if self.ledger_master_key is not None else None
         nbytes = 0
         for req in adds:
             lid, eid, key, flags, body = req.ledger_id, req.entry_id, req.master_key, req.flags, req.body
@@ -220,6 +223,8 @@ class BookieService(pb_grpc.BookieServicer):
                 bad = (errors.EBADREQ, why)
             elif read_only:
                 bad = (errors.EREADONLY, "bookie is read-only")
+            elif gate is not None and (refused := gate(((lid, key),))):
+                bad = refused
             elif faults is not None:
                 fault = faults.check("add", lid, eid)
                 if fault is not None:
@@ -306,6 +311,10 @@ class BookieService(pb_grpc.BookieServicer):
         if self.state.read_only:        # refused in C: no Python object per add
             return _native.answer_adds(payload, self.config.max_entry_bytes, errors.EREADONLY,
                                        "bookie is read-only")
+        if self.ledger_master_key is not None:
+            refused = self._check_new_ledgers(_native.batch_ledgers(payload))
+            if refused:         # (an honest writer's ledger is listed, under its key)
+                return _native.answer_adds(payload, self.config.max_entry_bytes, *refused)
         if not self._reserve(size):
             return _native.answer_adds(payload, self.config.max_entry_bytes,
                                        errors.ETOOMANYREQUESTS, "bookie overloaded")
@@ -463,7 +472,7 @@ class BookieService(pb_grpc.BookieServicer):
         if request.flags & pb.ReadRequest.FENCE_LEDGER:
             if len(request.master_key) != MASTER_KEY_LEN:
                 return self._read_error(request, errors.EBADREQ, "fencing read needs the master key")
-            refused = self._check_new_ledger_key(request.ledger_id, request.master_key)
+            refused = self._check_new_ledgers(((request.ledger_id, request.master_key),))
             if refused:
                 return self._read_error(request, *refused)
             try:
@@ -517,32 +526,48 @@ class BookieService(pb_grpc.BookieServicer):
         except errors.BKError:
             return b""
 
-    def _check_new_ledger_key(self, ledger_id: int, master_key: bytes):
-        """Fencing creates the ledger's record on a bookie that never saw it (so a writer
-        that never reached this bookie is refused here too), under the fencer's key, for
-        good. Such a record is made only under the key the ledger's metadata holds: a ledger
-        the metadata does not list (a guessed future id) is answered ENOLEDGER and not
-        recorded, a key that is not the ledger's EUA -- else any client could claim ids in
-        advance and lock their writers out. ``(status, message)`` to answer, or None to go
-        on (the bookie knows the ledger: storage checks the key; or the service has no
-        metadata store: ``ledger_master_key`` unset). A metadata store that cannot answer
-        gives EIO: unknown, never a record made on a guess."""
+    def _check_new_ledgers(self, pairs):
+        """A fence or the first add of a ledger creates its record on this bookie under the
+        caller's key, for good. Such a record is made only under the key the ledger's
+        metadata holds: a ledger the metadata does not list (a guessed future id) is
+        answered ENOLEDGER and not recorded, a key that is not the ledger's EUA -- else any
+        client could claim ids in advance and lock their writers out. ``pairs``: ``(ledger,
+        master key)`` of a request. ``(status, message)`` to answer, or None to go on (the
+        bookie knows the ledger: storage checks the key; or the service has no metadata
+        store: ``ledger_master_key`` unset). A metadata store that cannot answer gives EIO:
+        unknown, never a record made on a guess. Ledgers admitted are remembered with their
+        key (:data:`ADMITTED_LEDGERS` of them) so a writer's batches cost no lookup."""
         lookup = self.ledger_master_key
-        if lookup is None or self.storage.master_key(ledger_id) is not None:
+        if lookup is None:
             return None
-        if not self._key_lookups.acquire(blocking=False):   # each holds a worker and a
-            return (errors.ETOOMANYREQUESTS,                # metadata round trip
-                    f"{MAX_KEY_LOOKUPS} fencing reads wait on the metadata store already")
-        try:
-            expected = lookup(ledger_id)
-        except errors.BKError as exc:
-            return errors.EIO, f"cannot read the ledger's metadata to check the key: {exc}"
-        finally:
-            self._key_lookups.release()
-        if expected is None:
-            return errors.ENOLEDGER, "no such ledger in the metadata: nothing to fence"
-        if not hmac.compare_digest(expected, master_key):
-            return errors.EUA, "wrong master key"
+        admitted = self._admitted
+        for ledger_id, master_key in pairs:
+            if admitted.get(ledger_id) == master_key or ledger_id < 0:
+                continue
+            try:
+                held = self.storage.master_key(ledger_id)
+            except errors.BKError as exc:
+                return exc.status or errors.EIO, str(exc)
+            if held is not None:        # a ledger the bookie has: its storage checks keys
+                admitted[ledger_id] = held
+                continue
+            if not self._key_lookups.acquire(timeout=KEY_LOOKUP_WAIT_S):  # each a metadata
+                return (errors.ETOOMANYREQUESTS,                          # round trip
+                        f"{MAX_KEY_LOOKUPS} checks of new ledgers wait on the metadata store")
+            try:
+                expected = lookup(ledger_id)
+            except errors.BKError as exc:
+                return errors.EIO, f"cannot read ledger {ledger_id}'s metadata to check the key: {exc}"
+            finally:
+                self._key_lookups.release()
+            if expected is None:
+                return errors.ENOLEDGER, f"no ledger {ledger_id} in the metadata"
+            if not hmac.compare_digest(expected, master_key):
+                return errors.EUA, "wrong master key"
+            with self._inflight_lock:
+                admitted[ledger_id] = master_key
+                while len(admitted) > ADMITTED_LEDGERS:
+                    admitted.pop(next(iter(admitted)))
         return None
 
     def _enter_long_poll(self) -> bool:

@@ -21,10 +21,14 @@ from bkspark.proto import bookie_pb2_grpc as pb_grpc
 
 class BookieCluster(LocalCluster):
     def __init__(self, metadata_uri=None, num_bookies=3, data_dir="./data", fault_injection=True,
-                 extra_args=None, **kwargs):
+                 extra_args=None, raw_ledgers=False, **kwargs):
+        """``raw_ledgers``: the bookies take ledger ids no metadata lists (tests of the
+        protocol that add to ledgers by number: ``--no-check-new-ledgers``)."""
         args = list(extra_args or [])
         if fault_injection:
             args.append("--fault-injection")
+        if raw_ledgers:
+            args.append("--no-check-new-ledgers")
         args += ["--metadata-session-timeout-s", str(kwargs.pop("session_timeout", 4.0))]
         super().__init__(metadata_uri, num_bookies, str(data_dir), args, **kwargs)
 

@@ -156,7 +156,7 @@ class CrashCampaign:
         from bkspark.client import BookKeeper
         from bkspark.testing.cluster import BookieCluster
         uri = f"sqlite:///{os.path.join(self.workdir, 'meta.db')}"
-        self.cluster = BookieCluster(uri, num_bookies=self.num_bookies,
+        self.cluster = BookieCluster(uri, raw_ledgers=True, num_bookies=self.num_bookies,
                                      data_dir=os.path.join(self.workdir, "bookies"),
                                      fault_injection=False, extra_args=CRASH_BOOKIE_ARGS,
                                      session_timeout=1.0)

@@ -32,7 +32,7 @@ def stub_for(bookie_id: str):
 @pytest.fixture(scope="module")
 def one_bookie(tmp_path_factory):
     data = tmp_path_factory.mktemp("one-bookie")
-    with BookieCluster(f"sqlite:///{data}/meta.db", num_bookies=1, data_dir=data,
+    with BookieCluster(f"sqlite:///{data}/meta.db", raw_ledgers=True, num_bookies=1, data_dir=data,
                        extra_args=["--max-inflight-add-mb", "2", "--max-entry-bytes", str(1 << 20)]) as cluster:
         yield cluster
 

@@ -90,7 +90,7 @@ def test_bookie_with_two_journals_survives_kill_and_refuses_a_changed_list(tmp_p
     from .conftest import add_request, frame, stub_for
     bdir = tmp_path / "bookie-0"
     jdirs = [str(bdir / "journal"), str(bdir / "journal1")]
-    with BookieCluster(f"sqlite:///{tmp_path}/meta.db", num_bookies=1, data_dir=tmp_path,
+    with BookieCluster(f"sqlite:///{tmp_path}/meta.db", raw_ledgers=True, num_bookies=1, data_dir=tmp_path,
                        extra_args=["--journal-dirs", ",".join(jdirs),
                                    "--checkpoint-interval-s", "3600"]) as c:
         stub, channel = stub_for(c.bookie_ids[0])

@@ -161,7 +161,7 @@ def test_bookies_without_a_data_port_take_adds_over_grpc(tmp_path):
     from bkspark.client import BookKeeper
     from bkspark.testing.cluster import BookieCluster
 
-    with BookieCluster(f"sqlite:///{tmp_path}/meta.db", num_bookies=2, data_dir=tmp_path,
+    with BookieCluster(f"sqlite:///{tmp_path}/meta.db", raw_ledgers=True, num_bookies=2, data_dir=tmp_path,
                        extra_args=["--data-port", "-1"]) as cluster, \
             BookKeeper(cluster.metadata_uri) as bk:
         stub, channel = stub_for(cluster.bookie_ids[0])
@@ -189,7 +189,7 @@ def test_range_reads_reuse_connections_and_survive_a_bookie_restart(tmp_path):
     from bkspark.client import BookKeeper
     from bkspark.testing.cluster import BookieCluster
 
-    with BookieCluster(f"sqlite:///{tmp_path}/meta.db", num_bookies=1, data_dir=tmp_path) as cluster, \
+    with BookieCluster(f"sqlite:///{tmp_path}/meta.db", raw_ledgers=True, num_bookies=1, data_dir=tmp_path) as cluster, \
             BookKeeper(cluster.metadata_uri) as bk:
         lh = bk.create_ledger(1, 1, 1, password=b"pw")
         lh.append_many([b"e-%d" % i for i in range(30)])
@@ -217,7 +217,7 @@ def test_range_reads_from_the_connection_buffer_keep_every_body_intact(tmp_path)
     from bkspark.testing.cluster import BookieCluster
 
     sizes = [1, 70_000, 300_000, 4_500_000, 5, 1 << 20, 2_000_000, 9, 123_456, 4 << 20]
-    with BookieCluster(f"sqlite:///{tmp_path}/meta.db", num_bookies=1, data_dir=tmp_path) as cluster, \
+    with BookieCluster(f"sqlite:///{tmp_path}/meta.db", raw_ledgers=True, num_bookies=1, data_dir=tmp_path) as cluster, \
             BookKeeper(cluster.metadata_uri) as bk:
         lh = bk.create_ledger(1, 1, 1, password=b"pw")
         payloads = [os.urandom(n) for n in sizes]

@@ -46,7 +46,7 @@ def test_a_full_ledger_directory_makes_the_bookie_read_only_then_writable_losing
         named = str(tmp_path / "bookie-0" / "ledgers")      # (the bookie's name for it)
         args = ["--disk-check-interval-s", "0.2", "--checkpoint-interval-s", "0.5",
                 "--write-cache-mb", "4"]
-        with BookieCluster(f"sqlite:///{tmp_path}/meta.db", num_bookies=1, data_dir=tmp_path,
+        with BookieCluster(f"sqlite:///{tmp_path}/meta.db", raw_ledgers=True, num_bookies=1, data_dir=tmp_path,
                            extra_args=args) as cluster:
             bookie = cluster.bookies[0]
             stub, channel = stub_for(bookie.bookie_id)
@@ -91,7 +91,7 @@ def test_a_full_ledger_directory_makes_the_bookie_read_only_then_writable_losing
                 store.close()
             cluster.stop(0)
         dev.remount()                                   # (what the device holds, not the cache)
-        with BookieCluster(f"sqlite:///{tmp_path}/meta.db", num_bookies=1, data_dir=tmp_path,
+        with BookieCluster(f"sqlite:///{tmp_path}/meta.db", raw_ledgers=True, num_bookies=1, data_dir=tmp_path,
                            extra_args=args) as cluster:
             stub, channel = stub_for(cluster.bookie_ids[0])
             try:

@@ -21,7 +21,7 @@ from .conftest import MASTER_KEY, add_request, frame, stub_for
 
 @pytest.fixture
 def cluster(tmp_path):
-    with BookieCluster(f"sqlite:///{tmp_path}/meta.db", num_bookies=1, data_dir=tmp_path) as c:
+    with BookieCluster(f"sqlite:///{tmp_path}/meta.db", raw_ledgers=True, num_bookies=1, data_dir=tmp_path) as c:
         yield c
 
 
@@ -99,7 +99,7 @@ def test_bitflip_in_last_journal_group_refuses_to_start(tmp_path):
     instead of starting without those entries (and answering NoSuchEntry for them)."""
     import glob
     import struct
-    with BookieCluster(f"sqlite:///{tmp_path}/meta.db", num_bookies=1, data_dir=tmp_path,
+    with BookieCluster(f"sqlite:///{tmp_path}/meta.db", raw_ledgers=True, num_bookies=1, data_dir=tmp_path,
                        extra_args=["--checkpoint-interval-s", "3600"]) as c:
         stub, channel = stub_for(c.bookie_ids[0])
         for e in range(20):
@@ -127,7 +127,7 @@ def test_bitflip_in_last_journal_group_refuses_to_start(tmp_path):
 
 
 def test_swapped_directories_refuse_to_start(tmp_path):
-    with BookieCluster(f"sqlite:///{tmp_path}/meta.db", num_bookies=2, data_dir=tmp_path) as c:
+    with BookieCluster(f"sqlite:///{tmp_path}/meta.db", raw_ledgers=True, num_bookies=2, data_dir=tmp_path) as c:
         c.stop(0)
         c.stop(1)
         a, b = c.bookies[0].dir, c.bookies[1].dir
@@ -158,7 +158,7 @@ def test_read_only_switch_moves_registration_and_refuses_adds(cluster):
 
 def test_disk_usage_threshold_makes_bookie_read_only(tmp_path):
     args = ["--disk-usage-threshold", "0.0001", "--disk-usage-lwm", "0.00005", "--disk-check-interval-s", "0.2"]
-    with BookieCluster(f"sqlite:///{tmp_path}/meta.db", num_bookies=1, data_dir=tmp_path, extra_args=args) as c:
+    with BookieCluster(f"sqlite:///{tmp_path}/meta.db", raw_ledgers=True, num_bookies=1, data_dir=tmp_path, extra_args=args) as c:
         store = open_store(c.metadata_uri)
         assert c.bookie_ids[0] in registry.list_bookies(store, readonly=True)
         store.close()
@@ -197,7 +197,7 @@ def test_gc_deletes_nothing_while_the_metadata_store_is_unreachable(tmp_path):
     zk.start()
     try:
         uri = zk.uri(unique_root("gc"))
-        with BookieCluster(uri, num_bookies=1, data_dir=tmp_path, session_timeout=20.0) as c:
+        with BookieCluster(uri, raw_ledgers=True, num_bookies=1, data_dir=tmp_path, session_timeout=20.0) as c:
             store = open_store(uri)
             live = ledger_store.create_ledger(store, LedgerMetadata.new([c.bookie_ids[0]], 1, 1))
             store.close()
@@ -240,7 +240,7 @@ def test_cluster_takes_other_ports_when_its_free_port_was_taken(tmp_path):
     """A port chosen free can be taken by another process before the bookie binds it (test
     suites on a busy machine): a bookie that never started takes fresh ports and starts."""
     import socket
-    cluster = BookieCluster(f"sqlite:///{tmp_path}/m.db", num_bookies=1, data_dir=tmp_path)
+    cluster = BookieCluster(f"sqlite:///{tmp_path}/m.db", raw_ledgers=True, num_bookies=1, data_dir=tmp_path)
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen()
@@ -271,7 +271,7 @@ def test_cluster_ports_lie_outside_the_ephemeral_range():
 
 
 def test_cluster_that_cannot_start_leaves_no_bookie_running(tmp_path):
-    cluster = BookieCluster(f"sqlite:///{tmp_path}/m.db", num_bookies=2, data_dir=tmp_path)
+    cluster = BookieCluster(f"sqlite:///{tmp_path}/m.db", raw_ledgers=True, num_bookies=2, data_dir=tmp_path)
     cluster.bookies[1].extra_args = ["--no-such-flag"]
     with pytest.raises(errors.BKError, match="no-such-flag"):
         cluster.start_all()
@@ -283,7 +283,7 @@ def test_custom_bookie_id_resolves_to_its_address_while_down(tmp_path):
     it runs (registration) and while it is down (the cookie records its last address), not
     the bare id, which nothing can dial."""
     from bkspark.client import BookKeeper
-    with BookieCluster(f"sqlite:///{tmp_path}/meta.db", num_bookies=1, data_dir=tmp_path,
+    with BookieCluster(f"sqlite:///{tmp_path}/meta.db", raw_ledgers=True, num_bookies=1, data_dir=tmp_path,
                        extra_args=["--bookie-id", "bookie-one"]) as c:
         address = c.bookie_ids[0]
         with BookKeeper(c.metadata_uri) as bk:

@@ -83,16 +83,6 @@ def test_fault_op_fence_is_the_fencing_read_and_read_lac_is_not(one_bookie, stub
         one_bookie.clear_faults(0)
 
 
-def test_fencing_a_ledger_the_metadata_does_not_list_records_nothing(stub):
-    """No ledger, no writer to keep out: the fence is answered ENOLEDGER and leaves no
-    record, so the id is not claimed for the fencer's key (fencing of listed ledgers the
-    bookie never saw: tests/client/test_scenarios.py)."""
-    lid = new_ledger_id()
-    fence = read(stub, lid, -1, flags=pb.ReadRequest.FENCE_LEDGER, master_key=OTHER_KEY)
-    assert fence.status == errors.ENOLEDGER and "metadata" in fence.message
-    assert stub.Add(add_request(lid, 0), timeout=10).status == errors.EOK
-
-
 @pytest.mark.parametrize("mutate, reason", [
     (lambda r: r.__setattr__("master_key", b"short"), "master key"),
     (lambda r: r.__setattr__("body", b"tiny"), "header"),
@@ -196,7 +186,7 @@ def test_explicit_lac_is_the_bookies_lac_after_a_kill(tmp_path, digest):
     starts again: the LAC of the body as the client frames it (ledger id, LAC, digest), not
     eight bytes of the digest, nothing for a short digest."""
     lid = 77
-    with BookieCluster(f"sqlite:///{tmp_path}/meta.db", num_bookies=1, data_dir=tmp_path) as c:
+    with BookieCluster(f"sqlite:///{tmp_path}/meta.db", raw_ledgers=True, num_bookies=1, data_dir=tmp_path) as c:
         s, channel = stub_for(c.bookie_ids[0])
         assert s.Add(add_request(lid, 0, lac=-1), timeout=10).status == errors.EOK
         body = DigestManager(lid, digest, b"pw").frame_lac(0)

@@ -59,7 +59,7 @@ def rss_kb(pid: int) -> int:
 def fuzz_bookie(tmp_path_factory):
     data = tmp_path_factory.mktemp("fuzz-bookie")
     uri = f"sqlite:///{data}/meta.db"
-    with BookieCluster(uri, num_bookies=1, data_dir=data, fault_injection=False,
+    with BookieCluster(uri, raw_ledgers=True, num_bookies=1, data_dir=data, fault_injection=False,
                        extra_args=["--long-poll-max-ms", "100", "--max-entry-bytes", str(1 << 20)],
                        session_timeout=1.0) as cluster:
         channel = bookie_channel(cluster.bookie_ids[0])
@@ -226,7 +226,7 @@ def test_corrupted_journal_and_entry_logs(tmp_path, case, faults_seed):
     rng = random.Random(faults_seed * 100 + case)
     uri = f"sqlite:///{tmp_path}/meta.db"
     killed = rng.random() < 0.5     # SIGKILL: the journal holds the newest entries
-    with BookieCluster(uri, num_bookies=1, data_dir=tmp_path, fault_injection=False,
+    with BookieCluster(uri, raw_ledgers=True, num_bookies=1, data_dir=tmp_path, fault_injection=False,
                        extra_args=["--write-cache-mb", "1", "--journal-max-size-mb", "1",
                                    "--entry-log-max-size-mb", "1"],
                        session_timeout=1.0) as c, BookKeeper(uri) as bk:
@@ -283,7 +283,7 @@ def test_corrupted_journal_and_entry_logs(tmp_path, case, faults_seed):
 
 def test_wrong_digest_on_one_replica_is_detected_and_served_from_another(tmp_path):
     uri = f"sqlite:///{tmp_path}/meta.db"
-    with BookieCluster(uri, num_bookies=3, data_dir=tmp_path, session_timeout=3.0) as c, \
+    with BookieCluster(uri, raw_ledgers=True, num_bookies=3, data_dir=tmp_path, session_timeout=3.0) as c, \
             BookKeeper(uri, speculative_read_timeout=0) as bk:
         lh = bk.create_ledger(3, 3, 2, password=PASSWORD)
         lid, ens = lh.ledger_id, lh.metadata.ensembles[0][1]
@@ -316,7 +316,7 @@ def test_wrong_digest_on_one_replica_is_detected_and_served_from_another(tmp_pat
 
 def test_corrupt_stored_entry_on_one_replica_is_served_from_another(tmp_path):
     uri = f"sqlite:///{tmp_path}/meta.db"
-    with BookieCluster(uri, num_bookies=3, data_dir=tmp_path, session_timeout=3.0) as c, \
+    with BookieCluster(uri, raw_ledgers=True, num_bookies=3, data_dir=tmp_path, session_timeout=3.0) as c, \
             BookKeeper(uri, speculative_read_timeout=0) as bk:
         lh = bk.create_ledger(3, 3, 3, password=PASSWORD)
         ens = lh.metadata.ensembles[0][1]

@@ -36,7 +36,7 @@ ADD_STREAM = "/bkspark.bookie.v1.Bookie/AddStream"
 def bookie(tmp_path_factory):
     data = tmp_path_factory.mktemp("hostile")
     with BookieCluster(f"sqlite:///{data}/meta.db", num_bookies=1, data_dir=data,
-                       fault_injection=False,
+                       fault_injection=False, raw_ledgers=True,      # (adds to ledger 7, 8 ...)
                        extra_args=["--max-adds-per-message", str(MAX_ADDS),
                                    "--max-long-polls", str(MAX_LONG_POLLS),
                                    "--grpc-workers", str(GRPC_WORKERS),
@@ -60,10 +60,19 @@ def _memory_kb(pid: int, field: str = "VmRSS") -> int:
     return 0
 
 
-def _add(lid: int, eid: int, size: int = 64) -> pb.AddRequest:
+def _add(lid: int, eid: int, size: int = 64, key: bytes = b"h" * 20) -> pb.AddRequest:
     body = lid.to_bytes(8, "big") + eid.to_bytes(8, "big") + (-1).to_bytes(8, "big", signed=True) \
         + size.to_bytes(8, "big") + b"\0\0\0\0" + b"x" * (size - 36)
-    return pb.AddRequest(ledger_id=lid, entry_id=eid, master_key=b"h" * 20, body=body)
+    return pb.AddRequest(ledger_id=lid, entry_id=eid, master_key=key, body=body)
+
+
+def _listed_ledger(bookie) -> tuple[int, bytes]:
+    """A ledger the metadata lists (on the module's bookie) and its master key; nothing
+    written to it."""
+    from bkspark.client import BookKeeper
+    with BookKeeper(bookie.metadata_uri) as bk:
+        lh = bk.create_ledger(1, 1, 1, password=b"pw")
+        return lh.ledger_id, lh._master_key
 
 
 def _data_conn(bookie) -> tuple[socket.socket, object]:
@@ -223,8 +232,8 @@ def test_an_entry_once_stored_is_never_replaced(bookie):
     gRPC or the data port -- is refused (EBADREQ) and the entry keeps its bytes; the same
     bytes again are accepted (a recovery write-back is idempotent). Before, the last add won
     and readers got the forged bytes."""
-    lid = 31_337
-    first, forged = _add(lid, 0, 80), _add(lid, 0, 80)
+    lid, key = _listed_ledger(bookie)
+    first, forged = _add(lid, 0, 80, key), _add(lid, 0, 80, key)
     forged.body = forged.body[:-4] + b"evil"
     assert bookie.stub.Add(first, timeout=10).status == errors.EOK
     for add in (forged, pb.AddRequest(ledger_id=lid, entry_id=0, master_key=forged.master_key,
@@ -246,7 +255,7 @@ def test_an_entry_once_stored_is_never_replaced(bookie):
     assert bookie.stub.Add(first, timeout=10).status == errors.EOK     # same bytes: idempotent
     # one new entry twice in one message (found by the add_batch fuzz target): the first is
     # stored, the other bytes refused -- before, both were acknowledged and the last one won
-    again, other = _add(lid, 1, 80), _add(lid, 1, 80)
+    again, other = _add(lid, 1, 80, key), _add(lid, 1, 80, key)
     other.body = other.body[:-4] + b"evil"
     answer = _raw_add_stream(bookie, pb.AddBatch(adds=[again, other, again]).SerializeToString())
     assert sorted(r.status for m in answer for r in m.responses) == \
@@ -388,7 +397,8 @@ def test_a_data_port_peer_that_reads_no_answer_is_closed_after_the_send_timeout(
     gives its send ``data_port_send_timeout_s`` and closes the connection (the thread and
     the answers it held go with it)."""
     with BookieCluster(f"sqlite:///{tmp_path}/meta.db", num_bookies=1, data_dir=tmp_path,
-                       extra_args=["--data-port-send-timeout-s", "2"]) as cluster:
+                       extra_args=["--data-port-send-timeout-s", "2"],
+                       raw_ledgers=True) as cluster:
         bid = cluster.bookie_ids[0]
         with bookie_channel(bid, role="client") as ch:
             stub = pb_grpc.BookieStub(ch)
@@ -435,3 +445,55 @@ def test_a_late_write_lac_of_an_earlier_round_does_not_take_the_lac_back(bookie)
         assert late.status == errors.EOK
         rh = bk.open_ledger(lh.ledger_id, password=b"pw", recovery=False)
         assert rh.read_last_add_confirmed() == 5
+
+
+@pytest.fixture(scope="module")
+def checking_bookie(tmp_path_factory):
+    """A bookie as deployed: it records a ledger it has no record of only if the metadata
+    lists it (``check_new_ledgers``, on by default)."""
+    data = tmp_path_factory.mktemp("checking")
+    with BookieCluster(f"sqlite:///{data}/meta.db", num_bookies=1, data_dir=data,
+                       fault_injection=False) as cluster:
+        bid = cluster.bookie_ids[0]
+        channel = bookie_channel(bid, role="client")
+        cluster.stub = pb_grpc.BookieStub(channel)
+        cluster.bid = bid
+        cluster.data_port = cluster.stub.GetBookieInfo(pb.BookieInfoRequest(),
+                                                       timeout=10).data_port
+        yield cluster
+        channel.close()
+
+
+def test_no_request_claims_a_ledger_id_the_metadata_does_not_list(checking_bookie):
+    """Adds (gRPC, AddStream, the data port) and fencing reads of a ledger id the metadata
+    does not list -- the next ids, easy to guess -- are answered ENOLEDGER and leave no
+    record; an add to a listed ledger under another key is answered EUA. The ledger then
+    created with that id is written under its own key. Before, the first add or fence a
+    bookie saw claimed the id for its key for good, and the real writer got "wrong
+    password"."""
+    from bkspark.client import BookKeeper
+    probe, _ = _listed_ledger(checking_bookie)
+    lid, squatter = probe + 1, b"s" * 20
+    r = checking_bookie.stub.Add(_add(lid, 0, 64, squatter), timeout=10)
+    assert r.status == errors.ENOLEDGER and "metadata" in r.message
+    batch = pb.AddBatch(adds=[_add(lid, 0, 64, squatter)]).SerializeToString()
+    (r,) = [r for m in _raw_add_stream(checking_bookie, batch) for r in m.responses]
+    assert r.status == errors.ENOLEDGER
+    sock, rfile = _data_conn(checking_bookie)
+    with sock:
+        sock.sendall(wire.frame(wire.KIND_ADD_BATCH, [batch]))
+        (r,) = pb.AddBatchResponse.FromString(wire.read_frame(rfile, 1 << 20)[1]).responses
+        assert r.status == errors.ENOLEDGER
+    fence = checking_bookie.stub.Read(pb.ReadRequest(
+        ledger_id=lid, entry_id=-1, master_key=squatter, flags=pb.ReadRequest.FENCE_LEDGER),
+        timeout=10)
+    assert fence.status == errors.ENOLEDGER
+    with BookKeeper(checking_bookie.metadata_uri) as bk:
+        lh = bk.create_ledger(1, 1, 1, password=b"pw")
+        assert lh.ledger_id == lid
+        r = checking_bookie.stub.Add(_add(lid, 0, 64, squatter), timeout=10)
+        assert r.status == errors.EUA
+        assert lh.append_many([b"mine-0", b"mine-1"]) == [0, 1]
+        lh.close()
+        assert [e.data for e in bk.open_ledger(lid, password=b"pw").read(0, 1)] == \
+            [b"mine-0", b"mine-1"]
