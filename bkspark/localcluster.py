@@ -445,6 +445,26 @@ class LocalCluster:
     def resume(self, i: int) -> None:
         self.bookies[i].signal(signal.SIGCONT)
 
+    def wait_registered(self, store, indices=None) -> None:
+        """Wait until bookies ``indices`` (default: all) are listed in the registry ``store``
+        holds (writable or read-only). A bookie paused past its metadata session timeout
+        lost its registration; its own state says "registered" until its next heartbeat
+        finds the session gone and registers it again, so only the registry can say.
+        :raises BKError: one is still unlisted after ``start_timeout``."""
+        from metadata import registry
+        want = {self.bookies[i].bookie_id
+                for i in (range(len(self.bookies)) if indices is None else indices)}
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            listed = set(registry.list_bookies(store)) | set(
+                registry.list_bookies(store, readonly=True))
+            if want <= listed:
+                return
+            if time.monotonic() > deadline:
+                raise BKError(f"bookies {sorted(want - listed)} did not register again in "
+                              f"{self.start_timeout}s")
+            time.sleep(0.1)
+
     def wait_ready(self, i: int) -> None:
         """Wait until bookie ``i`` serves and has registered itself in the metadata store."""
         bookie = self.bookies[i]

@@ -29,7 +29,10 @@ def _source(uri, name, **extra):
     return BookKeeperStreamReader(opts, record_spark_schema())
 
 
-def _paused(cluster):
+def _paused(cluster, store):
+    """Every bookie stopped (SIGSTOP) inside the block; on leaving it, resumed and listed in
+    the registry again (a pause past the session timeout costs a bookie its registration,
+    and the next test's new ledger would find fewer than 3 writable bookies)."""
     class Paused:
         def __enter__(self):
             for i in range(len(cluster.bookies)):
@@ -38,6 +41,7 @@ def _paused(cluster):
         def __exit__(self, *exc):
             for i in range(len(cluster.bookies)):
                 cluster.resume(i)
+            cluster.wait_registered(store)
     return Paused()
 
 
@@ -52,7 +56,7 @@ def test_a_planned_batch_is_read_whole_when_no_bookie_answers_at_planning(bk_clu
     start = source.initialOffset()
     end = source.latestOffset(start, ReadAllAvailable())
     assert end[log_name] == {"ledger": lid, "entry": 10}
-    with _paused(bk_cluster):           # latestOffset fixed the end; the bookies go silent
+    with _paused(bk_cluster, logs.bk.store):    # latestOffset fixed the end; bookies go silent
         parts = source.partitions(start, end)
     assert [(p.ledger_id, p.first, p.last) for p in parts] == [(lid, 0, 9)]
     rows = [r for batch in source.read(parts[0]) for r in batch.to_pylist()]
@@ -69,7 +73,7 @@ def test_a_lac_that_cannot_be_read_is_an_error_not_an_empty_log(bk_cluster, uri,
     writer.flush()
     source = _source(uri, log_name)
     start = source.initialOffset()
-    with _paused(bk_cluster):
+    with _paused(bk_cluster, logs.bk.store):
         t0 = time.monotonic()
         # a trigger while the end cannot be read: the query stays where it is ...
         assert source.latestOffset(start, ReadAllAvailable()) == start
@@ -101,7 +105,7 @@ def test_an_available_now_target_waits_for_an_end_that_cannot_be_read(bk_cluster
         writer.append(b"r%d" % i)
     writer.flush()
     source = _source(uri, log_name)
-    with _paused(bk_cluster):
+    with _paused(bk_cluster, logs.bk.store):
         resumer = threading.Timer(4.0, lambda: [bk_cluster.resume(i)
                                                 for i in range(len(bk_cluster.bookies))])
         resumer.start()
@@ -111,7 +115,7 @@ def test_an_available_now_target_waits_for_an_end_that_cannot_be_read(bk_cluster
         resumer.join()
     assert waited >= 3.5, waited
     assert source._target[log_name] == {"ledger": writer.ledger_id, "entry": 6}
-    with _paused(bk_cluster):
+    with _paused(bk_cluster, logs.bk.store):
         monkeypatch.setattr(stream, "LAC_UNAVAILABLE_LIMIT_S", 3.0)
         t0 = time.monotonic()
         with pytest.raises(errors.BookieUnavailableError, match="bookie"):
