@@ -6,11 +6,15 @@ well-behaved client appends 1 KiB entries one at a time (E=Qw=Qa=1 on that booki
 data port) and measures each append's latency. Each line prints the bookie's peak RSS (its
 high-water mark), the most threads it had, how long a ``GetBookieInfo`` took at the end of the
 attack (a gRPC call: long polls hold gRPC workers, not the data port), and the good client's
-p99 beside its p99 with no attack, measured just before. The attacker runs on the same
-machine: on 2 cores its own CPU is in the good client's p99. Target: peak RSS within the
-documented bound (README, "A bookie's memory"), the good client's p99 within 2x. The attacker
-is a process of its own (as a peer on another host would be; its threads in the good client's
-process would put its share of one interpreter lock in the figure), at the same priority.
+p99 beside its p99 with no attack, measured just before; and the CPU (in cores) the bookie
+and the attacker used during the attack (the bookie's includes serving the good client).
+Target: peak RSS within the documented bound (README, "A bookie's memory"), the good
+client's p99 within 2x. The attacker is a process of its own (as a peer on another host
+would be; its threads in the good client's process would put its share of one interpreter
+lock in the figure), at the same priority, with a client credential of its own (subject
+"attacker"). It runs on the same machine: on 2 cores its own CPU is in the good client's
+p99. ``--isolate`` pins the attacker to CPU 1 and the bookie and the good client to CPU 0
+(both p99s measured so), as a peer on another host would leave the bookie its core.
 
 Attacks:
 * ``empty-adds-grpc``: AddStream messages of 1 MiB of empty adds, as fast as answered;
@@ -21,7 +25,7 @@ Attacks:
 * ``hello-only``: 1,100 connections that send the data port's 4-byte magic and nothing more;
 * ``malformed-grpc``: undecodable bytes on Read, as fast as answered.
 
-    python bench/hostile.py [--seconds 5]
+    python bench/hostile.py [--seconds 5] [--isolate]
 """
 from __future__ import annotations
 
@@ -37,6 +41,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import grpc  # noqa: E402
 
+from bkspark.auth import tokens  # noqa: E402
+from bkspark.auth.credentials import Credentials  # noqa: E402
 from bkspark.client import BookKeeper  # noqa: E402
 from bkspark.proto import bookie_pb2 as pb  # noqa: E402
 from bkspark.proto import bookie_pb2_grpc as pb_grpc  # noqa: E402
@@ -54,6 +60,22 @@ def status_of(pid: int) -> dict[str, int]:
             if key in ("VmHWM", "VmRSS", "Threads"):
                 out[key] = int(value.split()[0])
     return out
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds ``pid`` has used (/proc/PID/stat, clock ticks)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of ``pid`` (and those it starts later) to ``cpus``."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:
+            pass                # (a thread that just ended)
 
 
 def reset_peak(pid: int) -> None:
@@ -224,6 +246,10 @@ class AttackProcess:
         self._proc.join(30)
 
     @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    @property
     def sent(self) -> int:
         return self._sent.value
 
@@ -253,12 +279,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--attacks", default=",".join(ATTACKS))
+    ap.add_argument("--isolate", action="store_true",
+                    help="attacker on CPU 1, the bookie and the good client on CPU 0")
     args = ap.parse_args()
     print(f"bench/hostile.py: 1 bookie (default settings, sqlite metadata, journal sync on), "
-          f"{os.cpu_count()} CPUs; {args.seconds:g} s per attack; good client: 1 KiB appends one "
+          f"{os.cpu_count()} CPUs{' (attacker pinned to CPU 1, the rest to CPU 0)' if args.isolate else ''}; "
+          f"{args.seconds:g} s per attack; good client: 1 KiB appends one "
           f"at a time, E=Qw=Qa=1; load average before the run {os.getloadavg()[0]:.1f}")
     print(f"{'attack':<18} {'sent':>8} {'peak RSS':>10} {'threads':>8} {'info':>9} "
-          f"{'good p99':>10} {'quiet p99':>10} {'ratio':>6}  errors")
+          f"{'bookie':>7} {'attacker':>7} {'good p99':>10} {'quiet p99':>10} {'ratio':>6}  errors")
     for name in args.attacks.split(","):
         with tempfile.TemporaryDirectory(prefix="bkspark-hostile-") as d, \
                 BookieCluster(f"sqlite:///{d}/meta.db", raw_ledgers=True, num_bookies=1, data_dir=d,
@@ -267,14 +296,21 @@ def main() -> int:
             bid = cluster.bookie_ids[0]
             pid = cluster.bookies[0].proc.pid
             creds = credentials_of_bookie(bid, "client")
+            with open(cluster.auth.signing_key_file, "rb") as f:      # a client of its own
+                attacker = Credentials(token=tokens.mint(f.read(), "attacker", "client", 3600))
             channel = creds.channel(bid)
             stub = pb_grpc.BookieStub(channel)
             data_port = stub.GetBookieInfo(pb.BookieInfoRequest(), timeout=10).data_port
+            if args.isolate:
+                pin(pid, {0})
+                pin(os.getpid(), {0})
             good_client(bk, 1.0)                                # warm up
             quiet = p99(good_client(bk, args.seconds))
             reset_peak(pid)
             threads = [status_of(pid)["Threads"]]
-            attack = AttackProcess(name, bid, data_port, creds).start()
+            attack = AttackProcess(name, bid, data_port, attacker).start()
+            if args.isolate:
+                pin(attack.pid, {1})
             sampler_stop = threading.Event()
 
             def sample():
@@ -286,11 +322,15 @@ def main() -> int:
             sampler = threading.Thread(target=sample, daemon=True)
             sampler.start()
             errors = ""
+            time.sleep(1.5)                         # (the attacker's interpreter starts)
+            cpu0 = cpu_seconds(pid), cpu_seconds(attack.pid), time.monotonic()
             try:
-                time.sleep(1.5)                     # (the attacker's interpreter starts)
                 loud = p99(good_client(bk, args.seconds))
             except Exception as exc:  # noqa: BLE001 - the attack won: say how
                 loud, errors = float("nan"), repr(exc)[:80]
+            span = time.monotonic() - cpu0[2]
+            bookie_cpu = (cpu_seconds(pid) - cpu0[0]) / span
+            attacker_cpu = (cpu_seconds(attack.pid) - cpu0[1]) / span
             t0 = time.monotonic()
             try:
                 stub.GetBookieInfo(pb.BookieInfoRequest(), timeout=30)
@@ -303,8 +343,8 @@ def main() -> int:
             st = status_of(pid)
             channel.close()
             print(f"{name:<18} {attack.sent:>8} {st['VmHWM'] / 1024:>8.0f} MiB {max(threads):>8} "
-                  f"{info:>9} {loud:>8.1f} ms {quiet:>7.1f} ms {loud / quiet:>5.1f}x  {errors}",
-                  flush=True)
+                  f"{info:>9} {bookie_cpu:>7.2f} {attacker_cpu:>7.2f} {loud:>8.1f} ms "
+                  f"{quiet:>7.1f} ms {loud / quiet:>5.1f}x  {errors}", flush=True)
     return 0
 
 
