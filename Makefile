@@ -2,24 +2,45 @@
 PYTHON ?= python3
 PYTEST_ARGS ?=
 
-.PHONY: install build proto test demo bench chaos clean
+.PHONY: install system-packages build proto test demo bench chaos clean
+
+# System packages every suite needs, each installed when what it provides is missing (as root,
+# or with sudo): librocksdb-dev (the bookie index: bookie_native/README.md "The index"),
+# zookeeper (the ZooKeeper suites' metadata store), iproute2 + nftables (the multi-host
+# tests' hosts: network namespaces and packet filters), chromium (the dashboard's browser
+# tests), mount + e2fsprogs (a failing disk: bkspark/testing/faildisk.py), faketime (skewed
+# clocks: bkspark/testing/clockskew.py), clang (the fuzz tests' sanitizer build), a Java
+# runtime (Spark). `.ci/run` installs through this same target.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+SYSTEM_PACKAGES = \
+	"test -f /usr/include/rocksdb/c.h" librocksdb-dev \
+	"test -f /usr/share/java/zookeeper.jar" zookeeper \
+	"command -v ip" iproute2 \
+	"command -v nft" nftables \
+	"test -x /usr/bin/chromium" chromium \
+	"command -v losetup" mount \
+	"command -v mkfs.ext4" e2fsprogs \
+	"command -v faketime" faketime \
+	"command -v clang" clang \
+	"command -v java" default-jre-headless
+
+system-packages:
+	@set -- $(SYSTEM_PACKAGES); missing=""; \
+	while [ $$# -gt 0 ]; do sh -c "$$1" >/dev/null 2>&1 || missing="$$missing $$2"; shift 2; done; \
+	if [ -z "$$missing" ]; then echo "make install: every system package is there"; exit 0; fi; \
+	echo "make install: installing Debian packages:$$missing"; \
+	if [ "$$(id -u)" != 0 ] && ! command -v sudo >/dev/null; then \
+	  echo "make install: not root and no sudo: install them as root, then run make install again:"; \
+	  echo "  apt-get install -y$$missing"; exit 1; fi; \
+	export DEBIAN_FRONTEND=noninteractive; \
+	$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq $$missing >/dev/null || { \
+	  echo "make install: apt-get could not install:$$missing (see above); the suites that need"; \
+	  echo "them would fail. Install them by hand, then run make install again."; exit 1; }
 
 # compat mode: the editable install puts the repository on sys.path (a .pth file) instead of
 # an import hook, so PySpark's scan for top-level `pyspark_*` modules (pkgutil.iter_modules)
 # finds pyspark_bookkeeper and format("bookkeeper") works without register() from any directory.
-# The storage engine's index is RocksDB (bookie_native/README.md "The index"): its C headers and
-# library come from Debian's librocksdb-dev, installed here when missing (as root, or with sudo).
-SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-install:
-	@[ -f /usr/include/rocksdb/c.h ] || { echo "make install: installing librocksdb-dev (RocksDB, the bookie index)"; \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq librocksdb-dev >/dev/null; }
-	@command -v faketime >/dev/null || { echo "make install: installing faketime (the tests' skewed clocks)"; \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq faketime >/dev/null; }
-	@command -v clang >/dev/null || { echo "make install: installing clang (the fuzz tests' sanitizer build)"; \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq clang >/dev/null; }
+install: system-packages
 	$(PYTHON) -m pip install --config-settings editable_mode=compat -e '.[test]'
 	$(PYTHON) setup.py -q build_ext --inplace
 

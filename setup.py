@@ -44,7 +44,7 @@ setup(
             "pytest-timeout>=2.2",
             "hypothesis>=6.100",
             "grpcio-tools>=1.60,<2",  # make proto / staleness test
-            "playwright>=1.40,<2",  # dashboard tests drive Debian's chromium (.ci/run installs it)
+            "playwright>=1.40,<2",  # dashboard tests drive Debian's chromium (make install installs it)
             "atheris>=2.3,<4",  # coverage-guided fuzzing of the bookie's parsers (tests/fuzz)
         ],
     },

@@ -279,7 +279,7 @@ class LocalCluster:
     def credentials(self, role: str = "admin") -> Credentials:
         """``role``'s credentials of this cluster, for raw gRPC and HTTP requests to its
         bookies (tests, tools): :meth:`Credentials.channel`, :meth:`Credentials.http_json`."""
-        from bkspark.client.settings import client_config_from
+        from bkspark.client_settings import client_config_from
         return Credentials.from_config(client_config_from(self.client_settings(role)))
 
     @staticmethod

@@ -57,6 +57,63 @@ def pytest_sessionstart(session):
                     "(old runs: /tmp/pytest-of-$USER).", returncode=3)
 
 
+#: the suites that need more than Python (README, "Tests"), and how a test is known to be
+#: in one; `make test` ends by saying how many tests of each ran
+SUITES = (
+    ("ZooKeeper", lambda item: "zookeeper" in item.fixturenames or "[zk" in item.nodeid),
+    ("Spark", lambda item: "spark" in item.fixturenames or item.path.parent.name == "spark"),
+    ("multi-host", lambda item: item.path.name in ("test_multihost.py",
+                                                   "test_network_bookie.py")),
+    ("browser", lambda item: item.path.name == "test_dashboard_browser.py"),
+    ("fuzz", lambda item: item.path.parent.name == "fuzz"),
+)
+_suite_of: dict[str, list[str]] = {}        # test id -> the suites it is in
+_outcome: dict[str, str] = {}               # test id -> passed / failed / skipped
+
+
+def pytest_collection_finish(session):
+    for item in session.items:              # (after -k and -m deselected theirs)
+        _suite_of[item.nodeid] = [name for name, is_in in SUITES if is_in(item)]
+
+
+def pytest_runtest_logreport(report):
+    if report.failed:
+        _outcome[report.nodeid] = "failed"
+    elif report.skipped and _outcome.get(report.nodeid) != "failed":
+        _outcome[report.nodeid] = "skipped"
+    elif report.when == "call" and report.passed:
+        _outcome.setdefault(report.nodeid, "passed")
+
+
+def suite_counts(suite_of: dict, outcome: dict) -> dict[str, dict[str, int]]:
+    """``{suite: {outcome: tests}}`` ("other": the tests of no suite; outcome "not run": the
+    test was collected but never reported)."""
+    counts: dict[str, dict[str, int]] = {name: {} for name, _ in SUITES}
+    counts["other"] = {}
+    for test, suites in suite_of.items():
+        for suite in suites or ["other"]:
+            result = outcome.get(test, "not run")
+            counts[suite][result] = counts[suite].get(result, 0) + 1
+    return counts
+
+
+def pytest_terminal_summary(terminalreporter):
+    counts = suite_counts(_suite_of, _outcome)
+    if terminalreporter.config.option.collectonly or not any(counts.values()):
+        return
+    parts, absent = [], []
+    for suite, by in counts.items():
+        if not by:
+            continue
+        parts.append(f"{suite} " + ", ".join(f"{n} {o}" for o, n in sorted(by.items())))
+        if not by.get("passed") and suite != "other":
+            absent.append(suite)
+    terminalreporter.write_line("bkspark suites: " + "; ".join(parts))
+    if absent:
+        terminalreporter.write_line(f"bkspark suites that did not run: {', '.join(absent)} "
+                                    "(their system packages: make install)", red=True)
+
+
 @pytest.fixture(scope="session")
 def zookeeper():
     """A running :class:`ZooKeeperServer` shared by the whole test session."""

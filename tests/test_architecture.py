@@ -14,13 +14,15 @@ LAYERS = {
     "bkspark.logging_setup": 0, "bkspark._native": 0,
     "bkspark": 0,
     "bkspark.proto": 1, "metadata": 1, "bkspark.auth": 1, "bkspark.cluster_registry": 1,
+    "bkspark.client_settings": 1,
     "bkspark.client": 2, "bkspark.bookie": 2,
     "bkspark.log": 3,
     "bkspark.recovery": 4, "bkspark.spark": 4, "bkspark.dashboard": 4,
     "bkspark.localcluster": 5, "bkspark.cli": 5, "bkspark.testing": 5,
 }
-#: a bookie started with --autorecovery hosts autorecovery (and reads its client settings)
-ALLOWED_UPWARD = {("bkspark.bookie", "bkspark.recovery"), ("bkspark.bookie", "bkspark.client")}
+#: a bookie started with --autorecovery hosts autorecovery (its client settings are
+#: bkspark.client_settings, a layer below both)
+ALLOWED_UPWARD = {("bkspark.bookie", "bkspark.recovery")}
 
 
 def package_of(module: str) -> str | None:
@@ -83,3 +85,24 @@ def test_no_module_imports_another_packages_private_names():
                               for p in target.split(".")[1:]):
                 wrong.append(f"{path.relative_to(REPO)}: from {target} import {names}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_a_bookie_loads_no_module_of_the_client(tmp_path):
+    """The bookie process imports nothing of ``bkspark.client``, even transitively, even to
+    read and check its autorecovery's ``client_config`` (``bkspark.client_settings`` does): a
+    bookie without ``--autorecovery`` runs no client code."""
+    import subprocess
+    import sys
+    client = tmp_path / "client.conf"
+    client.write_text("add_timeout = 20\n")
+    code = ("import sys, bkspark.bookie.command, bkspark.bookie.server\n"
+            "from bkspark.bookie.config import BookieConfig\n"
+            "c = BookieConfig(metadata_uri='sqlite:///x', journal_dir='j', ledger_dirs=['l'], "
+            f"client_config={str(client)!r}).finalize()\n"
+            "assert c.client_settings() == {'add_timeout': 20.0}, c.client_settings()\n"
+            "print(sorted(m for m in sys.modules if m == 'bkspark.client' or "
+            "m.startswith('bkspark.client.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=REPO, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout

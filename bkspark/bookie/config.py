@@ -190,7 +190,7 @@ class BookieConfig:
         its in-process autorecovery); BadRequestError naming a bad one."""
         if not self.client_config:
             return {}
-        from bkspark.client.settings import read_settings_file
+        from bkspark.client_settings import read_settings_file
         return read_settings_file(self.client_config)
 
     @classmethod

@@ -3,7 +3,7 @@
 ``--client-config FILE`` (default ``$BKSPARK_CLIENT_CONFIG``): ``KEY = VALUE`` lines, one
 ``ClientConfig`` field each (``tls_ca_file = /etc/bk/ca.pem``, ``add_timeout = 30``; ``#``
 starts a comment line); ``--client-option KEY=VALUE`` (repeatable) and ``--tls-ca-file PEM``
-override it, in that order. Names and values follow :mod:`bkspark.client.settings`.
+override it, in that order. Names and values follow :mod:`bkspark.client_settings`.
 """
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser, *, suppress: bool = False) ->
 
 def client_settings(args: argparse.Namespace, environ=os.environ) -> dict:
     """``{ClientConfig field: value}`` of the flags; BadRequestError naming a bad one."""
-    from bkspark.client.settings import client_settings as validate
-    from bkspark.client.settings import SECRET_FIELDS, parse_assignment, read_settings_file
+    from bkspark.client_settings import client_settings as validate
+    from bkspark.client_settings import SECRET_FIELDS, parse_assignment, read_settings_file
     from bkspark.errors import BadRequestError
     settings: dict = {}
     path = getattr(args, "client_config", None) or environ.get(CONFIG_ENV)

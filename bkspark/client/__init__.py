@@ -11,10 +11,13 @@
 Modules: :mod:`.api` (BookKeeper), :mod:`.ledger_handle` (write path, ensemble change,
 close), :mod:`.read_handle` (reads, LAC, tailing), :mod:`.recovery` (fencing + recovery),
 :mod:`.quorum` (quorum arithmetic), :mod:`.digest` (entry framing), :mod:`.placement`,
-:mod:`.bookie_client` (gRPC), :mod:`.wire` (hand-encoded add requests), :mod:`.settings`
-(client settings given as text: Spark options, command-line flags, files).
+:mod:`.bookie_client` (gRPC), :mod:`.wire` (hand-encoded add requests). Its settings,
+``ClientConfig`` and how they are given as text (Spark options, command-line flags, files),
+are :mod:`bkspark.client_settings`, a layer below (the bookie reads them too).
 """
-from .api import BookKeeper, ClientConfig
+from bkspark.client_settings import ClientConfig
+
+from .api import BookKeeper
 from .digest import DigestManager
 from .ledger_handle import LedgerHandle
 from .read_handle import LedgerEntry, ReadHandle

@@ -7,10 +7,10 @@ import threading
 import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 from bkspark import errors
 from bkspark.auth.credentials import Credentials
+from bkspark.client_settings import ClientConfig, client_config_from
 from bkspark.errors import BadRequestError, NotEnoughBookiesError, UnauthorizedError
 from metadata import ledgers as _ledgers
 from metadata import open_store
@@ -24,65 +24,12 @@ from .digest import normalize_digest_type
 from .ledger_handle import LedgerHandle
 from .read_handle import ReadHandle
 from .recovery import LedgerRecovery
-from .settings import client_config_from
 
 log = logging.getLogger("bkspark.client")
 
 #: how a client is given the CA file of TLS bookies, in each of its front ends
 TLS_HOWTO = ("set tls_ca_file (Spark: option client.tlsCaFile; bkspark shell and bkspark "
              "autorecovery: --tls-ca-file)")
-
-
-@dataclass
-class ClientConfig:
-    """Tunables of a :class:`BookKeeper` client (seconds, bytes).
-
-    Given as text -- the Spark connector's ``client.*`` options, ``--client-config`` files and
-    ``--client-option``/``--tls-ca-file`` flags -- names and values follow
-    :mod:`bkspark.client.settings`.
-    """
-
-    add_timeout: float = 10.0               # unanswered add -> the bookie is replaced
-    read_timeout: float = 10.0              # unanswered read -> unknown / next replica
-    speculative_read_timeout: float = 2.0   # ask a second replica after this (0 = never)
-    read_range_timeout: float = 120.0
-    max_outstanding_bytes: int = 32 << 20   # back-pressure bound of unacknowledged adds
-    max_bookie_backlog_bytes: int = 64 << 20  # unsent adds to one bookie beyond this for
-                                              # add_timeout: the bookie is replaced; beyond
-                                              # twice this, appenders wait for it to drain
-    read_window: int = 64                   # per-entry reads in flight
-    recovery_read_window: int = 64          # recovery reads in flight
-    recovery_negative_grace: float = 1.0    # wait this long for a late positive answer
-    use_read_range: bool = True
-    metadata_retries: int = 20
-    close_flush_timeout: float = 120.0
-    bookie_cache_seconds: float = 1.0       # how long the writable-bookie list is reused
-    explicit_lac_delay: float = 0.01        # the add stream idle this long (every add
-                                            # acknowledged, none since): the writer sends its
-                                            # LAC to the ensemble (WriteLac), so tailing
-                                            # readers see its last entry; 0 = only after
-                                            # explicit_lac_interval (see LedgerHandle)
-    explicit_lac_interval: float = 1.0      # idle this long and no bookie stored the LAC
-                                            # (delayed send off or failed): send it (again);
-                                            # 0 = never send an explicit LAC at all
-    tls_ca_file: str = ""                   # PEM roots: talk TLS to bookies and verify them
-    tls_cert_file: str = ""                 # client certificate (mutual TLS; its OU: the role)
-    tls_key_file: str = ""                  # ... and its key
-    auth_token: str = field(default="", repr=False)     # a token (bkspark.auth.tokens);
-    auth_token_file: str = ""               # or the file holding it (preferred: never shown)
-                                            # none of these: a local cluster's own, found
-                                            # through its records (bkspark.cluster_registry)
-    overload_retry_delay: float = 0.05      # resend after ETOOMANYREQUESTS
-    stall_probe_after: float = 2.0          # an add stream unanswered this long, its socket
-                                            # backing off, while a new connection's hello is
-                                            # answered, is stuck in TCP back-off (a healed
-                                            # partition): it is replaced at once, not after
-                                            # add_timeout (0 = off)
-    suspect_seconds: float = 30.0           # a failed/slow bookie is read from last this long
-    add_linger: float | None = None         # min spacing of two add messages to one bookie
-                                            # (None: 0 on data ports, 2 ms over gRPC)
-    add_max_linger: float = 0.005           # ... waiting up to this for the previous ones'
-                                            # acks (self-clocking; see bookie_client)
 
 
 class BookKeeper:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from metadata.store import MetadataStore
 
     from .bookie_client import BookieClientPool
-    from .api import ClientConfig
+    from bkspark.client_settings import ClientConfig
 
 log = logging.getLogger("bkspark.client")
 

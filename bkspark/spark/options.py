@@ -56,7 +56,7 @@ reclaimAbandonedAfter    writes: seconds a write job of the log with no live tas
                          before its leftover ledgers are reclaimed at planning (600)
 client.<setting>         a ``ClientConfig`` field (``client.tlsCaFile``, ``client.addTimeout``)
                          for every client the connector makes, on the driver and executors;
-                         names and values: :mod:`bkspark.client.settings`
+                         names and values: :mod:`bkspark.client_settings`
 =======================  ====================================================================
 
 Spark also passes ``checkpointLocation`` and ``queryName`` (``writeStream.queryName(...)``)
@@ -188,7 +188,7 @@ class ConnectorOptions:
                                   "'logPattern' (or a name passed to load()/save())")
 
     def __repr__(self) -> str:      # client.authToken is never shown
-        from bkspark.client.settings import SECRET_FIELDS
+        from bkspark.client_settings import SECRET_FIELDS
         shown = {f: ("<hidden>" if f in SECRET_FIELDS else v)
                  for f, v in self.client_settings.items()}
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if k != "client_settings")
@@ -345,7 +345,7 @@ def _unknown_option(key: str) -> str:
 
 def _check_not_a_client_setting(key: str) -> None:
     """A ClientConfig field given without the ``client.`` prefix: say where it goes."""
-    from bkspark.client.settings import camel, field_named
+    from bkspark.client_settings import camel, field_named
     name = None if key.lower() in _CANON else field_named(key)
     if name is not None:
         raise BadRequestError(f"unknown option {key!r} for format({FORMAT_NAME!r}): did you mean "
@@ -543,7 +543,7 @@ def parse_options(options, *, default_uri=None) -> ConnectorOptions:
         raise BadRequestError("option 'retentionPassCursors' goes with 'retentionTime' and/or "
                               "'retentionSize'")
     o.test_fault = raw.get("_testFault") or None
-    from bkspark.client.settings import client_settings
+    from bkspark.client_settings import client_settings
     o.client_settings = client_settings(client, prefix=CLIENT_PREFIX, camel_case=True,
                                         what="option")
     return o

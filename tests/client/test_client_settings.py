@@ -7,7 +7,7 @@ import pathlib
 import pytest
 
 from bkspark.client import ClientConfig
-from bkspark.client.settings import (
+from bkspark.client_settings import (
     client_config_from,
     client_settings,
     read_settings_file,

@@ -34,7 +34,7 @@ def browser():
     except ImportError:
         skip_or_fail("playwright is not installed (make install installs it: pip '.[test]')")
     if not shutil.which(CHROMIUM):
-        skip_or_fail(f"{CHROMIUM} is missing: apt-get install -y chromium (.ci/run does)")
+        skip_or_fail(f"{CHROMIUM} is missing: apt-get install -y chromium (make install does)")
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
             "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -74,7 +74,7 @@ def test_a_standalone_autorecovery_serves_https_and_the_dashboard_scrapes_it(clu
 
 
 def _config(cluster, role: str, ca: str):
-    from bkspark.client.settings import client_config_from
+    from bkspark.client_settings import client_config_from
     return client_config_from({**cluster.client_settings(role), "tls_ca_file": ca})
 
 

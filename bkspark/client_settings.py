@@ -1,10 +1,15 @@
-"""Client settings given as text: the one mapping of names and values to a ``ClientConfig``.
+"""A client's settings: :class:`ClientConfig`, and the one mapping of names and values given as
+text to it.
+
+Below both the client and the bookie (whose in-process autorecovery is a client: its
+``client_config`` file is read and checked when the bookie starts), so neither imports the
+other for it.
 
 Every way to configure a client ends here: ``BookKeeper(**kwargs)``, the Spark connector's
 ``client.*`` options, and the ``--client-config FILE``, ``--client-option KEY=VALUE`` and
 ``--tls-ca-file`` flags of ``bkspark shell`` and ``bkspark autorecovery``. Rules:
 
-* a name is a field of :class:`~bkspark.client.api.ClientConfig`, matched ignoring case,
+* a name is a field of :class:`ClientConfig`, matched ignoring case,
   ``_`` and ``-``: ``tls_ca_file``, ``tlsCaFile`` and ``tlscafile`` (Spark lower-cases option
   names) are one setting; naming it twice in one mapping is an error;
 * a value takes its field's type: a number >= 0 (finite), an integer >= 0, ``true``/``false``
@@ -27,9 +32,63 @@ import os
 import ssl
 import types
 import typing
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from bkspark.errors import BadRequestError, did_you_mean
+
+
+@dataclass
+class ClientConfig:
+    """Tunables of a :class:`~bkspark.client.BookKeeper` client (seconds, bytes).
+
+    Given as text -- the Spark connector's ``client.*`` options, ``--client-config`` files and
+    ``--client-option``/``--tls-ca-file`` flags -- names and values follow this module.
+    """
+
+    add_timeout: float = 10.0               # unanswered add -> the bookie is replaced
+    read_timeout: float = 10.0              # unanswered read -> unknown / next replica
+    speculative_read_timeout: float = 2.0   # ask a second replica after this (0 = never)
+    read_range_timeout: float = 120.0
+    max_outstanding_bytes: int = 32 << 20   # back-pressure bound of unacknowledged adds
+    max_bookie_backlog_bytes: int = 64 << 20  # unsent adds to one bookie beyond this for
+                                              # add_timeout: the bookie is replaced; beyond
+                                              # twice this, appenders wait for it to drain
+    read_window: int = 64                   # per-entry reads in flight
+    recovery_read_window: int = 64          # recovery reads in flight
+    recovery_negative_grace: float = 1.0    # wait this long for a late positive answer
+    use_read_range: bool = True
+    metadata_retries: int = 20
+    close_flush_timeout: float = 120.0
+    bookie_cache_seconds: float = 1.0       # how long the writable-bookie list is reused
+    explicit_lac_delay: float = 0.01        # the add stream idle this long (every add
+                                            # acknowledged, none since): the writer sends its
+                                            # LAC to the ensemble (WriteLac), so tailing
+                                            # readers see its last entry; 0 = only after
+                                            # explicit_lac_interval (see LedgerHandle)
+    explicit_lac_interval: float = 1.0      # idle this long and no bookie stored the LAC
+                                            # (delayed send off or failed): send it (again);
+                                            # 0 = never send an explicit LAC at all
+    tls_ca_file: str = ""                   # PEM roots: talk TLS to bookies and verify them
+    tls_cert_file: str = ""                 # client certificate (mutual TLS; its OU: the role)
+    tls_key_file: str = ""                  # ... and its key
+    auth_token: str = field(default="", repr=False)     # a token (bkspark.auth.tokens);
+    auth_token_file: str = ""               # or the file holding it (preferred: never shown)
+                                            # none of these: a local cluster's own, found
+                                            # through its records (bkspark.cluster_registry)
+    overload_retry_delay: float = 0.05      # resend after ETOOMANYREQUESTS
+    stall_probe_after: float = 2.0          # an add stream unanswered this long, its socket
+                                            # backing off, while a new connection's hello is
+                                            # answered, is stuck in TCP back-off (a healed
+                                            # partition): it is replaced at once, not after
+                                            # add_timeout (0 = off)
+    suspect_seconds: float = 30.0           # a failed/slow bookie is read from last this long
+    add_linger: float | None = None         # min spacing of two add messages to one bookie
+                                            # (None: 0 on data ports, 2 ms over gRPC)
+    add_max_linger: float = 0.005           # ... waiting up to this for the previous ones'
+                                            # acks (self-clocking; see bookie_client)
+
+
 
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 _NONE = ("none", "null", "default")
@@ -51,7 +110,6 @@ def camel(field_name: str) -> str:
 @lru_cache(maxsize=1)
 def fields() -> dict[str, tuple[type, bool]]:
     """``{field name: (type, None allowed)}`` of ClientConfig."""
-    from bkspark.client.api import ClientConfig
     out = {}
     for name, hint in typing.get_type_hints(ClientConfig).items():
         args = typing.get_args(hint) if isinstance(hint, types.UnionType) else ()
@@ -181,9 +239,8 @@ def client_settings(mapping, *, prefix: str = "", camel_case: bool = False,
 
 
 def client_config_from(mapping, **how):
-    """A :class:`~bkspark.client.api.ClientConfig` with the settings of ``mapping`` (see
-    :func:`client_settings` for ``how``); the other fields keep their defaults."""
-    from bkspark.client.api import ClientConfig
+    """A :class:`ClientConfig` with the settings of ``mapping`` (see :func:`client_settings`
+    for ``how``); the other fields keep their defaults."""
     return ClientConfig(**client_settings(mapping, **how))
 
 
