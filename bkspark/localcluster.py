@@ -427,7 +427,7 @@ class LocalCluster:
         embedded store.
 
         A process stopped inside one holds every writer of the SQLite store until it resumes
-        (README, "Metadata stores"): a limit of the embedded store, not the fault a test of
+        (docs/metadata.md): a limit of the embedded store, not the fault a test of
         the client means to inject. A bookie caught there (its heartbeat) is resumed and
         paused again a moment later. The fault runner pauses ``anywhere``."""
         bookie = self.bookies[i]

@@ -57,7 +57,7 @@ def pytest_sessionstart(session):
                     "(old runs: /tmp/pytest-of-$USER).", returncode=3)
 
 
-#: the suites that need more than Python (README, "Tests"), and how a test is known to be
+#: the suites that need more than Python (docs/development.md, "Tests"), and how a test is known to be
 #: in one; `make test` ends by saying how many tests of each ran
 SUITES = (
     ("ZooKeeper", lambda item: "zookeeper" in item.fixturenames or "[zk" in item.nodeid),

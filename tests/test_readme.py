@@ -1,12 +1,14 @@
-"""README.md and bkspark/spark/README.md run as written.
+"""README.md, the pages of docs/ and bkspark/spark/README.md run as written.
 
-Every ```bash and ```python block of the two READMEs runs, in order, from an empty directory
+Every ```bash and ```python block of them runs, in order, from an empty directory
 outside the repository, with a fresh HOME (so the user's default local cluster is the one the
 README starts) and without PYTHONPATH or BKSPARK_* variables: only what `make install` gives a
 user. A block preceded by ``<!-- not run by tests/test_readme.py: why -->`` is skipped, and
 must say why. Python blocks share one interpreter and namespace, as a user pasting them into
-one session would; shell blocks run with ``bash -e``. The Spark README's blocks run after
-README.md's Spark section, before its last block (which stops the cluster).
+one session would; shell blocks run with ``bash -e``. The order: README.md (its quickstart
+starts the cluster), then the pages of :data:`PAGES`; the Spark README's blocks run after
+the tour's Spark section, before the last block of all (operations.md's, which stops the
+cluster).
 """
 from __future__ import annotations
 
@@ -49,8 +51,15 @@ def blocks(path: str) -> list[tuple[str, int, str]]:
     return out
 
 
+#: the pages after README.md, in the order they run (a page none of whose blocks runs is
+#: still listed: its not-run blocks must say why)
+PAGES = ["docs/tour.md", "docs/operations.md", "docs/security.md", "docs/metadata.md",
+         "docs/development.md"]
+
+
 def walkthrough() -> list[tuple[str, str, int, str]]:
-    main = [("README.md", *b) for b in blocks(os.path.join(REPO, "README.md"))]
+    main = [(page, *b) for page in ["README.md", *PAGES]
+            for b in blocks(os.path.join(REPO, page))]
     spark = [("bkspark/spark/README.md", *b)
              for b in blocks(os.path.join(REPO, "bkspark", "spark", "README.md"))]
     return main[:-1] + spark + main[-1:]

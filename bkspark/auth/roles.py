@@ -12,7 +12,7 @@ what ``client`` may. ``None`` in a table: no authentication (a liveness probe).
 * ``admin`` -- read-only mode, garbage collection, autorecovery enable/disable and audits,
   the dashboard's actions, fault injection (test builds).
 
-README's "Security" section prints this table.
+docs/security.md prints this table.
 """
 from __future__ import annotations
 

@@ -75,7 +75,7 @@ class BookieConfig:
     disk_check_interval_s: float = 5.0
     gc_interval_s: float = 60.0
     checkpoint_interval_s: float = 10.0
-    # security (bkspark.auth; README "Security")
+    # security (bkspark.auth; docs/security.md)
     tls_cert_file: str = ""             # serve TLS with this certificate (and tls_key_file)
     tls_key_file: str = ""
     tls_client_ca_file: str = ""        # mutual TLS: clients need a certificate signed by

@@ -1,4 +1,4 @@
-"""`bkspark auth`: make the credentials of a secured cluster (README, "Security").
+"""`bkspark auth`: make the credentials of a secured cluster (docs/security.md).
 
     bkspark auth new-key DIR                      token.key (sign; keep it off the bookies)
                                                   and token.pub (for auth_token_public_key_file)

@@ -702,7 +702,7 @@ def cmd_zk_acl(args, out):
     with _store(args) as store:
         if not isinstance(store, ZkStore):
             raise ShellError("zk-acl applies to a ZooKeeper store (zk://...); the embedded "
-                             "store is a private file (README, Files on disk)", 2)
+                             "store is a private file (docs/metadata.md, Files on disk)", 2)
         count = store.apply_acls()
     out.table(f"ACL applied to {count} records", ["records"], [(count,)],
               {"records": count})

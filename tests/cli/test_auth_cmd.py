@@ -1,6 +1,6 @@
-"""`bkspark auth`: the README's "A secured multi-host cluster" commands, run as written; what
-they make works (a token verifies with the public key, certificates chain to the CA and carry
-the role), and every file is private."""
+"""`bkspark auth`: the "A secured multi-host cluster" commands of docs/security.md, run as
+written; what they make works (a token verifies with the public key, certificates chain to the
+CA and carry the role), and every file is private."""
 from __future__ import annotations
 
 import os
@@ -13,7 +13,7 @@ from bkspark.auth import tokens
 from bkspark.auth.certs import identity_of
 from bkspark.auth.roles import Role
 
-README = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
+README = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "security.md")
 
 
 def _readme_auth_commands() -> list[str]:

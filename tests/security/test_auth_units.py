@@ -1,6 +1,6 @@
 """Issue 48: the pure rules of ``bkspark.auth`` -- the role table covers every RPC and is the
-README's, tokens are verified strictly, and a daemon may listen without authentication on
-loopback only."""
+one docs/security.md prints, tokens are verified strictly, and a daemon may listen without
+authentication on loopback only."""
 from __future__ import annotations
 
 import pathlib
@@ -16,7 +16,7 @@ from bkspark.auth.roles import Role
 from bkspark.errors import BadRequestError, UnauthorizedError
 from bkspark.proto import bookie_pb2 as pb
 
-README = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+README = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
 
 
 def test_every_rpc_has_a_role_and_the_readme_names_it():

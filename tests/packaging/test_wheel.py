@@ -1,0 +1,111 @@
+"""`make wheel` gives a wheel that runs a bookie and a Spark job where no RocksDB is installed.
+
+The wheel is built as README says (``make wheel``), installed into a fresh virtual
+environment (its other dependencies -- PySpark, grpcio... -- from this Python's site packages:
+the wheel brings bkspark and its C libraries, nothing else), and run from a directory
+outside the repository, without PYTHONPATH, in a mount namespace where the system's
+librocksdb is hidden (bind-mounted over with /dev/null): a local cluster of 3 bookies starts,
+a Spark job writes and reads a log through ``format("bookkeeper")``, and the cluster stops.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+import textwrap
+import zipfile
+
+import pytest
+
+from metadata.testing import skip_or_fail
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SYSTEM_ROCKSDB = sorted(glob.glob("/usr/lib/*/librocksdb.so*") + glob.glob("/usr/lib/librocksdb.so*"))
+
+JOB = textwrap.dedent('''
+    import sys
+    from pyspark.sql import SparkSession
+    uri = sys.argv[1]
+    spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+             .getOrCreate())
+    rows = [(b"k%d" % i, b"v%d" % i) for i in range(100)]
+    df = spark.createDataFrame(rows, "key binary, value binary")
+    (df.write.format("bookkeeper").option("metadataServiceUri", uri).option("log", "from-wheel")
+       .mode("append").save())
+    back = (spark.read.format("bookkeeper").option("metadataServiceUri", uri)
+            .option("log", "from-wheel").load().select("key", "value").collect())
+    print("ROWS", sorted((bytes(r.key), bytes(r.value)) for r in back) == sorted(rows), len(back))
+    spark.stop()
+''')
+
+
+def _hidden(command: str) -> list[str]:
+    """``command`` (shell) in a mount namespace where the system's librocksdb is /dev/null."""
+    hide = "".join(f"mount --bind /dev/null {lib} && " for lib in SYSTEM_ROCKSDB)
+    return ["unshare", "--mount", "sh", "-c", hide + command]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    if os.geteuid() != 0:
+        skip_or_fail("the wheel test hides the system's librocksdb in a mount namespace: "
+                     "it needs root")
+    out = tmp_path_factory.mktemp("wheel")
+    build = subprocess.run(["make", "wheel", f"WHEEL_DIR={out}", f"PYTHON={sys.executable}"],
+                           cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    (path,) = glob.glob(str(out / "bkspark-*.whl"))
+    return path
+
+
+def test_the_wheel_is_manylinux_and_bundles_rocksdb(wheel):
+    assert "manylinux" in os.path.basename(wheel), wheel
+    names = zipfile.ZipFile(wheel).namelist()
+    libs = [n for n in names if n.startswith("bkspark.libs/")]
+    assert any("librocksdb" in n for n in libs), libs
+    assert any(n.startswith("bkspark/_native") and n.endswith(".so") for n in names)
+    assert not any(n.startswith("tests/") for n in names)
+
+
+def test_the_wheel_runs_a_bookie_and_a_spark_job_with_no_rocksdb_installed(wheel, tmp_path):
+    assert SYSTEM_ROCKSDB, "this test hides the system's librocksdb: none found"
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
+                   check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", wheel], check=True,
+                   timeout=300, capture_output=True)
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items()
+           if k != "PYTHONPATH" and not k.startswith("BKSPARK_")}
+    env.update(HOME=str(tmp_path / "home"), BKSPARK_HOME=str(tmp_path / "bkspark-home"),
+               PYSPARK_PYTHON=python, PYSPARK_DRIVER_PYTHON=python,
+               PATH=f"{venv / 'bin'}:{env['PATH']}")
+
+    def run(command: str, timeout: float = 300) -> str:
+        done = subprocess.run(_hidden(command), cwd=work, env=env, capture_output=True,
+                              text=True, timeout=timeout)
+        assert done.returncode == 0, f"{command}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        return done.stdout
+
+    # the control: in the namespace, the system's librocksdb cannot be loaded ...
+    control = subprocess.run(_hidden(f"{sys.executable} -c \"import ctypes; "
+                                     f"ctypes.CDLL('{SYSTEM_ROCKSDB[-1]}')\""),
+                             capture_output=True, text=True, timeout=60)
+    assert control.returncode != 0, "the system's librocksdb was not hidden"
+    # ... and the wheel's bkspark loads the RocksDB it bundles, from the environment
+    where = run(f"{python} -c \"import bkspark._native, bkspark; print(bkspark.__file__); "
+                "print([l.split()[-1] for l in open('/proc/self/maps') if 'rocksdb' in l][0])\"")
+    module, rocksdb = where.split()
+    assert module.startswith(str(venv)) and "/bkspark.libs/librocksdb" in rocksdb, where
+    data = work / "cluster"
+    run(f"bkspark localcluster --data-dir {data} --background", timeout=180)
+    try:
+        (work / "job.py").write_text(JOB)
+        out = run(f"{python} job.py sqlite://{data}/metadata.db", timeout=420)
+        assert "ROWS True 100" in out, out
+    finally:
+        run(f"bkspark localcluster --stop --data-dir {data}", timeout=120)
