@@ -37,6 +37,7 @@ setup(
         "plotly>=5.18,<8",  # the dashboard's charts (plotly.js, served from the package)
         "pyjwt>=2.8,<3",  # tokens (bkspark.auth.tokens)
         "cryptography>=41",  # Ed25519 token keys, X.509 CA and certificates (bkspark.auth)
+        "venv-pack>=0.2,<1",  # bkspark spark-env pack: an environment for Spark's executors
     ],
     extras_require={
         # a Spark Connect client (SparkSession.builder.remote): what PySpark's needs beyond

@@ -115,6 +115,22 @@ def pytest_terminal_summary(terminalreporter):
 
 
 @pytest.fixture(scope="session")
+def bkspark_wheel(tmp_path_factory) -> str:
+    """The wheel ``make wheel`` builds from this checkout (built once a run)."""
+    import glob
+    import os
+    import subprocess
+    import sys
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path_factory.mktemp("wheel")
+    build = subprocess.run(["make", "wheel", f"WHEEL_DIR={out}", f"PYTHON={sys.executable}"],
+                           cwd=repo, capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    (path,) = glob.glob(str(out / "bkspark-*.whl"))
+    return path
+
+
+@pytest.fixture(scope="session")
 def zookeeper():
     """A running :class:`ZooKeeperServer` shared by the whole test session."""
     server = ZooKeeperServer(tick_time=500, max_session_timeout=60000)

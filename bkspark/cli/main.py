@@ -7,7 +7,14 @@ import sys
 
 def build_parser() -> argparse.ArgumentParser:
     from bkspark.bookie import command as bookie_cmd
-    from bkspark.cli import auth_cmd, autorecovery_cmd, dashboard_cmd, localcluster_cmd, shell
+    from bkspark.cli import (
+        auth_cmd,
+        autorecovery_cmd,
+        dashboard_cmd,
+        localcluster_cmd,
+        shell,
+        spark_env_cmd,
+    )
 
     parser = argparse.ArgumentParser(prog="bkspark", description="bkspark: replicated logs for Spark")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -26,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("auth", help="make keys, tokens and certificates of a secured cluster")
     auth_cmd.add_arguments(p)
     p.set_defaults(run=auth_cmd.run)
+    p = sub.add_parser("spark-env", help="pack an environment for Spark executors")
+    spark_env_cmd.add_arguments(p)
+    p.set_defaults(run=spark_env_cmd.run)
     p = sub.add_parser("shell", help="admin commands (listbookies, recover, decommission, ...)")
     shell.add_arguments(p)
     p.set_defaults(run=shell.run)

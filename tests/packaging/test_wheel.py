@@ -21,7 +21,6 @@ import pytest
 from metadata.testing import skip_or_fail
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SYSTEM_ROCKSDB = sorted(glob.glob("/usr/lib/*/librocksdb.so*") + glob.glob("/usr/lib/librocksdb.so*"))
 
 JOB = textwrap.dedent('''
@@ -47,20 +46,8 @@ def _hidden(command: str) -> list[str]:
     return ["unshare", "--mount", "sh", "-c", hide + command]
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory):
-    if os.geteuid() != 0:
-        skip_or_fail("the wheel test hides the system's librocksdb in a mount namespace: "
-                     "it needs root")
-    out = tmp_path_factory.mktemp("wheel")
-    build = subprocess.run(["make", "wheel", f"WHEEL_DIR={out}", f"PYTHON={sys.executable}"],
-                           cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
-    (path,) = glob.glob(str(out / "bkspark-*.whl"))
-    return path
-
-
-def test_the_wheel_is_manylinux_and_bundles_rocksdb(wheel):
+def test_the_wheel_is_manylinux_and_bundles_rocksdb(bkspark_wheel):
+    wheel = bkspark_wheel
     assert "manylinux" in os.path.basename(wheel), wheel
     names = zipfile.ZipFile(wheel).namelist()
     libs = [n for n in names if n.startswith("bkspark.libs/")]
@@ -69,8 +56,13 @@ def test_the_wheel_is_manylinux_and_bundles_rocksdb(wheel):
     assert not any(n.startswith("tests/") for n in names)
 
 
-def test_the_wheel_runs_a_bookie_and_a_spark_job_with_no_rocksdb_installed(wheel, tmp_path):
+def test_the_wheel_runs_a_bookie_and_a_spark_job_with_no_rocksdb_installed(bkspark_wheel,
+                                                                           tmp_path):
+    if os.geteuid() != 0:
+        skip_or_fail("the wheel test hides the system's librocksdb in a mount namespace: "
+                     "it needs root")
     assert SYSTEM_ROCKSDB, "this test hides the system's librocksdb: none found"
+    wheel = bkspark_wheel
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
                    check=True, timeout=120)

@@ -88,6 +88,7 @@ def test_a_python_without_bkspark_says_what_to_install_where(tmp_path):
         assert " ImportError " + GUIDANCE + sys.executable + ", Python " in line, line
         assert "(ModuleNotFoundError: No module named 'bkspark')" in line, line
         assert "pip install bkspark" in line and "$PYSPARK_PYTHON" in line, line
+        assert "bkspark spark-env pack" in line and "spark.archives=" in line, line
 
 
 def test_zero_config_module_names_the_python_when_bkspark_does_not_import():
