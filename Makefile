@@ -26,14 +26,15 @@ SYSTEM_PACKAGES = \
 
 system-packages:
 	@set -- $(SYSTEM_PACKAGES); missing=""; \
-	while [ $$# -gt 0 ]; do sh -c "$$1" >/dev/null 2>&1 || missing="$$missing $$2"; shift 2; done; \
+	while [ $$# -gt 0 ]; do PATH="$$PATH:/usr/sbin:/sbin" sh -c "$$1" >/dev/null 2>&1 || \
+	  missing="$$missing $$2"; shift 2; done; \
 	if [ -z "$$missing" ]; then echo "make install: every system package is there"; exit 0; fi; \
 	echo "make install: installing Debian packages:$$missing"; \
 	if [ "$$(id -u)" != 0 ] && ! command -v sudo >/dev/null; then \
 	  echo "make install: not root and no sudo: install them as root, then run make install again:"; \
 	  echo "  apt-get install -y$$missing"; exit 1; fi; \
-	export DEBIAN_FRONTEND=noninteractive; \
-	$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq $$missing >/dev/null || { \
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null || { \
 	  echo "make install: apt-get could not install:$$missing (see above); the suites that need"; \
 	  echo "them would fail. Install them by hand, then run make install again."; exit 1; }
 
@@ -49,10 +50,11 @@ build:
 
 # A wheel that installs on any Linux with this machine's glibc or newer, nothing else needed:
 # the PEP 517 build, then auditwheel copies RocksDB and the libraries it links into the wheel
-# (bkspark.libs/) and tags it manylinux. Both tools come with the test extras.
+# (bkspark.libs/) and tags it manylinux. Both tools come with the test extras. build/lib is
+# emptied first: files deleted from the checkout must not ride along from an earlier build.
 WHEEL_DIR ?= dist
 wheel:
-	rm -rf $(WHEEL_DIR)/.linux && mkdir -p $(WHEEL_DIR)
+	rm -rf $(WHEEL_DIR)/.linux build/lib.* build/bdist.* && mkdir -p $(WHEEL_DIR)
 	$(PYTHON) -m build --wheel --no-isolation --outdir $(WHEEL_DIR)/.linux .
 	$(PYTHON) -m auditwheel repair --wheel-dir $(WHEEL_DIR) $(WHEEL_DIR)/.linux/bkspark-*.whl
 	rm -rf $(WHEEL_DIR)/.linux

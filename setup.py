@@ -41,7 +41,7 @@ setup(
     ],
     extras_require={
         # a Spark Connect client (SparkSession.builder.remote): what PySpark's needs beyond
-        # grpcio, pandas and pyarrow (README, "Spark Connect")
+        # grpcio, pandas and pyarrow (bkspark/spark/README.md, "Spark Connect")
         "connect": ["grpcio-status>=1.60,<2", "googleapis-common-protos>=1.56,<2",
                     "zstandard>=0.23,<1"],
         "test": [

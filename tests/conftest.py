@@ -60,8 +60,10 @@ def pytest_sessionstart(session):
 #: the suites that need more than Python (docs/development.md, "Tests"), and how a test is known to be
 #: in one; `make test` ends by saying how many tests of each ran
 SUITES = (
-    ("ZooKeeper", lambda item: "zookeeper" in item.fixturenames or "[zk" in item.nodeid),
-    ("Spark", lambda item: "spark" in item.fixturenames or item.path.parent.name == "spark"),
+    ("ZooKeeper", lambda item: "zookeeper" in item.fixturenames
+     or ("store_uri" in item.fixturenames and "[zk" in item.nodeid)),
+    ("Spark", lambda item: "spark" in item.fixturenames
+     or item.get_closest_marker("spark") is not None),
     ("multi-host", lambda item: item.path.name in ("test_multihost.py",
                                                    "test_network_bookie.py")),
     ("browser", lambda item: item.path.name == "test_dashboard_browser.py"),
@@ -101,17 +103,18 @@ def pytest_terminal_summary(terminalreporter):
     counts = suite_counts(_suite_of, _outcome)
     if terminalreporter.config.option.collectonly or not any(counts.values()):
         return
-    parts, absent = [], []
+    parts, skipped = [], []
     for suite, by in counts.items():
         if not by:
             continue
         parts.append(f"{suite} " + ", ".join(f"{n} {o}" for o, n in sorted(by.items())))
-        if not by.get("passed") and suite != "other":
-            absent.append(suite)
+        if by.get("skipped") and suite != "other":
+            skipped.append(suite)
     terminalreporter.write_line("bkspark suites: " + "; ".join(parts))
-    if absent:
-        terminalreporter.write_line(f"bkspark suites that did not run: {', '.join(absent)} "
-                                    "(their system packages: make install)", red=True)
+    if skipped:
+        terminalreporter.write_line(f"bkspark suites with skipped tests: {', '.join(skipped)} "
+                                    "(the reasons: pytest -ra; their system packages: make "
+                                    "install)", red=True)
 
 
 @pytest.fixture(scope="session")

@@ -154,7 +154,7 @@ class BookieServer:
         self.metrics.watch_guard(self.guard)
         if not self.guard.enabled:
             log.warning("authentication is off: any process that reaches %s may read and write "
-                        "every ledger (README, Security)", cfg.listen_address)
+                        "every ledger (docs/security.md)", cfg.listen_address)
         self.grpc_server = grpc.server(
             _thread_pool(cfg.grpc_workers),
             maximum_concurrent_rpcs=cfg.grpc_max_concurrent_rpcs,

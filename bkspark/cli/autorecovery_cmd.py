@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "needs authentication and HTTPS, or --allow-insecure-network)")
     parser.add_argument("--http-token-public-key-file", default="", metavar="PEM",
                         help="accept tokens signed by the matching key on --http-port (each "
-                             "route's role: README, Security); none: the endpoint is open, "
+                             "route's role: docs/security.md); none: the endpoint is open, "
                              "which only loopback allows")
     parser.add_argument("--http-tls-cert-file", default="", metavar="PEM",
                         help="serve --http-port over HTTPS with this certificate (and "

@@ -20,7 +20,15 @@ import pytest
 
 from metadata.testing import skip_or_fail
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def sysconfig_paths() -> list[str]:
+    import sysconfig
+    return [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow,
+              pytest.mark.timeout(1200)]      # (its steps' own limits add up to ~1,000 s)
 SYSTEM_ROCKSDB = sorted(glob.glob("/usr/lib/*/librocksdb.so*") + glob.glob("/usr/lib/librocksdb.so*"))
 
 JOB = textwrap.dedent('''
@@ -41,9 +49,10 @@ JOB = textwrap.dedent('''
 
 
 def _hidden(command: str) -> list[str]:
-    """``command`` (shell) in a mount namespace where the system's librocksdb is /dev/null."""
+    """``command`` (shell) in a mount namespace where the system's librocksdb is /dev/null
+    (``exec``: a timeout's kill reaches the command itself)."""
     hide = "".join(f"mount --bind /dev/null {lib} && " for lib in SYSTEM_ROCKSDB)
-    return ["unshare", "--mount", "sh", "-c", hide + command]
+    return ["unshare", "--mount", "sh", "-c", hide + "exec " + command]
 
 
 def test_the_wheel_is_manylinux_and_bundles_rocksdb(bkspark_wheel):
@@ -54,6 +63,11 @@ def test_the_wheel_is_manylinux_and_bundles_rocksdb(bkspark_wheel):
     assert any("librocksdb" in n for n in libs), libs
     assert any(n.startswith("bkspark/_native") and n.endswith(".so") for n in names)
     assert not any(n.startswith("tests/") for n in names)
+    tracked = set(subprocess.run(["git", "ls-files", "bkspark", "metadata", "*.py"], cwd=REPO,
+                                 capture_output=True, text=True, check=True).stdout.split())
+    stale = [n for n in names if n.endswith(".py") and not n.startswith("bkspark-")
+             and n not in tracked]
+    assert not stale, f"the wheel holds files the checkout does not: {stale}"
 
 
 def test_the_wheel_runs_a_bookie_and_a_spark_job_with_no_rocksdb_installed(bkspark_wheel,
@@ -63,16 +77,24 @@ def test_the_wheel_runs_a_bookie_and_a_spark_job_with_no_rocksdb_installed(bkspa
                      "it needs root")
     assert SYSTEM_ROCKSDB, "this test hides the system's librocksdb: none found"
     wheel = bkspark_wheel
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
-                   check=True, timeout=120)
-    python = str(venv / "bin" / "python")
-    subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", wheel], check=True,
-                   timeout=300, capture_output=True)
-    work = tmp_path / "work"
-    work.mkdir()
     env = {k: v for k, v in os.environ.items()
            if k != "PYTHONPATH" and not k.startswith("BKSPARK_")}
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120, env=env)
+    python = str(venv / "bin" / "python")
+    subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall",
+                    wheel], check=True, timeout=300, capture_output=True, env=env)
+    # the other dependencies (PySpark, grpcio, ...) from this Python's site packages, named
+    # by one path: their .pth files -- this checkout's editable install among them -- are
+    # not read, so the checkout stays out of the environment's sys.path
+    (site,) = {p for p in sysconfig_paths() if p.endswith("site-packages")}
+    venv_site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()"
+                                "['purelib'])"], capture_output=True, text=True, check=True,
+                               env=env).stdout.strip()
+    with open(os.path.join(venv_site, "system-dependencies.pth"), "w") as f:
+        f.write(site + "\n")
+    work = tmp_path / "work"
+    work.mkdir()
     env.update(HOME=str(tmp_path / "home"), BKSPARK_HOME=str(tmp_path / "bkspark-home"),
                PYSPARK_PYTHON=python, PYSPARK_DRIVER_PYTHON=python,
                PATH=f"{venv / 'bin'}:{env['PATH']}")
@@ -89,15 +111,19 @@ def test_the_wheel_runs_a_bookie_and_a_spark_job_with_no_rocksdb_installed(bkspa
                              capture_output=True, text=True, timeout=60)
     assert control.returncode != 0, "the system's librocksdb was not hidden"
     # ... and the wheel's bkspark loads the RocksDB it bundles, from the environment
-    where = run(f"{python} -c \"import bkspark._native, bkspark; print(bkspark.__file__); "
-                "print([l.split()[-1] for l in open('/proc/self/maps') if 'rocksdb' in l][0])\"")
-    module, rocksdb = where.split()
-    assert module.startswith(str(venv)) and "/bkspark.libs/librocksdb" in rocksdb, where
+    where = run(f"{python} -c \"import sys, bkspark._native, bkspark, metadata, "
+                "pyspark_bookkeeper as z; print(bkspark.__file__, metadata.__file__, z.__file__); "
+                "print([l.split()[-1] for l in open('/proc/self/maps') if 'rocksdb' in l][0]); "
+                f"print({REPO!r} in sys.path)\"")
+    *modules, rocksdb, checkout_on_path = where.split()
+    assert all(m.startswith(str(venv)) for m in modules), where
+    assert "/bkspark.libs/librocksdb" in rocksdb and checkout_on_path == "False", where
     data = work / "cluster"
-    run(f"bkspark localcluster --data-dir {data} --background", timeout=180)
     try:
+        run(f"bkspark localcluster --data-dir {data} --background", timeout=180)
         (work / "job.py").write_text(JOB)
         out = run(f"{python} job.py sqlite://{data}/metadata.db", timeout=420)
         assert "ROWS True 100" in out, out
-    finally:
-        run(f"bkspark localcluster --stop --data-dir {data}", timeout=120)
+    finally:                    # (not asserted: a failed start's own error is the one shown)
+        subprocess.run(_hidden(f"bkspark localcluster --stop --data-dir {data}"), cwd=work,
+                       env=env, capture_output=True, timeout=120)

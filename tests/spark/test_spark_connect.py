@@ -1,10 +1,11 @@
-"""format("bookkeeper") through Spark Connect (`pip install bkspark[connect]`, README "Spark
-Connect").
+"""format("bookkeeper") through Spark Connect (`pip install bkspark[connect]`;
+bkspark/spark/README.md, "Spark Connect").
 
 A client of ``SparkSession.builder.remote("local[2]")`` -- PySpark's Connect server in a JVM
 of its own, its Python workers started by that server -- on the session's real cluster. It
 runs in a process of its own (one JVM per process: the suite's classic session would be
-another). What it must do, each step printing one JSON line:
+another); its server listens on Spark Connect's port, 15002, which must be free. What it
+must do, each step printing one JSON line:
 
 * batch write and read with the source found by the server's discovery (no ``register``);
 * the same after a client-side ``bkspark.spark.register(spark)`` (sent to the server);
@@ -24,7 +25,8 @@ import pytest
 
 from metadata.testing import skip_or_fail
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow,
+              pytest.mark.timeout(700)]       # (the client's own limit: 600 s)
 
 CLIENT = textwrap.dedent('''
     import json, sys, uuid
@@ -57,19 +59,11 @@ CLIENT = textwrap.dedent('''
     write(src, [(b"k%d" % i, b"v%d" % i) for i in range(50, 60)])
     say(step="registered", rows=read(src))
 
-    def copy():
-        q = (spark.readStream.format("bookkeeper").option("metadataServiceUri", uri)
-             .option("log", src).option("startingOffsets", "earliest").load()
-             .select("key", "value").writeStream.format("bookkeeper")
-             .option("metadataServiceUri", uri).option("log", dst)
-             .option("checkpointLocation", ckpt).trigger(availableNow=True).start())
-        q.awaitTermination(240)
-        return q.exception()
-
-    first = copy()
+    from bkspark.testing.sparkapps import copy_available_now
+    first = copy_available_now(spark, uri, src, dst, ckpt)
     write(src, [(b"k%d" % i, b"v%d" % i) for i in range(60, 75)])
-    second = copy()
-    say(step="streamed", errors=[str(first), str(second)], rows=read(dst))
+    second = copy_available_now(spark, uri, src, dst, ckpt)
+    say(step="streamed", errors=[first, second], rows=read(dst))
 
     try:
         (spark.read.format("bookkeeper").option("metadataServiceUri", uri).option("lgo", src)

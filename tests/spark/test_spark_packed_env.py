@@ -50,20 +50,12 @@ APP = textwrap.dedent('''
                 .option("log", log).load().select("value").collect())
         return sorted(bytes(r.value).decode() for r in rows)
 
-    def copy():
-        q = (spark.readStream.format("bookkeeper").option("metadataServiceUri", uri)
-             .option("log", src).option("startingOffsets", "earliest").load()
-             .select("key", "value").writeStream.format("bookkeeper")
-             .option("metadataServiceUri", uri).option("log", dst)
-             .option("checkpointLocation", ckpt).trigger(availableNow=True).start())
-        q.awaitTermination(300)
-        return str(q.exception())
-
+    from bkspark.testing.sparkapps import copy_available_now
     write(0, 200)
     report["read"] = read(src)
-    report["errors"] = [copy()]
+    report["errors"] = [copy_available_now(spark, uri, src, dst, ckpt)]
     write(200, 50)
-    report["errors"].append(copy())
+    report["errors"].append(copy_available_now(spark, uri, src, dst, ckpt))
     report["copied"] = read(dst)
     spark.stop()
     open(out, "w").write(json.dumps(report))
