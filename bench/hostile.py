@@ -283,7 +283,8 @@ def main() -> int:
                     help="attacker on CPU 1, the bookie and the good client on CPU 0")
     args = ap.parse_args()
     print(f"bench/hostile.py: 1 bookie (default settings, sqlite metadata, journal sync on), "
-          f"{os.cpu_count()} CPUs{' (attacker pinned to CPU 1, the rest to CPU 0)' if args.isolate else ''}; "
+          f"{os.cpu_count()} CPUs"
+          f"{' (attacker pinned to CPU 1, the rest to CPU 0)' if args.isolate else ''}; "
           f"{args.seconds:g} s per attack; good client: 1 KiB appends one "
           f"at a time, E=Qw=Qa=1; load average before the run {os.getloadavg()[0]:.1f}")
     print(f"{'attack':<18} {'sent':>8} {'peak RSS':>10} {'threads':>8} {'info':>9} "

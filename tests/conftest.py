@@ -57,8 +57,8 @@ def pytest_sessionstart(session):
                     "(old runs: /tmp/pytest-of-$USER).", returncode=3)
 
 
-#: the suites that need more than Python (docs/development.md, "Tests"), and how a test is known to be
-#: in one; `make test` ends by saying how many tests of each ran
+#: the suites that need more than Python (docs/development.md, "Tests"), and how a test is
+#: known to be in one; `make test` ends by saying how many tests of each ran
 SUITES = (
     ("ZooKeeper", lambda item: "zookeeper" in item.fixturenames
      or ("store_uri" in item.fixturenames and "[zk" in item.nodeid)),

@@ -1,8 +1,8 @@
 """The client side: what a client presents to servers, and the roots it verifies them with.
 
 :class:`Credentials` is built from a client's settings (``auth_token`` / ``auth_token_file``,
-``tls_cert_file`` + ``tls_key_file``, ``tls_ca_file``: :class:`~bkspark.client_settings.ClientConfig`)
-and gives each transport what it needs: a gRPC channel (TLS when there are roots; the token in
+``tls_cert_file`` + ``tls_key_file``, ``tls_ca_file``:
+:class:`~bkspark.client_settings.ClientConfig`) and gives each transport what it needs: a gRPC channel (TLS when there are roots; the token in
 every call's metadata), the data port's ``ssl`` context and hello token, HTTP headers.
 A token is never part of a message, a ``repr`` or a log line.
 """
