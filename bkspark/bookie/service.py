@@ -549,7 +549,7 @@ class BookieService(pb_grpc.BookieServicer):
             except errors.BKError as exc:
                 return exc.status or errors.EIO, str(exc)
             if held is not None:        # a ledger the bookie has: its storage checks keys
-                admitted[ledger_id] = held
+                self._admit(ledger_id, held)
                 continue
             if not self._key_lookups.acquire(timeout=KEY_LOOKUP_WAIT_S):  # each a metadata
                 return (errors.ETOOMANYREQUESTS,                          # round trip
@@ -564,11 +564,16 @@ class BookieService(pb_grpc.BookieServicer):
                 return errors.ENOLEDGER, f"no ledger {ledger_id} in the metadata"
             if not hmac.compare_digest(expected, master_key):
                 return errors.EUA, "wrong master key"
-            with self._inflight_lock:
-                admitted[ledger_id] = master_key
-                while len(admitted) > ADMITTED_LEDGERS:
-                    admitted.pop(next(iter(admitted)))
+            self._admit(ledger_id, master_key)
         return None
+
+    def _admit(self, ledger_id: int, master_key: bytes) -> None:
+        """Remember an admitted ledger's key; the oldest beyond :data:`ADMITTED_LEDGERS` go."""
+        admitted = self._admitted
+        with self._inflight_lock:
+            admitted[ledger_id] = master_key
+            while len(admitted) > ADMITTED_LEDGERS:
+                admitted.pop(next(iter(admitted)))
 
     def _enter_long_poll(self) -> bool:
         """Count a long poll in, unless ``max_long_polls`` wait already (each holds a gRPC

@@ -204,3 +204,21 @@ def test_a_read_only_bookie_refuses_in_c_as_the_python_path_does(twins):
     broken.master_key = b"short" * 3
     answers = _both(twins, _batch(add_request(23, 0, b"a"), broken, add_request(23, 2, b"c")))
     assert [a[0] for a in answers] == [errors.EREADONLY, errors.EBADREQ, errors.EREADONLY]
+
+
+def test_ledgers_admitted_for_new_records_are_bounded(tmp_path, monkeypatch):
+    """The keys ``_check_new_ledgers`` remembers -- of ledgers the metadata admitted and of
+    ledgers the bookie already holds -- stay within ADMITTED_LEDGERS (before: those the
+    bookie held were added without a bound)."""
+    from bkspark.bookie import service as service_module
+    monkeypatch.setattr(service_module, "ADMITTED_LEDGERS", 50)
+    svc = _service(tmp_path)
+    svc.ledger_master_key = lambda lid: MASTER_KEY
+    held = set(range(1000, 1200))
+    monkeypatch.setattr(svc.storage, "master_key",
+                        lambda lid: MASTER_KEY if lid in held else None, raising=False)
+    for lid in list(range(1, 200)) + sorted(held):
+        assert svc._check_new_ledgers(((lid, MASTER_KEY),)) is None
+        assert len(svc._admitted) <= 50
+    assert svc._check_new_ledgers(((5, OTHER_KEY),)) == (service_module.errors.EUA,
+                                                          "wrong master key")
