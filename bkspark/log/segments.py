@@ -6,6 +6,8 @@
 * :func:`commit_edit` -- the update loop: read the head, run the change, commit head + edits
   in one transaction conditional on the head's version; conflicts re-run the change, a lost
   answer is settled from the head's bytes (each write stamps it) after a sync.
+  :func:`commit_edits` is the same loop over several logs changed in one transaction (a Spark
+  job's commit to every log its rows name).
 * :class:`SegmentCache` -- a LogStore's copies of whole lists, brought up to date from the
   head (new segments, a re-read of the last one) instead of re-read whole.
 * :func:`convert_v1` -- turns a format-1 record into format 2, crash-safe: segment and index
@@ -481,23 +483,23 @@ def lookup(store, name: str, head: LogHead, ledger_id: int,
     return entry if entry.ledger_id == ledger_id and entry.listed else None
 
 
-def _apply(store, name: str, edit: LogEdit, guard, mark: str | None = None) -> None:
-    """Commit the edit: [guard check,] set head at the version read, then its operations
-    [, then create ``mark``]."""
-    ops = edit.operations()             # (may move the head's gc bound: before serialising)
-    edit.head.restamp()
-    data = edit.head.serialize()
+def _apply(store, edits: dict[str, LogEdit], guard, mark: str | None = None) -> None:
+    """Commit the edits in one transaction: [guard check,] for each log its head set at the
+    version read, then its operations [, then create ``mark``]."""
     txn = store.transaction()
     if guard is not None:
         txn.check(guard[0], guard[1])
-    txn.set(log_path(name), data, version=edit.version)
-    for op in ops:
-        if op[0] == "create":
-            txn.create(op[1], op[2], makepath=False)
-        elif op[0] == "set":
-            txn.set(op[1], op[2], version=op[3] if len(op) > 3 else -1)
-        else:
-            txn.delete(op[1], version=op[2] if len(op) > 2 else -1)
+    for name, edit in edits.items():
+        ops = edit.operations()         # (may move the head's gc bound: before serialising)
+        edit.head.restamp()
+        txn.set(log_path(name), edit.head.serialize(), version=edit.version)
+        for op in ops:
+            if op[0] == "create":
+                txn.create(op[1], op[2], makepath=False)
+            elif op[0] == "set":
+                txn.set(op[1], op[2], version=op[3] if len(op) > 3 else -1)
+            else:
+                txn.delete(op[1], version=op[2] if len(op) > 2 else -1)
     if mark is not None:
         txn.create(mark, b"")
     txn.commit()
@@ -507,74 +509,116 @@ def commit_edit(store, name: str, change: Callable[[LogEdit], None], *,
                 done: Callable[[LogEdit], bool] | None = None,
                 guard: tuple[str, int] | None = None, mark: str | None = None,
                 on_v1: Callable[[bytes, int], None] | None = None) -> Updated[LogEdit]:
-    """The update loop of a format-2 log (module docstring). ``change`` edits a
-    :class:`LogEdit` in place or raises NoChange; ``done`` tells whether the change is already
-    stored (checked before every attempt, and after a lost answer that the head's recent
-    stamps cannot settle: it may only answer True on proof). ``on_v1(data, version)`` converts
-    a format-1 record met on the way. ``guard`` as in :func:`metadata.update.update_record`.
-    ``mark``: a path that only this change creates (in its transaction; a Spark job's commit
-    record): a lost answer is then settled by whether it exists, however many changes came
-    since (:func:`metadata.update.transaction_applied`).
+    """The update loop of one format-2 log (module docstring): :func:`commit_edits` of one
+    log. ``change`` edits a :class:`LogEdit` in place or raises NoChange."""
+    result = commit_edits(store, [name], lambda edits: change(edits[name]),
+                          done=None if done is None else (lambda edits: done(edits[name])),
+                          guard=guard, mark=mark,
+                          on_v1=None if on_v1 is None else (lambda _, d, v: on_v1(d, v)))
+    return Updated(result.value[name], result.version[name], result.changed)
 
-    :raises NoNodeError: the log does not exist. :raises OutcomeUnknownError: an answer was
-        lost and the head could not be re-read.
+
+def _outcome(heads: dict, in_doubt: dict) -> str:
+    """What the heads (read after a sync) tell of a transaction whose answer was lost, which
+    wrote ``in_doubt[name] = (stamp, version read, uid)`` to each log: the transaction is
+    all-or-nothing, so one log's answer is every log's."""
+    outcomes = {change_outcome(heads[n][0], heads[n][1], *in_doubt[n]) for n in heads}
+    for settled in (APPLIED, NOT_APPLIED):
+        if settled in outcomes:
+            return settled
+    return UNKNOWN
+
+
+def commit_edits(store, names, change: Callable[[dict[str, LogEdit]], None], *,
+                 done: Callable[[dict[str, LogEdit]], bool] | None = None,
+                 guard: tuple[str, int] | None = None, mark: str | None = None,
+                 on_v1: Callable[[str, bytes, int], None] | None = None
+                 ) -> Updated[dict[str, LogEdit]]:
+    """The update loop of format-2 logs, changed together in one transaction (module
+    docstring): read every head, run ``change`` on their :class:`LogEdit`s (name -> edit; it
+    edits them in place or raises NoChange: none changes), commit every head + its edits in
+    one transaction conditional on every head's version. ``done`` tells whether the change is
+    already stored (checked before every attempt, and after a lost answer that the heads'
+    recent stamps cannot settle: it may only answer True on proof). ``on_v1(name, data,
+    version)`` converts a format-1 record met on the way. ``guard`` as in
+    :func:`metadata.update.update_record`. ``mark``: a path that only this change creates (in
+    its transaction; a Spark job's commit record): a lost answer is then settled by whether it
+    exists, however many changes came since (:func:`metadata.update.transaction_applied`).
+    A lost answer is settled by any of the logs (all or none of them hold the change).
+
+    :returns: ``Updated`` whose ``value`` is the edits and ``version`` each head's version.
+    :raises NoNodeError: a log does not exist. :raises OutcomeUnknownError: an answer was
+        lost and the heads could not be re-read.
     """
     from metadata.update import check_guard
-    what = f"log {name}"
+    names = list(dict.fromkeys(names))
+    what = f"log {names[0]}" if len(names) == 1 else f"logs {', '.join(names)}"
     conflicts = unknowns = 0
-    in_doubt: tuple[str, int, str] | None = None   # (stamp, version read, uid): lost answer
+    in_doubt: dict[str, tuple[str, int, str]] | None = None   # name -> (stamp, version, uid)
     while True:
-        try:
-            data, version = read_head(store, name, settle=in_doubt is not None)
-        except NoNodeError:
-            if in_doubt is None:
-                raise
-            # deleted since (maybe created again after): what it held is gone, and the change
-            # must not be made again on another log of the same name
-            raise OutcomeUnknownError(
-                f"{what}: the answer to a change was lost and the log was deleted before it "
-                "could be re-read; whether the change was applied is unknown") from None
-        except MetadataConnectionError as exc:
-            if in_doubt is None:
-                raise
-            raise OutcomeUnknownError(
-                f"{what}: the answer to a change was lost and the log cannot be re-read, so "
-                f"whether it was applied is unknown (retry once the metadata store answers): "
-                f"{exc}") from exc
-        if format_version(data) != FORMAT_VERSION:
-            if on_v1 is None:
-                raise errors.MetadataFormatError(f"{what}: format-1 record met where none may be")
-            on_v1(data, version)
+        heads: dict[str, tuple[LogHead, int]] = {}
+        converted = False
+        for name in names:
+            try:
+                data, version = read_head(store, name, settle=in_doubt is not None)
+            except NoNodeError:
+                if in_doubt is None:
+                    raise
+                # deleted since (maybe created again after): what it held is gone, and the
+                # change must not be made again on another log of the same name
+                raise OutcomeUnknownError(
+                    f"{what}: the answer to a change was lost and log {name} was deleted "
+                    "before it could be re-read; whether the change was applied is "
+                    "unknown") from None
+            except MetadataConnectionError as exc:
+                if in_doubt is None:
+                    raise
+                raise OutcomeUnknownError(
+                    f"{what}: the answer to a change was lost and the log cannot be re-read, "
+                    f"so whether it was applied is unknown (retry once the metadata store "
+                    f"answers): {exc}") from exc
+            if format_version(data) != FORMAT_VERSION:
+                if on_v1 is None:
+                    raise errors.MetadataFormatError(
+                        f"log {name}: format-1 record met where none may be")
+                on_v1(name, data, version)
+                converted = True
+                break
+            heads[name] = (LogHead.deserialize(data), version)
+        if converted:
             continue
-        head = LogHead.deserialize(data)
-        edit = LogEdit(store, name, head, version)
+        edits = {name: LogEdit(store, name, head, version)
+                 for name, (head, version) in heads.items()}
+        versions = {name: version for name, (_, version) in heads.items()}
         if in_doubt is not None:
-            outcome = change_outcome(head, version, *in_doubt)
+            outcome = _outcome(heads, in_doubt)
             if outcome == UNKNOWN and mark is not None:
                 outcome = APPLIED if transaction_applied(store, mark) else NOT_APPLIED
             if outcome == APPLIED:
                 log.info("%s: the change whose answer was lost had been applied", what)
-                return Updated(edit, version, True)
-            if outcome == UNKNOWN and not (done is not None and done(edit)):
+                return Updated(edits, versions, True)
+            if outcome == UNKNOWN and not (done is not None and done(edits)):
                 raise OutcomeUnknownError(
                     f"{what}: the answer to a change was lost and {RECENT_CHANGES}+ changes "
                     "came since, so whether it was applied is unknown (its ledgers are kept; "
                     "a commit with an idempotency key can simply be retried)")
             in_doubt = None
-        if head.properties.get(DELETED):
-            raise LogDeletedError(f"no log named {name!r} (it is being deleted)")
-        if done is not None and done(edit):
-            return Updated(edit, version, True)
+        for name, (head, _) in heads.items():
+            if head.properties.get(DELETED):
+                raise LogDeletedError(f"no log named {name!r} (it is being deleted)")
+        if done is not None and done(edits):
+            return Updated(edits, versions, True)
         try:
-            change(edit)
+            change(edits)
         except NoChange:
-            return Updated(edit, version, False)
+            return Updated(edits, versions, False)
         try:
-            _apply(store, name, edit, guard, mark)
-            edit.version = version + 1
-            return Updated(edit, version + 1, True)
+            _apply(store, edits, guard, mark)
+            for edit in edits.values():
+                edit.version += 1
+            return Updated(edits, {n: e.version for n, e in edits.items()}, True)
         except (BadVersionError, NodeExistsError, NoNodeError) as exc:
-            # another change came first (the head moved, or a record it adds or removes is
+            # another change came first (a head moved, or a record it adds or removes is
             # there or gone): re-read and decide again
             if guard is not None:
                 check_guard(store, guard, what)
@@ -582,7 +626,8 @@ def commit_edit(store, name: str, change: Callable[[LogEdit], None], *,
             after_conflict(conflicts, what, str(exc))
         except MetadataConnectionError as exc:
             unknowns += 1
-            in_doubt = (edit.head.stamp, version, edit.head.uid)   # what _apply wrote
+            in_doubt = {n: (e.head.stamp, versions[n], e.head.uid)    # what _apply wrote
+                        for n, e in edits.items()}
             after_lost_answer(unknowns, what, exc)
 
 

@@ -424,6 +424,32 @@ class LogStore:
                     raise NoSuchLogError(f"no log named {name!r}") from None
                 self.create(name)
 
+    def update_logs(self, names: list[str], change: Callable[[dict[str, seg.LogEdit]], None],
+                    *, create: bool = False,
+                    done: Callable[[dict[str, seg.LogEdit]], bool] | None = None,
+                    guard: tuple[str, int] | None = None,
+                    mark: str | None = None) -> Updated[dict[str, seg.LogEdit]]:
+        """:meth:`update` of several logs in one transaction
+        (:func:`bkspark.log.segments.commit_edits`): ``change`` and ``done`` take the edits by
+        log name; all of the logs change, or none."""
+        for name in names:
+            check_log_name(name)
+
+        def on_v1(name: str, data: bytes, version: int) -> None:
+            seg.convert_v1(self.store, name, data, version)
+        while True:
+            try:
+                return seg.commit_edits(self.store, names, change, done=done, guard=guard,
+                                        mark=mark, on_v1=on_v1)
+            except NoNodeError:
+                missing = [n for n in names if self.store.exists(log_path(n)) is None]
+                if not missing:
+                    raise
+                if not create:
+                    raise NoSuchLogError(f"no log named {missing[0]!r}") from None
+                for name in missing:
+                    self.create(name)
+
     def delete_unreferenced(self, name: str | list[str], ledger_ids) -> list[int]:
         """Delete those of ``ledger_ids`` that the log (each of the logs, given a list) does
         not name, proven by a synced read and a compare-and-set of its head; return their
@@ -559,44 +585,76 @@ class LogStore:
         :raises ClockSkewError: this host's clock disagrees with the metadata store's, so the
             commit's stamps cannot be taken (:mod:`metadata.clock`); nothing was applied.
         """
-        check_log_name(name)
+        return self.append_to_logs({name: ledger_ids}, writer_id, sequence, epoch, guard, info,
+                                   writer_started_ms, mark)
+
+    def append_to_logs(self, ledgers: dict[str, list[int]], writer_id: str | None = None,
+                       sequence: int | None = None, epoch: int | None = None,
+                       guard: tuple[str, int] | None = None,
+                       info: dict[int, dict] | None = None, writer_started_ms: int | None = None,
+                       mark: str | None = None) -> bool:
+        """:meth:`append_ledgers` to several logs at once (``ledgers``: log -> its closed
+        ledgers), in ONE transaction: every log lists its ledgers, or none does (a Spark job
+        routing rows by their ``topic`` column). Missing logs are created.
+
+        ``(writer_id, sequence)`` is recorded in every log of the commit; the commit counts as
+        applied (False, nothing appended) when any of them holds that key at ``sequence`` or
+        later -- the transaction that put it there was the whole of that commit. ``epoch``,
+        ``guard``, ``mark`` and the settlement of a lost answer (by any of the logs' heads,
+        else ``mark``) are as for one log. A commit whose logs differ from an earlier attempt
+        under the same key is not recognised as a repeat (the key lives in the logs).
+
+        :raises OutcomeUnknownError: see :meth:`append_ledgers`.
+        """
+        names = [check_log_name(n) for n in ledgers]
+        if not names:
+            raise BadRequestError("a commit names at least one log")
         if (writer_id is None) != (sequence is None):
             raise BadRequestError("writer_id and sequence go together")
-        entries = self._closed_entries(ledger_ids, info)
-        keep = [e for e in entries if e.last_entry_id >= 0]
-        keep_ids = [e.ledger_id for e in keep]
+        entries = {n: self._closed_entries(ledgers[n], info) for n in names}
+        keep = {n: [e for e in entries[n] if e.last_entry_id >= 0] for n in names}
+        keep_ids = {n: [e.ledger_id for e in keep[n]] for n in names}
         sealed: dict[int, LogLedger] = {}
 
-        def listed(edit: seg.LogEdit) -> bool:
-            edit.prefetch(keep_ids)
-            return bool(keep_ids) and all(edit.lists(lid) for lid in keep_ids)
+        def listed(edits: dict[str, seg.LogEdit]) -> bool:
+            for n, edit in edits.items():
+                edit.prefetch(keep_ids[n])
+            return any(keep_ids.values()) and all(
+                edit.lists(lid) for n, edit in edits.items() for lid in keep_ids[n])
 
-        def change(edit: seg.LogEdit) -> None:
+        def change(edits: dict[str, seg.LogEdit]) -> None:
             if writer_id is not None:
-                last_epoch = edit.head.writer_epoch(writer_id)
-                if epoch is not None and last_epoch is not None and last_epoch > epoch:
-                    raise errors.LogFencedError(
-                        f"log {name}: writer {writer_id} epoch {epoch} was superseded")
-                if edit.writer_seq(writer_id) >= sequence:
-                    raise NoChange()
-                edit.check_writer(writer_id, writer_started_ms)
-            edit.check_appendable(keep_ids)     # (refusals first: they leave the tail alone)
-            self._seal_open_tail(edit, sealed)
-            edit.prefetch(keep_ids)
-            for entry in keep:
-                if not edit.lists(entry.ledger_id):
-                    edit.append(entry)
-            if writer_id is not None:
-                edit.set_writer(writer_id, sequence, epoch, started_ms=writer_started_ms)
+                for n, edit in edits.items():
+                    last_epoch = edit.head.writer_epoch(writer_id)
+                    if epoch is not None and last_epoch is not None and last_epoch > epoch:
+                        raise errors.LogFencedError(
+                            f"log {n}: writer {writer_id} epoch {epoch} was superseded")
+                    if edit.writer_seq(writer_id) >= sequence:
+                        raise NoChange()
+                for edit in edits.values():
+                    edit.check_writer(writer_id, writer_started_ms)
+            for n, edit in edits.items():       # (refusals first: they leave the tails alone)
+                edit.check_appendable(keep_ids[n])
+            for n, edit in edits.items():
+                self._seal_open_tail(edit, sealed)
+                edit.prefetch(keep_ids[n])
+                for entry in keep[n]:
+                    if not edit.lists(entry.ledger_id):
+                        edit.append(entry)
+                if writer_id is not None:
+                    edit.set_writer(writer_id, sequence, epoch, started_ms=writer_started_ms)
 
-        result = self.update(name, change, create=True, done=listed, guard=guard,
-                             mark=mark)
+        result = self.update_logs(names, change, create=True, done=listed, guard=guard,
+                                  mark=mark)
+        every = [lid for n in names for lid in ledgers[n]]
         if not result.changed:
-            log.info("log %s: commit %s/%s already applied; deleting duplicate ledgers", name, writer_id, sequence)
-            self.delete_unreferenced(name, ledger_ids)
+            log.info("logs %s: commit %s/%s already applied; deleting duplicate ledgers",
+                     ", ".join(names), writer_id, sequence)
+            self.delete_unreferenced(names, every)
             return False
         # empty ledgers: left out of every list this commit wrote, so no list names them
-        self._delete_ledgers([e.ledger_id for e in entries if e.last_entry_id < 0])
+        self._delete_ledgers([e.ledger_id for n in names for e in entries[n]
+                              if e.last_entry_id < 0])
         return True
 
     def overwrite(self, name: str, ledger_ids: list[int], writer_id: str | None = None,

@@ -101,16 +101,22 @@ class BookKeeperDataSource(importguard.Guarded, DataSource,
         return BookKeeperBatchWriter(self.opts, schema, overwrite)
 
     def _check_write(self, schema, overwrite: bool) -> None:
-        name = self.opts.single_log()
+        from bkspark.spark import routing
+        from bkspark.spark.writer import prepare_log
+        name = self.opts.write_target()
         for key in ("starting", "ending"):
             if getattr(self.opts, key) is not None:
                 opt = "startingOffsets" if key == "starting" else "endingOffsets"
                 raise BadRequestError(f"option {opt!r} is for reads, not writes")
+        if name is None:                    # routed by a column: its logs are checked at commit
+            routing.check_routed_schema(schema, self.opts.entry_format)
+            if overwrite:
+                raise BadRequestError("mode('overwrite') replaces one log: set option 'log' "
+                                      "(a write routed by its 'topic' column can only append)")
         self._check_cluster_fits()
         self._reclaim_abandoned(name)
-        self._apply_retention(name)
-        if not overwrite:
-            self._check_password(name)
+        if name is not None:
+            prepare_log(conn.log_store(self.opts), self.opts, name, overwrite=overwrite)
         if self.opts.entry_format == RECORD:
             codec.check_record_write_schema(schema)
             return
@@ -141,11 +147,13 @@ class BookKeeperDataSource(importguard.Guarded, DataSource,
                 f"({', '.join(sorted(writable)) or 'none'}): start more bookies, or lower "
                 "'ensembleSize' (and 'writeQuorumSize'/'ackQuorumSize' with it)")
 
-    def _reclaim_abandoned(self, name: str) -> None:
-        """Delete the leftover ledgers of this log's write jobs whose driver is gone
-        (:func:`bkspark.spark.pending.reclaim`); a failure here only postpones that."""
+    def _reclaim_abandoned(self, name: str | None) -> None:
+        """Delete the leftover ledgers of this log's write jobs (of routed write jobs: ``name``
+        None) whose driver is gone (:func:`bkspark.spark.pending.reclaim`); a failure here
+        only postpones that."""
         from bkspark.errors import BKError
         from bkspark.spark import pending
+        name = name or pending.ROUTED
         try:
             for job in pending.reclaim(conn.log_store(self.opts), grace=self.opts.reclaim_after,
                                        log_name=name):
@@ -154,39 +162,6 @@ class BookKeeperDataSource(importguard.Guarded, DataSource,
                                 job.deleted, job.key)
         except BKError as exc:
             log.warning("log %s: abandoned write jobs not reclaimed now: %s", name, exc)
-
-    def _apply_retention(self, name: str) -> None:
-        """Options retentionTime/retentionSize: the policy of a log this write creates (it
-        is created now, with it); a log that exists must have that policy already."""
-        policy = self.opts.retention
-        if policy is None:
-            return
-        logs = conn.log_store(self.opts)
-        logs.create(name, retention=policy)
-        current = logs.retention(name)
-        if current != policy:
-            raise BadRequestError(
-                f"log {name!r} exists with retention "
-                f"'{current.describe() if current else 'keep everything'}', not "
-                f"'{policy.describe()}' as the retention options say: they apply when a write "
-                f"creates the log. Change an existing log's policy with `bkspark shell "
-                f"set-retention {name} ...`, or leave the options out")
-
-    def _check_password(self, name: str) -> None:
-        """An append must use the password of the log's ledgers: one log, one password (a
-        reader opens every ledger of a log with the password it is given)."""
-        logs = conn.log_store(self.opts)
-        try:
-            last = logs.last_listed(name)
-        except NoSuchLogError:
-            return
-        if last is not None:
-            newest = logs.bk.ledger_metadata(last.ledger_id)
-            if newest.keys.derive(self.opts.password) is None:
-                raise BadRequestError(
-                    f"log {name!r} holds ledgers written with another password than option "
-                    "'password' gives: pass the log's password (every ledger of a log must have "
-                    "the same one, or no read could read it all), or write to another log")
 
     # ---- streaming ----------------------------------------------------------------------
     def streamReader(self, schema):

@@ -9,7 +9,10 @@ invalid, so a bad option fails the query at planning time, before any task runs.
 option                   meaning (default)
 =======================  ====================================================================
 metadataServiceUri       ``zk://...`` or ``sqlite:///...`` (the running local cluster's)
-log / path               one log (``load(name)`` / ``save(name)`` set ``path``)
+log / path               one log (``load(name)`` / ``save(name)`` set ``path``); a write
+                         without it routes each row to the log its ``topic`` (or ``log``)
+                         column names, all logs committed at once (entryFormat=record)
+maxLogsPerWrite          routed writes: at most this many logs in one job or micro-batch (256)
 logs                     comma-separated logs (read only)
 logPattern               regular expression over log names (read only; re-listed per batch)
 startingOffsets          ``earliest`` | ``latest`` | JSON ``{"log": {"ledger": L, "entry": E}}``
@@ -92,6 +95,7 @@ KNOWN_OPTIONS = (
     "startingTimestamp", "startingOffsetsByTimestamp", "endingTimestamp",
     "endingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy", "schema",
     "includeHeaders", "retentionTime", "retentionSize", "retentionPassCursors", "queryName",
+    "maxLogsPerWrite",
     "_testFault",        # test-only fault injection (see bkspark.spark.writer)
 )
 #: Spark's Kafka source and sink option names, and the option each one is here
@@ -123,6 +127,10 @@ COMPRESSIONS = {"none": None, "uncompressed": None, "lz4": "lz4", "zstd": "zstd"
 #: and entry log), and a scan decodes LZ4 at ~2.5 GB/s a core (ZSTD stores less but decodes at
 #: about half that speed: reads are what a table is written for)
 DEFAULT_COMPRESSION = "lz4"
+#: routed writes: the logs one job (or micro-batch) may name -- each is an open ledger in a
+#: task and a part of the one commit transaction (ZooKeeper's requests stay under 1 MB)
+DEFAULT_MAX_LOGS_PER_WRITE = 256
+MAX_LOGS_PER_WRITE_LIMIT = 1000
 MAX_ENTRY_BYTES_LIMIT = 4 << 20         # bookies refuse entries over 5 MiB by default
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,150}$")
 
@@ -160,6 +168,7 @@ class ConnectorOptions:
     schema: str = "record"                   # record | kafka (the read schema)
     include_headers: bool = False            # schema=kafka: the headers column
     test_fault: str | None = None
+    max_logs_per_write: int = DEFAULT_MAX_LOGS_PER_WRITE
     client_settings: dict = field(default_factory=dict)   # client.* options: ClientConfig
                                                           # field -> typed value
 
@@ -174,6 +183,13 @@ class ConnectorOptions:
             raise BadRequestError(f"format({FORMAT_NAME!r}) writes exactly one log: set option "
                                   "'log' (or save(\"name\")); 'logs' and 'logPattern' are for reads")
         return self.logs[0]
+
+    def write_target(self) -> str | None:
+        """The one log a writer writes, or None: no log named, so each row goes to the log
+        its ``topic`` / ``log`` column names (:mod:`bkspark.spark.routing`)."""
+        if self.log_pattern is None and not self.logs:
+            return None
+        return self.single_log()
 
     def matching_logs(self, all_logs) -> list[str]:
         """The logs to read: the explicit ones, or those of ``all_logs`` matching logPattern."""
@@ -461,6 +477,9 @@ def parse_options(options, *, default_uri=None) -> ConnectorOptions:
         o.entries_per_partition = _int("entriesPerPartition", raw["entriesPerPartition"], 1)
     if "minPartitions" in raw:
         o.min_partitions = _int("minPartitions", raw["minPartitions"], 1)
+    if "maxLogsPerWrite" in raw:
+        o.max_logs_per_write = _int("maxLogsPerWrite", raw["maxLogsPerWrite"], 1,
+                                    MAX_LOGS_PER_WRITE_LIMIT)
 
     # -- writes ---------------------------------------------------------------------------
     if "ensembleSize" in raw:

@@ -58,6 +58,9 @@ log = logging.getLogger("bkspark.spark")
 
 ALIVE_PREFIX = "alive-"
 WRITING, COMMITTING, RECLAIMED = "writing", "committing", "reclaimed"
+#: the ``log`` of a job that routes rows by a column: each registration names its own log
+#: (not a valid log name, so it matches no log's jobs)
+ROUTED = "(routed)"
 #: default seconds a job with no live task may stay silent before it counts as abandoned
 DEFAULT_GRACE_S = 600.0
 #: how long the record of a reclaimed job stays to refuse its late tasks and commit
@@ -97,14 +100,14 @@ def _reclaimable(key: str) -> bool:
     return not key.startswith("sink-")
 
 
-def begin_task(store, key: str, log_name: str) -> str | None:
+def begin_task(store, key: str, log_name: str | None) -> str | None:
     """Create the job record if needed and this task's ``alive-*`` record; its path (None
-    for a sink job)."""
+    for a sink job). ``log_name`` None: the job routes rows by a column (:data:`ROUTED`)."""
     if not _reclaimable(key):
         return None
     if store.exists(job_path(key)) is None:        # the job's first task (a read for the others)
         try:
-            store.create(job_path(key), _encode({"log": log_name, "state": WRITING,
+            store.create(job_path(key), _encode({"log": log_name or ROUTED, "state": WRITING,
                                                  "created_ms": _now_ms(store)}), makepath=True)
         except NodeExistsError:
             pass
@@ -113,18 +116,19 @@ def begin_task(store, key: str, log_name: str) -> str | None:
     return path
 
 
-def end_task(store, key: str, alive_path: str | None, ledger_id: int | None) -> None:
-    """Note when the task's ledger was finished (a job's silence is counted from its last
+def end_task(store, key: str, alive_path: str | None, ledger_ids) -> None:
+    """Note when the task's ledgers were finished (a job's silence is counted from its last
     task's end) and drop the task's ``alive-*`` record. Best effort: the end of the task's
     session drops the record too."""
     if not _reclaimable(key) or alive_path is None:
         return
     txn = store.transaction()
     try:
-        if ledger_id is not None:
-            path = f"{job_path(key)}/{ledger_id}"
-            raw, version = store.get(path)
-            txn.set(path, _encode(dict(_decode(raw), finished_ms=_now_ms(store))), version=version)
+        paths = [f"{job_path(key)}/{lid}" for lid in ledger_ids]
+        for path, record in zip(paths, store.get_many(paths)):
+            if record is not None:
+                txn.set(path, _encode(dict(_decode(record[0]), finished_ms=_now_ms(store))),
+                        version=record[1])
         txn.delete(alive_path)
         txn.commit()
     except errors.BKError:                          # unregistered meanwhile: just drop the record
@@ -248,6 +252,8 @@ def clean(logs, key: str, log_name: str, keep=(), upto_batch: int | None = None,
           remove_job: bool = False) -> list[int]:
     """Delete registered ledgers of ``key`` that ``log_name`` does not list (nor ``keep``);
     with ``upto_batch`` only those registered for batches <= it. Returns the deleted ids.
+    A routed job (``log_name`` is :data:`ROUTED`) checks each ledger against the log its
+    registration names (one without is left alone).
 
     "Does not list" is proven, not read (:meth:`LogStore.delete_unreferenced`): a commit whose
     answer was lost may have listed them. When the metadata store does not answer, nothing is
@@ -260,17 +266,26 @@ def clean(logs, key: str, log_name: str, keep=(), upto_batch: int | None = None,
         return []
     keep = set(keep)
     candidates = [int(c) for c in children if c.isdigit() and int(c) not in keep]
-    if upto_batch is not None and candidates:
+    by_log: dict[str, list[int]] = {log_name: candidates} if candidates else {}
+    if (upto_batch is not None or log_name == ROUTED) and candidates:
         records = store.get_many([f"{job_path(key)}/{lid}" for lid in candidates])
-        candidates = [lid for lid, record in zip(candidates, records)
-                      if _decode(record[0] if record else b"").get("batch", -1) <= upto_batch]
-    try:
-        deleted = logs.delete_unreferenced(log_name, candidates)
-    except errors.BKError as exc:
-        log.warning("log %s: pending ledgers of %s left for a later cleanup: %s", log_name,
-                    key, exc)
-        return []
-    unregister_all(store, key, candidates)  # deleted, or listed by the log: no longer pending
+        by_log = {}
+        for lid, record in zip(candidates, records):
+            info = _decode(record[0] if record else b"")
+            if upto_batch is not None and info.get("batch", -1) > upto_batch:
+                continue
+            name = info.get("log") if log_name == ROUTED else log_name
+            if isinstance(name, str):
+                by_log.setdefault(name, []).append(lid)
+    deleted: list[int] = []
+    for name, ids in by_log.items():
+        try:
+            deleted += logs.delete_unreferenced(name, ids)
+        except errors.BKError as exc:
+            log.warning("log %s: pending ledgers of %s left for a later cleanup: %s", name,
+                        key, exc)
+            return deleted
+        unregister_all(store, key, ids)     # deleted, or listed by the log: no longer pending
     if remove_job:
         _remove_job_record(store, key)
     return deleted

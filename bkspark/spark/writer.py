@@ -40,7 +40,7 @@ from pyspark.sql.datasource import (
 
 from bkspark import errors
 from bkspark.errors import BadRequestError, LogFencedError, NoSuchLogError
-from bkspark.spark import codec, conn, importguard, pending
+from bkspark.spark import codec, conn, importguard, pending, routing
 from bkspark.spark.options import ARROW
 from metadata.clock import elapsed
 from metadata.update import GuardChangedError
@@ -64,8 +64,10 @@ class BKCommitMessage(WriterCommitMessage):
     attempt: int = 0
     query_id: str | None = None     # Spark's streaming query id (sink tasks)
     run_id: str | None = None       # Spark's streaming run id (sink tasks)
-    min_ts: int | None = None       # record timestamps written (microseconds; record format)
-    max_ts: int | None = None
+    log_of: dict = field(default_factory=dict)    # ledger id -> its log (routed writes)
+    # ledger id -> list-entry keys: {"min_ts", "max_ts"}, the record timestamps written
+    # (microseconds; record format), which let a seek by time skip whole ledgers
+    ledger_info: dict = field(default_factory=dict)
 
 
 def faults(opts) -> dict:
@@ -102,9 +104,24 @@ def _check_timestamps_ahead(opts, newest_us: int, now_us: int) -> None:
             "maxTimestampAheadMs")
 
 
+class _TaskLedger:
+    """One log's ledger in a task: created at the log's first rows, its adds in flight."""
+
+    def __init__(self, log_name: str | None):
+        self.log_name = log_name
+        self.handle = None
+        self.inflight: deque = deque()
+        self.min_ts = self.max_ts = None
+
+    def wait(self, keep: int = 0) -> None:
+        while len(self.inflight) > keep:
+            self.inflight.popleft().result()
+
+
 def write_task(opts, fmt: str, spark_schema_json: str, pending_key: str, iterator,
                info: dict, writer_label: str) -> BKCommitMessage:
-    """Write the task's batches into one new ledger; close it; describe it."""
+    """Write the task's batches into one new ledger per log (the option's one log, or each
+    log the routing column names: :mod:`bkspark.spark.routing`); close them; describe them."""
     from pyspark import TaskContext
     conn.freeze_worker_heap()
     tc = TaskContext.get()
@@ -116,61 +133,89 @@ def write_task(opts, fmt: str, spark_schema_json: str, pending_key: str, iterato
         fail_task, attempt_to_fail = partition, attempt
     else:
         attempt_to_fail = 0
+    target = opts.write_target()
     bk = conn.bookkeeper(opts.metadata_uri, opts.client_settings)
-    lh = alive = None
-    inflight: deque = deque()
+    ledgers: dict[str | None, _TaskLedger] = {}
+    alive = None
     msg = BKCommitMessage(partition=partition, attempt=attempt)
     now_us = bk.store.clock.now_ms() * 1000     # records without a timestamp: the store's time
+
+    def ledger_for(log_name: str | None, schema) -> _TaskLedger:
+        nonlocal alive
+        out = ledgers.get(log_name)
+        if out is not None:
+            return out
+        routing.check_log_count(len(ledgers) + 1, opts.max_logs_per_write,
+                                f"task {partition} of the write")
+        out = _TaskLedger(log_name)
+        custom = (codec.arrow_ledger_metadata(schema, spark_schema_json, writer_label)
+                  if fmt == ARROW else codec.record_ledger_metadata(writer_label))
+        if alive is None:
+            alive = pending.begin_task(bk.store, pending_key, target)
+        out.handle = bk.create_ledger(password=opts.password, custom_metadata=custom,
+                                      **opts.ledger_options())
+        ledgers[log_name] = out
+        pending.register(bk.store, pending_key, out.handle.ledger_id,
+                         dict(info, partition=partition, attempt=attempt,
+                              host=socket.gethostname(), pid=os.getpid(),
+                              **({"log": log_name} if target is None else {})))
+        return out
+
+    column = None
     try:
         for batch in iterator:
             if batch.num_rows == 0:
                 continue
-            if fmt == ARROW:
-                entries = [memoryview(codec.encode_arrow(b, opts.compression))
-                           for b in codec.split_batch(batch, opts.max_entry_bytes)]
+            if target is None:
+                column = column or routing.routing_column(batch.schema.names)
+                parts = routing.split(batch, column)
             else:
-                entries = codec.batch_to_records(batch, now_us)
-                lo, hi = codec.record_time_range(batch, now_us)
-                _check_timestamps_ahead(opts, hi, now_us)
-                msg.min_ts = lo if msg.min_ts is None else min(msg.min_ts, lo)
-                msg.max_ts = hi if msg.max_ts is None else max(msg.max_ts, hi)
-            if lh is None:
-                custom = (codec.arrow_ledger_metadata(batch.schema, spark_schema_json, writer_label)
-                          if fmt == ARROW else codec.record_ledger_metadata(writer_label))
-                alive = pending.begin_task(bk.store, pending_key, opts.single_log())
-                lh = bk.create_ledger(password=opts.password, custom_metadata=custom,
-                                      **opts.ledger_options())
-                pending.register(bk.store, pending_key, lh.ledger_id,
-                                 dict(info, partition=partition, attempt=attempt,
-                                      host=socket.gethostname(), pid=os.getpid()))
-            inflight.append(lh.append_many_async(entries))
-            msg.entries += len(entries)
-            msg.rows += batch.num_rows
-            msg.bytes += sum(len(e) for e in entries)
-            while len(inflight) > MAX_BATCHES_IN_FLIGHT:
-                inflight.popleft().result()
+                parts = [(target, batch)]
+            for log_name, rows in parts:
+                task_ledger = ledger_for(log_name if target is None else None, rows.schema)
+                if fmt == ARROW:
+                    entries = [memoryview(codec.encode_arrow(b, opts.compression))
+                               for b in codec.split_batch(rows, opts.max_entry_bytes)]
+                else:
+                    entries = codec.batch_to_records(rows, now_us)
+                    lo, hi = codec.record_time_range(rows, now_us)
+                    _check_timestamps_ahead(opts, hi, now_us)
+                    task_ledger.min_ts = lo if task_ledger.min_ts is None else min(task_ledger.min_ts, lo)
+                    task_ledger.max_ts = hi if task_ledger.max_ts is None else max(task_ledger.max_ts, hi)
+                task_ledger.inflight.append(task_ledger.handle.append_many_async(entries))
+                msg.entries += len(entries)
+                msg.rows += rows.num_rows
+                msg.bytes += sum(len(e) for e in entries)
+                task_ledger.wait(keep=MAX_BATCHES_IN_FLIGHT)
             stall = fault.get("stallTask") == partition and attempt == 0 \
                 and info.get("batch", 0) in (0, -1)
             if fault.get("hangTask") == partition or stall:
-                for f in inflight:
-                    f.result()
+                for task_ledger in ledgers.values():
+                    task_ledger.wait()
                 while True:
                     time.sleep(120)
                     if stall:
                         break
             if fail_task is not None and fail_task == partition and attempt == attempt_to_fail:
-                for f in inflight:
-                    f.result()
+                for task_ledger in ledgers.values():
+                    task_ledger.wait()
                 raise InjectedFault(f"_testFault: task for partition {partition} fails on its "
                                     "first attempt")
-        while inflight:
-            inflight.popleft().result()
-        if lh is not None:
-            lh.close()
-            msg.ledgers = [lh.ledger_id]
+        for task_ledger in ledgers.values():
+            task_ledger.wait()
+        for task_ledger in ledgers.values():
+            task_ledger.handle.close()
+            lid = task_ledger.handle.ledger_id
+            msg.ledgers.append(lid)
+            if task_ledger.log_name is not None:
+                msg.log_of[lid] = task_ledger.log_name
+            if task_ledger.min_ts is not None:
+                msg.ledger_info[lid] = {"min_ts": task_ledger.min_ts,
+                                        "max_ts": task_ledger.max_ts}
         return msg
     except BaseException:
-        if lh is not None:          # best effort: the driver's cleanup catches what this misses
+        for task_ledger in ledgers.values():    # best effort: the driver's cleanup catches
+            lh = task_ledger.handle             # what this misses
             try:
                 lh.close()
             except Exception:  # noqa: BLE001
@@ -182,7 +227,8 @@ def write_task(opts, fmt: str, spark_schema_json: str, pending_key: str, iterato
                 pass
         raise
     finally:
-        pending.end_task(bk.store, pending_key, alive, lh.ledger_id if lh is not None else None)
+        pending.end_task(bk.store, pending_key, alive,
+                         [t.handle.ledger_id for t in ledgers.values()])
 
 
 def _ledger_ids(messages) -> list[int]:
@@ -190,21 +236,35 @@ def _ledger_ids(messages) -> list[int]:
 
 
 def _ledger_info(messages) -> dict[int, dict]:
-    """The list-entry keys the tasks' messages give their ledgers: the record timestamps
-    written (``min_ts``/``max_ts``), which let a seek by time skip whole ledgers."""
-    return {lid: {"min_ts": m.min_ts, "max_ts": m.max_ts}
-            for m in messages if m is not None and getattr(m, "min_ts", None) is not None
-            for lid in m.ledgers}
+    """The list-entry keys the tasks' messages give their ledgers (timestamps written)."""
+    return {lid: keys for m in messages if m is not None
+            for lid, keys in (getattr(m, "ledger_info", None) or {}).items()}
+
+
+def _ledgers_by_log(messages, opts) -> dict[str, list[int]]:
+    """The messages' ledgers grouped by the log each goes to (the option's one log, or the
+    log a routed task wrote it for), logs in first-seen order; BadRequestError beyond option
+    maxLogsPerWrite."""
+    target = opts.write_target()
+    out: dict[str, list[int]] = {}
+    for m in messages:
+        if m is None:
+            continue
+        for lid in m.ledgers or []:
+            out.setdefault(target or m.log_of[lid], []).append(lid)
+    routing.check_log_count(len(out), opts.max_logs_per_write, "the write")
+    return out
 
 
 # ---- batch writer -----------------------------------------------------------------------
 
 class BookKeeperBatchWriter(importguard.Guarded, DataSourceArrowWriter):
-    """``df.write.format("bookkeeper")``: task ledgers, one atomic append (or overwrite)."""
+    """``df.write.format("bookkeeper")``: task ledgers, one atomic append (or overwrite) --
+    to the option's log, or to every log the rows name (:mod:`bkspark.spark.routing`)."""
 
     def __init__(self, opts, schema, overwrite: bool):
         self.opts = opts
-        self.log_name = opts.single_log()
+        self.log_name = opts.write_target()         # None: routed by a column
         self.fmt = opts.entry_format
         self.overwrite = overwrite
         self.schema_json = codec.schema_json(schema)
@@ -227,16 +287,22 @@ class BookKeeperBatchWriter(importguard.Guarded, DataSourceArrowWriter):
         kw = dict(writer_id=self.opts.writer_id, sequence=self.opts.writer_sequence,
                   info=_ledger_info(messages), writer_started_ms=started)
         try:
+            by_log = _ledgers_by_log(messages, self.opts)
+            if self.log_name is None:
+                for name in by_log:
+                    prepare_log(logs, self.opts, name)
             kw["guard"] = pending.begin_commit(logs.store, self.job, ids)
             if kw["guard"] is not None:
                 kw["mark"] = pending.commit_mark(self.job)
             if self.overwrite:
                 applied = logs.overwrite(self.log_name, ids, **kw)
+            elif self.log_name is not None or by_log:
+                applied = logs.append_to_logs(by_log or {self.log_name: []}, **kw)
             else:
-                applied = logs.append_ledgers(self.log_name, ids, **kw)
+                applied = True          # a routed job without rows: no log to change
             if not applied:
-                log.info("log %s: write %s/%s was already applied; nothing appended",
-                         self.log_name, self.opts.writer_id, self.opts.writer_sequence)
+                log.info("logs %s: write %s/%s was already applied; nothing appended",
+                         ", ".join(by_log), self.opts.writer_id, self.opts.writer_sequence)
             if "failCommitAfterAppend" in faults(self.opts):
                 raise InjectedFault("_testFault: the batch commit fails after its append")
         except GuardChangedError:
@@ -244,14 +310,57 @@ class BookKeeperBatchWriter(importguard.Guarded, DataSourceArrowWriter):
                 f"write job {self.job} was reclaimed as abandoned while it committed; nothing "
                 "was appended. Run the write again") from None
         finally:
-            pending.clean(logs, self.job, self.log_name, remove_job=True)
+            pending.clean(logs, self.job, self.log_name or pending.ROUTED, remove_job=True)
 
     def abort(self, messages):
         """Delete the job's ledgers that the log does not list. A commit that raised may
         still have been applied (its answer lost): what the log lists stays."""
         logs = conn.log_store(self.opts)
-        logs.delete_unreferenced(self.log_name, _ledger_ids(messages))
-        pending.clean(logs, self.job, self.log_name, remove_job=True)
+        _delete_unlisted(logs, messages, self.opts)
+        pending.clean(logs, self.job, self.log_name or pending.ROUTED, remove_job=True)
+
+
+def _delete_unlisted(logs, messages, opts) -> None:
+    """Delete the messages' ledgers that their log does not list (proven, log by log)."""
+    target = opts.write_target()
+    by_log: dict[str, list[int]] = {}
+    for m in messages:
+        for lid in (getattr(m, "ledgers", None) or []) if m is not None else []:
+            by_log.setdefault(target or m.log_of[lid], []).append(lid)
+    for name, ids in by_log.items():
+        logs.delete_unreferenced(name, ids)
+
+
+def prepare_log(logs, opts, name: str, *, overwrite: bool = False) -> None:
+    """The checks and set-up of a log a write appends to (at planning for the option's log,
+    at commit for each routed one): its retention policy (options retentionTime/-Size: the
+    policy of a log this write creates -- created now, with it; a log that exists must have
+    that policy already) and its password (one log, one password: a reader opens every ledger
+    of a log with the password it is given; an overwrite replaces them all). BadRequestError
+    names the fix."""
+    policy = opts.retention
+    if policy is not None:
+        logs.create(name, retention=policy)
+        current = logs.retention(name)
+        if current != policy:
+            raise BadRequestError(
+                f"log {name!r} exists with retention "
+                f"'{current.describe() if current else 'keep everything'}', not "
+                f"'{policy.describe()}' as the retention options say: they apply when a write "
+                f"creates the log. Change an existing log's policy with `bkspark shell "
+                f"set-retention {name} ...`, or leave the options out")
+    if overwrite:
+        return
+    try:
+        last = logs.last_listed(name)
+    except NoSuchLogError:
+        return
+    if last is not None and logs.bk.ledger_metadata(last.ledger_id).keys.derive(
+            opts.password) is None:
+        raise BadRequestError(
+            f"log {name!r} holds ledgers written with another password than option "
+            "'password' gives: pass the log's password (every ledger of a log must have "
+            "the same one, or no read could read it all), or write to another log")
 
 
 # ---- streaming sink ---------------------------------------------------------------------
@@ -307,9 +416,10 @@ class BookKeeperStreamWriter(importguard.Guarded, DataSourceStreamArrowWriter):
 
     def __init__(self, opts, schema):
         self.opts = opts
-        self.log_name = opts.single_log()
+        self.log_name = opts.write_target()         # None: routed by a column
         self.fmt = opts.entry_format
         self.schema_json = codec.schema_json(schema)
+        self._prepared: set[str] = set()            # routed logs checked (prepare_log)
 
     def write(self, iterator):
         qid, run = _task_query_ids()
@@ -329,19 +439,26 @@ class BookKeeperStreamWriter(importguard.Guarded, DataSourceStreamArrowWriter):
 
     def _commit(self, messages, batchId):
         present = [m for m in messages if m is not None]
-        ids = _ledger_ids(present)
         if not present:
             return
+        by_log = _ledgers_by_log(present, self.opts)
         qid = next((m.query_id for m in present if m.query_id), None)
         run = next((m.run_id for m in present if m.run_id), None) or "unknown"
         wid = sink_writer_id(self.opts, qid)
         logs = conn.log_store(self.opts)
+        if self.log_name is None:
+            for name in by_log:
+                if name not in self._prepared:
+                    prepare_log(logs, self.opts, name)
+                    self._prepared.add(name)
+                    if len(self._prepared) > 4 * self.opts.max_logs_per_write:
+                        self._prepared.clear()          # (a bound; checking again is harmless)
         fault = faults(self.opts)
         for attempt in range(3):
             store = _sink_store(logs, self.opts, wid, fresh=attempt > 0)
             try:
-                self._commit_once(logs, store, wid, run, ids, _ledger_info(present), batchId,
-                                  fault, spark_query=qid)
+                self._commit_once(logs, store, wid, run, by_log, _ledger_info(present),
+                                  batchId, fault, spark_query=qid)
                 break
             except LogFencedError:
                 # someone opened our store (maybe a later commit process of this same run):
@@ -349,9 +466,11 @@ class BookKeeperStreamWriter(importguard.Guarded, DataSourceStreamArrowWriter):
                 _forget_sink_store(self.opts, wid)
                 if attempt == 2:
                     raise
-        pending.clean(logs, f"sink-{wid}", self.log_name, keep=(), upto_batch=batchId)
+        pending.clean(logs, f"sink-{wid}", self.log_name or pending.ROUTED, keep=(),
+                      upto_batch=batchId)
 
-    def _commit_once(self, logs, store, wid, run, ids, info, batch_id, fault, spark_query=None):
+    def _commit_once(self, logs, store, wid, run, by_log, info, batch_id, fault,
+                     spark_query=None):
         latest = store.latest()
         owner, superseded, committed_for = None, [], None
         if latest is not None:
@@ -367,16 +486,19 @@ class BookKeeperStreamWriter(importguard.Guarded, DataSourceStreamArrowWriter):
         if owner is not None and owner != run:
             superseded = (superseded + [owner])[-32:]
             log.info("sink %s: run %s takes over from run %s", wid, run, owner)
-        try:
-            done = logs.writer_sequence(self.log_name, wid)     # (the head only)
-        except NoSuchLogError:
-            done = -1
+        done = -1
+        for name in by_log or [self.log_name]:
+            try:
+                done = max(done, logs.writer_sequence(name, wid))   # (the head only)
+            except NoSuchLogError:
+                pass
+        where = self.log_name or ", ".join(by_log)
         if done >= 0 and committed_for and spark_query and committed_for != spark_query:
             # another Spark query (a new or reset checkpoint) under the same queryId: its batch
             # ids restart at 0, so the sink can neither tell which of them the log holds nor
             # where its source started -- committing would skip or repeat rows
             raise BadRequestError(
-                f"log {self.log_name!r} holds batches 0..{done} of query {wid!r} committed by "
+                f"log {where!r} holds batches 0..{done} of query {wid!r} committed by "
                 f"Spark query {committed_for}, but this is Spark query {spark_query} (its "
                 "checkpoint was reset or lost, or another query re-uses the queryId): "
                 "committing its batches could skip or repeat rows, so it is refused. Restart "
@@ -384,24 +506,27 @@ class BookKeeperStreamWriter(importguard.Guarded, DataSourceStreamArrowWriter):
                 "choose its startingOffsets) with the new checkpoint")
         if batch_id < done:
             raise BadRequestError(
-                f"log {self.log_name!r} already holds batch {done} of query {wid!r}, but Spark "
+                f"log {where!r} already holds batch {done} of query {wid!r}, but Spark "
                 f"is committing batch {batch_id}: the query's checkpoint was reset or belongs to "
                 "another query; use a new checkpointLocation together with a new 'queryId'")
-        store.commit(batch_id, {"run": run, "superseded": superseded, "log": self.log_name,
-                                "ledgers": ids, "since": since,
+        store.commit(batch_id, {"run": run, "superseded": superseded,
+                                "log": self.log_name or pending.ROUTED,
+                                "ledgers": [lid for ids in by_log.values() for lid in ids],
+                                "since": since,
                                 "spark_query": spark_query or committed_for})
         if fault.get("failCommitBeforeAppend") == batch_id:
             raise InjectedFault(f"_testFault: sink commit of batch {batch_id} fails before append")
-        applied = logs.append_ledgers(self.log_name, ids, writer_id=wid, sequence=batch_id,
-                                      epoch=store.epoch, info=info, writer_started_ms=since)
-        if not applied:
-            log.info("sink %s: batch %d was already in log %s; nothing appended twice",
-                     wid, batch_id, self.log_name)
+        if by_log or self.log_name is not None:    # (a routed batch without rows: no log)
+            applied = logs.append_to_logs(by_log or {self.log_name: []}, writer_id=wid,
+                                          sequence=batch_id, epoch=store.epoch, info=info,
+                                          writer_started_ms=since)
+            if not applied:
+                log.info("sink %s: batch %d was already in log %s; nothing appended twice",
+                         wid, batch_id, where)
         if fault.get("failCommitAfterAppend") == batch_id:
             raise InjectedFault(f"_testFault: sink commit of batch {batch_id} fails after append")
         if batch_id % 32 == 0 and batch_id > 64:
             store.purge(batch_id - 64)
 
     def abort(self, messages, batchId):
-        logs = conn.log_store(self.opts)
-        logs.delete_unreferenced(self.log_name, _ledger_ids(messages))
+        _delete_unlisted(conn.log_store(self.opts), messages, self.opts)

@@ -162,7 +162,7 @@ def test_an_abandoned_spark_job_shows_and_is_reclaimed_with_the_token(cluster, d
         pending.register(logs.store, key, lh.ledger_id, {"partition": 0, "attempt": 0})
         lh.append(b"row")
         lh.close()
-        pending.end_task(logs.store, key, alive, lh.ledger_id)      # the driver never commits
+        pending.end_task(logs.store, key, alive, [lh.ledger_id])      # the driver never commits
 
         def overview():
             with _get(dashboard, "api/overview") as resp:

@@ -163,7 +163,7 @@ def test_a_fast_reclaimer_leaves_a_live_job_alone(cluster, bk, logs, log_name):
     alive = pending.begin_task(bk.store, key, log_name)
     lid = closed_ledger(bk, [b"task"])
     pending.register(bk.store, key, lid, {})
-    pending.end_task(bk.store, key, alive, lid)          # no task alive: judged by silence
+    pending.end_task(bk.store, key, alive, [lid])         # no task alive: judged by silence
     got = skewed("+660s", """
 from bkspark.errors import ClockSkewError
 from bkspark.spark import pending

@@ -31,7 +31,7 @@ def _task_ledger(logs, key, log_name, rows=3, close=True):
         lh.append(b"row-%d" % i)
     if close:
         lh.close()
-        pending.end_task(logs.store, key, alive, lh.ledger_id)
+        pending.end_task(logs.store, key, alive, [lh.ledger_id])
     return lh, alive
 
 
@@ -49,7 +49,7 @@ def test_a_live_job_is_never_reclaimed_and_an_abandoned_one_is(logs, log_name):
     (job,) = pending.reclaim(logs, grace=0, log_name=log_name)
     assert job.verdict == "alive" and job.alive_tasks == 1 and not _gone(logs, lh.ledger_id)
     lh.close()
-    pending.end_task(logs.store, key, alive, lh.ledger_id)            # the task ended ...
+    pending.end_task(logs.store, key, alive, [lh.ledger_id])            # the task ended ...
     (job,) = pending.reclaim(logs, grace=3600, log_name=log_name)
     assert job.verdict == "recent" and not _gone(logs, lh.ledger_id)  # ... a moment ago
     (job,) = pending.reclaim(logs, grace=0, log_name=log_name, dry_run=True)
@@ -61,7 +61,7 @@ def test_a_live_job_is_never_reclaimed_and_an_abandoned_one_is(logs, log_name):
     late = pending.begin_task(logs.store, key, log_name)           # a late task cannot join
     with pytest.raises(pending.JobReclaimedError, match="is reclaimed"):
         pending.register(logs.store, key, 123456789, {})
-    pending.end_task(logs.store, key, late, None)
+    pending.end_task(logs.store, key, late, [])
 
 
 def test_a_reclaimed_job_cannot_commit(logs, log_name):
