@@ -112,6 +112,8 @@ def test_the_readmes_run_as_written(tmp_path):
         assert "=== all blocks ran" in out
         assert re.search(r"'my-consumer': \(Position\(ledger_id=\d+, entry_id=\d+\), 0\)", out), out
         assert "\n1001\n" in out                           # the streaming copy copied everything
+        # rows routed by their topic column (bkspark/spark/README.md, "Exactly once")
+        assert "[Row(log='orders-eu', count=2), Row(log='orders-us', count=1)]" in out
         assert "stopped the local cluster" in out
     finally:
         subprocess.run([sys.executable, "-m", "bkspark.cli.main", "localcluster", "--stop",

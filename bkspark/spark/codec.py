@@ -238,8 +238,9 @@ def records_to_kafka_batch(log: str, base_offset: int, entries, schema: pa.Schem
 # ---- record writes: Spark input -> entries --------------------------------------------------
 
 RECORD_WRITE_COLUMNS = ("value", "key", "headers", "timestamp")
-#: columns of a read (record or Kafka schema) that a write ignores, so a read writes back; the
-#: log written is always option 'log' (as Kafka's sink with its 'topic' option set)
+#: columns of a read (record or Kafka schema) that a write does not store, so a read writes
+#: back; ``topic`` / ``log`` name each row's log when option 'log' is not set
+#: (:mod:`bkspark.spark.routing`), else they are ignored (as Kafka's sink with 'topic' set)
 RECORD_IGNORED_COLUMNS = ("log", "ledger_id", "entry_id", "topic", "partition", "offset",
                           "timestampType")
 
