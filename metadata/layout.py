@@ -129,6 +129,11 @@ def cookie_path(bookie_id: str) -> str:
     return f"{COOKIES}/{check_bookie_id(bookie_id)}"
 
 
+#: names of logs that hold the store's own state (checkpoint stores, routed writers' keys):
+#: hidden from log patterns, never a routed row's log
+INTERNAL_LOG_PREFIX = "__"
+
+
 def check_log_name(name: str) -> str:
     """The one rule for names of logs (and of their cursors): a path component of at most 200
     letters, digits, '.', '_' or '-', not starting with '.' or '-'."""

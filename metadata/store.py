@@ -36,6 +36,12 @@ if TYPE_CHECKING:
 #: ZooKeeper's default maximum znode payload (jute.maxbuffer is 0xfffff minus overhead).
 MAX_DATA_SIZE = 1024 * 1024 - 1024
 
+#: the most one transaction may carry: ZooKeeper refuses (by dropping the connection) a
+#: request over jute.maxbuffer (1 MiB by default); counted as paths + data + a per-operation
+#: allowance for the ACL and framing (:data:`OP_OVERHEAD`), on every store alike
+MAX_TRANSACTION_BYTES = MAX_DATA_SIZE
+OP_OVERHEAD = 128
+
 _BAD_PATH_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 _CLOCK_LOCK = threading.Lock()
 
@@ -75,6 +81,10 @@ def validate_data(data) -> bytes:
     return data
 
 
+class TransactionTooLargeError(BadRequestError):
+    """A transaction would exceed :data:`MAX_TRANSACTION_BYTES`: it was not sent."""
+
+
 def validate_version(version) -> int:
     if isinstance(version, bool) or not isinstance(version, int) or version < -1:
         raise BadRequestError(f"version must be an int >= -1 (-1 = any), got {version!r}")
@@ -97,7 +107,9 @@ class Transaction:
     and applied atomically by :meth:`commit`, which returns one result per operation (the
     created path for ``create``, the new version for ``set``, ``None`` otherwise) or raises
     the error of the first failing operation (e.g. :class:`BadVersionError`) having applied
-    nothing. Usable as a context manager (commits on a clean exit).
+    nothing. Usable as a context manager (commits on a clean exit). One over
+    :data:`MAX_TRANSACTION_BYTES` is refused before it is sent
+    (:class:`TransactionTooLargeError`): the same limit on every store.
 
     **A lost answer.** :class:`MetadataConnectionError` from :meth:`commit` means the outcome is
     unknown: all of it may have been applied, or none of it (never a part). Tell which from what
@@ -141,6 +153,12 @@ class Transaction:
         """Apply every queued operation atomically; see the class docstring."""
         if self.committed:
             raise BadRequestError("transaction already committed")
+        size = sum(len(op[1]) + (len(op[2]) if op[0] in ("create", "set") else 0)
+                   + OP_OVERHEAD for op in self.ops)
+        if size > MAX_TRANSACTION_BYTES:
+            raise TransactionTooLargeError(
+                f"a transaction of {len(self.ops)} operations and about {size} bytes exceeds "
+                f"the {MAX_TRANSACTION_BYTES}-byte limit of one metadata request")
         self.committed = True
         return self._apply(self.ops)
 

@@ -26,9 +26,9 @@ import threading
 from bkspark.errors import BadRequestError
 from bkspark.log.position import EARLIEST
 from bkspark.log.store import LogStore
-from metadata.layout import check_log_name
+from metadata.layout import INTERNAL_LOG_PREFIX, check_log_name
 
-PREFIX = "__ckpt."
+PREFIX = f"{INTERNAL_LOG_PREFIX}ckpt."
 
 
 class CheckpointStore:

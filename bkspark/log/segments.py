@@ -515,7 +515,8 @@ def commit_edit(store, name: str, change: Callable[[LogEdit], None], *,
                           done=None if done is None else (lambda edits: done(edits[name])),
                           guard=guard, mark=mark,
                           on_v1=None if on_v1 is None else (lambda _, d, v: on_v1(d, v)))
-    return Updated(result.value[name], result.version[name], result.changed)
+    # (no edit: the log was deleted after a lost answer that ``mark`` proved applied)
+    return Updated(result.value.get(name), result.version.get(name, -1), result.changed)
 
 
 def _outcome(heads: dict, in_doubt: dict) -> str:
@@ -558,18 +559,15 @@ def commit_edits(store, names, change: Callable[[dict[str, LogEdit]], None], *,
     while True:
         heads: dict[str, tuple[LogHead, int]] = {}
         converted = False
+        missing: list[str] = []
         for name in names:
             try:
                 data, version = read_head(store, name, settle=in_doubt is not None)
             except NoNodeError:
                 if in_doubt is None:
                     raise
-                # deleted since (maybe created again after): what it held is gone, and the
-                # change must not be made again on another log of the same name
-                raise OutcomeUnknownError(
-                    f"{what}: the answer to a change was lost and log {name} was deleted "
-                    "before it could be re-read; whether the change was applied is "
-                    "unknown") from None
+                missing.append(name)        # deleted since a lost answer: settled below
+                continue
             except MetadataConnectionError as exc:
                 if in_doubt is None:
                     raise
@@ -590,6 +588,22 @@ def commit_edits(store, names, change: Callable[[dict[str, LogEdit]], None], *,
         edits = {name: LogEdit(store, name, head, version)
                  for name, (head, version) in heads.items()}
         versions = {name: version for name, (_, version) in heads.items()}
+        if missing:
+            # a log deleted (maybe created again) after the lost answer: what it held is
+            # gone, and the change must not be made again on another log of that name --
+            # unless the other logs or the mark tell that it was not applied
+            outcome = _outcome(heads, in_doubt)
+            if outcome == UNKNOWN and mark is not None:
+                outcome = APPLIED if transaction_applied(store, mark) else NOT_APPLIED
+            if outcome == APPLIED:
+                log.info("%s: the change whose answer was lost had been applied (log %s "
+                         "deleted since)", what, missing[0])
+                return Updated(edits, versions, True)
+            if outcome == NOT_APPLIED:
+                raise NoNodeError(f"log {missing[0]} was deleted")
+            raise OutcomeUnknownError(
+                f"{what}: the answer to a change was lost and log {missing[0]} was deleted "
+                "before it could be re-read; whether the change was applied is unknown")
         if in_doubt is not None:
             outcome = _outcome(heads, in_doubt)
             if outcome == UNKNOWN and mark is not None:

@@ -47,6 +47,7 @@ from metadata.log_segments import (
     segment_path,
     segments_path,
 )
+from metadata.store import TransactionTooLargeError
 from metadata.update import (MAX_CONFLICTS, NoChange, Updated, prove_absent, settled_read,
                              update_record)
 
@@ -592,25 +593,33 @@ class LogStore:
                        sequence: int | None = None, epoch: int | None = None,
                        guard: tuple[str, int] | None = None,
                        info: dict[int, dict] | None = None, writer_started_ms: int | None = None,
-                       mark: str | None = None) -> bool:
+                       mark: str | None = None, key_log: str | None = None) -> bool:
         """:meth:`append_ledgers` to several logs at once (``ledgers``: log -> its closed
         ledgers), in ONE transaction: every log lists its ledgers, or none does (a Spark job
         routing rows by their ``topic`` column). Missing logs are created.
 
-        ``(writer_id, sequence)`` is recorded in every log of the commit; the commit counts as
-        applied (False, nothing appended) when any of them holds that key at ``sequence`` or
-        later -- the transaction that put it there was the whole of that commit. ``epoch``,
-        ``guard``, ``mark`` and the settlement of a lost answer (by any of the logs' heads,
-        else ``mark``) are as for one log. A commit whose logs differ from an earlier attempt
-        under the same key is not recognised as a repeat (the key lives in the logs).
+        ``(writer_id, sequence)`` and ``epoch`` are kept by ``key_log`` alone when given (a log
+        that takes no ledgers, changed by every commit of the writer: the writer's one
+        authority, whichever logs its commits name -- a routed Spark writer's), else by every
+        log of the commit. The commit counts as applied (False, nothing appended) when a log
+        keeping the key holds it at ``sequence`` or later -- the transaction that put it there
+        was the whole of that commit. ``guard``, ``mark`` and the settlement of a lost answer
+        (by any of the logs' heads, else ``mark``) are as for one log.
 
         :raises OutcomeUnknownError: see :meth:`append_ledgers`.
         """
         names = [check_log_name(n) for n in ledgers]
-        if not names:
+        if not names and key_log is None:
             raise BadRequestError("a commit names at least one log")
         if (writer_id is None) != (sequence is None):
             raise BadRequestError("writer_id and sequence go together")
+        if key_log is not None:
+            if writer_id is None or key_log in ledgers:
+                raise BadRequestError("key_log keeps a writer's key: it needs writer_id and "
+                                      "takes no ledgers")
+            ledgers = dict(ledgers, **{check_log_name(key_log): []})
+            names.append(key_log)
+        targets = [n for n in names if n != key_log]
         entries = {n: self._closed_entries(ledgers[n], info) for n in names}
         keep = {n: [e for e in entries[n] if e.last_entry_id >= 0] for n in names}
         keep_ids = {n: [e.ledger_id for e in keep[n]] for n in names}
@@ -623,34 +632,43 @@ class LogStore:
                 edit.lists(lid) for n, edit in edits.items() for lid in keep_ids[n])
 
         def change(edits: dict[str, seg.LogEdit]) -> None:
+            keepers = [edits[key_log]] if key_log is not None else list(edits.values())
             if writer_id is not None:
-                for n, edit in edits.items():
+                for edit in keepers:
                     last_epoch = edit.head.writer_epoch(writer_id)
                     if epoch is not None and last_epoch is not None and last_epoch > epoch:
                         raise errors.LogFencedError(
-                            f"log {n}: writer {writer_id} epoch {epoch} was superseded")
+                            f"log {edit.name}: writer {writer_id} epoch {epoch} was superseded")
                     if edit.writer_seq(writer_id) >= sequence:
                         raise NoChange()
-                for edit in edits.values():
+                for edit in keepers:
                     edit.check_writer(writer_id, writer_started_ms)
-            for n, edit in edits.items():       # (refusals first: they leave the tails alone)
-                edit.check_appendable(keep_ids[n])
-            for n, edit in edits.items():
+            for n in targets:                   # (refusals first: they leave the tails alone)
+                edits[n].check_appendable(keep_ids[n])
+            for n in targets:
+                edit = edits[n]
                 self._seal_open_tail(edit, sealed)
                 edit.prefetch(keep_ids[n])
                 for entry in keep[n]:
                     if not edit.lists(entry.ledger_id):
                         edit.append(entry)
-                if writer_id is not None:
+            if writer_id is not None:
+                for edit in keepers:
                     edit.set_writer(writer_id, sequence, epoch, started_ms=writer_started_ms)
 
-        result = self.update_logs(names, change, create=True, done=listed, guard=guard,
-                                  mark=mark)
-        every = [lid for n in names for lid in ledgers[n]]
+        try:
+            result = self.update_logs(names, change, create=True, done=listed, guard=guard,
+                                      mark=mark)
+        except TransactionTooLargeError as exc:
+            raise TransactionTooLargeError(
+                f"a commit to {len(targets)} logs does not fit in one metadata transaction "
+                f"({exc}): commit fewer logs at once (Spark: lower option maxLogsPerWrite)"
+            ) from None
         if not result.changed:
             log.info("logs %s: commit %s/%s already applied; deleting duplicate ledgers",
-                     ", ".join(names), writer_id, sequence)
-            self.delete_unreferenced(names, every)
+                     ", ".join(targets), writer_id, sequence)
+            for n in targets:
+                self.delete_unreferenced(n, ledgers[n])
             return False
         # empty ledgers: left out of every list this commit wrote, so no list names them
         self._delete_ledgers([e.ledger_id for n in names for e in entries[n]

@@ -12,7 +12,7 @@ metadataServiceUri       ``zk://...`` or ``sqlite:///...`` (the running local cl
 log / path               one log (``load(name)`` / ``save(name)`` set ``path``); a write
                          without it routes each row to the log its ``topic`` (or ``log``)
                          column names, all logs committed at once (entryFormat=record)
-maxLogsPerWrite          routed writes: at most this many logs in one job or micro-batch (256)
+maxLogsPerWrite          routed writes: at most this many logs in one job or micro-batch (100)
 logs                     comma-separated logs (read only)
 logPattern               regular expression over log names (read only; re-listed per batch)
 startingOffsets          ``earliest`` | ``latest`` | JSON ``{"log": {"ledger": L, "entry": E}}``
@@ -81,6 +81,7 @@ from bkspark.errors import BadRequestError, did_you_mean
 from bkspark.spark.pending import DEFAULT_GRACE_S
 from bkspark.log.position import EARLIEST, LATEST, Position
 from bkspark.log.retention import RetentionPolicy, parse_duration_ms, parse_size_bytes
+from metadata.layout import INTERNAL_LOG_PREFIX
 
 FORMAT_NAME = "bookkeeper"
 RECORD, ARROW = "record", "arrow"
@@ -129,7 +130,7 @@ COMPRESSIONS = {"none": None, "uncompressed": None, "lz4": "lz4", "zstd": "zstd"
 DEFAULT_COMPRESSION = "lz4"
 #: routed writes: the logs one job (or micro-batch) may name -- each is an open ledger in a
 #: task and a part of the one commit transaction (ZooKeeper's requests stay under 1 MB)
-DEFAULT_MAX_LOGS_PER_WRITE = 256
+DEFAULT_MAX_LOGS_PER_WRITE = 100
 MAX_LOGS_PER_WRITE_LIMIT = 1000
 MAX_ENTRY_BYTES_LIMIT = 4 << 20         # bookies refuse entries over 5 MiB by default
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,150}$")
@@ -196,7 +197,8 @@ class ConnectorOptions:
         if self.log_pattern is None:
             return list(self.logs)
         rx = re.compile(self.log_pattern)
-        return sorted(n for n in all_logs if rx.fullmatch(n) and not n.startswith("__"))
+        return sorted(n for n in all_logs
+                      if rx.fullmatch(n) and not n.startswith(INTERNAL_LOG_PREFIX))
 
     def require_logs(self) -> None:
         if not self.logs and self.log_pattern is None:

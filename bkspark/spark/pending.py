@@ -252,8 +252,8 @@ def clean(logs, key: str, log_name: str, keep=(), upto_batch: int | None = None,
           remove_job: bool = False) -> list[int]:
     """Delete registered ledgers of ``key`` that ``log_name`` does not list (nor ``keep``);
     with ``upto_batch`` only those registered for batches <= it. Returns the deleted ids.
-    A routed job (``log_name`` is :data:`ROUTED`) checks each ledger against the log its
-    registration names (one without is left alone).
+    A ledger whose registration names a log (a routed task's) is checked against that log;
+    under a routed job (``log_name`` is :data:`ROUTED`) one without is left alone.
 
     "Does not list" is proven, not read (:meth:`LogStore.delete_unreferenced`): a commit whose
     answer was lost may have listed them. When the metadata store does not answer, nothing is
@@ -266,17 +266,17 @@ def clean(logs, key: str, log_name: str, keep=(), upto_batch: int | None = None,
         return []
     keep = set(keep)
     candidates = [int(c) for c in children if c.isdigit() and int(c) not in keep]
-    by_log: dict[str, list[int]] = {log_name: candidates} if candidates else {}
-    if (upto_batch is not None or log_name == ROUTED) and candidates:
-        records = store.get_many([f"{job_path(key)}/{lid}" for lid in candidates])
-        by_log = {}
-        for lid, record in zip(candidates, records):
-            info = _decode(record[0] if record else b"")
-            if upto_batch is not None and info.get("batch", -1) > upto_batch:
-                continue
-            name = info.get("log") if log_name == ROUTED else log_name
-            if isinstance(name, str):
-                by_log.setdefault(name, []).append(lid)
+    by_log: dict[str, list[int]] = {}
+    records = store.get_many([f"{job_path(key)}/{lid}" for lid in candidates])
+    for lid, record in zip(candidates, records):
+        info = _decode(record[0] if record else b"")
+        if upto_batch is not None and info.get("batch", -1) > upto_batch:
+            continue
+        # a routed task's registration names its log (a sink may change between routed and
+        # one log under the same query: each ledger is judged by the log it was written for)
+        name = info.get("log", None if log_name == ROUTED else log_name)
+        if isinstance(name, str):
+            by_log.setdefault(name, []).append(lid)
     deleted: list[int] = []
     for name, ids in by_log.items():
         try:

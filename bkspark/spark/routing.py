@@ -12,21 +12,25 @@ What a routed write guarantees (:mod:`bkspark.spark.writer` does it):
 * the driver commits all the job's ledgers, across all its logs, in ONE metadata transaction
   (:meth:`bkspark.log.LogStore.append_to_logs`): every log gets its rows, or none does; the
   idempotency key (``writerId``/``writerSequence``, or the streaming query and batch id) is
-  recorded in every log of the commit, a lost answer is settled by any of them (or by the
-  job's commit record), and an aborted job's ledgers are deleted log by log once proven
-  unlisted;
-* a row whose column is null or names no valid log fails its task before anything commits,
-  and so does a job naming more than ``maxLogsPerWrite`` logs.
+  kept by the writer's :func:`key_log`, changed in the same transaction; a lost answer is
+  settled by any of the logs (or by the job's commit record), and an aborted job's ledgers
+  are deleted log by log once proven unlisted;
+* a row whose column is null, names no valid log or an internal one (``__`` names) fails
+  its task before anything commits, and so does a job naming more than ``maxLogsPerWrite``
+  logs; a commit too large for one metadata transaction fails naming that option.
 
 This module is the pure part: which column routes, and splitting a batch by it.
 """
 from __future__ import annotations
 
+import zlib
+
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from bkspark.errors import BadRequestError
-from metadata.layout import check_log_name
+from metadata.layout import INTERNAL_LOG_PREFIX as INTERNAL_PREFIX, check_log_name
 
 #: the columns that name a row's log, in the order they are looked for
 ROUTING_COLUMNS = ("topic", "log")
@@ -63,11 +67,14 @@ def check_routed_schema(schema, entry_format: str) -> str:
     return column
 
 
-def split(batch: pa.RecordBatch, column: str) -> list[tuple[str, pa.RecordBatch]]:
+def split(batch: pa.RecordBatch, column: str, limit: int) -> list[tuple[str, pa.RecordBatch]]:
     """The rows of ``batch`` grouped by the log ``column`` names, each group in batch order,
-    groups in the order their log first appears.
+    groups in the order their log first appears (one stable sort of the rows, whatever the
+    number of logs).
 
-    :raises BadRequestError: a row's log is null or not a valid log name."""
+    :raises BadRequestError: a row's log is null, not a valid log name, an internal log
+        (``__`` names: checkpoint stores, idempotency keys), or the batch names more than
+        ``limit`` logs (option maxLogsPerWrite)."""
     names = batch.column(batch.schema.get_field_index(column))
     if names.null_count:
         raise BadRequestError(f"a row's {column!r} is null: a write without option 'log' sends "
@@ -75,14 +82,41 @@ def split(batch: pa.RecordBatch, column: str) -> list[tuple[str, pa.RecordBatch]
                               "set option 'log')")
     encoded = pc.dictionary_encode(names)
     logs = encoded.dictionary.to_pylist()
+    check_log_count(len(logs), limit, "a batch of the write")
     for name in logs:
         try:
             check_log_name(name)
         except BadRequestError as exc:
             raise BadRequestError(f"a row's {column!r} names no valid log: {exc}") from None
+        if name.startswith(INTERNAL_PREFIX):
+            raise BadRequestError(f"a row's {column!r} names {name!r}, an internal log (names "
+                                  f"starting {INTERNAL_PREFIX!r} hold the store's own state): "
+                                  "rows cannot be routed there")
     if len(logs) == 1:
         return [(logs[0], batch)]
-    return [(name, batch.filter(pc.equal(encoded.indices, i))) for i, name in enumerate(logs)]
+    order = pc.sort_indices(encoded.indices)            # (stable: rows keep their order)
+    grouped = batch.take(order)
+    counts = np.bincount(encoded.indices.to_numpy(zero_copy_only=False), minlength=len(logs))
+    out, start = [], 0
+    for i, count in enumerate(counts):
+        out.append((logs[i], grouped.slice(start, int(count))))
+        start += int(count)
+    return out
+
+
+#: the internal logs that keep routed writers' idempotency keys (:func:`key_log`)
+KEY_LOGS = 16
+
+
+def key_log(writer_id: str) -> str:
+    """The log that keeps a routed writer's idempotency key (``writerId``, or a streaming
+    query's id) and owner epoch: one of :data:`KEY_LOGS` internal logs, chosen by a hash of
+    the id. Every commit of the writer changes it, in the commit's transaction, whichever
+    logs the rows name; so it alone tells which sequence (batch) the writer committed last,
+    its key is refreshed by every commit (never expiring in a log the writer rarely routes
+    to), and a reset checkpoint is recognised whatever logs its batches name. A log's
+    bound on writer keys applies to it as to any log (1,000 most recent, 7 days idle)."""
+    return f"{INTERNAL_PREFIX}routed-writers.{zlib.crc32(writer_id.encode()) % KEY_LOGS}"
 
 
 def check_log_count(count: int, limit: int, where: str) -> None:

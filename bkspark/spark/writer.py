@@ -105,17 +105,12 @@ def _check_timestamps_ahead(opts, newest_us: int, now_us: int) -> None:
 
 
 class _TaskLedger:
-    """One log's ledger in a task: created at the log's first rows, its adds in flight."""
+    """One log's ledger in a task: created at the log's first rows."""
 
     def __init__(self, log_name: str | None):
         self.log_name = log_name
         self.handle = None
-        self.inflight: deque = deque()
         self.min_ts = self.max_ts = None
-
-    def wait(self, keep: int = 0) -> None:
-        while len(self.inflight) > keep:
-            self.inflight.popleft().result()
 
 
 def write_task(opts, fmt: str, spark_schema_json: str, pending_key: str, iterator,
@@ -136,6 +131,11 @@ def write_task(opts, fmt: str, spark_schema_json: str, pending_key: str, iterato
     target = opts.write_target()
     bk = conn.bookkeeper(opts.metadata_uri, opts.client_settings)
     ledgers: dict[str | None, _TaskLedger] = {}
+    inflight: deque = deque()           # the task's adds in flight, over all its ledgers
+
+    def wait(keep: int = 0) -> None:
+        while len(inflight) > keep:
+            inflight.popleft().result()
     alive = None
     msg = BKCommitMessage(partition=partition, attempt=attempt)
     now_us = bk.store.clock.now_ms() * 1000     # records without a timestamp: the store's time
@@ -158,7 +158,7 @@ def write_task(opts, fmt: str, spark_schema_json: str, pending_key: str, iterato
         pending.register(bk.store, pending_key, out.handle.ledger_id,
                          dict(info, partition=partition, attempt=attempt,
                               host=socket.gethostname(), pid=os.getpid(),
-                              **({"log": log_name} if target is None else {})))
+                              log=log_name or target))
         return out
 
     column = None
@@ -168,7 +168,7 @@ def write_task(opts, fmt: str, spark_schema_json: str, pending_key: str, iterato
                 continue
             if target is None:
                 column = column or routing.routing_column(batch.schema.names)
-                parts = routing.split(batch, column)
+                parts = routing.split(batch, column, opts.max_logs_per_write)
             else:
                 parts = [(target, batch)]
             for log_name, rows in parts:
@@ -180,29 +180,27 @@ def write_task(opts, fmt: str, spark_schema_json: str, pending_key: str, iterato
                     entries = codec.batch_to_records(rows, now_us)
                     lo, hi = codec.record_time_range(rows, now_us)
                     _check_timestamps_ahead(opts, hi, now_us)
-                    task_ledger.min_ts = lo if task_ledger.min_ts is None else min(task_ledger.min_ts, lo)
-                    task_ledger.max_ts = hi if task_ledger.max_ts is None else max(task_ledger.max_ts, hi)
-                task_ledger.inflight.append(task_ledger.handle.append_many_async(entries))
+                    tl = task_ledger
+                    tl.min_ts = lo if tl.min_ts is None else min(tl.min_ts, lo)
+                    tl.max_ts = hi if tl.max_ts is None else max(tl.max_ts, hi)
+                inflight.append(task_ledger.handle.append_many_async(entries))
                 msg.entries += len(entries)
                 msg.rows += rows.num_rows
                 msg.bytes += sum(len(e) for e in entries)
-                task_ledger.wait(keep=MAX_BATCHES_IN_FLIGHT)
+                wait(keep=MAX_BATCHES_IN_FLIGHT)
             stall = fault.get("stallTask") == partition and attempt == 0 \
                 and info.get("batch", 0) in (0, -1)
             if fault.get("hangTask") == partition or stall:
-                for task_ledger in ledgers.values():
-                    task_ledger.wait()
+                wait()
                 while True:
                     time.sleep(120)
                     if stall:
                         break
             if fail_task is not None and fail_task == partition and attempt == attempt_to_fail:
-                for task_ledger in ledgers.values():
-                    task_ledger.wait()
+                wait()
                 raise InjectedFault(f"_testFault: task for partition {partition} fails on its "
                                     "first attempt")
-        for task_ledger in ledgers.values():
-            task_ledger.wait()
+        wait()
         for task_ledger in ledgers.values():
             task_ledger.handle.close()
             lid = task_ledger.handle.ledger_id
@@ -296,8 +294,12 @@ class BookKeeperBatchWriter(importguard.Guarded, DataSourceArrowWriter):
                 kw["mark"] = pending.commit_mark(self.job)
             if self.overwrite:
                 applied = logs.overwrite(self.log_name, ids, **kw)
-            elif self.log_name is not None or by_log:
-                applied = logs.append_to_logs(by_log or {self.log_name: []}, **kw)
+            elif self.log_name is not None:
+                applied = logs.append_to_logs({self.log_name: by_log.get(self.log_name, [])},
+                                              **kw)
+            elif by_log:
+                key = self.opts.writer_id
+                applied = logs.append_to_logs(by_log, key_log=key and routing.key_log(key), **kw)
             else:
                 applied = True          # a routed job without rows: no log to change
             if not applied:
@@ -486,13 +488,12 @@ class BookKeeperStreamWriter(importguard.Guarded, DataSourceStreamArrowWriter):
         if owner is not None and owner != run:
             superseded = (superseded + [owner])[-32:]
             log.info("sink %s: run %s takes over from run %s", wid, run, owner)
-        done = -1
-        for name in by_log or [self.log_name]:
-            try:
-                done = max(done, logs.writer_sequence(name, wid))   # (the head only)
-            except NoSuchLogError:
-                pass
-        where = self.log_name or ", ".join(by_log)
+        keeper = self.log_name or routing.key_log(wid)      # (routing.key_log: why)
+        try:
+            done = logs.writer_sequence(keeper, wid)            # (the head only)
+        except NoSuchLogError:
+            done = -1
+        where = self.log_name or f"{', '.join(by_log)} (routed; keys in {keeper})"
         if done >= 0 and committed_for and spark_query and committed_for != spark_query:
             # another Spark query (a new or reset checkpoint) under the same queryId: its batch
             # ids restart at 0, so the sink can neither tell which of them the log holds nor
@@ -516,13 +517,15 @@ class BookKeeperStreamWriter(importguard.Guarded, DataSourceStreamArrowWriter):
                                 "spark_query": spark_query or committed_for})
         if fault.get("failCommitBeforeAppend") == batch_id:
             raise InjectedFault(f"_testFault: sink commit of batch {batch_id} fails before append")
-        if by_log or self.log_name is not None:    # (a routed batch without rows: no log)
-            applied = logs.append_to_logs(by_log or {self.log_name: []}, writer_id=wid,
-                                          sequence=batch_id, epoch=store.epoch, info=info,
-                                          writer_started_ms=since)
-            if not applied:
-                log.info("sink %s: batch %d was already in log %s; nothing appended twice",
-                         wid, batch_id, where)
+        routed = self.log_name is None
+        applied = logs.append_to_logs(by_log if routed else {self.log_name: by_log.get(
+                                          self.log_name, [])},
+                                      writer_id=wid, sequence=batch_id, epoch=store.epoch,
+                                      info=info, writer_started_ms=since,
+                                      key_log=keeper if routed else None)
+        if not applied:
+            log.info("sink %s: batch %d was already in log %s; nothing appended twice",
+                     wid, batch_id, where)
         if fault.get("failCommitAfterAppend") == batch_id:
             raise InjectedFault(f"_testFault: sink commit of batch {batch_id} fails after append")
         if batch_id % 32 == 0 and batch_id > 64:

@@ -87,3 +87,30 @@ def test_a_lost_answer_at_every_write_of_the_commit_is_settled(bk, logs, log_nam
         if not injected.lost:
             break
     assert k >= LOGS                    # every creation and the transaction had their turn
+
+
+def test_a_key_log_alone_keeps_the_writers_key_whichever_logs_a_commit_names(bk, logs,
+                                                                             log_name):
+    """A routed writer's commits name different logs each time; its key lives in one key
+    log, changed by every commit: a repeat is recognised whatever logs it names, a stale
+    owner is refused, and the target logs keep no key of it (nothing to expire there)."""
+    names, keys = _names(log_name), f"__keys-{log_name}"[:200]
+    first = _ledgers(bk, names[:2], "p")
+    assert logs.append_to_logs(first, writer_id="r", sequence=0, epoch=1, key_log=keys)
+    assert logs.writer_sequence(keys, "r") == 0
+    assert all(logs.writer_sequence(n, "r") == -1 for n in names[:2])
+    # batch 0 again, routed to other logs this time: applied already, nothing appended
+    again = _ledgers(bk, names[3:], "p")
+    assert logs.append_to_logs(again, writer_id="r", sequence=0, epoch=1, key_log=keys) is False
+    assert not any(logs.exists(n) and read_all(logs, n) for n in names[3:])
+    # a later batch to yet other logs, then a superseded owner
+    later = _ledgers(bk, names[2:3], "q")
+    assert logs.append_to_logs(later, writer_id="r", sequence=1, epoch=2, key_log=keys)
+    with pytest.raises(errors.LogFencedError, match="superseded"):
+        logs.append_to_logs(_ledgers(bk, names[4:], "z"), writer_id="r", sequence=2,
+                            epoch=1, key_log=keys)
+    # a batch without rows still moves the key
+    assert logs.append_to_logs({}, writer_id="r", sequence=2, epoch=2, key_log=keys)
+    assert logs.writer_sequence(keys, "r") == 2
+    assert {n: read_all(logs, n) for n in names[:3]} == {**_expected(first, "p"),
+                                                         **_expected(later, "q")}

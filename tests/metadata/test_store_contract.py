@@ -402,6 +402,24 @@ def test_transaction_is_all_or_nothing(store, failing):
     assert store.get("/tx/a") == (b"a", 0)
 
 
+def test_a_transaction_over_one_request_is_refused_before_it_is_sent(store):
+    """ZooKeeper drops the connection on a request over jute.maxbuffer (1 MiB), which looks
+    like a lost answer forever: every store refuses such a transaction up front, clearly."""
+    from metadata.store import MAX_TRANSACTION_BYTES, TransactionTooLargeError
+    piece = 200_000
+    txn = store.transaction()
+    for i in range(MAX_TRANSACTION_BYTES // piece + 1):
+        txn.create(f"/big/{i}", b"x" * piece)
+    with pytest.raises(TransactionTooLargeError, match="exceeds the .*-byte limit"):
+        txn.commit()
+    assert store.exists("/big/0") is None
+    fits = store.transaction()
+    for i in range(MAX_TRANSACTION_BYTES // piece - 1):
+        fits.create(f"/big/{i}", b"x" * piece)
+    fits.commit()
+    assert store.exists("/big/0") == 0
+
+
 def test_transaction_context_manager_and_single_commit(store):
     with store.transaction() as txn:
         txn.create("/cm", b"")
