@@ -73,7 +73,7 @@ def test_ledger_commands(cluster, ledgers, capsys):
 
     code, doc, _ = sh(capsys, cluster, "ledgermetadata", str(closed), as_json=True)
     assert code == 0 and doc["last_entry_id"] == 9 and doc["state"] == "CLOSED"
-    assert doc["keys"] == {"scheme": "pbkdf2-sha256", "iterations": 10_000}   # no key shown
+    assert doc["keys"] == {"scheme": "pbkdf2-sha256-ledger", "iterations": 10_000}   # no key shown
     assert "password" not in doc and "master_key" not in json.dumps(doc)
     code, out, _ = sh(capsys, cluster, "ledgermetadata", str(closed))
     assert code == 0 and "last_entry_id=9" in out

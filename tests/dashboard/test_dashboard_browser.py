@@ -127,7 +127,7 @@ def test_a_ledger_shows_how_its_keys_derive_but_no_key(cluster, dashboard):
         stored = bk.ledger_metadata(lh.ledger_id).keys
     with _get(dashboard, f"api/ledger/{lh.ledger_id}") as r:
         body = r.read()
-    assert json.loads(body)["keys"] == {"scheme": "pbkdf2-sha256", "iterations": 10_000}
+    assert json.loads(body)["keys"] == {"scheme": "pbkdf2-sha256-ledger", "iterations": 10_000}
     for secret in (stored.master_key, stored.salt):
         assert base64.b64encode(secret) not in body
 
