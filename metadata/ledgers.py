@@ -93,6 +93,18 @@ def read_ledger(store: MetadataStore, ledger_id: int, settle: bool = False
     return _decode(ledger_id, data), version
 
 
+def read_ledgers(store: MetadataStore, ledger_ids) -> list[tuple[LedgerMetadata, int] | None]:
+    """:func:`read_ledger` of many ledgers in one pipelined round (``get_many``): one
+    ``(metadata, version)`` per id, None for a ledger that does not exist.
+
+    :raises MetadataFormatError: a stored record is corrupt (the message names the ledger).
+    """
+    ids = list(ledger_ids)
+    found = store.get_many([ledger_path(lid) for lid in ids])
+    return [None if item is None else (_decode(lid, item[0]), item[1])
+            for lid, item in zip(ids, found)]
+
+
 def _decode(ledger_id: int, data: bytes) -> LedgerMetadata:
     from bkspark.errors import MetadataFormatError
     try:

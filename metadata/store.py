@@ -36,11 +36,18 @@ if TYPE_CHECKING:
 #: ZooKeeper's default maximum znode payload (jute.maxbuffer is 0xfffff minus overhead).
 MAX_DATA_SIZE = 1024 * 1024 - 1024
 
-#: the most one transaction may carry: ZooKeeper refuses (by dropping the connection) a
-#: request over jute.maxbuffer (1 MiB by default); counted as paths + data + a per-operation
-#: allowance for the ACL and framing (:data:`OP_OVERHEAD`), on every store alike
+#: the most one ZooKeeper transaction may carry: ZooKeeper refuses (by dropping the
+#: connection: to a client, a lost answer, again at every retry) a request over
+#: jute.maxbuffer (1 MiB by default); counted as paths + data + a per-operation allowance
+#: for the ACL and framing (:data:`OP_OVERHEAD`)
 MAX_TRANSACTION_BYTES = MAX_DATA_SIZE
 OP_OVERHEAD = 128
+
+
+def transaction_bytes(ops) -> int:
+    """What :data:`MAX_TRANSACTION_BYTES` counts of ``(op, path, data?, ...)`` operations."""
+    return sum(len(op[1]) + (len(op[2]) if op[0] in ("create", "set") else 0) + OP_OVERHEAD
+               for op in ops)
 
 _BAD_PATH_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 _CLOCK_LOCK = threading.Lock()
@@ -107,9 +114,9 @@ class Transaction:
     and applied atomically by :meth:`commit`, which returns one result per operation (the
     created path for ``create``, the new version for ``set``, ``None`` otherwise) or raises
     the error of the first failing operation (e.g. :class:`BadVersionError`) having applied
-    nothing. Usable as a context manager (commits on a clean exit). One over
-    :data:`MAX_TRANSACTION_BYTES` is refused before it is sent
-    (:class:`TransactionTooLargeError`): the same limit on every store.
+    nothing. Usable as a context manager (commits on a clean exit). One over the store's
+    :attr:`MetadataStore.max_transaction_bytes` is refused before it is sent
+    (:class:`TransactionTooLargeError`).
 
     **A lost answer.** :class:`MetadataConnectionError` from :meth:`commit` means the outcome is
     unknown: all of it may have been applied, or none of it (never a part). Tell which from what
@@ -122,11 +129,13 @@ class Transaction:
     be applied late beside the retry: one of the two fails its check.
     """
 
-    def __init__(self, apply: Callable[[list[tuple]], list]):
-        """``apply(ops)``: the store's atomic application of the queued operations."""
+    def __init__(self, apply: Callable[[list[tuple]], list], max_bytes: int | None = None):
+        """``apply(ops)``: the store's atomic application of the queued operations;
+        ``max_bytes``: the most the store takes in one (None: no limit)."""
         self.ops: list[tuple] = []
         self.committed = False
         self._apply = apply
+        self._max_bytes = max_bytes
 
     def _add(self, op: tuple) -> "Transaction":
         if self.committed:
@@ -153,12 +162,11 @@ class Transaction:
         """Apply every queued operation atomically; see the class docstring."""
         if self.committed:
             raise BadRequestError("transaction already committed")
-        size = sum(len(op[1]) + (len(op[2]) if op[0] in ("create", "set") else 0)
-                   + OP_OVERHEAD for op in self.ops)
-        if size > MAX_TRANSACTION_BYTES:
+        size = transaction_bytes(self.ops) if self._max_bytes is not None else 0
+        if self._max_bytes is not None and size > self._max_bytes:
             raise TransactionTooLargeError(
                 f"a transaction of {len(self.ops)} operations and about {size} bytes exceeds "
-                f"the {MAX_TRANSACTION_BYTES}-byte limit of one metadata request")
+                f"the {self._max_bytes}-byte limit of one metadata request")
         self.committed = True
         return self._apply(self.ops)
 
@@ -238,6 +246,10 @@ class MetadataStore(abc.ABC):
                    callback: Callable[[bytes | None, int | None], None]) -> Callable[[], None]:
         """Call ``callback(data, version)`` now and whenever the node changes;
         ``(None, None)`` while it does not exist. Returns a cancel function."""
+
+    #: the most one transaction may carry (None: no limit; ZooKeeper:
+    #: :data:`MAX_TRANSACTION_BYTES`)
+    max_transaction_bytes: int | None = None
 
     @abc.abstractmethod
     def transaction(self) -> Transaction:

@@ -37,6 +37,7 @@ from bkspark.errors import (
 
 from .layout import CLOCK, IDGEN
 from .store import (
+    MAX_TRANSACTION_BYTES,
     MetadataStore,
     Transaction,
     validate_data,
@@ -137,6 +138,8 @@ def zk_security(parsed: ZkUri) -> tuple[list | None, dict]:
 
 class ZkStore(MetadataStore):
     """See the module docstring. Open through :func:`metadata.open_store`."""
+
+    max_transaction_bytes = MAX_TRANSACTION_BYTES       # (jute.maxbuffer)
 
     def __init__(self, parsed: ZkUri, uri: str, *, session_timeout: float = 10.0,
                  connect_timeout: float = 10.0):
@@ -373,7 +376,7 @@ class ZkStore(MetadataStore):
         return sorted(names)
 
     def transaction(self) -> Transaction:
-        return Transaction(self._commit)
+        return Transaction(self._commit, self.max_transaction_bytes)
 
     def _commit(self, ops) -> list:
         """ZooKeeper multi. ``makepath`` parents that are missing are created inside the same

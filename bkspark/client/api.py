@@ -281,6 +281,30 @@ class BookKeeper:
                 "the ledger was created with")
         return self._open(md, version, keys, recovery, read_lac)
 
+    def open_ledgers(self, ledger_ids, password: bytes = b"") -> list[ReadHandle | None]:
+        """Open many ledgers for reading ranges already known to be confirmed (planned from
+        an earlier LAC read): as ``open_ledger(id, password, recovery=False,
+        read_lac=False)`` each, their metadata read in one pipelined round. One handle per
+        id, None for a ledger that is gone (deleted since the caller planned).
+
+        :raises UnauthorizedError: wrong password for one of them (named).
+        """
+        self._check_open()
+        password = _as_bytes(password, "password")
+        out: list[ReadHandle | None] = []
+        for lid, found in zip(ledger_ids, _ledgers.read_ledgers(self.store, ledger_ids)):
+            if found is None:
+                out.append(None)
+                continue
+            md, version = found
+            keys = md.keys.derive(password)
+            if keys is None:
+                raise UnauthorizedError(
+                    f"wrong password for ledger {lid}: the password does not match the one "
+                    "the ledger was created with")
+            out.append(ReadHandle(self.ctx, md, version, keys))
+        return out
+
     def open_ledger_without_password(self, ledger_id: int, recovery: bool = True,
                                      read_lac: bool = True) -> ReadHandle:
         """:meth:`open_ledger` with the keys the ledger's metadata stores instead of its

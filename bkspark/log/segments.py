@@ -483,6 +483,21 @@ def lookup(store, name: str, head: LogHead, ledger_id: int,
     return entry if entry.ledger_id == ledger_id and entry.listed else None
 
 
+def append_bytes(edit: LogEdit, entries: list[LogLedger]) -> int:
+    """About what a transaction that lists ``entries`` at the end of the edit's log carries
+    (:func:`metadata.store.transaction_bytes`): its head, their segment and index records,
+    and the last :data:`OPEN_TAIL` segments sealed -- known before the change fences any
+    writer, so a commit too large for the store is refused before it touches a log."""
+    from metadata.store import transaction_bytes
+    ops = [("set", log_path(edit.name), edit.head.serialize())]
+    for i, entry in enumerate(entries):
+        seq = edit.head.next + i
+        ops.append(("create", segment_path(edit.name, seq), encode_segment(entry)))
+        ops.append(("create", ledger_index_path(edit.name, entry.ledger_id), str(seq).encode()))
+    ops += ops[1:2 * OPEN_TAIL + 1:2]         # (a sealed segment is about an appended one)
+    return transaction_bytes(ops)
+
+
 def _apply(store, edits: dict[str, LogEdit], guard, mark: str | None = None) -> None:
     """Commit the edits in one transaction: [guard check,] for each log its head set at the
     version read, then its operations [, then create ``mark``]."""

@@ -602,8 +602,9 @@ class LogStore:
         that takes no ledgers, changed by every commit of the writer: the writer's one
         authority, whichever logs its commits name -- a routed Spark writer's), else by every
         log of the commit. The commit counts as applied (False, nothing appended) when a log
-        keeping the key holds it at ``sequence`` or later -- the transaction that put it there
-        was the whole of that commit. ``guard``, ``mark`` and the settlement of a lost answer
+        of the commit holds the key at ``sequence`` or later -- the transaction that put it
+        there was the whole of that commit. A commit too large for the store's transactions
+        is refused (TransactionTooLargeError) before any writer is fenced. ``guard``, ``mark`` and the settlement of a lost answer
         (by any of the logs' heads, else ``mark``) are as for one log.
 
         :raises OutcomeUnknownError: see :meth:`append_ledgers`.
@@ -639,12 +640,24 @@ class LogStore:
                     if epoch is not None and last_epoch is not None and last_epoch > epoch:
                         raise errors.LogFencedError(
                             f"log {edit.name}: writer {writer_id} epoch {epoch} was superseded")
-                    if edit.writer_seq(writer_id) >= sequence:
-                        raise NoChange()
+                # a target holding the key (a commit of the writer without key_log: the
+                # same writer id once wrote that log by option 'log') counts too
+                if any(edit.writer_seq(writer_id) >= sequence for edit in edits.values()):
+                    raise NoChange()
                 for edit in keepers:
                     edit.check_writer(writer_id, writer_started_ms)
             for n in targets:                   # (refusals first: they leave the tails alone)
                 edits[n].check_appendable(keep_ids[n])
+            limit = self.store.max_transaction_bytes
+            if limit is not None:
+                size = sum(seg.append_bytes(edits[n], keep[n]) for n in names)
+                if size > limit:
+                    raise TransactionTooLargeError(
+                        f"a commit of {sum(len(keep[n]) for n in targets)} ledgers to "
+                        f"{len(targets)} log(s) needs about {size} bytes in one metadata "
+                        f"transaction, more than the store's {limit}: commit fewer ledgers "
+                        "at once (Spark: fewer tasks per write -- coalesce() -- or, routing "
+                        "by a column, fewer logs per write: option maxLogsPerWrite)")
             for n in targets:
                 edit = edits[n]
                 self._seal_open_tail(edit, sealed)
@@ -656,14 +669,8 @@ class LogStore:
                 for edit in keepers:
                     edit.set_writer(writer_id, sequence, epoch, started_ms=writer_started_ms)
 
-        try:
-            result = self.update_logs(names, change, create=True, done=listed, guard=guard,
-                                      mark=mark)
-        except TransactionTooLargeError as exc:
-            raise TransactionTooLargeError(
-                f"a commit to {len(targets)} logs does not fit in one metadata transaction "
-                f"({exc}): commit fewer logs at once (Spark: lower option maxLogsPerWrite)"
-            ) from None
+        result = self.update_logs(names, change, create=True, done=listed, guard=guard,
+                                  mark=mark)
         if not result.changed:
             log.info("logs %s: commit %s/%s already applied; deleting duplicate ledgers",
                      ", ".join(targets), writer_id, sequence)

@@ -185,20 +185,22 @@ def decode_record(data) -> tuple:
     return key, value, ts, headers
 
 
-def records_to_batch(log: str, ledger_id: int, entries, schema: pa.Schema) -> pa.RecordBatch:
-    """A RecordBatch of the record read schema from ``(entry_id, data)`` pairs."""
-    eids, keys, values, tss, hdrs = [], [], [], [], []
-    for eid, data in entries:
+def records_to_batch(rows, schema: pa.Schema) -> pa.RecordBatch:
+    """A RecordBatch of the record read schema from ``(log, ledger_id, entry_id, data)``
+    rows (of any ledgers: a packed partition's small ledgers make one batch)."""
+    logs, lids, eids, keys, values, tss, hdrs = [], [], [], [], [], [], []
+    for log, lid, eid, data in rows:
         k, v, ts, h = decode_record(data)
+        logs.append(log)
+        lids.append(lid)
         eids.append(eid)
         keys.append(k)
         values.append(v)
         tss.append(ts)
         hdrs.append(h)
-    n = len(eids)
     arrays = [
-        pa.array([log] * n, pa.string()),
-        pa.array([ledger_id] * n, pa.int64()),
+        pa.array(logs, pa.string()),
+        pa.array(lids, pa.int64()),
         pa.array(eids, pa.int64()),
         pa.array(keys, pa.binary()),
         pa.array(values, pa.binary()),
@@ -208,13 +210,14 @@ def records_to_batch(log: str, ledger_id: int, entries, schema: pa.Schema) -> pa
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def records_to_kafka_batch(log: str, base_offset: int, entries, schema: pa.Schema) -> pa.RecordBatch:
-    """A RecordBatch of the Kafka read schema (:func:`kafka_spark_schema`) from ``(entry_id,
-    data)`` pairs of one ledger whose entry 0 has log offset ``base_offset``."""
-    offsets, keys, values, tss, types, hdrs = [], [], [], [], [], []
-    for eid, data in entries:
+def records_to_kafka_batch(rows, schema: pa.Schema) -> pa.RecordBatch:
+    """A RecordBatch of the Kafka read schema (:func:`kafka_spark_schema`) from ``(log,
+    offset, data)`` rows (the log offset of each entry: its ledger's base + entry id)."""
+    logs, offsets, keys, values, tss, types, hdrs = [], [], [], [], [], [], []
+    for log, offset, data in rows:
         k, v, ts, h = decode_record(data)
-        offsets.append(base_offset + eid)
+        logs.append(log)
+        offsets.append(offset)
         keys.append(k)
         values.append(v)
         tss.append(ts)
@@ -224,7 +227,7 @@ def records_to_kafka_batch(log: str, base_offset: int, entries, schema: pa.Schem
     arrays = [
         pa.array(keys, pa.binary()),
         pa.array(values, pa.binary()),
-        pa.array([log] * n, pa.string()),
+        pa.array(logs, pa.string()),
         pa.array([0] * n, pa.int32()),
         pa.array(offsets, pa.int64()),
         pa.array(tss, pa.int64()).cast(schema.field("timestamp").type),

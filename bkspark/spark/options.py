@@ -49,6 +49,11 @@ entriesPerPartition      reads: split a ledger into ranges of this many entries 
                          per partition for arrow, 100000 entries for record)
 minPartitions            reads: at least this many partitions (as Kafka's): the largest ranges
                          are halved until there are (default: one per ledger or range)
+maxPartitionBytes        reads: small ledger ranges, of one log or several, are packed into
+                         one partition up to this many bytes (128MiB; Spark's
+                         spark.sql.files.maxPartitionBytes) ...
+openCostInBytes          ... each range counting its bytes plus this (256KiB: what opening a
+                         ledger costs, in bytes read meanwhile; Spark's openCostInBytes)
 retentionTime            writes: retention of a log the write creates -- keep ledgers closed
                          within this time (``7d``, ``12h``, milliseconds; Kafka's retention.ms)
 retentionSize            ... keep about this many bytes (``10GiB``; Kafka's retention.bytes)
@@ -96,7 +101,7 @@ KNOWN_OPTIONS = (
     "startingTimestamp", "startingOffsetsByTimestamp", "endingTimestamp",
     "endingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy", "schema",
     "includeHeaders", "retentionTime", "retentionSize", "retentionPassCursors", "queryName",
-    "maxLogsPerWrite",
+    "maxLogsPerWrite", "maxPartitionBytes", "openCostInBytes",
     "_testFault",        # test-only fault injection (see bkspark.spark.writer)
 )
 #: Spark's Kafka source and sink option names, and the option each one is here
@@ -128,6 +133,10 @@ COMPRESSIONS = {"none": None, "uncompressed": None, "lz4": "lz4", "zstd": "zstd"
 #: and entry log), and a scan decodes LZ4 at ~2.5 GB/s a core (ZSTD stores less but decodes at
 #: about half that speed: reads are what a table is written for)
 DEFAULT_COMPRESSION = "lz4"
+#: reads: a partition packs small ledger ranges up to this many bytes, each range counting
+#: its bytes plus the open cost (reader.pack; Spark's maxPartitionBytes / openCostInBytes)
+DEFAULT_MAX_PARTITION_BYTES = 128 << 20
+DEFAULT_OPEN_COST_BYTES = 256 << 10
 #: routed writes: the logs one job (or micro-batch) may name -- each is an open ledger in a
 #: task and a part of the one commit transaction (ZooKeeper's requests stay under 1 MB)
 DEFAULT_MAX_LOGS_PER_WRITE = 100
@@ -170,6 +179,8 @@ class ConnectorOptions:
     include_headers: bool = False            # schema=kafka: the headers column
     test_fault: str | None = None
     max_logs_per_write: int = DEFAULT_MAX_LOGS_PER_WRITE
+    max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES
+    open_cost_bytes: int = DEFAULT_OPEN_COST_BYTES
     client_settings: dict = field(default_factory=dict)   # client.* options: ClientConfig
                                                           # field -> typed value
 
@@ -479,6 +490,10 @@ def parse_options(options, *, default_uri=None) -> ConnectorOptions:
         o.entries_per_partition = _int("entriesPerPartition", raw["entriesPerPartition"], 1)
     if "minPartitions" in raw:
         o.min_partitions = _int("minPartitions", raw["minPartitions"], 1)
+    for key, attr in (("maxPartitionBytes", "max_partition_bytes"),
+                      ("openCostInBytes", "open_cost_bytes")):
+        if key in raw:
+            setattr(o, attr, parse_size_bytes(raw[key], f"option {key!r}"))
     if "maxLogsPerWrite" in raw:
         o.max_logs_per_write = _int("maxLogsPerWrite", raw["maxLogsPerWrite"], 1,
                                     MAX_LOGS_PER_WRITE_LIMIT)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
-from bkspark.errors import BadRequestError, BKError, NoSuchLedgerError, NoSuchLogError
+from bkspark.errors import BadRequestError, BKError, NoSuchLogError
 from bkspark.log.position import EARLIEST, LATEST, Position
 from bkspark.spark import codec, conn, importguard
 from bkspark.spark.options import ARROW, RECORD, AtOffset, AtTime
@@ -30,6 +30,10 @@ RECORD_ENTRIES_PER_PARTITION = 100_000
 ARROW_BYTES_PER_PARTITION = 128 << 20
 ARROW_ENTRIES_PER_PARTITION = 64
 RECORD_BATCH_ROWS = 4096
+#: what packing counts an entry of a range whose size the list does not record (open ledger)
+UNKNOWN_ENTRY_BYTES = 1024
+#: ledgers of a pack opened together (one pipelined metadata read)
+OPEN_BATCH = 128
 
 
 class DataLossError(BKError):
@@ -39,19 +43,33 @@ class DataLossError(BKError):
 @dataclass
 class LedgerRange(InputPartition):
     """Entries ``first..last`` (inclusive) of ledger ``ledger_id`` of log ``log``; ``offset``:
-    the log offset of the ledger's entry 0 (:meth:`LogMetadata.offsets`; schema=kafka)."""
+    the log offset of the ledger's entry 0 (:meth:`LogMetadata.offsets`; schema=kafka);
+    ``size``: its bytes as the log's list records them (None: not known -- an open ledger)."""
 
     log: str
     ledger_id: int
     first: int
     last: int
     offset: int | None
+    size: int | None
 
     def __init__(self, log: str, ledger_id: int, first: int, last: int,  # noqa: D107
-                 offset: int | None = 0):
+                 offset: int | None = 0, size: int | None = None):
         super().__init__((log, ledger_id, first, last))
         self.log, self.ledger_id, self.first, self.last = log, ledger_id, first, last
-        self.offset = offset
+        self.offset, self.size = offset, size
+
+
+@dataclass
+class PackedRanges(InputPartition):
+    """Ledger ranges one task reads, in order (:func:`pack`): many small ledgers -- of one
+    log or of several -- cost one task, not one each."""
+
+    ranges: list
+
+    def __init__(self, ranges: list):  # noqa: D107
+        super().__init__(tuple((r.log, r.ledger_id, r.first, r.last) for r in ranges))
+        self.ranges = list(ranges)
 
 
 # ---- planning ---------------------------------------------------------------------------
@@ -250,6 +268,42 @@ def split_span(opts, lid: int, first: int, last: int, entry: LogLedger, fmt: str
         lo = hi + 1
 
 
+def range_size(entry: LogLedger, first: int, last: int) -> int | None:
+    """The bytes of entries ``first..last`` of a listed ledger, pro rata of its recorded
+    length (None: not known -- an open ledger)."""
+    count, length = entry.entry_count(), entry.sealed_length()
+    if not count or not length:
+        return None
+    return length * (last - first + 1) // count
+
+
+def pack(parts: list, opts) -> list:
+    """Group consecutive ranges into partitions of at most ``maxPartitionBytes``, each range
+    counting its bytes plus ``openCostInBytes`` (Spark's rule for small files): many small
+    ledgers, of one log or several, are read by one task each pack. Order is kept (a pack
+    holds consecutive ranges of the plan), and pieces of one ledger that planning split are
+    never joined again. A range of unknown size counts :data:`UNKNOWN_ENTRY_BYTES` an entry.
+    A pack of one range is that range. With ``minPartitions`` the packs are at most the
+    total over it, so there are at least that many (when there are that many ranges)."""
+    if not parts:
+        return parts
+    cost = [(p.size if p.size is not None else UNKNOWN_ENTRY_BYTES * (p.last - p.first + 1))
+            + opts.open_cost_bytes for p in parts]
+    target = opts.max_partition_bytes
+    if opts.min_partitions:
+        target = min(target, max(opts.open_cost_bytes, sum(cost) // opts.min_partitions))
+    out, current, used = [], [], 0
+    for p, c in zip(parts, cost):
+        joined = current and current[-1].ledger_id == p.ledger_id
+        if current and (used + c > target or joined):
+            out.append(current)
+            current, used = [], 0
+        current.append(p)
+        used += c
+    out.append(current)
+    return [group[0] if len(group) == 1 else PackedRanges(group) for group in out]
+
+
 def spread(parts: list, min_partitions: int | None) -> list:
     """Split the ranges with the most entries in halves until there are ``min_partitions``
     (Kafka's ``minPartitions``) or no range has two entries left; order is kept (by log, ledger,
@@ -263,8 +317,9 @@ def spread(parts: list, min_partitions: int | None) -> list:
         if p.last <= p.first:
             break
         mid = p.first + (p.last - p.first + 1) // 2
-        parts[i:i + 1] = [LedgerRange(p.log, p.ledger_id, p.first, mid - 1, p.offset),
-                          LedgerRange(p.log, p.ledger_id, mid, p.last, p.offset)]
+        half = None if p.size is None else p.size // 2
+        parts[i:i + 1] = [LedgerRange(p.log, p.ledger_id, p.first, mid - 1, p.offset, half),
+                          LedgerRange(p.log, p.ledger_id, mid, p.last, p.offset, half)]
     return parts
 
 
@@ -346,57 +401,86 @@ class Pushed:
 
 # ---- reading ----------------------------------------------------------------------------
 
-def read_range(opts, fmt: str, schema, part: LedgerRange):
-    """Yield RecordBatches (exactly ``to_arrow_schema(schema)``) of one LedgerRange."""
+def read_range(opts, fmt: str, schema, part):
+    """Yield RecordBatches (exactly ``to_arrow_schema(schema)``) of one partition: a
+    LedgerRange, or the ranges of a PackedRanges in order."""
+    yield from read_ranges(opts, fmt, schema,
+                           part.ranges if isinstance(part, PackedRanges) else [part])
+
+
+def _entries(rh, part: LedgerRange):
+    """The range's entries: planned from a LAC read, so confirmed -- read beyond this fresh
+    handle's LAC (unknown: not read) without the bound."""
+    if part.last <= rh.last_add_confirmed:
+        return rh.read(part.first, part.last)
+    return rh.read_unconfirmed(part.first, part.last)
+
+
+def read_ranges(opts, fmt: str, schema, ranges: list):
+    """Yield RecordBatches (exactly ``to_arrow_schema(schema)``) of ``ranges``, in order.
+
+    The ledgers are opened :data:`OPEN_BATCH` at a time (one pipelined metadata read; no
+    LAC read: the ranges were planned from one, their entries are confirmed, and bookies
+    that do not answer one now must not fail a read they can still serve), and read one
+    after the other: a small ledger's read is one round of streamed ReadRanges, ~0.4 ms
+    (reading several at once on threads took ~2 ms a ledger: 2026-11-27,
+    bench/many_logs.py). The record rows of small ledgers make batches together."""
     from pyspark.sql.pandas.types import to_arrow_schema
     conn.freeze_worker_heap()
     target = to_arrow_schema(schema, timezone="UTC")
     bk = conn.bookkeeper(opts.metadata_uri, opts.client_settings)
-    try:
-        # the range was planned from a LAC read: its entries are confirmed, no LAC is needed
-        # (bookies that do not answer one now must not fail a read they can still serve)
-        rh = bk.open_ledger(part.ledger_id, password=opts.password, recovery=False,
-                            read_lac=False)
-    except NoSuchLedgerError:
-        removed_since_planning(opts, part)
-        return
-    try:
-        if part.last <= rh.last_add_confirmed:
-            entries = rh.read(part.first, part.last)
-        else:        # the planner saw a newer LAC than this fresh handle: those entries are confirmed
-            entries = rh.read_unconfirmed(part.first, part.last)
-        if fmt == ARROW:
-            stored = codec.ledger_arrow_schema(rh.metadata.custom_metadata)
-            if stored is None:
-                raise BadRequestError(
-                    f"ledger {part.ledger_id} of log {part.log!r} was not written with "
-                    "entryFormat=arrow (no Arrow schema in its metadata); read it with "
-                    "entryFormat=record")
-            for e in entries:
-                batch = codec.decode_arrow(e.view, stored)     # no copy of the payload
-                if batch.num_rows:
-                    yield codec.conform(batch, target)
-        else:
-            if opts.schema == "kafka":
-                if part.offset is None:      # the ledger before it is still open (never listed so)
-                    raise BadRequestError(f"log {part.log!r}: the offset of ledger "
-                                          f"{part.ledger_id} is not known yet; read it again")
+    to_batch = codec.records_to_kafka_batch if opts.schema == "kafka" else codec.records_to_batch
+    rows: list = []                         # record rows not yet in a batch
+    for start in range(0, len(ranges), OPEN_BATCH):
+        batch = ranges[start:start + OPEN_BATCH]
+        ids = list(dict.fromkeys(r.ledger_id for r in batch))
+        handles = dict(zip(ids, bk.open_ledgers(ids, opts.password)))
+        try:
+            for part in batch:
+                rh = handles[part.ledger_id]
+                if rh is None:
+                    removed_since_planning(opts, part)
+                    continue
+                entries = _entries(rh, part)
+                if fmt == ARROW:
+                    yield from _arrow_batches(target, part, rh, entries)
+                    continue
+                for row in _record_rows(opts, part, entries):
+                    rows.append(row)        # (small ledgers' rows make one batch together)
+                    if len(rows) >= RECORD_BATCH_ROWS:
+                        yield to_batch(rows, target)
+                        rows = []
+        finally:
+            for rh in handles.values():
+                if rh is not None:
+                    rh.close()
+    if rows:
+        yield to_batch(rows, target)
 
-                def to_batch(chunk):
-                    return codec.records_to_kafka_batch(part.log, part.offset, chunk, target)
-            else:
-                def to_batch(chunk):
-                    return codec.records_to_batch(part.log, part.ledger_id, chunk, target)
-            chunk = []
-            for e in entries:
-                chunk.append((e.entry_id, e.data))
-                if len(chunk) >= RECORD_BATCH_ROWS:
-                    yield to_batch(chunk)
-                    chunk = []
-            if chunk:
-                yield to_batch(chunk)
-    finally:
-        rh.close()
+
+def _arrow_batches(target, part: LedgerRange, rh, entries):
+    """RecordBatches of one range of arrow entries (each entry one batch, not copied)."""
+    stored = codec.ledger_arrow_schema(rh.metadata.custom_metadata)
+    if stored is None:
+        raise BadRequestError(
+            f"ledger {part.ledger_id} of log {part.log!r} was not written with "
+            "entryFormat=arrow (no Arrow schema in its metadata); read it with "
+            "entryFormat=record")
+    for e in entries:
+        batch = codec.decode_arrow(e.view, stored)     # no copy of the payload
+        if batch.num_rows:
+            yield codec.conform(batch, target)
+
+
+def _record_rows(opts, part: LedgerRange, entries):
+    """The rows :func:`codec.records_to_batch` (or, schema=kafka,
+    :func:`codec.records_to_kafka_batch`) takes, of one range of record entries."""
+    if opts.schema == "kafka":
+        if part.offset is None:      # the ledger before it is still open (never listed so)
+            raise BadRequestError(f"log {part.log!r}: the offset of ledger "
+                                  f"{part.ledger_id} is not known yet; read it again")
+        return ((part.log, part.offset + e.entry_id, e.data) for e in entries)
+    return ((part.log, part.ledger_id, e.entry_id, e.data) for e in entries)
 
 
 def removed_since_planning(opts, part: LedgerRange) -> None:
@@ -444,11 +528,12 @@ class BookKeeperBatchReader(importguard.Guarded, DataSourceReader):
                                                  self.pushed.ledger_ok):
                 first, last = self.pushed.clip(first, last)
                 for lid2, lo, hi in split_span(opts, lid, first, last, entry, self.fmt):
-                    parts.append(LedgerRange(name, lid2, lo, hi, entry.offset))
-        return spread(parts, opts.min_partitions)
+                    parts.append(LedgerRange(name, lid2, lo, hi, entry.offset,
+                                             range_size(entry, lo, hi)))
+        return pack(spread(parts, opts.min_partitions), opts)
 
     def read(self, partition):
-        if not isinstance(partition, LedgerRange):
+        if not isinstance(partition, (LedgerRange, PackedRanges)):
             # partitions() found nothing to read (an empty log, `latest`, filters that prune
             # every ledger): PySpark then runs one task with a bare InputPartition(None)
             return

@@ -105,7 +105,7 @@ def split(batch: pa.RecordBatch, column: str, limit: int) -> list[tuple[str, pa.
 
 
 #: the internal logs that keep routed writers' idempotency keys (:func:`key_log`)
-KEY_LOGS = 16
+KEY_LOGS = 256
 
 
 def key_log(writer_id: str) -> str:
@@ -115,7 +115,10 @@ def key_log(writer_id: str) -> str:
     logs the rows name; so it alone tells which sequence (batch) the writer committed last,
     its key is refreshed by every commit (never expiring in a log the writer rarely routes
     to), and a reset checkpoint is recognised whatever logs its batches name. A log's
-    bound on writer keys applies to it as to any log (1,000 most recent, 7 days idle)."""
+    bound on writer keys applies to it as to any log (the 1,000 most recently used, 7 days
+    idle): spread over 256 key logs, an active writer's key is pushed out only by some
+    256,000 other routed writers within a week (then its commit is refused, never applied
+    twice: :class:`~metadata.log_segments.WriterKeyExpiredError`)."""
     return f"{INTERNAL_PREFIX}routed-writers.{zlib.crc32(writer_id.encode()) % KEY_LOGS}"
 
 

@@ -52,6 +52,8 @@ from bkspark.spark import conn, importguard
 from bkspark.spark.reader import (
     EMPTY,
     LedgerRange,
+    pack,
+    range_size,
     offset_for,
     read_range,
     resolve_start,
@@ -361,8 +363,9 @@ class BookKeeperStreamReader(importguard.Guarded, DataSourceStreamReader,
             # plan exactly [s, e), whatever a LAC read answers now (spans: ``planned``)
             for lid, first, last, entry in self._available(logs, name, s, e, planned=True):
                 for lid2, lo, hi in split_span(self.opts, lid, first, last, entry, self.fmt):
-                    parts.append(LedgerRange(name, lid2, lo, hi, entry.offset))
-        return spread(parts, self.opts.min_partitions)
+                    parts.append(LedgerRange(name, lid2, lo, hi, entry.offset,
+                                             range_size(entry, lo, hi)))
+        return pack(spread(parts, self.opts.min_partitions), self.opts)
 
     def read(self, partition):
         yield from read_range(self.opts, self.fmt, self.schema, partition)

@@ -295,8 +295,8 @@ class BookKeeperBatchWriter(importguard.Guarded, DataSourceArrowWriter):
             if self.overwrite:
                 applied = logs.overwrite(self.log_name, ids, **kw)
             elif self.log_name is not None:
-                applied = logs.append_to_logs({self.log_name: by_log.get(self.log_name, [])},
-                                              **kw)
+                applied = not _routed_before(logs, self.opts) and logs.append_to_logs(
+                    {self.log_name: by_log.get(self.log_name, [])}, **kw)
             elif by_log:
                 key = self.opts.writer_id
                 applied = logs.append_to_logs(by_log, key_log=key and routing.key_log(key), **kw)
@@ -320,6 +320,24 @@ class BookKeeperBatchWriter(importguard.Guarded, DataSourceArrowWriter):
         logs = conn.log_store(self.opts)
         _delete_unlisted(logs, messages, self.opts)
         pending.clean(logs, self.job, self.log_name or pending.ROUTED, remove_job=True)
+
+
+def _routed_before(logs, opts) -> bool:
+    """Whether the write's idempotency key was committed already by a write of the same
+    writer id that routed by a column (its key log holds it: :func:`routing.key_log`) --
+    the same job run again with option 'log' added must not append twice."""
+    if opts.writer_id is None:
+        return False
+    try:
+        return logs.writer_sequence(routing.key_log(opts.writer_id),
+                                    opts.writer_id) >= opts.writer_sequence
+    except NoSuchLogError:
+        return False
+
+
+def _described(target: str | None) -> str:
+    return ("the logs its rows' 'topic' column names" if target == pending.ROUTED
+            else f"log {target!r}")
 
 
 def _delete_unlisted(logs, messages, opts) -> None:
@@ -482,6 +500,14 @@ class BookKeeperStreamWriter(importguard.Guarded, DataSourceStreamArrowWriter):
             committed_for = payload.get("spark_query")
         else:
             since = logs.store.clock.now_ms()   # when this query started committing (kept)
+        target = self.log_name or pending.ROUTED
+        if latest is not None and (latest[1] or {}).get("log", target) != target:
+            raise BadRequestError(
+                f"streaming query {wid!r} committed its batches to "
+                f"{_described((latest[1] or {}).get('log'))}, but this run writes to "
+                f"{_described(target)}: a query keeps where its sink writes (its batches' "
+                "idempotency keys live there). Restore the sink's options, or start a new "
+                "query (a new 'queryId' and checkpointLocation)")
         if run in superseded:
             raise LogFencedError(f"streaming query {wid}: this run ({run}) was superseded by a "
                                  f"newer run ({owner}) of the same query; it may not commit")

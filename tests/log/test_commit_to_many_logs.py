@@ -114,3 +114,23 @@ def test_a_key_log_alone_keeps_the_writers_key_whichever_logs_a_commit_names(bk,
     assert logs.writer_sequence(keys, "r") == 2
     assert {n: read_all(logs, n) for n in names[:3]} == {**_expected(first, "p"),
                                                          **_expected(later, "q")}
+
+
+def test_a_commit_too_large_for_one_transaction_is_refused_before_fencing(bk, logs, log_name,
+                                                                         monkeypatch):
+    """ZooKeeper drops a request over 1 MiB (a lost answer at every retry); a commit that
+    would not fit is refused clearly -- before it fences the live writer of any log."""
+    from metadata.store import TransactionTooLargeError
+    names = _names(log_name)[:2]
+    writer = logs.open_writer(names[0])
+    writer.append(b"live")
+    ledgers = {n: [closed_ledger(bk, [b"x"]) for _ in range(10)] for n in names}
+    monkeypatch.setattr(logs.store, "max_transaction_bytes", 4000, raising=False)
+    with pytest.raises(TransactionTooLargeError, match="commit fewer ledgers at once"):
+        logs.append_to_logs(ledgers, writer_id="big", sequence=0)
+    writer.append(b"still the writer")          # not fenced
+    monkeypatch.undo()
+    assert logs.append_to_logs(ledgers, writer_id="big", sequence=0)
+    with pytest.raises(errors.LogFencedError):
+        writer.append(b"fenced now")            # (a commit that goes through fences it)
+    assert read_all(logs, names[0])[:2] == [b"live", b"still the writer"]

@@ -29,14 +29,16 @@ def test_foreign_entries_read_as_plain_values():
 def test_records_to_batch_matches_schema():
     from pyspark.sql.pandas.types import to_arrow_schema
     target = to_arrow_schema(codec.record_spark_schema(), timezone="UTC")
-    entries = [(0, codec.encode_record(b"a", key=b"k", timestamp_us=5, headers={"h": b"x"})),
-               (1, b"plain")]
-    batch = codec.records_to_batch("lg", 7, entries, target)
+    entries = [("lg", 7, 0, codec.encode_record(b"a", key=b"k", timestamp_us=5,
+                                                headers={"h": b"x"})),
+               ("lg", 7, 1, b"plain"), ("other", 9, 0, b"o")]
+    batch = codec.records_to_batch(entries, target)
     assert batch.schema.equals(target)
     rows = batch.to_pylist()
     assert rows[0]["log"] == "lg" and rows[0]["ledger_id"] == 7 and rows[1]["entry_id"] == 1
     assert rows[0]["headers"] == [("h", b"x")] and rows[1]["value"] == b"plain"
     assert rows[1]["key"] is None and rows[1]["timestamp"] is None
+    assert (rows[2]["log"], rows[2]["ledger_id"]) == ("other", 9)     # rows of several ledgers
 
 
 def test_arrow_entries_round_trip_zero_copy_and_split():

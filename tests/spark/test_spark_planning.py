@@ -104,7 +104,7 @@ def test_stream_offsets_limits_and_cursor(reader):
     assert sum(taken.values()) == 10 and taken["a"] == 8 and end["c"] == start["c"]
     everything = r.latestOffset(start, ReadAllAvailable())
     assert everything["a"] == {"ledger": 2, "entry": 10} and everything["b"] == {"ledger": 5, "entry": 10}
-    parts = r.partitions(start, everything)
+    parts = [q for p in r.partitions(start, everything) for q in getattr(p, "ranges", [p])]
     assert sum(p.last - p.first + 1 for p in parts) == 50
     assert r.latestOffset(everything, ReadAllAvailable()) == everything     # nothing new
     r.commit(everything)
@@ -186,3 +186,32 @@ def test_min_partitions_halves_the_largest_ranges_in_order():
     # single-entry ranges cannot be split: as many partitions as entries, then stop
     tiny = [LedgerRange("a", 1, 0, 1), LedgerRange("a", 2, 7, 7)]
     assert [(p.ledger_id, p.first, p.last) for p in spread(tiny, 10)] == [(1, 0, 0), (1, 1, 1), (2, 7, 7)]
+
+
+def test_small_ranges_are_packed_in_order_up_to_the_target():
+    """Spark's small-file rule over ledgers: consecutive ranges -- of one log or several --
+    share a partition up to maxPartitionBytes, each counting its bytes + openCostInBytes;
+    pieces of one ledger that planning split stay apart; minPartitions caps the packs."""
+    from bkspark.spark.reader import LedgerRange, PackedRanges, pack
+    opts = parse_options({"metadataServiceUri": "sqlite:///x", "log": "a",
+                          "maxPartitionBytes": "10KiB", "openCostInBytes": "1KiB"})
+    parts = ([LedgerRange("a", i, 0, 7, 0, 1024) for i in range(1, 9)]      # 2 KiB each
+             + [LedgerRange("b", 20, 0, 99, 0, 50_000),                     # over the target
+                LedgerRange("b", 21, 0, 3, 0, None),                        # size unknown
+                LedgerRange("c", 30, 0, 9, 0, 512), LedgerRange("c", 30, 10, 19, 0, 512)])
+    packs = pack(parts, opts)
+    flat = [r for p in packs for r in (p.ranges if isinstance(p, PackedRanges) else [p])]
+    assert flat == parts                                        # every range, in order
+    sizes = [len(p.ranges) if isinstance(p, PackedRanges) else 1 for p in packs]
+    assert sizes == [5, 3, 1, 2, 1]      # 5 x 2 KiB; 3 + ...; the big one alone; the unknown
+    # (4 entries x 1 KiB + 1 KiB) with c's first piece; c's second piece apart from its first
+    assert isinstance(packs[0], PackedRanges) and not isinstance(packs[2], PackedRanges)
+    # minPartitions: packs of at most total / minPartitions
+    many = [LedgerRange("a", i, 0, 0, 0, 0) for i in range(100)]
+    assert len(pack(many, opts)) == 10                          # 1 KiB (open) x 10 a pack
+    wide = parse_options({"metadataServiceUri": "sqlite:///x", "log": "a",
+                          "openCostInBytes": "1KiB", "minPartitions": "20"})
+    assert len(pack(many, wide)) >= 20
+    assert pack([], opts) == []
+    (one,) = pack(parts[:1], opts)
+    assert one is parts[0]                                      # a pack of one is the range

@@ -241,3 +241,48 @@ def test_a_routed_sinks_batches_are_told_apart_whatever_logs_they_name(uri, logs
     values = {n: [decode_record(bytes(e.data))[1] for lid in logs.get(n)[0].ledger_ids()
                   for e in logs.bk.open_ledger(lid, recovery=False).read(0)] for n in (a, b)}
     assert values == {a: [b"a0", b""], b: [b"b1"]}
+
+
+def test_a_writer_id_that_switches_between_routing_and_one_log_never_appends_twice(
+        uri, logs, log_name):
+    """The same job run again under the same (writerId, writerSequence) with option 'log'
+    added, or removed, appends nothing; a streaming query may not switch at all."""
+    from pyspark.sql.types import StringType, StructField, StructType
+    from bkspark.spark.writer import BookKeeperStreamWriter
+    x, y = f"{log_name}-x", f"{log_name}-y"
+    schema = StructType([StructField("topic", StringType()), StructField("value", StringType())])
+    rows = pa.record_batch([pa.array([x, y]), pa.array(["r1", "r2"])], names=["topic", "value"])
+
+    def job(seq, **where):
+        opts = parse_options(dict(metadataServiceUri=uri, writerId=f"w-{log_name}",
+                                  writerSequence=str(seq), **where))
+        writer = BookKeeperBatchWriter(opts, schema, overwrite=False)
+        writer.commit([writer.write(iter([rows]))])
+
+    def values(name):
+        return sorted(r for lid in logs.get(name)[0].ledger_ids()
+                      for r in (bytes(e.data)[-2:] for e in
+                                logs.bk.open_ledger(lid, recovery=False).read(0)))
+
+    before = set(logs.bk.list_ledgers())
+    job(0)                                      # routed: r1 to x, r2 to y
+    job(0, log=x)                               # again, to one log: recognised
+    assert (values(x), values(y)) == ([b"r1"], [b"r2"])
+    job(1, log=x)                               # to one log: r1, r2 to x
+    job(1)                                      # again, routed (x holds the key): recognised
+    assert (values(x), values(y)) == ([b"r1", b"r1", b"r2"], [b"r2"])
+    listed = set(logs.get(x)[0].ledger_ids()) | set(logs.get(y)[0].ledger_ids())
+    assert set(logs.bk.list_ledgers()) - before == listed      # the repeats' ledgers deleted
+
+    qid = f"switch-{log_name}"
+    routed = BookKeeperStreamWriter(parse_options({"metadataServiceUri": uri, "queryId": qid}),
+                                    schema)
+    msg = routed.write(iter([rows]))
+    msg.query_id, msg.run_id = "spark-q", "run"
+    routed.commit([msg], 0)
+    one = BookKeeperStreamWriter(parse_options({"metadataServiceUri": uri, "queryId": qid,
+                                                "log": x}), schema)
+    msg = one.write(iter([rows]))
+    msg.query_id, msg.run_id = "spark-q", "run"
+    with pytest.raises(Exception, match="a query keeps where its sink writes"):
+        one.commit([msg], 0)

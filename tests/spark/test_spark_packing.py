@@ -1,0 +1,70 @@
+"""Small ledgers packed into few partitions (issue 51): order, offsets and exactly-once kept."""
+from __future__ import annotations
+
+import pytest
+
+from bkspark.spark.codec import encode_record
+
+from tests.spark.test_spark_batch import rd
+from tests.spark.test_spark_streaming import run_to_end
+
+pytestmark = [pytest.mark.spark, pytest.mark.integration]
+
+
+def _small_ledgers(logs, name, count, rows, tag=""):
+    """``count`` closed ledgers of ``rows`` records each, listed in log ``name``; the values
+    in log order."""
+    ids, values = [], []
+    for i in range(count):
+        lh = logs.bk.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2)
+        for j in range(rows):
+            value = f"{tag}{name}:{i}:{j}"
+            lh.append(encode_record(value.encode(), key=str(i).encode()))
+            values.append(value)
+        lh.close()
+        ids.append(lh.ledger_id)
+    logs.append_ledgers(name, ids)
+    return values
+
+
+def test_many_small_ledgers_of_several_logs_are_read_by_few_tasks_in_order(spark, uri, logs,
+                                                                          log_name):
+    names = [f"{log_name}-{k}" for k in range(3)]
+    expected = {n: _small_ledgers(logs, n, 40, 3) for n in names}
+    df = rd(spark, uri, logPattern=f"{log_name}-[0-9]").load()
+    assert df.rdd.getNumPartitions() == 1              # 120 ledgers, 3 logs: one partition
+    rows = df.collect()                                # (one partition: in its order)
+    assert [r.value.decode() for r in rows] == [v for n in names for v in expected[n]]
+    # Kafka's offsets run on across the packed ledgers of each log
+    kafka = rd(spark, uri, logPattern=f"{log_name}-[0-9]", schema="kafka").load().collect()
+    for n in names:
+        mine = [r for r in kafka if r.topic == n]
+        assert [r.offset for r in mine] == list(range(120))
+        assert [r.value.decode() for r in mine] == expected[n]
+    # a smaller target: more partitions, each row still once
+    split = rd(spark, uri, logPattern=f"{log_name}-[0-9]", openCostInBytes="4MiB").load()
+    assert split.rdd.getNumPartitions() == 4           # 32 ledgers x 4 MiB a partition
+    assert sorted(r.value.decode() for r in split.collect()) == \
+        sorted(v for n in names for v in expected[n])
+    assert rd(spark, uri, logPattern=f"{log_name}-[0-9]", minPartitions="6").load() \
+        .rdd.getNumPartitions() >= 6
+
+
+def test_a_stream_of_many_small_ledgers_is_copied_exactly_once(spark, uri, logs, log_name,
+                                                                tmp_path):
+    src, dst, ckpt = log_name, log_name + "-copy", str(tmp_path / "ckpt")
+    values = _small_ledgers(logs, src, 60, 2)
+
+    def copy():
+        return (spark.readStream.format("bookkeeper").option("metadataServiceUri", uri)
+                .option("log", src).option("startingOffsets", "earliest")
+                .option("maxEntriesPerTrigger", "50").load()
+                .select("key", "value")
+                .writeStream.format("bookkeeper").option("metadataServiceUri", uri)
+                .option("log", dst).option("checkpointLocation", ckpt)
+                .trigger(availableNow=True).start())
+    run_to_end(copy())
+    values += _small_ledgers(logs, src, 30, 2, tag="more-")
+    run_to_end(copy())
+    got = [r.value.decode() for r in rd(spark, uri).load(dst).collect()]
+    assert sorted(got) == sorted(values) and len(got) == 180
