@@ -23,12 +23,7 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-_pp = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-if REPO not in _pp:
-    os.environ["PYTHONPATH"] = os.pathsep.join([REPO] + _pp)
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+import checkout  # noqa: E402,F401  (this checkout in every Spark Python)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 

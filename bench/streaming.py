@@ -44,11 +44,8 @@ import sys
 import threading
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-_pp = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-if REPO not in _pp:
-    os.environ["PYTHONPATH"] = os.pathsep.join([REPO] + _pp)
+import checkout  # noqa: E402,F401  (this checkout in every Spark Python)
+
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ.pop("PYSPARK_DRIVER_PYTHON", None)
 

@@ -3,11 +3,11 @@
 * :class:`LogEdit` -- what a change sees and does: the head, the last few segments (loaded
   when asked for), lookups of any ledger through the ledger index, and edits (append, seal,
   unlist, truncate, writer keys, properties) that become one transaction.
-* :func:`commit_edit` -- the update loop: read the head, run the change, commit head + edits
-  in one transaction conditional on the head's version; conflicts re-run the change, a lost
-  answer is settled from the head's bytes (each write stamps it) after a sync.
-  :func:`commit_edits` is the same loop over several logs changed in one transaction (a Spark
-  job's commit to every log its rows name).
+* :func:`commit_edits` -- the update loop: read the heads, run the change, commit heads +
+  edits in one transaction conditional on the heads' versions; conflicts re-run the change, a
+  lost answer is settled from a head's bytes (each write stamps it) after a sync. Usually of
+  one log; of several when they change together (a Spark job's commit to every log its rows
+  name).
 * :class:`SegmentCache` -- a LogStore's copies of whole lists, brought up to date from the
   head (new segments, a re-read of the last one) instead of re-read whole.
 * :func:`convert_v1` -- turns a format-1 record into format 2, crash-safe: segment and index
@@ -518,20 +518,6 @@ def _apply(store, edits: dict[str, LogEdit], guard, mark: str | None = None) -> 
     if mark is not None:
         txn.create(mark, b"")
     txn.commit()
-
-
-def commit_edit(store, name: str, change: Callable[[LogEdit], None], *,
-                done: Callable[[LogEdit], bool] | None = None,
-                guard: tuple[str, int] | None = None, mark: str | None = None,
-                on_v1: Callable[[bytes, int], None] | None = None) -> Updated[LogEdit]:
-    """The update loop of one format-2 log (module docstring): :func:`commit_edits` of one
-    log. ``change`` edits a :class:`LogEdit` in place or raises NoChange."""
-    result = commit_edits(store, [name], lambda edits: change(edits[name]),
-                          done=None if done is None else (lambda edits: done(edits[name])),
-                          guard=guard, mark=mark,
-                          on_v1=None if on_v1 is None else (lambda _, d, v: on_v1(d, v)))
-    # (no edit: the log was deleted after a lost answer that ``mark`` proved applied)
-    return Updated(result.value.get(name), result.version.get(name, -1), result.changed)
 
 
 def _outcome(heads: dict, in_doubt: dict) -> str:

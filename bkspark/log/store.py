@@ -66,7 +66,7 @@ class LogStore:
     settings and ``password``.
 
     Every change of a log goes through :meth:`update` (the update loop of
-    :func:`bkspark.log.segments.commit_edit`): a change whose answer was lost is settled from
+    :func:`bkspark.log.segments.commit_edits`): a change whose answer was lost is settled from
     the stored head after a sync, never guessed. A ledger is deleted only by
     :meth:`delete_unreferenced`, once a synced read and a compare-and-set of the head prove
     the log does not list it.
@@ -397,7 +397,7 @@ class LogStore:
                create: bool = False, done: Callable[[seg.LogEdit], bool] | None = None,
                guard: tuple[str, int] | None = None,
                mark: str | None = None) -> Updated[seg.LogEdit]:
-        """Change the log through the update loop (:func:`bkspark.log.segments.commit_edit`):
+        """Change the log through the update loop (:func:`bkspark.log.segments.commit_edits`):
         ``change`` edits a :class:`~bkspark.log.segments.LogEdit` (it is re-run on the latest
         head after a conflict or a lost answer), may raise :class:`NoChange` to leave the log
         as it is or any error to abort; ``done`` tells whether the change is already there (a
@@ -410,20 +410,11 @@ class LogStore:
         :raises OutcomeUnknownError: an answer was lost and the log could not be re-read;
             the change may or may not be stored.
         """
-        check_log_name(name)
-
-        def on_v1(data: bytes, version: int) -> None:
-            seg.convert_v1(self.store, name, data, version)
-        while True:
-            try:
-                return seg.commit_edit(self.store, name, change, done=done, guard=guard,
-                                       mark=mark, on_v1=on_v1)
-            except NoNodeError:
-                if self.store.exists(log_path(name)) is not None:
-                    raise
-                if not create:
-                    raise NoSuchLogError(f"no log named {name!r}") from None
-                self.create(name)
+        result = self.update_logs([name], lambda edits: change(edits[name]), create=create,
+                                  done=None if done is None else (lambda edits: done(edits[name])),
+                                  guard=guard, mark=mark)
+        # (no edit: the log was deleted after a lost answer that ``mark`` proved applied)
+        return Updated(result.value.get(name), result.version.get(name, -1), result.changed)
 
     def update_logs(self, names: list[str], change: Callable[[dict[str, seg.LogEdit]], None],
                     *, create: bool = False,
