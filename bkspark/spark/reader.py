@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
-from bkspark.errors import BadRequestError, BKError, NoSuchLogError
+from bkspark.errors import BadRequestError, BKError, NoSuchLedgerError, NoSuchLogError
 from bkspark.log.position import EARLIEST, LATEST, Position
 from bkspark.spark import codec, conn, importguard
 from bkspark.spark.options import ARROW, RECORD, AtOffset, AtTime
@@ -30,7 +30,7 @@ RECORD_ENTRIES_PER_PARTITION = 100_000
 ARROW_BYTES_PER_PARTITION = 128 << 20
 ARROW_ENTRIES_PER_PARTITION = 64
 RECORD_BATCH_ROWS = 4096
-#: what packing counts an entry of a range whose size the list does not record (open ledger)
+#: an entry's estimated size when no closed ledger of its log says (record entries)
 UNKNOWN_ENTRY_BYTES = 1024
 #: ledgers of a pack opened together (one pipelined metadata read)
 OPEN_BATCH = 128
@@ -268,13 +268,40 @@ def split_span(opts, lid: int, first: int, last: int, entry: LogLedger, fmt: str
         lo = hi + 1
 
 
-def range_size(entry: LogLedger, first: int, last: int) -> int | None:
-    """The bytes of entries ``first..last`` of a listed ledger, pro rata of its recorded
-    length (None: not known -- an open ledger)."""
-    count, length = entry.entry_count(), entry.sealed_length()
-    if not count or not length:
-        return None
-    return length * (last - first + 1) // count
+def entry_bytes(ranges, unknown: float = None) -> dict[int, float]:
+    """Estimated bytes per entry of each ledger of ``ranges`` (``(ledger_id, first, last,
+    list entry)``): a closed ledger's recorded length over its entries; an open one's, the
+    average of the closed ones, else ``unknown`` (:data:`UNKNOWN_ENTRY_BYTES`)."""
+    per, known = {}, []
+    for lid, _, _, entry in ranges:
+        n = entry.entry_count() or 0
+        if n > 0 and entry.sealed_length():
+            per[lid] = entry.length / n
+            known.append(per[lid])
+    default = sum(known) / len(known) if known else (unknown or UNKNOWN_ENTRY_BYTES)
+    return {lid: per.get(lid, default) for lid, _, _, _ in ranges}
+
+
+def plan_ranges(opts, fmt: str, name: str, spans_, clip=None) -> list:
+    """The LedgerRanges of a log's spans: each span split to partition size
+    (:func:`split_span`; ``clip``: pushed filters narrowing it first), with its estimated
+    bytes (:func:`entry_bytes`; an open ledger of an arrow log with no closed one counts
+    ``maxEntryBytes`` an entry)."""
+    per = entry_bytes(spans_, opts.max_entry_bytes if fmt == ARROW else None)
+    out = []
+    for lid, first, last, entry in spans_:
+        if clip is not None:
+            first, last = clip(first, last)
+        for lid2, lo, hi in split_span(opts, lid, first, last, entry, fmt):
+            out.append(LedgerRange(name, lid2, lo, hi, entry.offset,
+                                   int((hi - lo + 1) * per[lid])))
+    return out
+
+
+#: the partitions a large read is spread over at least, when packing: Spark divides a
+#: file scan by the cluster's cores, which a Python data source cannot see (minPartitions
+#: sets it)
+ASSUMED_PARALLELISM = 16
 
 
 def pack(parts: list, opts) -> list:
@@ -282,16 +309,18 @@ def pack(parts: list, opts) -> list:
     counting its bytes plus ``openCostInBytes`` (Spark's rule for small files): many small
     ledgers, of one log or several, are read by one task each pack. Order is kept (a pack
     holds consecutive ranges of the plan), and pieces of one ledger that planning split are
-    never joined again. A range of unknown size counts :data:`UNKNOWN_ENTRY_BYTES` an entry.
-    A pack of one range is that range. With ``minPartitions`` the packs are at most the
-    total over it, so there are at least that many (when there are that many ranges)."""
-    if not parts:
+    never joined again. As Spark's rule, a pack is also at most the total over the
+    parallelism (``minPartitions``, else :data:`ASSUMED_PARALLELISM`), and with
+    ``minPartitions`` the largest packs are halved until there are that many (when there
+    are that many ranges). A pack of one range is that range. With ``entriesPerPartition``
+    nothing is packed (the user chose each partition's entries)."""
+    if not parts or opts.entries_per_partition is not None:
         return parts
     cost = [(p.size if p.size is not None else UNKNOWN_ENTRY_BYTES * (p.last - p.first + 1))
             + opts.open_cost_bytes for p in parts]
-    target = opts.max_partition_bytes
-    if opts.min_partitions:
-        target = min(target, max(opts.open_cost_bytes, sum(cost) // opts.min_partitions))
+    target = min(opts.max_partition_bytes,
+                 max(opts.open_cost_bytes,
+                     sum(cost) // (opts.min_partitions or ASSUMED_PARALLELISM)))
     out, current, used = [], [], 0
     for p, c in zip(parts, cost):
         joined = current and current[-1].ledger_id == p.ledger_id
@@ -301,6 +330,12 @@ def pack(parts: list, opts) -> list:
         current.append(p)
         used += c
     out.append(current)
+    while opts.min_partitions and len(out) < opts.min_partitions:
+        i = max(range(len(out)), key=lambda k: len(out[k]))
+        if len(out[i]) < 2:
+            break
+        half = len(out[i]) // 2
+        out[i:i + 1] = [out[i][:half], out[i][half:]]
     return [group[0] if len(group) == 1 else PackedRanges(group) for group in out]
 
 
@@ -441,21 +476,36 @@ def read_ranges(opts, fmt: str, schema, ranges: list):
                 if rh is None:
                     removed_since_planning(opts, part)
                     continue
-                entries = _entries(rh, part)
-                if fmt == ARROW:
-                    yield from _arrow_batches(target, part, rh, entries)
-                    continue
-                for row in _record_rows(opts, part, entries):
-                    rows.append(row)        # (small ledgers' rows make one batch together)
-                    if len(rows) >= RECORD_BATCH_ROWS:
-                        yield to_batch(rows, target)
-                        rows = []
+                try:
+                    entries = _entries(rh, part)
+                    if fmt == ARROW:
+                        yield from _arrow_batches(target, part, rh, entries)
+                        continue
+                    for row in _record_rows(opts, part, entries):
+                        rows.append(row)    # (small ledgers' rows make one batch together)
+                        if len(rows) >= RECORD_BATCH_ROWS:
+                            yield to_batch(rows, target)
+                            rows = []
+                except BKError:
+                    # deleted since its metadata was read (retention, mid-pack): what
+                    # failOnDataLoss says; any other failure is the read's
+                    if _exists(bk, part.ledger_id):
+                        raise
+                    removed_since_planning(opts, part)
         finally:
             for rh in handles.values():
                 if rh is not None:
                     rh.close()
     if rows:
         yield to_batch(rows, target)
+
+
+def _exists(bk, ledger_id: int) -> bool:
+    try:
+        bk.ledger_metadata(ledger_id)
+        return True
+    except NoSuchLedgerError:
+        return False
 
 
 def _arrow_batches(target, part: LedgerRange, rh, entries):
@@ -524,12 +574,9 @@ class BookKeeperBatchReader(importguard.Guarded, DataSourceReader):
             end_spec = offset_for(opts.ending, name, LATEST)
             end = None if end_spec == LATEST else resolve_start(
                 logs, name, end_spec, fail_on_data_loss=opts.fail_on_data_loss, no_match=LATEST)
-            for lid, first, last, entry in spans(logs, name, start, end, opts.fail_on_data_loss,
-                                                 self.pushed.ledger_ok):
-                first, last = self.pushed.clip(first, last)
-                for lid2, lo, hi in split_span(opts, lid, first, last, entry, self.fmt):
-                    parts.append(LedgerRange(name, lid2, lo, hi, entry.offset,
-                                             range_size(entry, lo, hi)))
+            parts += plan_ranges(opts, self.fmt, name,
+                                 spans(logs, name, start, end, opts.fail_on_data_loss,
+                                       self.pushed.ledger_ok), self.pushed.clip)
         return pack(spread(parts, opts.min_partitions), opts)
 
     def read(self, partition):

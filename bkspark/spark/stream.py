@@ -51,14 +51,13 @@ from bkspark.log.position import LATEST, Position
 from bkspark.spark import conn, importguard
 from bkspark.spark.reader import (
     EMPTY,
-    LedgerRange,
+    entry_bytes,
     pack,
-    range_size,
+    plan_ranges,
     offset_for,
     read_range,
     resolve_start,
     spans,
-    split_span,
     spread,
 )
 
@@ -68,7 +67,6 @@ log = logging.getLogger("bkspark.spark")
 CURSOR_KEY = "@cursor"          # offsets' key of the query's cursor name ('@': no log name)
 BACKLOG_KEY = "@backlog"        # reportLatestOffset's key of the backlog
 LEGACY_CURSOR = "spark"
-UNKNOWN_ENTRY_BYTES = 1024      # estimate of an entry's size when no closed ledger says
 #: seconds a log's end may stay unreadable (no bookie answers its LAC) before the query fails
 LAC_UNAVAILABLE_LIMIT_S = 120.0
 
@@ -80,19 +78,6 @@ def _pos(obj) -> Position:
 def _logs_of(offset: dict | None) -> dict:
     """The per-log positions of an offset (without its ``@`` keys)."""
     return {k: v for k, v in (offset or {}).items() if not k.startswith("@")}
-
-
-def entry_bytes(ranges) -> dict[int, float]:
-    """Estimated bytes per entry of each ledger of ``ranges``: a closed ledger's recorded
-    length over its entries; an open one's, the average of the closed ones (or 1 KiB)."""
-    per, known = {}, []
-    for lid, _, _, entry in ranges:
-        n = entry.entry_count() or 0
-        if n > 0 and entry.sealed_length():
-            per[lid] = entry.length / n
-            known.append(per[lid])
-    default = sum(known) / len(known) if known else UNKNOWN_ENTRY_BYTES
-    return {lid: per.get(lid, default) for lid, _, _, _ in ranges}
 
 
 def _count(ranges) -> int:
@@ -361,10 +346,8 @@ class BookKeeperStreamReader(importguard.Guarded, DataSourceStreamReader,
                 continue
             # the batch's end was fixed by latestOffset (maybe before a driver restart):
             # plan exactly [s, e), whatever a LAC read answers now (spans: ``planned``)
-            for lid, first, last, entry in self._available(logs, name, s, e, planned=True):
-                for lid2, lo, hi in split_span(self.opts, lid, first, last, entry, self.fmt):
-                    parts.append(LedgerRange(name, lid2, lo, hi, entry.offset,
-                                             range_size(entry, lo, hi)))
+            parts += plan_ranges(self.opts, self.fmt, name,
+                                 self._available(logs, name, s, e, planned=True))
         return pack(spread(parts, self.opts.min_partitions), self.opts)
 
     def read(self, partition):

@@ -191,27 +191,41 @@ def test_min_partitions_halves_the_largest_ranges_in_order():
 def test_small_ranges_are_packed_in_order_up_to_the_target():
     """Spark's small-file rule over ledgers: consecutive ranges -- of one log or several --
     share a partition up to maxPartitionBytes, each counting its bytes + openCostInBytes;
-    pieces of one ledger that planning split stay apart; minPartitions caps the packs."""
+    pieces of one ledger that planning split stay apart; a pack is at most the total over
+    the parallelism; minPartitions is honoured whatever the sizes; entriesPerPartition
+    turns packing off."""
     from bkspark.spark.reader import LedgerRange, PackedRanges, pack
+
+    def shape(packs):
+        return [len(p.ranges) if isinstance(p, PackedRanges) else 1 for p in packs]
+
+    def flat(packs):
+        return [r for p in packs for r in (p.ranges if isinstance(p, PackedRanges) else [p])]
+
     opts = parse_options({"metadataServiceUri": "sqlite:///x", "log": "a",
                           "maxPartitionBytes": "10KiB", "openCostInBytes": "1KiB"})
+    filler = [LedgerRange("z", 100 + i, 0, 0, 0, 0) for i in range(200)]   # 1 KiB each
     parts = ([LedgerRange("a", i, 0, 7, 0, 1024) for i in range(1, 9)]      # 2 KiB each
              + [LedgerRange("b", 20, 0, 99, 0, 50_000),                     # over the target
-                LedgerRange("b", 21, 0, 3, 0, None),                        # size unknown
-                LedgerRange("c", 30, 0, 9, 0, 512), LedgerRange("c", 30, 10, 19, 0, 512)])
+                LedgerRange("c", 30, 0, 9, 0, 512), LedgerRange("c", 30, 10, 19, 0, 512)]
+             + filler)
     packs = pack(parts, opts)
-    flat = [r for p in packs for r in (p.ranges if isinstance(p, PackedRanges) else [p])]
-    assert flat == parts                                        # every range, in order
-    sizes = [len(p.ranges) if isinstance(p, PackedRanges) else 1 for p in packs]
-    assert sizes == [5, 3, 1, 2, 1]      # 5 x 2 KiB; 3 + ...; the big one alone; the unknown
-    # (4 entries x 1 KiB + 1 KiB) with c's first piece; c's second piece apart from its first
+    assert flat(packs) == parts                                 # every range, in order
+    assert shape(packs)[:5] == [5, 3, 1, 1, 9]  # 5 x 2 KiB; 3 + ...; the big one alone;
+    # c's first piece; its second piece apart from the first, packed with the filler
     assert isinstance(packs[0], PackedRanges) and not isinstance(packs[2], PackedRanges)
-    # minPartitions: packs of at most total / minPartitions
+    # the parallelism caps a pack: 100 ranges of 1 KiB (open) cost 100 KiB, over 16
     many = [LedgerRange("a", i, 0, 0, 0, 0) for i in range(100)]
-    assert len(pack(many, opts)) == 10                          # 1 KiB (open) x 10 a pack
-    wide = parse_options({"metadataServiceUri": "sqlite:///x", "log": "a",
-                          "openCostInBytes": "1KiB", "minPartitions": "20"})
-    assert len(pack(many, wide)) >= 20
+    assert shape(pack(many, opts)) == [6] * 16 + [4]
+    # minPartitions, even when one range outweighs all others together
+    uneven = parse_options({"metadataServiceUri": "sqlite:///x", "log": "a",
+                            "minPartitions": "4"})
+    lopsided = [LedgerRange("a", i, 0, 0, 0, 1 << 20) for i in range(3)] + \
+        [LedgerRange("a", 9, 0, 0, 0, 100 << 20)]
+    assert shape(pack(lopsided, uneven)) == [1, 1, 1, 1]
+    fixed = parse_options({"metadataServiceUri": "sqlite:///x", "log": "a",
+                           "entriesPerPartition": "2"})
+    assert pack(many, fixed) == many
     assert pack([], opts) == []
     (one,) = pack(parts[:1], opts)
     assert one is parts[0]                                      # a pack of one is the range
