@@ -37,16 +37,16 @@ PATCHES: dict[int, list[tuple[str, str, str]]] = {
             except errors.BKError as exc:
                 log.info("ledger %d: LAC unknown at open: %s", ledger_id, exc)"""),
         ("bkspark/spark/stream.py",
-         "for lid, first, last, entry in self._available(logs, name, s, e, planned=True):",
-         "for lid, first, last, entry in self._available(logs, name, s, e, planned=False):")],
+         "self._available(logs, name, s, e, planned=True))",
+         "self._available(logs, name, s, e, planned=False))")],
     2: [("bkspark/log/store.py",
          """            self._seal_open_tail(edit, sealed)
             old = seg.read_segments(""",
          """            old = seg.read_segments(""")],
     3: [("bkspark/log/segments.py",
-         """            outcome = change_outcome(head, version, *in_doubt)""",
-         """            outcome = APPLIED if version == in_doubt[1] + 1 and \\
-                head.stamp == in_doubt[0] else NOT_APPLIED"""),
+         """    outcomes = {change_outcome(heads[n][0], heads[n][1], *in_doubt[n]) for n in heads}""",
+         """    outcomes = {APPLIED if heads[n][1] == in_doubt[n][1] + 1 and
+                heads[n][0].stamp == in_doubt[n][0] else NOT_APPLIED for n in heads}"""),
         ("bkspark/log/segments.py",
          """        return int(index[0]) < head.first""",
          """        return False"""),
