@@ -595,8 +595,9 @@ class LogStore:
         log of the commit. The commit counts as applied (False, nothing appended) when a log
         of the commit holds the key at ``sequence`` or later -- the transaction that put it
         there was the whole of that commit. A commit too large for the store's transactions
-        is refused (TransactionTooLargeError) before any writer is fenced. ``guard``, ``mark`` and the settlement of a lost answer
-        (by any of the logs' heads, else ``mark``) are as for one log.
+        is refused (TransactionTooLargeError) before any writer is fenced. ``guard``,
+        ``mark`` and the settlement of a lost answer (by any of the logs' heads, else
+        ``mark``) are as for one log.
 
         :raises OutcomeUnknownError: see :meth:`append_ledgers`.
         """
