@@ -47,7 +47,7 @@ MAX_BATCH_BYTES = 2 << 20            # one AddBatch message carries at most ~2 M
 MAX_RESPONSE_BYTES = 256 << 20       # largest frame accepted from a bookie
 DATA_CONNECT_TIMEOUT = 10.0          # GetBookieInfo + connect + hello of an add stream
 CONNECT_ATTEMPT = 1.0                # one TCP connect attempt (a new SYN after this long)
-MAX_IDLE_READS = 4                   # data-port connections kept for later range reads
+MAX_IDLE_READS = 8                   # data-port connections kept for later range reads
 GRPC_ADD_LINGER = 0.002              # spacing of add messages over gRPC (~0.3 ms CPU each)
 _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 256 << 20),
@@ -358,6 +358,35 @@ def _connect(host: str, port: int, timeout: float) -> socket.socket:
         except (socket.timeout, TimeoutError):     # refused and the like fail at once
             if deadline - time.monotonic() <= 0:
                 raise
+
+
+class _SentRange:
+    """The chunks of a range read whose request was sent on a data-port connection: read
+    when first iterated; a range closed (or dropped) before that closes its connection (the
+    bookie's answer is still on its way: the connection cannot be reused)."""
+
+    def __init__(self, client: "BookieClient", sock: socket.socket, req, deadline: float):
+        self._start = (client, sock, req, deadline)
+        self._chunks = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._chunks is None:
+            client, sock, req, deadline = self._start
+            self._start = None
+            self._chunks = client._data_port_range(sock, req, deadline)
+        return next(self._chunks)
+
+    def close(self) -> None:
+        if self._chunks is not None:
+            self._chunks.close()
+        elif self._start is not None:
+            self._start[1].close()
+            self._start = None
+
+    __del__ = close
 
 
 def _idle_and_open(sock: socket.socket) -> bool:
@@ -736,11 +765,13 @@ class BookieClient:
 
     def read_range(self, ledger_id: int, first: int, last: int, *, timeout: float = 60.0,
                    max_bytes: int = 4 << 20, step: int = 1):
-        """Iterate ``(entry_id, body)`` for first, first+step, ... <= last (body: bytes, or a
-        memoryview of the received chunk on the data port); raises the first error (status or
-        transport) after yielding what was served before it. On the data port when the bookie
-        has one (a connection per concurrent range, kept for reuse), else gRPC's
-        ``ReadRange``."""
+        """An iterator of ``(entry_id, body)`` for first, first+step, ... <= last (body: bytes,
+        or a memoryview of the received chunk on the data port). The request is sent now, so a
+        caller may start several ranges (of several bookies and ledgers) before reading any;
+        the iterator raises the first error (status or transport) after yielding what was
+        served before it, and an error sending the request is raised here. On the data port
+        when the bookie has one (a connection per concurrent range, kept for reuse), else
+        gRPC's ``ReadRange``; ``timeout`` counts from now."""
         req = pb.ReadRangeRequest(ledger_id=ledger_id, first_entry_id=first,
                                   last_entry_id=last, max_bytes_per_message=max_bytes, step=step)
         deadline = time.monotonic() + timeout
@@ -748,15 +779,22 @@ class BookieClient:
             sock = self._read_connection(timeout)
         except (OSError, ssl.SSLError, grpc.RpcError) as exc:
             raise self._error(exc) from None
-        chunks = (self._grpc_range(req, timeout) if sock is None
-                  else self._data_port_range(sock, req, deadline))
+        if sock is None:
+            return self._range_entries(self._grpc_range(self.stub.ReadRange(req, timeout=timeout)))
+        try:
+            sock.sendall(wire.frame(wire.KIND_READ_RANGE, (req.SerializeToString(),)))
+        except OSError as exc:
+            sock.close()
+            raise BookieUnavailableError(f"bookie {self.bookie_id}: data port: {exc}") from None
+        return self._range_entries(_SentRange(self, sock, req, deadline))
+
+    def _range_entries(self, chunks):
         for status, message, entries in chunks:
             yield from entries
             if status != errors.EOK:
                 check(status, message, self.bookie_id)
 
-    def _grpc_range(self, req, timeout: float):
-        call = self.stub.ReadRange(req, timeout=timeout)
+    def _grpc_range(self, call):
         try:
             for msg in call:
                 yield msg.status, msg.message, [(e.entry_id, e.body) for e in msg.entries]
@@ -786,9 +824,10 @@ class BookieClient:
             return self._connect_data_port(self._data_port) if self._data_port else None
 
     def _data_port_range(self, sock: socket.socket, req, deadline: float):
+        """The chunks of a range whose request was sent on ``sock``; the connection goes back
+        to the idle list once the range's end frame is read, else it is closed."""
         reusable = False
         try:
-            sock.sendall(wire.frame(wire.KIND_READ_RANGE, (req.SerializeToString(),)))
             rfile = sock.makefile("rb", buffering=1 << 20)
             decode = wire.decode_range_chunk
             while True:

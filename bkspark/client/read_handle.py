@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -276,14 +277,21 @@ class ReadHandle:
         return entries if metrics is None else _counted(entries, metrics.read_entries)
 
     def _entries(self, first: int, last: int):
-        qw, e = self._md.write_quorum, self._md.ensemble_size
-        for lo, hi, ensemble in self._segments(first, last):
-            if not self._ctx.conf.use_read_range or hi - lo < 2 * e:
-                yield from self._read_window(lo, hi, ensemble)
-            elif qw == e:
-                yield from self._read_range_segment(lo, hi, ensemble)
-            else:
-                yield from self._read_striped_segment(lo, hi, ensemble)
+        """The entries first..last in order. The requests of the first fragment are sent
+        now (a reader may start the next ledgers' reads before it iterates this one); later
+        fragments' when the iteration reaches them."""
+        segments = list(self._segments(first, last))
+        if not segments:
+            return iter(())
+        return itertools.chain(self._segment(*segments[0]), itertools.chain.from_iterable(
+            self._segment(*segment) for segment in segments[1:]))
+
+    def _segment(self, lo: int, hi: int, ensemble: list[str]):
+        if not self._ctx.conf.use_read_range or hi - lo < 2 * len(ensemble):
+            return self._read_window(lo, hi, ensemble)
+        if self._md.write_quorum == len(ensemble):
+            return self._read_range_segment(lo, hi, ensemble)
+        return self._read_striped_segment(lo, hi, ensemble)
 
     def _read_one_op(self, entry_id: int, ensemble: list[str], flags: int = 0) -> _EntryRead:
         bookies = quorum.write_set_bookies(entry_id, ensemble, self._md.write_quorum)
@@ -292,18 +300,25 @@ class ReadHandle:
         return op
 
     def _read_window(self, lo: int, hi: int, ensemble: list[str]):
-        """Per-entry reads with ``read_window`` in flight, yielded in order. Speculation is
-        driven from here (no timer per read): when the oldest read is not answered within
-        ``speculative_read_timeout``, every read that old also asks its next replica."""
-        window = self._ctx.conf.read_window
-        spec = self._ctx.conf.speculative_read_timeout or None
+        """Per-entry reads with ``read_window`` in flight (the first window sent now),
+        yielded in order."""
         inflight: deque = deque()
-        nxt = lo
+        self._fill_window(inflight, lo, hi, ensemble)
+        return self._window(inflight, lo + len(inflight), hi, ensemble)
+
+    def _fill_window(self, inflight: deque, nxt: int, hi: int, ensemble: list[str]) -> int:
+        while nxt <= hi and len(inflight) < self._ctx.conf.read_window:
+            inflight.append((time.monotonic(), self._read_one_op(nxt, ensemble)))
+            nxt += 1
+        return nxt
+
+    def _window(self, inflight: deque, nxt: int, hi: int, ensemble: list[str]):
+        """Speculation is driven from here (no timer per read): when the oldest read is not
+        answered within ``speculative_read_timeout``, every read that old also asks its
+        next replica."""
+        spec = self._ctx.conf.speculative_read_timeout or None
         try:
-            while nxt <= hi or inflight:
-                while nxt <= hi and len(inflight) < window:
-                    inflight.append((time.monotonic(), self._read_one_op(nxt, ensemble)))
-                    nxt += 1
+            while inflight:
                 t0, op = inflight[0]
                 while True:
                     try:
@@ -315,6 +330,7 @@ class ReadHandle:
                             if now - t >= spec and not other.future.done():
                                 other._speculate()
                 inflight.popleft()
+                nxt = self._fill_window(inflight, nxt, hi, ensemble)
                 yield entry
         finally:
             for _, op in inflight:
@@ -324,14 +340,15 @@ class ReadHandle:
         """Stream lo..hi with ReadRange (Qw == E: every member holds the whole fragment),
         falling over to the next member, then to per-entry reads."""
         k = lo % len(ensemble)
-        for _, entry in self._stream(lo, hi, ensemble[k:] + ensemble[:k], 1, ensemble):
-            yield entry
+        return (entry for _, entry in self._stream(lo, hi, ensemble[k:] + ensemble[:k], 1,
+                                                   ensemble))
 
     def _read_striped_segment(self, lo: int, hi: int, ensemble: list[str]):
-        """Stream lo..hi of a striped fragment (Qw < E) from all E bookies at once: bookie
-        ``ensemble[r]`` is first in the write set of every entry e with e mod E == r, so it
-        streams those (ReadRange with step E). A stream that fails continues on the next
-        member of that write set, then entry by entry; entries are yielded in order."""
+        """Stream lo..hi of a striped fragment (Qw < E) from all E bookies at once (their
+        requests sent now): bookie ``ensemble[r]`` is first in the write set of every entry
+        e with e mod E == r, so it streams those (ReadRange with step E). A stream that
+        fails continues on the next member of that write set, then entry by entry; entries
+        are yielded in order."""
         n, qw = len(ensemble), self._md.write_quorum
         streams = {}
         for r in range(n):
@@ -339,6 +356,10 @@ class ReadHandle:
             if first <= hi:
                 members = [ensemble[(first + k) % n] for k in range(qw)]
                 streams[r] = self._stream(first, hi, members, n, ensemble)
+        return self._interleave(streams, lo, hi, n)
+
+    @staticmethod
+    def _interleave(streams: dict, lo: int, hi: int, n: int):
         try:
             for eid in range(lo, hi + 1):
                 got_id, entry = next(streams[eid % n])
@@ -351,13 +372,31 @@ class ReadHandle:
 
     def _stream(self, first: int, hi: int, members: list[str], step: int, ensemble: list[str]):
         """(entry_id, LedgerEntry) for first, first+step, ... <= hi: streamed by ReadRange
-        from one member, continuing on the next member when it fails (error, gap, digest
-        mismatch); when every member failed, the rest is read entry by entry."""
-        nxt = first
-        for bookie in self._ctx.health.order(members):
+        from one member (its request sent now), continuing on the next member when it fails
+        (error, gap, digest mismatch); when every member failed, the rest is read entry by
+        entry."""
+        order = list(self._ctx.health.order(members))
+        return self._streamed(self._start_range(order[0], first, hi, step), order, first, hi,
+                              step, ensemble)
+
+    def _start_range(self, bookie: str, first: int, hi: int, step: int):
+        """The started range read of ``bookie``, or the BKError that stopped its start."""
+        try:
+            return self._ctx.pool.get(bookie).read_range(
+                self.ledger_id, first, hi, step=step, timeout=self._ctx.conf.read_range_timeout)
+        except BKError as exc:
+            return exc
+
+    def _streamed(self, started, order: list[str], nxt: int, hi: int, step: int,
+                  ensemble: list[str]):
+        for bookie in order:
             try:
-                for eid, body in self._ctx.pool.get(bookie).read_range(
-                        self.ledger_id, nxt, hi, step=step, timeout=self._ctx.conf.read_range_timeout):
+                if started is None:
+                    started = self._start_range(bookie, nxt, hi, step)
+                rng, started = started, None
+                if isinstance(rng, BKError):
+                    raise rng
+                for eid, body in rng:
                     if eid != nxt:
                         raise DigestMismatchError(f"bookie {bookie} sent entry {eid}, expected {nxt}")
                     _, lac, length, payload = self._digest.verify(body, nxt)
