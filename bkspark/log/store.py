@@ -22,6 +22,7 @@ a no-op.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 from typing import Callable
 
@@ -278,6 +279,17 @@ class LogStore:
             return sorted(self.store.children(LOGS))
         except NoNodeError:
             return []
+
+    def head_marks(self, names: list[str]) -> dict[str, tuple[int, bytes]]:
+        """A mark of each existing log's head (absent logs left out) -- its version and a
+        digest of the record, which names the log's incarnation (``uid``) -- from one
+        pipelined read (``get_many``) of all the heads, whatever their number. A log's list
+        changes only with its head, so an unchanged mark means an unchanged list (closed
+        ledgers are immutable; an open one's LAC is not part of the list), also across a
+        delete and re-create of the name."""
+        got = self.store.get_many([log_path(check_log_name(n)) for n in names])
+        return {n: (item[1], hashlib.blake2b(item[0], digest_size=16).digest())
+                for n, item in zip(names, got) if item is not None}
 
     def lists(self, name: str, ledger_id: int) -> bool:
         """Whether the log lists ``ledger_id`` (one or two reads: the ledger index)."""

@@ -57,8 +57,8 @@ from bkspark.spark.reader import (
     offset_for,
     read_range,
     resolve_start,
-    spans,
     spread,
+    walk,
 )
 
 log = logging.getLogger("bkspark.spark")
@@ -129,6 +129,11 @@ class BookKeeperStreamReader(importguard.Guarded, DataSourceStreamReader,
         self._latest: dict | None = None
         self._last_trigger = time.monotonic()   # minEntriesPerTrigger: waiting since
         self._unreadable: dict[str, float] = {}  # log -> since when its end cannot be read
+        # log -> (head mark, position) of a log read to its settled end (:func:`walk`):
+        # while its head keeps that mark, nothing is available beyond that position
+        self._settled: dict[str, tuple] = {}
+        # (cursor, {log: position}): the cursor positions this reader wrote
+        self._committed: tuple[str, dict] = ("", {})
 
     # ---- helpers (driver side) ----------------------------------------------------------
     def _logs(self):
@@ -139,24 +144,40 @@ class BookKeeperStreamReader(importguard.Guarded, DataSourceStreamReader,
 
     def _available(self, logs, name: str, start: Position, end: Position | None, *,
                    planned: bool = False):
-        try:
-            return spans(logs, name, start, end, self.opts.fail_on_data_loss, planned=planned)
-        except NoSuchLogError:
-            return []
+        return self._walk(logs, name, start, end, planned=planned)[0]
 
-    def _available_now(self, logs, name: str, start: Position, end: Position | None):
+    def _walk(self, logs, name: str, start: Position, end: Position | None, *,
+              planned: bool = False) -> tuple[list, bool]:
+        try:
+            return walk(logs, name, start, end, self.opts.fail_on_data_loss, planned=planned)
+        except NoSuchLogError:
+            return [], False
+
+    def _available_now(self, logs, name: str, start: Position, end: Position | None,
+                       mark=None):
         """What ``latestOffset`` may add of one log: :meth:`_available`, except that a log
         whose open ledger's LAC cannot be read (no bookie of its ensemble answers) stays
         where it is for this trigger -- its offset does not move, so nothing is skipped or
         claimed empty -- until it has been unreadable for :data:`LAC_UNAVAILABLE_LIMIT_S`;
-        then the error fails the query (as Kafka's source does after its retries)."""
+        then the error fails the query (as Kafka's source does after its retries).
+
+        ``mark``: the log's head mark (:meth:`LogStore.head_marks`), read before this call.
+        A log read to its settled end under the same mark, with ``start`` at that end, has
+        nothing new: it is not read again (an idle log costs its share of one pipelined
+        read per trigger)."""
+        if end is None and mark is not None and self._settled.get(name) == (mark, start):
+            return []
         try:
-            ranges = self._available(logs, name, start, end)
+            ranges, settled = self._walk(logs, name, start, end)
         except BookieUnavailableError as exc:
             self._tolerate_unreadable(name, exc, f"the query stays at {tuple(start)} this "
                                                  "trigger")
             return []
         self._unreadable.pop(name, None)
+        if end is None and mark is not None and settled:
+            self._settled[name] = (mark, self._end_of(start, None, ranges))
+        else:
+            self._settled.pop(name, None)
         return ranges
 
     def _tolerate_unreadable(self, name: str, exc: BookieUnavailableError, doing: str) -> None:
@@ -270,6 +291,8 @@ class BookKeeperStreamReader(importguard.Guarded, DataSourceStreamReader,
         names = self._names(logs)
         if self._target is not None:
             names = [n for n in names if n in self._target]
+        marks = logs.head_marks(names)       # (read before the logs: see _available_now)
+        self._settled = {n: v for n, v in self._settled.items() if n in marks}
         ranges, starts = {}, {}
         for name in names:
             s = _pos(positions[name]) if name in positions else EMPTY   # a new log: from its start
@@ -277,10 +300,10 @@ class BookKeeperStreamReader(importguard.Guarded, DataSourceStreamReader,
             end = None
             if self._target is not None:
                 end = _pos(self._target[name])
-                if end.ledger_id == -1:
+                if end.ledger_id == -1 or end == s:
                     ranges[name] = []
                     continue
-            ranges[name] = self._available_now(logs, name, s, end)
+            ranges[name] = self._available_now(logs, name, s, end, marks.get(name))
         caps = self._caps(ranges, limit)
         waiting = caps is None
         if waiting:
@@ -289,7 +312,7 @@ class BookKeeperStreamReader(importguard.Guarded, DataSourceStreamReader,
         for name in names:
             out[name] = self._end_of(starts[name], caps[name], ranges[name]).to_json()
             unbounded = ranges[name] if self._target is None else \
-                self._available_now(logs, name, starts[name], None)
+                self._available_now(logs, name, starts[name], None, marks.get(name))
             latest[name] = self._end_of(starts[name], None, unbounded).to_json()
             behind[name] = self._behind(unbounded, _pos(out[name]))
         for name, pos in positions.items():          # keep logs that vanished from a pattern
@@ -354,16 +377,24 @@ class BookKeeperStreamReader(importguard.Guarded, DataSourceStreamReader,
         yield from read_range(self.opts, self.fmt, self.schema, partition)
 
     def commit(self, end: dict) -> None:
+        """Move the query's cursor of each log to ``end``: after a (re)start (or under
+        another cursor name) every log's, then only those whose position moved since (an
+        idle log costs no write). A cursor that could not be written is written at the
+        next commit."""
         logs = self._logs()
         cursor = self._cursor(end)
+        committed = self._committed[1] if self._committed[0] == cursor else {}
         for name, pos in _logs_of(end).items():
             p = _pos(pos)
-            if p.ledger_id == -1:
+            if p.ledger_id == -1 or committed.get(name) == pos:
                 continue
             try:
                 logs.commit_cursor(name, cursor, p)
+                committed[name] = pos
             except (NoSuchLogError, BKError) as exc:
+                committed.pop(name, None)
                 log.warning("could not move cursor %s of log %s: %s", cursor, name, exc)
+        self._committed = (cursor, {n: p for n, p in committed.items() if n in end})
 
     def stop(self) -> None:
         pass

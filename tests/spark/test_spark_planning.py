@@ -33,6 +33,10 @@ class FakeLogs:
     def bounds(self, name):
         return 0, len(self.get(name)[0].ledgers)
 
+    def head_marks(self, names):
+        """A log's list as its mark: it changes whenever the list does."""
+        return {n: repr(self.lists[n]) for n in names if n in self.lists}
+
     def segments(self, name, start=None, stop=None):
         md = self.get(name)[0].with_offsets()
         return [e.copy(seq=i) for i, e in enumerate(md.ledgers)][start:stop]
