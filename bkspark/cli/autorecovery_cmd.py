@@ -6,6 +6,7 @@ import sys
 
 from bkspark.cli import client_args
 from bkspark.errors import BKError
+from bkspark.recovery.auditor import DEFAULT_ENTRIES_CHECK_RATE, DEFAULT_PERIODIC_CHECK_INTERVAL
 from bkspark.recovery.throttle import DEFAULT_DAEMON_MB_PER_S
 
 
@@ -18,9 +19,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "`bkspark shell autorecovery --delay` wins)")
     parser.add_argument("--audit-interval", type=float, default=10.0,
                         help="seconds between ledger rescans while bookies are lost (default 10)")
-    parser.add_argument("--periodic-check-interval", type=float, default=3600.0,
+    parser.add_argument("--periodic-check-interval", type=float,
+                        default=DEFAULT_PERIODIC_CHECK_INTERVAL,
                         help="seconds between full ListEntries checks of every ledger "
-                             "(default 3600, 0 = off)")
+                             f"(default {DEFAULT_PERIODIC_CHECK_INTERVAL:g}: a week, "
+                             "BookKeeper's auditorPeriodicCheckInterval; 0 = off)")
+    parser.add_argument("--entries-check-rate", type=float, default=DEFAULT_ENTRIES_CHECK_RATE,
+                        metavar="LEDGERS/S",
+                        help="the most ledgers per second the periodic ListEntries check "
+                             f"examines (default {DEFAULT_ENTRIES_CHECK_RATE:g}; 0 = unlimited): "
+                             "a check of N ledgers takes at least N / rate seconds")
     parser.add_argument("--bookie-check-interval", type=float, default=86400.0,
                         help="seconds between scans of every ledger for bookies that are not "
                              "registered (default 86400, 0 = off; a change of the registered "
@@ -83,6 +91,9 @@ def config_from_args(args):
     from bkspark.recovery.service import AutoRecoveryConfig
     if args.rate < 0 or args.rate_entries < 0:
         raise BadRequestError("--rate / --rate-entries: give a limit > 0, or 0 for unlimited")
+    if args.entries_check_rate < 0:
+        raise BadRequestError(f"--entries-check-rate {args.entries_check_rate:g}: give "
+                              "ledgers per second > 0, or 0 for unlimited")
     if args.retention_interval < 0:
         raise BadRequestError(f"--retention-interval {args.retention_interval}: give seconds "
                               "between passes, or 0 to leave retention to another process")
@@ -90,6 +101,7 @@ def config_from_args(args):
         lost_bookie_recovery_delay=args.lost_bookie_recovery_delay,
         audit_interval=args.audit_interval,
         periodic_check_interval=args.periodic_check_interval,
+        entries_check_rate=args.entries_check_rate,
         bookie_check_interval=args.bookie_check_interval,
         placement_check_interval=args.placement_check_interval,
         open_ledger_grace=args.open_ledger_grace, worker_threads=args.worker_threads,

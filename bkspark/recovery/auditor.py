@@ -17,9 +17,15 @@ missed (e.g. while no auditor ran):
 * ``bookie_check_interval`` (BookKeeper's ``auditorPeriodicBookieCheckInterval``): a full
   scan of every ledger's ensembles for bookies that are not registered (also run whenever
   the registered bookies change, and every ``audit_interval`` while some are missing);
-* ``periodic_check_interval`` (``auditorPeriodicCheckInterval``): each live bookie is asked
-  (``ListEntries``) whether it holds every entry its closed fragments say it should; ledgers
-  with missing entries are published too;
+* ``periodic_check_interval`` (``auditorPeriodicCheckInterval``, weekly by default as
+  BookKeeper's): each live bookie is asked (``ListEntries``) whether it holds every entry its
+  closed fragments say it should; ledgers with missing entries are published too. The
+  *entries check* reads the ledgers' metadata :data:`METADATA_BATCH` at a time (one
+  pipelined round), keeps up to :data:`LISTINGS_IN_FLIGHT` requests of many ledgers in
+  flight, and checks at most ``entries_check_rate`` ledgers per second (default
+  :data:`DEFAULT_ENTRIES_CHECK_RATE`, 0: unlimited) so that a large cluster's check does not
+  crowd out the bookies' and the metadata store's foreground work (it takes at least
+  ledgers / rate seconds);
 * ``placement_check_interval`` (``auditorPeriodicPlacementPolicyCheckInterval``): every
   fragment's ensemble against the placement policy (spread over racks when bookies carry
   rack labels, :func:`~bkspark.client.placement.rack_shortfall`); ledgers that do not adhere
@@ -41,6 +47,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 
 from bkspark.errors import BKError, NoSuchLedgerError
@@ -49,6 +56,7 @@ from metadata import ledgers as ledger_store
 from metadata import registry
 
 from .replicator import LedgerReplicator, fragments, live_bookies
+from .throttle import Throttle
 from .urm import UnderReplicationManager
 
 log = logging.getLogger("bkspark.recovery.auditor")
@@ -56,14 +64,38 @@ log = logging.getLogger("bkspark.recovery.auditor")
 #: ledgers a placement check names at most (the count covers them all)
 PLACEMENT_REPORT = 100
 
+#: BookKeeper's default ``auditorPeriodicCheckInterval``: a week (seconds)
+DEFAULT_PERIODIC_CHECK_INTERVAL = 604800.0
+#: ledgers the entries check checks per second at most unless configured (0: unlimited)
+DEFAULT_ENTRIES_CHECK_RATE = 1000.0
+#: ledgers whose metadata the entries check reads in one pipelined round
+METADATA_BATCH = 256
+#: ListEntries requests the entries check keeps in flight at most (a ledger's requests are
+#: sent together, so one ledger with more members than this is sent alone)
+LISTINGS_IN_FLIGHT = 64
+
 
 @dataclass
 class AuditorConfig:
+    """The auditor's periods (seconds; 0: that check is off) and limits (module docstring).
+
+    * ``lost_bookie_recovery_delay``: how long a bookie stays unregistered before its ledgers
+      are published (the value stored in the metadata wins);
+    * ``audit_interval``: rescan of every ledger's ensembles while lost bookies remain;
+    * ``periodic_check_interval``: the entries check (``ListEntries``) of every ledger,
+      :data:`DEFAULT_PERIODIC_CHECK_INTERVAL` (weekly, BookKeeper's) by default;
+    * ``entries_check_rate``: ledgers the entries check checks per second at most
+      (:data:`DEFAULT_ENTRIES_CHECK_RATE`; 0: unlimited);
+    * ``bookie_check_interval``: scan of every ledger for bookies that are not registered;
+    * ``placement_check_interval``: every ensemble against the placement policy;
+    * ``tick``: the leader loop's longest sleep between passes.
+    """
     lost_bookie_recovery_delay: float = 30.0
-    audit_interval: float = 10.0            # rescan ledgers while lost bookies remain
-    periodic_check_interval: float = 3600.0  # ListEntries check of every ledger (0 = off)
-    bookie_check_interval: float = 86400.0   # scan of every ledger for unregistered bookies
-    placement_check_interval: float = 86400.0  # every ensemble against the placement policy
+    audit_interval: float = 10.0
+    periodic_check_interval: float = DEFAULT_PERIODIC_CHECK_INTERVAL
+    entries_check_rate: float = DEFAULT_ENTRIES_CHECK_RATE
+    bookie_check_interval: float = 86400.0
+    placement_check_interval: float = 86400.0
     tick: float = 0.5
 
 
@@ -253,29 +285,91 @@ class Auditor:
         return n
 
     def check_all_ledgers(self, lost: set = frozenset()) -> int:
-        """Full check: ledgers whose live members lack entries of closed fragments (or that
-        use one of the ``lost`` bookies)."""
+        """The entries check (module docstring): publishes every ledger whose live members
+        lack entries of its closed fragments, or that uses one of the ``lost`` bookies.
+        Returns the records published.
+
+        Ledgers are judged and published in the order they are listed; their metadata is
+        read :data:`METADATA_BATCH` at a time and their ``ListEntries`` requests sent ahead,
+        at most :data:`LISTINGS_IN_FLIGHT` outstanding, each ledger once the rate limit
+        (``entries_check_rate``) allows. Failure semantics are
+        :meth:`~.replicator.LedgerReplicator.missing_entries`': a member that does not
+        answer is unknown, neither lacking nor complete, so only the members that answered
+        can get a ledger published. A ledger deleted since it was listed, or whose metadata
+        cannot be read, is skipped."""
         self.checks += 1
         n = 0
+        lost = set(lost)
         _, alive = live_bookies(self.store)
-        for lid in ledger_store.list_ledgers(self.store):
-            try:
-                md, _ = ledger_store.read_ledger(self.store, lid)
-            except BKError:
-                continue
-            missing = self.replicator.missing_entries(md, alive)
-            lost = sorted(md.all_bookies() & set(lost))
-            if missing or lost:
+        pace = Throttle(entries_per_s=self.config.entries_check_rate)
+        for md, missing in self._entries_verdicts(self._listed_metadata(), alive, pace):
+            lost_members = sorted(md.all_bookies() & lost)
+            if missing or lost_members:
                 if missing:
-                    log.info("auditor: ledger %d lacks entries on %s", lid, sorted(
+                    log.info("auditor: ledger %d lacks entries on %s", md.ledger_id, sorted(
                         {md.ensembles[s][1][i] for s, i in missing}))
-                if self.urm.mark(lid, lost, by=self.identifier):
+                if self.urm.mark(md.ledger_id, lost_members, by=self.identifier):
                     n += 1
         if n:
             self._announce()
         self.published += n
         self._ran("entries")
         return n
+
+    def _listed_metadata(self):
+        """The metadata of every listed ledger, in listing order, read
+        :data:`METADATA_BATCH` ledgers per pipelined round. A ledger deleted since it was
+        listed is left out; a batch that cannot be read at once (a corrupt record, a lost
+        connection) is read ledger by ledger, leaving out the unreadable ones."""
+        def read_batch(ids):
+            try:
+                return [found[0] for found in ledger_store.read_ledgers(self.store, ids)
+                        if found is not None]
+            except BKError as exc:
+                log.info("auditor: reading %d ledgers at once failed (%s): one by one",
+                         len(ids), exc)
+            one_by_one = []
+            for lid in ids:
+                try:
+                    one_by_one.append(ledger_store.read_ledger(self.store, lid)[0])
+                except NoSuchLedgerError:
+                    continue
+                except BKError as exc:
+                    log.warning("auditor: ledger %d unreadable: %s", lid, exc)
+            return one_by_one
+
+        batch: list[int] = []
+        for lid in ledger_store.list_ledgers(self.store):
+            batch.append(lid)
+            if len(batch) == METADATA_BATCH:
+                yield from read_batch(batch)
+                batch = []
+        if batch:
+            yield from read_batch(batch)
+
+    def _entries_verdicts(self, ledgers, alive: set, pace: Throttle):
+        """``(metadata, missing entries)`` of each of ``ledgers``, in their order:
+        :meth:`~.replicator.LedgerReplicator.missing_entries` with the requests of later
+        ledgers sent while earlier ones are judged (at most :data:`LISTINGS_IN_FLIGHT`
+        outstanding; each ledger's requests go once ``pace`` allows)."""
+        sent: deque = deque()       # (metadata, {bookie: Future}), oldest first
+        outstanding = 0
+
+        def judge_oldest():
+            nonlocal outstanding
+            md, answers = sent.popleft()
+            outstanding -= len(answers)
+            return md, self.replicator.missing_entries(md, alive, answers=answers)
+
+        for md in ledgers:
+            pace.acquire(0)
+            members = self.replicator.members_to_list(md, alive)
+            while sent and outstanding + len(members) > LISTINGS_IN_FLIGHT:
+                yield judge_oldest()
+            sent.append((md, self.replicator.request_listings(md.ledger_id, members)))
+            outstanding += len(members)
+        while sent:
+            yield judge_oldest()
 
     def check_placement(self) -> int:
         """Every ledger's fragments against the placement policy (module docstring); the

@@ -39,7 +39,7 @@ import random
 import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from bkspark import errors
@@ -148,12 +148,26 @@ def _arithmetic_runs(entries: list[int], step: int) -> list[tuple[int, int]]:
     return sorted((first, count) for per_class in runs.values() for first, count in per_class)
 
 
-def list_entries(ctx, bookie_id: str, ledger_id: int, timeout: float = 10.0) -> EntryRanges:
+#: seconds a ListEntries request may take
+LIST_ENTRIES_TIMEOUT = 10.0
+
+
+def list_entries(ctx, bookie_id: str, ledger_id: int,
+                 timeout: float = LIST_ENTRIES_TIMEOUT) -> EntryRanges:
     """What ``bookie_id`` holds for the ledger (empty if it does not know the ledger);
     ``ctx``: the client's :class:`~bkspark.client.context.ClientContext`.
 
     :raises BKError: the bookie did not answer (unknown, not "empty")."""
-    resp = ctx.pool.get(bookie_id).list_entries(ledger_id, timeout=timeout).result()
+    return listed_entries(bookie_id,
+                          ctx.pool.get(bookie_id).list_entries(ledger_id, timeout=timeout))
+
+
+def listed_entries(bookie_id: str, answer: Future) -> EntryRanges:
+    """What ``bookie_id`` holds, from ``answer``: the Future of its ``ListEntriesResponse``
+    (waits for it; the request's own timeout bounds the wait).
+
+    :raises BKError: the bookie did not answer (unknown, not "empty")."""
+    resp = answer.result()
     if resp.status == errors.ENOLEDGER:
         return EntryRanges([])
     if resp.status != errors.EOK:
@@ -248,32 +262,64 @@ class LedgerReplicator:
     def bad_members(self, md, alive: set) -> set:
         return {b for b in md.all_bookies() if b not in alive}
 
-    def missing_entries(self, md, alive: set, only=None) -> dict:
-        """``{(segment, index): [entry ids]}`` that live members of closed fragments lack.
-
-        Bookies that do not answer are skipped (unknown, not missing). ``only``: restrict to
-        these bookies."""
-        out = {}
-        cache: dict[str, EntryRanges | None] = {}
+    @staticmethod
+    def _listed_members(md, alive: set, only=None):
+        """``(fragment, index, bookie)`` of each live member (of ``only``, if given) of the
+        closed, non-empty fragments: what :meth:`missing_entries` judges, in fragment order."""
         for frag in fragments(md):
             if frag.is_open or frag.is_empty:
                 continue
             for i, b in enumerate(frag.ensemble):
-                if b not in alive or (only is not None and b not in only):
-                    continue
-                if b not in cache:
-                    try:
-                        cache[b] = list_entries(self.ctx, b, md.ledger_id)
-                    except BKError as exc:
-                        log.info("ledger %d: cannot list entries of %s: %s", md.ledger_id, b, exc)
-                        cache[b] = None
-                have = cache[b]
-                if have is None:
-                    continue
-                lacking = [e for e in frag.entries_of(i, md.ensemble_size, md.write_quorum)
-                           if e not in have]
-                if lacking:
-                    out[(frag.segment, i)] = lacking
+                if b in alive and (only is None or b in only):
+                    yield frag, i, b
+
+    def members_to_list(self, md, alive: set, only=None) -> list[str]:
+        """The bookies :meth:`missing_entries` asks about ``md``'s ledger, each once, in the
+        order they are judged."""
+        return list(dict.fromkeys(b for _, _, b in self._listed_members(md, alive, only)))
+
+    def request_listings(self, ledger_id: int, bookies) -> dict[str, Future]:
+        """Send ``ListEntries`` of the ledger to each of ``bookies`` at once, without waiting:
+        ``{bookie: Future of its ListEntriesResponse}``. A request that cannot be sent is a
+        Future failed with its BKError (judged like a bookie that did not answer)."""
+        answers: dict[str, Future] = {}
+        for b in bookies:
+            try:
+                answers[b] = self.ctx.pool.get(b).list_entries(ledger_id,
+                                                               timeout=LIST_ENTRIES_TIMEOUT)
+            except BKError as exc:
+                answers[b] = Future()
+                answers[b].set_exception(exc)
+        return answers
+
+    def missing_entries(self, md, alive: set, only=None, answers: dict | None = None) -> dict:
+        """``{(segment, index): [entry ids]}`` that live members of closed fragments lack.
+
+        Bookies that do not answer are skipped (unknown, not missing): a fragment is only
+        judged against the members that answered. ``only``: restrict to these bookies.
+        ``answers``: the requests already sent, :meth:`request_listings` of
+        :meth:`members_to_list` with the same ``md``, ``alive`` and ``only`` (a caller
+        checking many ledgers keeps many in flight); by default they are sent here, all at
+        once, and waited for."""
+        if answers is None:
+            answers = self.request_listings(md.ledger_id,
+                                            self.members_to_list(md, alive, only))
+        out = {}
+        cache: dict[str, EntryRanges | None] = {}
+        for frag, i, b in self._listed_members(md, alive, only):
+            if b not in cache:
+                try:
+                    cache[b] = listed_entries(b, answers[b])
+                except BKError as exc:
+                    log.info("ledger %d: cannot list entries of %s: %s", md.ledger_id, b, exc)
+                    cache[b] = None
+            have = cache[b]
+            if have is None:
+                continue
+            lacking = [e for e in frag.entries_of(i, md.ensemble_size, md.write_quorum)
+                       if e not in have]
+            if lacking:
+                out[(frag.segment, i)] = lacking
         return out
 
     # ---- the driver --------------------------------------------------------------------

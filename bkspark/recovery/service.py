@@ -25,7 +25,8 @@ from bkspark.errors import BadRequestError, BKError
 from metadata import open_store
 from metadata.layout import AUDITOR_ELECTION, UR_LEDGERS, UR_LOCKS
 
-from .auditor import Auditor, AuditorConfig
+from .auditor import (DEFAULT_ENTRIES_CHECK_RATE, DEFAULT_PERIODIC_CHECK_INTERVAL, Auditor,
+                      AuditorConfig)
 from .election import LeaderElection
 from .http import RATE_WINDOW, AutoRecoveryHttp, metrics_registry
 from .throttle import DEFAULT_DAEMON_MB_PER_S
@@ -39,7 +40,8 @@ log = logging.getLogger("bkspark.recovery")
 class AutoRecoveryConfig:
     lost_bookie_recovery_delay: float = 30.0
     audit_interval: float = 10.0
-    periodic_check_interval: float = 3600.0
+    periodic_check_interval: float = DEFAULT_PERIODIC_CHECK_INTERVAL    # weekly (BookKeeper's)
+    entries_check_rate: float = DEFAULT_ENTRIES_CHECK_RATE  # ledgers/s of that check (0: no limit)
     bookie_check_interval: float = 86400.0
     placement_check_interval: float = 86400.0
     open_ledger_grace: float = 30.0
@@ -117,6 +119,7 @@ class AutoRecovery:
                 lost_bookie_recovery_delay=c.lost_bookie_recovery_delay,
                 audit_interval=c.audit_interval,
                 periodic_check_interval=c.periodic_check_interval,
+                entries_check_rate=c.entries_check_rate,
                 bookie_check_interval=c.bookie_check_interval,
                 placement_check_interval=c.placement_check_interval), self.identifier)
             self.election = LeaderElection(self.store, self.identifier, self.auditor.run)
