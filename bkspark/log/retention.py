@@ -39,6 +39,7 @@ consumer starting at the head of a log that retention is cutting may find its st
 from __future__ import annotations
 
 import logging
+import math
 import re
 from dataclasses import asdict, dataclass, field
 
@@ -166,6 +167,9 @@ class Cut:
     by_size: int = 0                # ... because the log is over its size
     held_by: str | None = None      # the cursor that stopped the cut short
     removed: list = field(default_factory=list)     # ledger ids deleted
+    #: nothing to cut before this time (the store's ms; inf: never) while the log's list is
+    #: unchanged -- None when cursors decided (they move without the list changing)
+    quiet_until_ms: float | None = None
 
 
 def plan(logs, name: str, policy: RetentionPolicy, now_ms: int | None = None,
@@ -174,7 +178,7 @@ def plan(logs, name: str, policy: RetentionPolicy, now_ms: int | None = None,
     would remove, the log's two ends and its cursors. Ages are judged at ``now_ms`` (default:
     the metadata store's time, the clock that stamped them -- :mod:`metadata.clock`)."""
     now = logs.store.clock.now_ms() if now_ms is None else now_ms
-    cut = Cut()
+    cut = Cut(quiet_until_ms=math.inf)
     if policy.keeps_everything:
         return cut
     first, _ = logs.bounds(name)
@@ -197,6 +201,8 @@ def plan(logs, name: str, policy: RetentionPolicy, now_ms: int | None = None,
             elif excess is not None and excess - entry.sealed_length() >= 0:
                 reasons.append((entry.seq, "size"))
             else:
+                if closed_at is not None:       # the first ledger to keep ages out then
+                    cut.quiet_until_ms = closed_at + policy.ms
                 break
             if excess is not None:
                 excess -= entry.sealed_length()
@@ -206,7 +212,7 @@ def plan(logs, name: str, policy: RetentionPolicy, now_ms: int | None = None,
         break
     if not reasons:
         return cut
-    cut.before = reasons[-1][0] + 1
+    cut.before, cut.quiet_until_ms = reasons[-1][0] + 1, None
     if not policy.pass_cursors:
         for cursor, (position, moved_ms) in logs.cursor_records(name).items():
             if moved_ms is not None and now - moved_ms > policy.cursor_active_ms:

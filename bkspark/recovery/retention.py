@@ -4,8 +4,9 @@ One process in the cluster applies them (a :class:`~.election.LeaderElection` at
 ``/logs-retention/election``); it runs in ``bkspark autorecovery``, in a bookie started with
 ``--autorecovery`` and in ``bkspark localcluster``, so a deployment that repairs its ledgers
 also keeps its logs within their policies. Every ``interval`` seconds the leader lists the
-logs, reads each head (one read: a log without a policy costs nothing more) and applies the
-policy of each that has one (:func:`bkspark.log.retention.enforce`). A log that fails (its
+logs, reads their heads (pipelined, many logs a read) and applies the policy of each that
+has one (:func:`bkspark.log.retention.enforce`); a log with nothing to cut is not read again
+until its head changes or its oldest ledger ages out (:meth:`RetentionService.run_once`). A log that fails (its
 metadata unreachable, being deleted) is logged and retried at the next pass; a change the
 service makes is the same conditional truncation a user's would be, so two enforcers at
 once (a leader that does not know yet it was replaced) cannot remove more than the policy
@@ -14,12 +15,14 @@ allows.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 
 from bkspark.errors import BKError, ClockSkewError, NoSuchLogError
 from bkspark.log import LogStore
-from bkspark.log.retention import enforce
+from bkspark.log.retention import PROPERTY, RetentionPolicy, enforce
+from metadata.log_segments import LogHead
 from metadata.layout import RETENTION_ELECTION
 
 from .election import LeaderElection
@@ -28,6 +31,8 @@ log = logging.getLogger("bkspark.recovery.retention")
 
 #: seconds between passes, by default
 DEFAULT_INTERVAL = 60.0
+#: logs whose heads one pipelined read fetches
+HEADS_PER_READ = 1024
 
 
 class RetentionService:
@@ -43,6 +48,9 @@ class RetentionService:
         self.passes = 0                 # completed passes (status, tests)
         self.removed = 0                # ledgers removed so far
         self.refused_by_skew = 0        # passes refused: this host's clock is off the store's
+        # log -> (head mark, store ms): nothing to cut before then while the head keeps
+        # that mark (rebuilt by every pass: logs gone drop out)
+        self._quiet: dict[str, tuple] = {}
         self._stop = threading.Event()
         self._election = LeaderElection(bk.store, identifier, self._lead,
                                         path=RETENTION_ELECTION, role="retention enforcer")
@@ -66,7 +74,13 @@ class RetentionService:
             self._stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
 
     def run_once(self, still_leader=lambda: True) -> dict[str, list[int]]:
-        """One pass over every log; returns the ledgers removed per log."""
+        """One pass over every log; returns the ledgers removed per log.
+
+        The heads are read :data:`HEADS_PER_READ` logs per pipelined read. A log whose head
+        is unchanged since a pass found nothing to cut until a time still ahead (no policy;
+        a size policy within its bound; the oldest ledger not old enough yet -- not when
+        cursors held the cut, they move without the head) costs nothing more; the others
+        are planned and cut from a fresh read (:func:`~bkspark.log.retention.enforce`)."""
         removed: dict[str, list[int]] = {}
         try:
             # (ages are the store's; a host whose clock is that far off is refused anyway,
@@ -79,18 +93,50 @@ class RetentionService:
         except BKError as exc:
             log.warning("retention: cannot read the store's time or list logs: %s", exc)
             return removed
-        for name in names:
-            if not still_leader() or self._stop.is_set():
-                break
+        quiet: dict[str, tuple] = {}
+        for at in range(0, len(names), HEADS_PER_READ):
+            chunk = names[at:at + HEADS_PER_READ]
             try:
-                cut = enforce(self.logs, name)
-            except NoSuchLogError:
-                continue                # deleted meanwhile
+                now = self.logs.store.clock.check_skew("retention pass")
+                heads = self.logs.raw_heads(chunk)
+            except ClockSkewError:
+                self.refused_by_skew += 1
+                break
             except BKError as exc:
-                log.warning("retention: log %s: %s (retried at the next pass)", name, exc)
+                log.warning("retention: cannot read the heads of %d logs: %s (retried at the "
+                            "next pass)", len(chunk), exc)
                 continue
-            if cut.removed:
-                removed[name] = cut.removed
-                self.removed += len(cut.removed)
+            for name, (mark, data) in heads.items():
+                if not still_leader() or self._stop.is_set():
+                    self._quiet = quiet
+                    self.passes += 1
+                    return removed
+                known = self._quiet.get(name)
+                if known is not None and known[0] == mark and now < known[1]:
+                    quiet[name] = known
+                    continue
+                try:
+                    until = self._apply(name, data, removed)
+                except NoSuchLogError:
+                    continue                # deleted meanwhile
+                except BKError as exc:
+                    log.warning("retention: log %s: %s (retried at the next pass)", name, exc)
+                    continue
+                if until is not None:
+                    quiet[name] = (mark, until)
+        self._quiet = quiet
         self.passes += 1
         return removed
+
+    def _apply(self, name: str, data: bytes, removed: dict) -> float | None:
+        """Apply the policy of log ``name``, whose head record is ``data``; returns until when
+        (the store's ms) nothing is to be cut while that head is unchanged, or None."""
+        head = LogStore.parse_head(name, data)
+        if RetentionPolicy.from_property(head.properties.get(PROPERTY)) is None:
+            return math.inf             # (a policy set later changes the head)
+        cut = enforce(self.logs, name)
+        if cut.removed:
+            removed[name] = cut.removed
+            self.removed += len(cut.removed)
+        settled = isinstance(head, LogHead) and head.gc == head.first   # nothing to collect
+        return cut.quiet_until_ms if cut.before is None and settled else None

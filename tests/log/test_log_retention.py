@@ -212,3 +212,36 @@ def test_autorecovery_applies_policies_with_one_elected_enforcer(cluster, bk, lo
             time.sleep(0.2)
     assert all(gone(bk, lid) for lid in ids + more[:1])
     assert read_all(logs, log_name) == [bytes([65 + i]) * 100 for i in (1, 2) for _ in range(3)]
+
+
+def test_a_pass_plans_again_only_logs_whose_head_changed_or_whose_oldest_ledger_aged(bk, logs,
+                                                                                    log_name):
+    """Issue 51: a pass over idle logs is a pipelined read of their heads; a log is planned
+    again when its head changes, when its oldest ledger reaches the policy's age, and every
+    pass while a cursor holds its cut (cursors move without the head)."""
+    from bkspark.recovery.retention import RetentionService
+    quiet = [f"{log_name}-q{i:02d}" for i in range(40)]
+    for i, name in enumerate(quiet):
+        append_fake(logs, name, [900_000 + 10 * i, 900_001 + 10 * i])
+        if i % 2:
+            logs.set_retention(name, RetentionPolicy(bytes=1 << 20))   # within its bound
+    aged, held = f"{log_name}-aged", f"{log_name}-held"
+    aged_ids = write_ledgers(bk, logs, aged, 2)
+    logs.set_retention(aged, RetentionPolicy(ms=3000))
+    held_ids = write_ledgers(bk, logs, held, 3)
+    logs.commit_cursor(held, "c", Position(held_ids[0], 0))
+    logs.set_retention(held, RetentionPolicy(bytes=300))
+    service = RetentionService(bk, "test-retention")
+    assert service.run_once() == {}
+    total = len(logs.list_logs())
+    with counted(logs.store) as seen:
+        assert service.run_once() == {}
+    # every head once, and the held log planned again (~15 reads); before: ~14 reads a log
+    assert seen["reads"] <= total + 30, seen
+    logs.commit_cursor(held, "c", Position(held_ids[2], 0))       # the head does not change
+    assert service.run_once() == {held: held_ids[:2]}
+    logs.set_retention(quiet[0], RetentionPolicy(bytes=1))         # a quiet log changes
+    append_fake(logs, quiet[0], [990_000])
+    assert list(service.run_once()) == [quiet[0]]
+    time.sleep(3.2)                                                # the aged log's first ledger
+    assert service.run_once() == {aged: aged_ids[:1]}              # (never the last)
