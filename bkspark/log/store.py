@@ -90,12 +90,7 @@ class LogStore:
             data, version = seg.read_head(self.store, check_log_name(name), settle=settle)
         except NoNodeError:
             raise NoSuchLogError(f"no log named {name!r}") from None
-        if format_version(data) != FORMAT_VERSION:
-            return LogMetadata.deserialize(data), version
-        head = LogHead.deserialize(data)
-        if head.properties.get(seg.DELETED):
-            raise seg.LogDeletedError(f"no log named {name!r} (it is being deleted)")
-        return head, version
+        return self.parse_head(name, data), version
 
     def get(self, name: str) -> tuple[LogMetadata, int]:
         """The whole list of a log as (metadata, head version); NoSuchLogError if it does not
@@ -287,9 +282,27 @@ class LogStore:
         changes only with its head, so an unchanged mark means an unchanged list (closed
         ledgers are immutable; an open one's LAC is not part of the list), also across a
         delete and re-create of the name."""
+        return {n: mark for n, (mark, _) in self.raw_heads(names).items()}
+
+    def raw_heads(self, names: list[str]) -> dict[str, tuple[tuple[int, bytes], bytes]]:
+        """``{name: (mark, record)}`` of each existing log (:meth:`head_marks`), the record
+        not parsed (:meth:`parse_head`): one pipelined read of all the heads."""
         got = self.store.get_many([log_path(check_log_name(n)) for n in names])
-        return {n: (item[1], hashlib.blake2b(item[0], digest_size=16).digest())
+        return {n: ((item[1], hashlib.blake2b(item[0], digest_size=16).digest()), item[0])
                 for n, item in zip(names, got) if item is not None}
+
+    @staticmethod
+    def parse_head(name: str, data: bytes) -> LogHead | LogMetadata:
+        """A head record as :meth:`raw_heads` read it: a format-2 :class:`LogHead`, or a
+        format-1 log's whole :class:`LogMetadata`.
+
+        :raises NoSuchLogError: the log is being deleted."""
+        if format_version(data) != FORMAT_VERSION:
+            return LogMetadata.deserialize(data)
+        head = LogHead.deserialize(data)
+        if head.properties.get(seg.DELETED):
+            raise seg.LogDeletedError(f"no log named {name!r} (it is being deleted)")
+        return head
 
     def lists(self, name: str, ledger_id: int) -> bool:
         """Whether the log lists ``ledger_id`` (one or two reads: the ledger index)."""
