@@ -2,9 +2,17 @@
 
 Routes (GET unless said):
 
-* ``/`` -- the overview page (``page.html``): bookies, plots of the last hour, logs, ledgers
-  under-replicated, the auditor; it polls the two routes below every two seconds.
-* ``/api/overview`` -- the latest sample (:meth:`Collector.overview`).
+* ``/`` -- the overview page (``page.html``): bookies, plots of the last hour, the logs table
+  (totals over every log; the busiest, largest or most lagging first, or by name; a search
+  by name), ledgers by state, ledgers under-replicated, the auditor; it polls the three
+  routes below every two seconds (the table at once when its order or search changes).
+* ``/api/overview`` -- the latest sample (:meth:`Collector.overview`): totals over every log
+  and ledger, as of the census's last complete pass.
+* ``/api/logs?sort=busiest|largest|lagging|name&q=TEXT&limit=N`` -- the logs table: the first
+  ``N`` (default 100, at most :data:`~bkspark.dashboard.collector.MAX_SHOWN`) logs in that
+  order among those whose name holds ``TEXT`` (case-insensitive, at most
+  :data:`~bkspark.dashboard.collector.MAX_QUERY` characters), from every log's census row
+  (:meth:`Census.rank`), and how many match; a bad parameter is a 400.
 * ``/api/series?since=T`` -- the points of every series after time ``T`` (seconds).
 * ``/ledger/<id>``, ``/api/ledger/<id>`` -- one ledger: state, quorums, its ensembles (which
   bookie holds which fragment), under-replication.
@@ -154,6 +162,19 @@ class Dashboard(HttpEndpoint):
         return {"requested": urm.request_audit(by="dashboard"), "auditor": urm.auditor()}
 
 
+def logs_table(collector: Collector, query: dict) -> dict:
+    """The answer of ``/api/logs`` (module docstring) for the request's ``query`` parameters.
+    :raises ValueError: a bad ``sort``, ``q`` or ``limit`` (the handler answers 400)."""
+    from .collector import OVERVIEW_LOGS
+    limit = query.get("limit", str(OVERVIEW_LOGS))
+    if not limit.isdigit() or len(limit) > 6:
+        raise ValueError("limit is a number")
+    table = collector.census.rank(query.get("sort", "busiest"), query.get("q", ""), int(limit))
+    view = collector.census.view()
+    table.update(log_totals=view["log_totals"], census=view["census"])
+    return table
+
+
 class NoSuchBookie(LookupError):
     pass
 
@@ -199,6 +220,8 @@ def _handler_for(dash: Dashboard):
                     overview = dash.collector.overview()
                     overview["actions"] = bool(dash.token)
                     self.json(200, overview)
+                elif path == "/api/logs":
+                    self.json(200, logs_table(dash.collector, query))
                 elif path == "/api/series":
                     self.json(200, dash.collector.history.since(float(query.get("since", 0))))
                 elif path.startswith("/api/ledger/"):

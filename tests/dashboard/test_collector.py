@@ -61,11 +61,11 @@ def test_a_daemon_without_a_metadata_service_says_how_to_name_one(command, tmp_p
     assert err.startswith(f"bkspark {command}: no metadata service") and "--metadata URI" in err
 
 
-def test_ledger_states_are_counted_a_bounded_chunk_per_sample(tmp_path, monkeypatch):
+def test_ledger_states_are_counted_a_bounded_chunk_per_step(tmp_path, monkeypatch):
     from bkspark.dashboard import collector as col
     from metadata import ledgers, open_store
     from metadata.ledger_metadata import LedgerMetadata
-    monkeypatch.setattr(col, "LEDGER_SCAN_CHUNK", 4)
+    monkeypatch.setattr(col, "LEDGER_CHUNK", 4)
     with open_store(f"sqlite://{tmp_path}/m.db", create=True) as store:
         ids = [ledgers.create_ledger(store, LedgerMetadata.new(["a:1", "b:1"], 2, 2)).ledger_id
                for _ in range(10)]
@@ -73,13 +73,16 @@ def test_ledger_states_are_counted_a_bounded_chunk_per_sample(tmp_path, monkeypa
             md, version = ledgers.read_ledger(store, lid)
             ledgers.write_ledger(store, md.with_closed(-1, 0), version)
         c = col.Collector(store, interval=1.0, slow_interval=0.0)
-        c._count_ledger_states(now=1.0)
-        c._count_ledger_states(now=2.0)
-        assert c._ledger_states is None                 # 8 of 10 read: no count yet
+        census = c.census
+        assert census.step() is False                   # (no log) the first 4 ledgers
+        assert census.step() is False                   # 8 of 10 read: no count yet
+        assert census.ledger_states is None
+        assert census.view()["census"]["progress"]["ledgers_read"] == 8
         ledgers.delete_ledger(store, ids[-1])           # gone before its turn: not counted
-        c._count_ledger_states(now=3.0)
-        assert c._ledger_states == {"counts": {"CLOSED": 3, "OPEN": 6}, "at": 3.0}
-        assert c.history.since(0)["cluster/ledgers/OPEN"] == [[3.0, 6.0]]
+        assert census.step() is True
+        states = c.overview()["ledger_states"]
+        assert states["counts"] == {"CLOSED": 3, "OPEN": 6} and states["ledgers"] == 10
+        assert c.history.since(0)["cluster/ledgers/OPEN"] == [[states["at"], 6.0]]
 
 
 def test_a_bookie_directory_shows_whether_its_writes_failed():

@@ -117,6 +117,65 @@ def test_the_overview_loads_and_its_plots_receive_points(browser, cluster, dashb
         bk.close()
 
 
+def test_the_logs_table_ranks_every_log_and_searches_them_by_name(browser, cluster, dashboard):
+    """More logs than the table shows: the totals count them all; the order selector puts the
+    largest, the most lagging and the busiest first; a search finds a log beyond the first 100
+    by name; an open ledger counts up to its LAC (read from its bookies)."""
+    from bkspark.log.position import Position
+    bk = BookKeeper(cluster.metadata_uri)
+    page = browser.new_page(viewport={"width": 1400, "height": 1200})
+    writer = None
+    try:
+        logs = LogStore(bk)
+        for i in range(120):                            # empty logs, first by name
+            logs.create(f"aaa-filler-{i:03d}")
+        for name, n, size in (("rank-small", 5, 10), ("rank-big", 120, 400), ("rank-lag", 250, 10),
+                              ("zz-needle", 3, 10)):
+            with logs.open_writer(name) as w:
+                for i in range(n):
+                    w.append(b"r" * size)
+        logs.commit_cursor("rank-lag", "slow-reader", logs.resolve("rank-lag", "earliest"))
+        writer = logs.open_writer("rank-open")          # stays open: its LAC counts
+        for i in range(30):
+            writer.append(b"o%d" % i)
+        writer.flush()
+        page.goto(dashboard.url + f"?token={TOKEN}")    # the viewer cookie
+        total = len(logs.list_logs())
+        _wait(page, f"document.getElementById('log-totals').textContent.startsWith('{total} logs')")
+        first = "document.querySelector('#logs tbody tr').dataset.log"
+        rows = "document.querySelectorAll('#logs tbody tr').length"
+        assert page.evaluate(rows) == 100
+        assert "the first 100 shown" in page.text_content("#log-matched")
+        page.select_option("#log-sort", "largest")
+        _wait(page, f"{first} == 'rank-big'")
+        page.select_option("#log-sort", "lagging")
+        _wait(page, f"{first} == 'rank-lag'")
+        assert "slow-reader=250" in page.text_content('#logs tr[data-log="rank-lag"]')
+        page.select_option("#log-sort", "name")
+        _wait(page, f"{first} == 'aaa-filler-000'")
+        assert page.query_selector('#logs tr[data-log="zz-needle"]') is None
+        page.fill("#log-search", "NEEDL")
+        _wait(page, f"{rows} == 1 && {first} == 'zz-needle'")
+        assert page.text_content("#log-matched") == "1 matching"
+        page.fill("#log-search", "rank-open")
+        _wait(page, f"{rows} == 1 && {first} == 'rank-open'")
+        cells = "document.querySelectorAll('#logs tbody tr td')"
+        _wait(page, f"{cells}[2].textContent == '30'")     # entries: up to the LAC
+        assert page.evaluate(f"{cells}[5].querySelector('a') !== null")  # its open ledger's age
+        # busiest: rank-open grows between two passes of the census
+        page.fill("#log-search", "rank-")
+        page.select_option("#log-sort", "busiest")
+        for i in range(200):
+            writer.append(b"p%d" % i)
+        writer.flush()
+        _wait(page, f"{first} == 'rank-open' && {cells}[4].textContent != ''")
+    finally:
+        if writer is not None:
+            writer.close()
+        page.close()
+        bk.close()
+
+
 def test_a_ledger_shows_how_its_keys_derive_but_no_key(cluster, dashboard):
     """Anyone who can load the dashboard sees a ledger's metadata: not its master key nor
     its salt (and the metadata holds no password)."""
