@@ -1,7 +1,8 @@
-"""Many logs, many small ledgers: what reads cost per ledger and per log (issue 51).
+"""Many logs, many small ledgers: what reads and passes cost per ledger and per log (issue 51).
 
     python bench/many_logs.py                          # 2,000 small ledgers; 300 logs
     python bench/many_logs.py --ledgers 10000 --logs 1000   # the issue's sizes
+    python bench/many_logs.py --catalog 100,1000,10000 --stores sqlite,zk --no-spark
 
 Spark batch reads (``spark.read.format("bookkeeper")...count()``, ``local[2]``, record
 entries, E=3 Qw=2 Qa=2, 3 local bookies, sqlite metadata), best of ``--repeat``:
@@ -13,6 +14,17 @@ entries, E=3 Qw=2 Qa=2, 3 local bookies, sqlite metadata), best of ``--repeat``:
 
 The ledgers are written directly (client + LogStore, no Spark), committed to their logs in
 batches. Prints each figure with the number of input partitions Spark planned.
+
+``--catalog N,...`` then times, for N logs of one closed ledger each (one record), on each of
+``--stores`` (sqlite; zk: a local ZooKeeper), the driver-side passes whose cost should follow
+what changed, not N:
+
+* creation: logs created per second (a ledger written, closed and listed in a new log);
+* retention: a pass over every log (each with a size policy within its bound) -- the first,
+  then one with nothing changed;
+* ``bkspark shell logs --json`` (in-process);
+* a streaming source over all N logs (``logPattern``): a trigger (latestOffset + partitions +
+  commit) with nothing new, and one after a single log gained a ledger.
 """
 from __future__ import annotations
 
@@ -46,12 +58,98 @@ def fill(bk, logs, name: str, ledgers: int, rows: int) -> None:
         logs.append_ledgers(name, ids)
 
 
+def catalog(store: str, n: int, spark_free: bool = True) -> dict:
+    """The catalog figures (module docstring) for ``n`` logs on ``store``."""
+    import contextlib
+    import io
+
+    from bkspark.cli.main import main as cli
+    from bkspark.client import BookKeeper
+    from bkspark.localcluster import LocalCluster
+    from bkspark.log import LogStore
+    from bkspark.log.retention import RetentionPolicy
+    from bkspark.recovery.retention import RetentionService
+    from bkspark.spark.codec import record_spark_schema
+    from bkspark.spark.options import parse_options
+    from bkspark.spark.stream import BookKeeperStreamReader, ReadAllAvailable
+
+    work = tempfile.mkdtemp(prefix=f"bkspark-bench-catalog-{store}-")
+    with contextlib.ExitStack() as stack:
+        uri = None
+        if store == "zk":
+            from metadata.testing import ZooKeeperServer, unique_root
+            zk = ZooKeeperServer(tick_time=500, max_session_timeout=60000)
+            zk.start()
+            stack.callback(zk.stop)
+            uri = zk.uri(unique_root())
+        cluster = stack.enter_context(LocalCluster(
+            metadata_uri=uri, num_bookies=3, data_dir=os.path.join(work, "bookies")))
+        uri = cluster.metadata_uri
+        bk = stack.enter_context(BookKeeper(uri))
+        logs = LogStore(bk)
+        names = [f"cat-{i:06d}" for i in range(n)]
+        t = time.perf_counter()
+        for name in names:
+            fill(bk, logs, name, 1, 1)
+        out = {"create_per_s": n / (time.perf_counter() - t)}
+        for name in names:
+            logs.set_retention(name, RetentionPolicy(bytes=1 << 30))
+        service = RetentionService(bk, "bench")
+        t = time.perf_counter()
+        service.run_once()
+        out["retention_first"] = time.perf_counter() - t
+        t = time.perf_counter()
+        service.run_once()
+        out["retention_idle"] = time.perf_counter() - t
+        t = time.perf_counter()
+        with contextlib.redirect_stdout(io.StringIO()):
+            cli(["shell", "logs", "--metadata", uri, "--json"])
+        out["shell_logs"] = time.perf_counter() - t
+        opts = parse_options({"logPattern": "cat-.*", "startingOffsets": "earliest",
+                              "queryId": "bench", "metadataServiceUri": uri})
+        source = BookKeeperStreamReader(opts, record_spark_schema())
+
+        def trigger(start):
+            t = time.perf_counter()
+            end = source.latestOffset(start, ReadAllAvailable())
+            source.partitions(start, end)
+            source.commit(end)
+            return end, time.perf_counter() - t
+        end, out["stream_first"] = trigger(source.initialOffset())
+        end, out["stream_idle"] = trigger(end)
+        fill(bk, logs, names[n // 2], 1, 1)
+        end, out["stream_one_changed"] = trigger(end)
+        return out
+
+
+def print_catalog(rows: list) -> None:
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    print(f"# bench/many_logs.py --catalog, {when}, logs of 1 closed ledger x 1 record, "
+          "E=3 Qw=2 Qa=2, 3 local bookies, seconds unless said")
+    head = ("store", "logs", "create/s", "retention 1st", "retention idle", "shell logs",
+            "stream 1st", "stream idle", "stream 1 changed")
+    print("".join(f"{h:>17}" for h in head))
+    for store, n, f in rows:
+        print(f"{store:>17}{n:>17}{f['create_per_s']:>17.0f}{f['retention_first']:>17.2f}"
+              f"{f['retention_idle']:>17.2f}{f['shell_logs']:>17.2f}{f['stream_first']:>17.2f}"
+              f"{f['stream_idle']:>17.3f}{f['stream_one_changed']:>17.3f}", flush=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ledgers", type=int, default=2000)
     p.add_argument("--logs", type=int, default=300)
     p.add_argument("--repeat", type=int, default=2)
+    p.add_argument("--catalog", default="", help="log counts of the catalog figures, e.g. 100,1000")
+    p.add_argument("--stores", default="sqlite", help="sqlite,zk")
+    p.add_argument("--no-spark", action="store_true", help="the catalog figures only")
     args = p.parse_args()
+    if args.catalog:
+        rows = [(store, int(n), catalog(store, int(n)))
+                for store in args.stores.split(",") for n in args.catalog.split(",")]
+        print_catalog(rows)
+    if args.no_spark:
+        return 0
 
     from pyspark.sql import SparkSession
 

@@ -19,13 +19,15 @@ keep the cursor ``spark``.
 
 ``reportLatestOffset`` gives each log's real end (the progress's ``latestOffset``, beside the
 batch's ``endOffset``) and, under the key ``@backlog``, what the query is behind after this
-batch: entries and estimated bytes per log and in total, with the Kafka source's
+batch: entries and estimated bytes in total and per log (the :data:`BACKLOG_LOGS` most behind
+when a query reads more logs), with the Kafka source's
 ``min/avg/maxOffsetsBehindLatest`` -- PySpark 4.3 gives a Python stream reader no
 ``metrics()`` hook (its JVM stream does not implement ``ReportsSourceMetrics``), so this is
 where the progress can show the backlog.
 """
 from __future__ import annotations
 
+import heapq
 import logging
 import time
 import uuid
@@ -67,6 +69,8 @@ log = logging.getLogger("bkspark.spark")
 CURSOR_KEY = "@cursor"          # offsets' key of the query's cursor name ('@': no log name)
 BACKLOG_KEY = "@backlog"        # reportLatestOffset's key of the backlog
 LEGACY_CURSOR = "spark"
+#: logs the backlog names one by one at most (the most behind; every log when no more)
+BACKLOG_LOGS = 100
 #: seconds a log's end may stay unreadable (no bookie answers its LAC) before the query fails
 LAC_UNAVAILABLE_LIMIT_S = 120.0
 
@@ -165,7 +169,7 @@ class BookKeeperStreamReader(importguard.Guarded, DataSourceStreamReader,
         A log read to its settled end under the same mark, with ``start`` at that end, has
         nothing new: it is not read again (an idle log costs its share of one pipelined
         read per trigger)."""
-        if end is None and mark is not None and self._settled.get(name) == (mark, start):
+        if end is None and self._quiet(name, mark, start.to_json()):
             return []
         try:
             ranges, settled = self._walk(logs, name, start, end)
@@ -175,10 +179,15 @@ class BookKeeperStreamReader(importguard.Guarded, DataSourceStreamReader,
             return []
         self._unreadable.pop(name, None)
         if end is None and mark is not None and settled:
-            self._settled[name] = (mark, self._end_of(start, None, ranges))
+            self._settled[name] = (mark, self._end_of(start, None, ranges).to_json())
         else:
             self._settled.pop(name, None)
         return ranges
+
+    def _quiet(self, name: str, mark, position: dict | None) -> bool:
+        """Whether log ``name``, whose head has ``mark``, has nothing beyond ``position`` (an
+        offset's JSON): it was read to its settled end, there, under the same mark."""
+        return mark is not None and self._settled.get(name) == (mark, position)
 
     def _tolerate_unreadable(self, name: str, exc: BookieUnavailableError, doing: str) -> None:
         """The one rule for a log whose end cannot be read: tolerated (logged, with what
@@ -293,8 +302,12 @@ class BookKeeperStreamReader(importguard.Guarded, DataSourceStreamReader,
             names = [n for n in names if n in self._target]
         marks = logs.head_marks(names)       # (read before the logs: see _available_now)
         self._settled = {n: v for n, v in self._settled.items() if n in marks}
-        ranges, starts = {}, {}
+        ranges, starts, quiet = {}, {}, set()
         for name in names:
+            if self._target is None and self._quiet(name, marks.get(name), positions.get(name)):
+                quiet.add(name)         # (no Position made: 10,000 idle logs stay cheap)
+                ranges[name] = []
+                continue
             s = _pos(positions[name]) if name in positions else EMPTY   # a new log: from its start
             starts[name] = s
             end = None
@@ -310,6 +323,10 @@ class BookKeeperStreamReader(importguard.Guarded, DataSourceStreamReader,
             caps = {n: 0 for n in names}
         out, latest, behind = {}, {}, {}
         for name in names:
+            if name in quiet:
+                out[name] = latest[name] = positions[name]
+                behind[name] = (0, 0.0)
+                continue
             out[name] = self._end_of(starts[name], caps[name], ranges[name]).to_json()
             unbounded = ranges[name] if self._target is None else \
                 self._available_now(logs, name, starts[name], None, marks.get(name))
@@ -350,7 +367,9 @@ class BookKeeperStreamReader(importguard.Guarded, DataSourceStreamReader,
             "minOffsetsBehindLatest": min(per) if per else 0,
             "avgOffsetsBehindLatest": sum(per) / len(per) if per else 0.0,
             "maxOffsetsBehindLatest": max(per) if per else 0,
-            "logs": {name: {"entries": n, "bytes": int(b)} for name, (n, b) in behind.items()},
+            "logs": {name: {"entries": n, "bytes": int(b)} for name, (n, b) in (
+                behind.items() if len(behind) <= BACKLOG_LOGS else
+                heapq.nlargest(BACKLOG_LOGS, behind.items(), key=lambda kv: kv[1]))},
         }
 
     def reportLatestOffset(self):
@@ -363,6 +382,8 @@ class BookKeeperStreamReader(importguard.Guarded, DataSourceStreamReader,
         before = _logs_of(start)
         parts = []
         for name, e in _logs_of(end).items():
+            if before.get(name) == e:
+                continue
             s = _pos(before[name]) if name in before else EMPTY
             e = _pos(e)
             if s == e or e.ledger_id == -1:
@@ -385,8 +406,10 @@ class BookKeeperStreamReader(importguard.Guarded, DataSourceStreamReader,
         cursor = self._cursor(end)
         committed = self._committed[1] if self._committed[0] == cursor else {}
         for name, pos in _logs_of(end).items():
+            if committed.get(name) == pos:
+                continue
             p = _pos(pos)
-            if p.ledger_id == -1 or committed.get(name) == pos:
+            if p.ledger_id == -1:
                 continue
             try:
                 logs.commit_cursor(name, cursor, p)

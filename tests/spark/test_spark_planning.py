@@ -233,3 +233,14 @@ def test_small_ranges_are_packed_in_order_up_to_the_target():
     assert pack([], opts) == []
     (one,) = pack(parts[:1], opts)
     assert one is parts[0]                                      # a pack of one is the range
+
+
+def test_the_backlog_names_at_most_the_logs_most_behind():
+    from bkspark.spark.stream import BACKLOG_LOGS
+    behind = {f"l{i:03d}": (i, 10.0 * i) for i in range(BACKLOG_LOGS + 50)}
+    backlog = BookKeeperStreamReader._backlog(behind)
+    assert len(backlog["logs"]) == BACKLOG_LOGS and "l149" in backlog["logs"] \
+        and "l049" not in backlog["logs"]
+    assert backlog["entriesBehindLatest"] == sum(range(BACKLOG_LOGS + 50))   # totals: all
+    few = {"a": (0, 0.0), "b": (3, 30.0)}
+    assert set(BookKeeperStreamReader._backlog(few)["logs"]) == {"a", "b"}
