@@ -608,11 +608,15 @@ def cmd_logs(args, out):
     docs = []
     with _client(args) as bk:
         logs = LogStore(bk)
-        for name in _chosen_logs(logs, args.log):
+        names = _chosen_logs(logs, args.log)
+        stats = logs.stats_many(names, cursors=True)    # (a few pipelined reads per 512 logs)
+        for name in names:
             try:
-                doc = {"log": name, **logs.stats(name)}
+                if isinstance(stats[name], BKError):
+                    raise stats[name]
+                doc = {"log": name, **stats[name]}
                 doc["cursors"] = {c: {"position": str(pos), "lag": lag}
-                                  for c, (pos, lag) in logs.cursor_lags(name).items()}
+                                  for c, (pos, lag) in doc.pop("cursor_lags").items()}
                 if args.ledgers:
                     doc["ledgers"] = _log_ledgers(logs.get(name)[0])
                 docs.append(doc)

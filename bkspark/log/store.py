@@ -40,6 +40,7 @@ from metadata.log_metadata import LogMetadata
 from metadata.log_segments import (
     FORMAT_VERSION,
     LogHead,
+    decode_segment,
     expired_writers_path,
     format_version,
     ledger_index_path,
@@ -58,6 +59,65 @@ log = logging.getLogger("bkspark.log")
 
 def cursor_path(name: str, cursor: str) -> str:
     return f"{log_path(name)}/cursors/{check_log_name(cursor)}"
+
+
+#: logs whose heads, then end segments, :meth:`LogStore.stats_many` reads in one pipelined
+#: read each (what it holds in memory at once is bounded by it)
+STATS_CHUNK = 512
+
+
+# ---- figures from a list's ends: the one rule of LogStore.stats, stats_many, cursor_lags ----
+
+def offset_span(first: LogLedger | None, tail: list[LogLedger],
+                end_of: Callable[[LogLedger], int]) -> tuple[int, int] | None:
+    """``(first, end)``: the log offsets of a list's first entry and of the entry after its
+    last readable one, from its ends -- ``first``, its first listed entry (None: it lists
+    nothing), and ``tail``, the listed entries among its last :data:`~bkspark.log.segments.TAIL`
+    segments, in order. ``end`` is the offset stamp of the tail's last stamped entry plus the
+    readable entries of it and of those after it (``end_of``: an entry's last readable entry
+    id, :meth:`LogStore.ledger_end`; for an open ledger that is a LAC read, made only here).
+    None where a stamp is missing (format-1 logs before their first commit): the entries are
+    then counted over the whole list."""
+    if first is None or first.offset is None:
+        return None
+    base = max((i for i, e in enumerate(tail) if e.offset is not None), default=None)
+    if base is None:
+        return None
+    return first.offset, tail[base].offset + sum(end_of(e) + 1 for e in tail[base:])
+
+
+def stamped_bytes(first: LogLedger | None, tail: list[LogLedger]) -> int | None:
+    """Bytes of a list's closed ledgers from the ``byte_offset`` stamps of its ends (``first``
+    and ``tail`` as :func:`offset_span` takes them): the end of the tail's last stamped closed
+    entry less the first entry's stamp (an unlisted ledger between them is counted). None
+    where the stamps do not tell (a list whose oldest segments predate them, or that lists
+    nothing): the caller sums the whole list."""
+    stamped = [e for e in tail if e.closed and e.byte_offset is not None]
+    if first is None or not stamped or first.byte_offset is None \
+            or first.byte_offset > stamped[-1].byte_offset:
+        return None
+    return stamped[-1].byte_offset + stamped[-1].sealed_length() - first.byte_offset
+
+
+def cursor_lag(position: Position, at: LogLedger | None, span: tuple[int, int]) -> int:
+    """Entries from a cursor at ``position`` to the end of a log whose offsets are ``span``
+    (:func:`offset_span`): ``at`` is the listed entry of the position's ledger (None: it is not
+    listed any more, and the whole log is ahead of the cursor)."""
+    if at is None or at.offset is None:
+        return span[1] - span[0]
+    read = max(0, position.entry_id)
+    if at.entry_count() is not None:
+        read = min(read, at.entry_count())
+    return span[1] - min(span[1], at.offset + read)
+
+
+def _cursor_record(data: bytes) -> tuple[Position, int | None]:
+    """A stored cursor record: its position, and when it moved (ms; None: recorded before
+    cursors carried the time)."""
+    import json
+    obj = json.loads(data.decode())
+    t = obj.get("t") if isinstance(obj, dict) else None
+    return Position.from_json(obj), t if isinstance(t, int) else None
 
 
 class LogStore:
@@ -238,36 +298,224 @@ class LogStore:
         """Bytes of the log's closed ledgers: two reads from the ``byte_offset`` stamps of its
         ends (:mod:`metadata.log_segments`); a list whose oldest segments predate the stamps
         is summed whole. (An unlisted ledger between the ends is counted.)"""
-        head, tail = self._tail(name)
-        stamped = [e for e in tail if e.closed and e.byte_offset is not None]
-        if head is not None and stamped and head.byte_offset is not None \
-                and head.byte_offset <= stamped[-1].byte_offset:
-            return stamped[-1].byte_offset + stamped[-1].sealed_length() - head.byte_offset
-        return sum(e.sealed_length() for e in self.segments(name))
+        first, tail = self._tail(name)
+        size = stamped_bytes(first, tail)
+        return size if size is not None else sum(e.sealed_length() for e in self.segments(name))
 
     def offset_range(self, name: str) -> tuple[int, int] | None:
         """``(first, end)``: the log offsets of its first entry and of the entry after its last
         readable one (open ledgers: up to their LAC), from the stamps of its ends; None where a
         stamp is missing (format-1 logs before their first commit)."""
-        head, tail = self._tail(name)
-        if head is None:
-            return None
-        base = max((i for i, e in enumerate(tail) if e.offset is not None), default=None)
-        if base is None or head.offset is None:
-            return None
-        end = tail[base].offset + sum(self.ledger_end(e) + 1 for e in tail[base:])
-        return head.offset, end
+        return offset_span(*self._tail(name), self.ledger_end)
 
     def stats(self, name: str) -> dict:
-        """What the shell shows of a log: segments, entries, bytes (of closed ledgers),
-        offsets, retention -- a few reads, whatever the log's length."""
-        first, nxt = self.bounds(name)
-        span = self.offset_range(name)
-        entries = span[1] - span[0] if span else sum(n for _, n in self.entry_counts(name))
-        policy = self.retention(name)
-        return {"segments": nxt - first, "entries": entries, "bytes": self.closed_bytes(name),
+        """What the shell shows of a log: ``segments`` (of the list, unlisted ledgers
+        included), ``entries``, ``bytes`` (of closed ledgers), ``first_offset`` /
+        ``end_offset`` (None where the list's offset stamps are missing) and ``retention`` (its
+        policy's property; None: keep everything) -- :meth:`stats_many` of this one log: its
+        head, then its first and last segments (two reads, whatever the log's length), plus
+        the LAC of an open ledger at its end.
+
+        :raises NoSuchLogError: there is no such log (or it is being deleted)."""
+        got = self.stats_many([name])[name]
+        if isinstance(got, errors.BKError):
+            raise got
+        return got
+
+    def stats_many(self, names: list[str], *,
+                   cursors: bool = False) -> dict[str, dict | errors.BKError]:
+        """:meth:`stats` of each log of ``names`` (by name, in the order given); with
+        ``cursors``, each doc also has ``cursor_lags``, what :meth:`cursor_lags` gives. The logs
+        are read :data:`STATS_CHUNK` at a time, in rounds whose number does not grow with
+        theirs:
+
+        1. their heads, one pipelined read (:meth:`raw_heads`);
+        2. each list's ends -- its first segment and its last
+           :data:`~bkspark.log.segments.TAIL` -- one pipelined read across the logs;
+        3. the LAC of each open ledger at a list's end (one per log being written);
+        4. with ``cursors``: which logs have cursors (their ``cursors`` node, present once a
+           cursor was committed: one pipelined read), the cursor names of those that do (one
+           ``children`` read each: the store lists one node at a time), the cursor records (one
+           pipelined read), and where each cursor's ledger is listed: among the ends without a
+           read, else through its ledger-index record (one pipelined read) and its segment (a
+           read each).
+
+        A log whose ends these reads do not give is read on its own (:meth:`_stats_of`, then
+        :meth:`cursor_lags`), following its list the way those reads do: a format-1 record, a
+        first segment that is an unlisted ledger, a segment record gone since its head was
+        read (the log changed meanwhile). A list whose oldest segments predate the offset
+        stamps is read whole (:func:`offset_span`, :func:`stamped_bytes`), as by :meth:`stats`.
+
+        Failure semantics: a log whose figures cannot be read gets the error instead of its doc
+        -- :class:`NoSuchLogError` when it does not exist (deleted since it was listed, or being
+        deleted), :class:`BadRequestError` for an invalid name, else the error of its own reads
+        (a LAC, a corrupt record); a read of a whole chunk that fails (the store does not
+        answer) raises."""
+        names = list(names)
+        out: dict[str, dict | errors.BKError] = {}
+        for i in range(0, len(names), STATS_CHUNK):
+            out.update(self._stats_chunk(names[i:i + STATS_CHUNK], cursors))
+        return {name: out[name] for name in names}
+
+    def _stats_chunk(self, names: list[str], cursors: bool) -> dict[str, dict | errors.BKError]:
+        """:meth:`stats_many` of a few logs (its rounds 1 to 4)."""
+        out: dict[str, dict | errors.BKError] = {}
+        valid = []
+        for name in dict.fromkeys(names):
+            try:
+                valid.append(check_log_name(name))
+            except BadRequestError as exc:
+                out[name] = exc
+        raw = self.raw_heads(valid)
+        heads: dict[str, LogHead] = {}
+        alone: list[str] = []                   # read on their own
+        for name in valid:
+            try:
+                if name not in raw:
+                    raise NoSuchLogError(f"no log named {name!r}")
+                head = self.parse_head(name, raw[name][1])
+            except errors.BKError as exc:
+                out[name] = exc
+                continue
+            if isinstance(head, LogMetadata):
+                alone.append(name)
+            else:
+                heads[name] = head
+        seqs = {name: self._end_seqs(head) for name, head in heads.items()}
+        got = iter(self._get_many([segment_path(n, s) for n in heads for s in seqs[n]]))
+        ends: dict[str, tuple[LogLedger | None, list[LogLedger]]] = {}
+        for name, head in heads.items():
+            records = {s: next(got) for s in seqs[name]}
+            try:
+                found = self._ends(head, records)
+                if found is None:
+                    alone.append(name)
+                    continue
+                ends[name] = found
+                out[name] = self._summary(head, *found, lambda name=name: self.segments(name))
+            except errors.BKError as exc:
+                out[name] = exc
+        for name in alone:
+            try:
+                out[name] = self._stats_of(name)
+            except errors.BKError as exc:
+                out[name] = exc
+        if cursors:
+            self._add_cursor_lags(out, heads, ends)
+        return out
+
+    @staticmethod
+    def _end_seqs(head: LogHead) -> list[int]:
+        """The segments that give a list's ends (:func:`offset_span`): its first and its last
+        :data:`~bkspark.log.segments.TAIL` (none: the list is empty)."""
+        start = max(head.first, head.next - seg.TAIL)
+        return ([head.first] if head.first < start else []) + list(range(start, head.next))
+
+    @staticmethod
+    def _ends(head: LogHead, records: dict[int, tuple[bytes, int] | None]
+              ) -> tuple[LogLedger | None, list[LogLedger]] | None:
+        """A list's ends, ``(first listed entry, the listed entries among its last TAIL
+        segments)``, from the records of :meth:`_end_seqs` read after ``head``; None where they
+        do not give them: a record gone (the log changed since ``head``), or a first segment
+        that is an unlisted ledger (the first listed entry is further on).
+
+        :raises MetadataFormatError: a corrupt record."""
+        if any(item is None for item in records.values()):
+            return None
+        entries = {s: decode_segment(item[0], s) for s, item in records.items()}
+        if not entries:
+            return None, []
+        first = entries[head.first]
+        if not first.listed:
+            return None
+        start = max(head.first, head.next - seg.TAIL)
+        return first, [e for s, e in entries.items() if s >= start and e.listed]
+
+    def _stats_of(self, name: str) -> dict:
+        """:meth:`stats` of one log from reads of its own that follow its list wherever it
+        leads (the fallback of :meth:`stats_many`): its head, its first listed entry (past
+        unlisted segments, in chunks that double) and its last segments, each read again while
+        the list changes under it."""
+        head, _ = self._head(name)
+        return self._summary(head, *self._tail(name), lambda: self.segments(name))
+
+    def _summary(self, head: LogHead | LogMetadata, first: LogLedger | None,
+                 tail: list[LogLedger], whole: Callable[[], list[LogLedger]]) -> dict:
+        """:meth:`stats` of a log from its head (format 2, or a format-1 record), its ends
+        (:func:`offset_span`) and ``whole()`` -- its listed entries, read only where the ends'
+        stamps do not tell. Reads the LAC of an open ledger at the end (of every open one when
+        the list is counted whole)."""
+        lo, hi = (0, len(head.ledgers)) if isinstance(head, LogMetadata) \
+            else (head.first, head.next)
+        span = offset_span(first, tail, self.ledger_end)
+        size = stamped_bytes(first, tail)
+        listed = [] if first is None or span is not None and size is not None else whole()
+        entries = span[1] - span[0] if span else sum(self.ledger_end(e) + 1 for e in listed)
+        if size is None:
+            size = sum(e.sealed_length() for e in listed)
+        policy = RetentionPolicy.from_property(head.properties.get(ret.PROPERTY))
+        return {"segments": hi - lo, "entries": entries, "bytes": size,
                 "first_offset": span[0] if span else None, "end_offset": span[1] if span else None,
                 "retention": policy.to_property() if policy else None}
+
+    def _add_cursor_lags(self, out: dict, heads: dict[str, LogHead],
+                         ends: dict[str, tuple[LogLedger | None, list[LogLedger]]]) -> None:
+        """Round 4 of :meth:`stats_many`: each doc of ``out`` gets its ``cursor_lags`` (``heads``
+        and ``ends``: what rounds 1 and 2 read); a log whose cursors cannot be read gets the
+        error instead of its doc."""
+        docs = [name for name, doc in out.items() if isinstance(doc, dict)]
+        present = self._get_many([f"{log_path(name)}/cursors" for name in docs])
+        wanted: list[tuple[str, str]] = []      # (log, cursor) of the logs read together
+        for name, item in zip(docs, present):
+            try:
+                if item is not None and (name not in ends or out[name]["end_offset"] is None):
+                    out[name]["cursor_lags"] = self.cursor_lags(name)
+                    continue
+                out[name]["cursor_lags"] = {}
+                if item is not None:            # (None: no cursor was ever committed)
+                    wanted += [(name, cursor) for cursor in self._cursor_names(name)]
+            except errors.BKError as exc:
+                out[name] = exc
+        positions: dict[str, dict[str, Position]] = {}
+        records = self._get_many([cursor_path(name, c) for name, c in wanted])
+        for (name, cursor), item in zip(wanted, records):
+            if not isinstance(out[name], dict):
+                continue
+            at = positions.setdefault(name, {})
+            try:
+                if item is not None:            # (else deleted since it was listed)
+                    at[cursor] = _cursor_record(item[0])[0]
+            except errors.BKError as exc:
+                out[name] = exc
+        # the listed entry of each cursor's ledger: among the ends, else through the index
+        listed: dict[tuple[str, int], LogLedger | None] = {}
+        todo: list[tuple[str, int]] = []
+        for name, at in positions.items():
+            first, tail = ends[name]
+            known = {e.ledger_id: e for e in ([first] if first is not None else []) + tail}
+            for position in at.values():
+                key = (name, position.ledger_id)
+                if position.ledger_id in known:
+                    listed[key] = known[position.ledger_id]
+                elif key not in listed:
+                    listed[key] = None
+                    todo.append(key)
+        index = self._get_many([ledger_index_path(name, lid) for name, lid in todo])
+        for (name, lid), item in zip(todo, index):
+            try:
+                listed[(name, lid)] = seg.lookup(self.store, name, heads[name], lid, index=item)
+            except errors.BKError as exc:
+                out[name] = exc
+        for name, at in positions.items():
+            doc = out[name]
+            if isinstance(doc, dict):
+                span = (doc["first_offset"], doc["end_offset"])
+                doc["cursor_lags"] = {c: (p, cursor_lag(p, listed[(name, p.ledger_id)], span))
+                                      for c, p in at.items()}
+
+    def _get_many(self, paths: list[str]) -> list[tuple[bytes, int] | None]:
+        """``store.get_many`` of ``paths``; nothing asked when there are none."""
+        return self.store.get_many(paths) if paths else []
 
     def list_logs(self) -> list[str]:
         try:
@@ -939,14 +1187,11 @@ class LogStore:
     def cursor_records(self, name: str) -> dict[str, tuple[Position, int | None]]:
         """Each cursor's position and when it last moved (ms; None: recorded before cursors
         carried the time), in one pipelined read."""
-        import json
         names = self._cursor_names(name)
         found = {}
         for cursor, item in zip(names, self.store.get_many([cursor_path(name, c) for c in names])):
             if item is not None:
-                obj = json.loads(item[0].decode())
-                t = obj.get("t") if isinstance(obj, dict) else None
-                found[cursor] = (Position.from_json(obj), t if isinstance(t, int) else None)
+                found[cursor] = _cursor_record(item[0])
         return found
 
     def delete_cursor(self, name: str, cursor: str) -> None:
@@ -958,22 +1203,15 @@ class LogStore:
     def cursor_lags(self, name: str) -> dict[str, tuple[Position, int]]:
         """Each cursor's position and lag: entries from the cursor to the end of the log (a
         cursor whose ledger is not listed any more: the whole log). From the offset stamps,
-        a few reads per cursor; a log without them is read whole."""
+        a few reads per cursor; a log without them is read whole. (A log without cursors: its
+        cursor names only. Many logs at once: :meth:`stats_many`.)"""
         cursors = self.cursors(name)
-        span = self.offset_range(name) if cursors else None
+        if not cursors:
+            return {}
+        span = self.offset_range(name)
         if span is not None:
-            result = {}
-            for cursor, position in cursors.items():
-                at = self.entry_of(name, position.ledger_id)
-                if at is not None and at.offset is not None:
-                    read = max(0, position.entry_id)
-                    if at.entry_count() is not None:
-                        read = min(read, at.entry_count())
-                    lag = span[1] - min(span[1], at.offset + read)
-                else:
-                    lag = span[1] - span[0]
-                result[cursor] = (position, lag)
-            return result
+            return {c: (p, cursor_lag(p, self.entry_of(name, p.ledger_id), span))
+                    for c, p in cursors.items()}
         counts = self.entry_counts(name)
         ids = [lid for lid, _ in counts]
         result = {}
