@@ -379,11 +379,8 @@ class Auditor:
                    **registry.list_bookies(self.store)}
         found: dict[int, str] = {}
         count = 0
-        for lid in ledger_store.list_ledgers(self.store):
-            try:
-                md, _ = ledger_store.read_ledger(self.store, lid)
-            except BKError:
-                continue
+        for md in self._listed_metadata():
+            lid = md.ledger_id
             for frag in fragments(md):
                 short = rack_shortfall(frag.ensemble, bookies)
                 if short:
