@@ -853,6 +853,7 @@ class Census:
 
     def _row(self, r: _LogRead, prev: dict | None, now_ms: int) -> dict:
         """A log's row from what was read of it (class docstring)."""
+        from bkspark.log.store import cursor_lag, offset_span, stamped_bytes
         from metadata.ledger_metadata import LedgerState
         head = r.head
         listed = r.listed()
@@ -861,7 +862,10 @@ class Census:
         stale = partial = False
         prev_open = prev.get("open_ledger") if prev and prev.get("uid") == head.uid else None
 
-        def end_of(e) -> int | None:
+        unknown: set = set()
+
+        def end_of(e) -> int:
+            """The ledger's last readable entry; -1 (none counted) when it is not known."""
             nonlocal stale, partial
             if e.closed:
                 return e.last_entry_id
@@ -874,48 +878,38 @@ class Census:
                 stale = True
                 return prev["open_lac"]
             partial = True
-            return None
+            unknown.add(e.ledger_id)
+            return -1
 
+        # the figures of LogStore.stats, by its rules (offset_span, stamped_bytes)
         first_offset = end = entries = None
-        base = max((i for i, e in enumerate(tail) if e.offset is not None), default=None)
+        span = offset_span(first_e, tail, end_of)
         if first_e is None:
             entries = 0
-        elif base is not None and first_e.offset is not None:
-            ends = [end_of(e) for e in tail[base:]]
-            end = tail[base].offset + sum(x + 1 for x in ends if x is not None)
-            first_offset, entries = first_e.offset, end - first_e.offset
+        elif span is not None:
+            first_offset, end = span
+            entries = end - first_offset
         elif r.whole:
-            entries = sum(x + 1 for x in (end_of(e) for e in listed) if x is not None)
-        # bytes of the closed ledgers (LogStore.closed_bytes)
-        stamped = [e for e in tail if e.closed and e.byte_offset is not None]
-        if first_e is not None and stamped and first_e.byte_offset is not None \
-                and first_e.byte_offset <= stamped[-1].byte_offset:
-            size = stamped[-1].byte_offset + stamped[-1].sealed_length() - first_e.byte_offset
-        elif r.whole:
+            entries = sum(end_of(e) + 1 for e in listed)
+        size = stamped_bytes(first_e, tail)
+        if size is None and r.whole:
             size = sum(e.sealed_length() for e in listed)
-        else:
-            size = None
         # the open ledger (the last one the list holds open), its LAC and age
         open_e = next((e for e in reversed(tail) if not e.closed), None)
         open_md = r.mds.get(open_e.ledger_id) if open_e is not None else None
         if open_md is not None and open_md[0].state is LedgerState.CLOSED:
             open_e = None                       # closed already: the list records it next
         open_lac = None if open_e is None else end_of(open_e)
+        if open_e is not None and open_e.ledger_id in unknown:
+            open_lac = None
         age = None
         if open_md is not None and open_e is not None and open_md[0].ctime_ms:
             age = max(0.0, (now_ms - open_md[0].ctime_ms) / 1000.0)
-        # cursors (LogStore.cursor_lags, from the stamps)
+        # cursors (LogStore.cursor_lags' rule)
         lags: dict[str, int] = {}
-        if end is not None and not partial:     # (an end not known: no lag either)
-            for cursor, pos in r.positions.items():
-                at = r.at.get(pos.ledger_id)
-                if at is not None and at.offset is not None:
-                    done = max(0, pos.entry_id)
-                    if at.entry_count() is not None:
-                        done = min(done, at.entry_count())
-                    lags[cursor] = end - min(end, at.offset + done)
-                else:                   # its ledger is not listed any more: the whole log
-                    lags[cursor] = end - first_offset
+        if span is not None and not partial:    # (an end not known: no lag either)
+            lags = {cursor: cursor_lag(pos, r.at.get(pos.ledger_id), span)
+                    for cursor, pos in r.positions.items()}
         kept = dict(sorted(lags.items(), key=lambda kv: (-kv[1], kv[0]))[:CURSORS_KEPT])
         t = time.time()
         row = {"log": r.name, "uid": head.uid, "segments": head.next - head.first,
