@@ -58,6 +58,38 @@ def fill(bk, logs, name: str, ledgers: int, rows: int) -> None:
         logs.append_ledgers(name, ids)
 
 
+def merge_cost(bk, logs, name: str) -> tuple[float, float, int]:
+    """What merging log ``name``'s closed ledgers into one would cost (issue 51, item 3):
+    ``(seconds to read them, seconds to read them and write their entries into one new
+    ledger, entries)`` -- the rewrite a background merge does before its one metadata
+    transaction (the new ledger is deleted again; the log is not changed)."""
+    ids = [e.ledger_id for e in logs.segments(name)]
+
+    def entries():
+        for at in range(0, len(ids), 128):
+            for rh in bk.open_ledgers(ids[at:at + 128], logs.password):
+                yield from rh.read(0, rh.last_add_confirmed)
+
+    t = time.perf_counter()
+    n = sum(1 for _ in entries())
+    read_s = time.perf_counter() - t
+    t = time.perf_counter()
+    lh = bk.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2)
+    pending = []
+    for e in entries():
+        pending.append(lh.append_async(e.data))
+        if len(pending) >= 1000:
+            for f in pending:
+                f.result()
+            pending = []
+    for f in pending:
+        f.result()
+    lh.close()
+    merge_s = time.perf_counter() - t
+    bk.delete_ledgers([lh.ledger_id])
+    return read_s, merge_s, n
+
+
 def catalog(store: str, n: int, spark_free: bool = True) -> dict:
     """The catalog figures (module docstring) for ``n`` logs on ``store``."""
     import contextlib
@@ -168,6 +200,10 @@ def main() -> int:
         for i in range(args.logs):
             fill(bk, logs, f"many-{i:05d}", 2, 3)
         print(f"# filled in {time.perf_counter() - t:.0f} s", flush=True)
+        read_s, merge_s, n = merge_cost(bk, logs, "small-ledgers")
+        print(f"# merge cost, client only: reading the {args.ledgers} small ledgers' {n} "
+              f"entries {read_s:.2f} s; reading and writing them into one ledger "
+              f"{merge_s:.2f} s", flush=True)
         spark = (SparkSession.builder.master("local[2]").appName("bkspark-bench-many-logs")
                  .config("spark.ui.enabled", "false")
                  .config("spark.ui.showConsoleProgress", "false")

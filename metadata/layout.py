@@ -134,10 +134,16 @@ def cookie_path(bookie_id: str) -> str:
 INTERNAL_LOG_PREFIX = "__"
 
 
+def is_log_name(name) -> bool:
+    """Whether ``name`` follows :func:`check_log_name`'s rule (a child of ``/logs`` that does
+    not -- written there by another tool -- is not a log: listings leave it out)."""
+    return isinstance(name, str) and _LOG_NAME.match(name) is not None
+
+
 def check_log_name(name: str) -> str:
     """The one rule for names of logs (and of their cursors): a path component of at most 200
     letters, digits, '.', '_' or '-', not starting with '.' or '-'."""
-    if not isinstance(name, str) or not _LOG_NAME.match(name):
+    if not is_log_name(name):
         raise BadRequestError(f"invalid log name {name!r}: use letters, digits, '.', '_' or '-' "
                               "(at most 200, not starting with . or -)")
     return name

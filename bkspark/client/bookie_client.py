@@ -47,7 +47,7 @@ MAX_BATCH_BYTES = 2 << 20            # one AddBatch message carries at most ~2 M
 MAX_RESPONSE_BYTES = 256 << 20       # largest frame accepted from a bookie
 DATA_CONNECT_TIMEOUT = 10.0          # GetBookieInfo + connect + hello of an add stream
 CONNECT_ATTEMPT = 1.0                # one TCP connect attempt (a new SYN after this long)
-MAX_IDLE_READS = 8                   # data-port connections kept for later range reads
+MAX_IDLE_READS = 5                   # data-port connections kept for later range reads
 GRPC_ADD_LINGER = 0.002              # spacing of add messages over gRPC (~0.3 ms CPU each)
 _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 256 << 20),
@@ -362,11 +362,12 @@ def _connect(host: str, port: int, timeout: float) -> socket.socket:
 
 class _SentRange:
     """The chunks of a range read whose request was sent on a data-port connection: read
-    when first iterated; a range closed (or dropped) before that closes its connection (the
-    bookie's answer is still on its way: the connection cannot be reused)."""
+    when first iterated, within ``timeout`` from then; a range closed (or dropped) before
+    that closes its connection (the bookie's answer is still on its way: the connection
+    cannot be reused)."""
 
-    def __init__(self, client: "BookieClient", sock: socket.socket, req, deadline: float):
-        self._start = (client, sock, req, deadline)
+    def __init__(self, client: "BookieClient", sock: socket.socket, req, timeout: float):
+        self._start = (client, sock, req, timeout)
         self._chunks = None
 
     def __iter__(self):
@@ -374,9 +375,9 @@ class _SentRange:
 
     def __next__(self):
         if self._chunks is None:
-            client, sock, req, deadline = self._start
+            client, sock, req, timeout = self._start
             self._start = None
-            self._chunks = client._data_port_range(sock, req, deadline)
+            self._chunks = client._data_port_range(sock, req, time.monotonic() + timeout)
         return next(self._chunks)
 
     def close(self) -> None:
@@ -771,22 +772,23 @@ class BookieClient:
         the iterator raises the first error (status or transport) after yielding what was
         served before it, and an error sending the request is raised here. On the data port
         when the bookie has one (a connection per concurrent range, kept for reuse), else
-        gRPC's ``ReadRange``; ``timeout`` counts from now."""
+        gRPC's ``ReadRange`` (whose call is made when first iterated); ``timeout`` counts from
+        the first read of the answer: a range started ahead is not timed while its caller is
+        busy with others."""
         req = pb.ReadRangeRequest(ledger_id=ledger_id, first_entry_id=first,
                                   last_entry_id=last, max_bytes_per_message=max_bytes, step=step)
-        deadline = time.monotonic() + timeout
         try:
             sock = self._read_connection(timeout)
         except (OSError, ssl.SSLError, grpc.RpcError) as exc:
             raise self._error(exc) from None
         if sock is None:
-            return self._range_entries(self._grpc_range(self.stub.ReadRange(req, timeout=timeout)))
+            return self._range_entries(self._grpc_range(req, timeout))
         try:
             sock.sendall(wire.frame(wire.KIND_READ_RANGE, (req.SerializeToString(),)))
         except OSError as exc:
             sock.close()
             raise BookieUnavailableError(f"bookie {self.bookie_id}: data port: {exc}") from None
-        return self._range_entries(_SentRange(self, sock, req, deadline))
+        return self._range_entries(_SentRange(self, sock, req, timeout))
 
     def _range_entries(self, chunks):
         for status, message, entries in chunks:
@@ -794,7 +796,8 @@ class BookieClient:
             if status != errors.EOK:
                 check(status, message, self.bookie_id)
 
-    def _grpc_range(self, call):
+    def _grpc_range(self, req, timeout: float):
+        call = self.stub.ReadRange(req, timeout=timeout)
         try:
             for msg in call:
                 yield msg.status, msg.message, [(e.entry_id, e.body) for e in msg.entries]

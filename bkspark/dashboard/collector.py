@@ -28,7 +28,7 @@ registered.
 Bounded: each series keeps the points of the last ``history_s`` (a deque of
 ``history_s / interval`` points); a series with no point in that window is dropped; at most
 :data:`MAX_UNDER_REPLICATED` under-replication records are read per sample. The census keeps
-one row of a few numbers per log (at most :data:`MAX_CENSUS_LOGS` logs; a log deleted drops
+one row of a few numbers per log (~2 KB; at most :data:`MAX_CENSUS_LOGS` logs; a log deleted drops
 out at the end of the next pass), and plots the cursor lags of the :data:`PLOTTED_LOGS` most
 lagging logs only.
 """
@@ -53,7 +53,9 @@ LOG_CHUNK = 500
 #: ledgers whose metadata one census step reads towards the count of ledgers by state
 LEDGER_CHUNK = 2000
 #: logs a census summarizes at most (the first by name; the count of logs stays exact)
-MAX_CENSUS_LOGS = 100_000
+MAX_CENSUS_LOGS = 20_000
+#: rank() answers kept until the rows change (orders x searches of the open pages)
+RANKED_KEPT = 32
 #: cursors of one log whose lags a census computes (the first by name; the count stays exact)
 MAX_CURSORS_READ = 100
 #: cursors a log's row keeps (its most lagging ones)
@@ -509,6 +511,8 @@ class Census:
         self._lock = threading.Lock()
         self._rows: dict[str, dict] = {}        # the last complete pass's rows
         self._current: dict[str, dict] = {}     # rows of the pass under way
+        self._changes = 0                       # bumped whenever the rows change
+        self._ranked: dict[tuple, dict] = {}    # rank()'s answers since the last change
         self._names: list[str] | None = None    # logs of the pass under way
         self._pos = 0
         self._log_count = 0
@@ -558,6 +562,7 @@ class Census:
             rows = self._summarize(chunk)
             with self._lock:
                 self._current.update(rows)
+                self._changes += 1
                 self._pos += len(chunk)
             return False
         if self._ledgers is None:
@@ -572,9 +577,9 @@ class Census:
         return True
 
     def _begin(self) -> None:
-        from metadata.layout import LOGS
+        from metadata.layout import LOGS, is_log_name
         try:
-            names = sorted(self.store.children(LOGS))
+            names = sorted(n for n in self.store.children(LOGS) if is_log_name(n))
         except NoNodeError:
             names = []
         self._log_count = len(names)
@@ -582,6 +587,7 @@ class Census:
         self._pos = 0
         with self._lock:
             self._current = {}
+            self._changes += 1
         self._ledgers, self._counts = None, {}
         self._started = time.monotonic()
         self._lac_deadline = self._started + LAC_BUDGET_S
@@ -626,6 +632,7 @@ class Census:
         states = {"counts": dict(self._counts), "at": now, "ledgers": self._ledger_total}
         with self._lock:
             self._rows, self._current = rows, {}
+            self._changes += 1
             self.totals, self.ledger_states = totals, states
             self.errors = {}
             self.passes += 1
@@ -664,12 +671,21 @@ class Census:
             raise ValueError(f"a search is at most {MAX_QUERY} characters")
         if not isinstance(limit, int) or not 1 <= limit <= MAX_SHOWN:
             raise ValueError(f"limit is 1..{MAX_SHOWN}")
+        with self._lock:
+            key = (self._changes, sort, query, limit)
+            if key in self._ranked:             # (every open page asks every 2 s)
+                return self._ranked[key]
         rows = self.rows()
         q = query.strip().lower()
         if q:
             rows = [r for r in rows if q in r["log"].lower()]
-        return {"sort": sort, "query": query, "matched": len(rows),
-                "logs": heapq.nsmallest(limit, rows, key=_SORT_KEYS[sort])}
+        answer = {"sort": sort, "query": query, "matched": len(rows),
+                  "logs": heapq.nsmallest(limit, rows, key=_SORT_KEYS[sort])}
+        with self._lock:
+            if len(self._ranked) >= RANKED_KEPT or any(k[0] != key[0] for k in self._ranked):
+                self._ranked.clear()
+            self._ranked[key] = answer
+        return answer
 
     def view(self) -> dict:
         """The totals of the last complete pass, the count of ledgers by state, the pass under

@@ -34,7 +34,7 @@ from bkspark.log import segments as seg
 from bkspark.log import retention as ret
 from bkspark.log.retention import RetentionPolicy
 from bkspark.log.writer import LogWriter
-from metadata.layout import LOGS, check_log_name, log_path
+from metadata.layout import LOGS, check_log_name, is_log_name, log_path
 from metadata.log_entry import CLOSED, LogLedger
 from metadata.log_metadata import LogMetadata
 from metadata.log_segments import (
@@ -518,10 +518,19 @@ class LogStore:
         return self.store.get_many(paths) if paths else []
 
     def list_logs(self) -> list[str]:
+        """The names of every log, sorted. A child of ``/logs`` whose name is not a log's
+        (written there by another tool) is left out, logged: one such node must not stop a
+        pass over all logs."""
         try:
-            return sorted(self.store.children(LOGS))
+            children = self.store.children(LOGS)
         except NoNodeError:
             return []
+        names = sorted(n for n in children if is_log_name(n))
+        if len(names) != len(children):
+            log.warning("%s holds %d nodes that are not logs (invalid names, e.g. %r): left "
+                        "out", LOGS, len(children) - len(names),
+                        next(n for n in children if not is_log_name(n)))
+        return names
 
     def head_marks(self, names: list[str]) -> dict[str, tuple[int, bytes]]:
         """A mark of each existing log's head (absent logs left out) -- its version and a

@@ -71,6 +71,9 @@ BACKLOG_KEY = "@backlog"        # reportLatestOffset's key of the backlog
 LEGACY_CURSOR = "spark"
 #: logs the backlog names one by one at most (the most behind; every log when no more)
 BACKLOG_LOGS = 100
+#: seconds after which a cursor that did not move is written again (its time: the query is
+#: alive -- far within retention's cursor_active_ms, 7 days by default)
+CURSOR_REFRESH_S = 3600.0
 #: seconds a log's end may stay unreadable (no bookie answers its LAC) before the query fails
 LAC_UNAVAILABLE_LIMIT_S = 120.0
 
@@ -136,8 +139,9 @@ class BookKeeperStreamReader(importguard.Guarded, DataSourceStreamReader,
         # log -> (head mark, position) of a log read to its settled end (:func:`walk`):
         # while its head keeps that mark, nothing is available beyond that position
         self._settled: dict[str, tuple] = {}
-        # (cursor, {log: position}): the cursor positions this reader wrote
+        # (cursor, {log: (position, monotonic time)}): the cursor positions this reader wrote
         self._committed: tuple[str, dict] = ("", {})
+        self._behind_logs: set[str] = set()     # logs with entries past the last batch
 
     # ---- helpers (driver side) ----------------------------------------------------------
     def _logs(self):
@@ -341,6 +345,7 @@ class BookKeeperStreamReader(importguard.Guarded, DataSourceStreamReader,
             self._last_trigger = time.monotonic()
         latest[BACKLOG_KEY] = self._backlog(behind)
         self._latest = latest
+        self._behind_logs = {n for n, (entries, _) in behind.items() if entries}
         return out
 
     @staticmethod
@@ -398,26 +403,32 @@ class BookKeeperStreamReader(importguard.Guarded, DataSourceStreamReader,
         yield from read_range(self.opts, self.fmt, self.schema, partition)
 
     def commit(self, end: dict) -> None:
-        """Move the query's cursor of each log to ``end``: after a (re)start (or under
-        another cursor name) every log's, then only those whose position moved since (an
-        idle log costs no write). A cursor that could not be written is written at the
-        next commit."""
+        """Move the query's cursor of each log to ``end``. Written: after a (re)start (or
+        under another cursor name) every log's; then those whose position moved, those the
+        query is still behind on (its cursor's time says the query is alive, so retention
+        keeps what it has not read -- a log a read limit starves included), and any not
+        written for :data:`CURSOR_REFRESH_S` (a cursor deleted meanwhile comes back). An
+        idle log read to its end costs no write. A cursor that could not be written is
+        written at the next commit."""
         logs = self._logs()
         cursor = self._cursor(end)
         committed = self._committed[1] if self._committed[0] == cursor else {}
+        now = time.monotonic()
         for name, pos in _logs_of(end).items():
-            if committed.get(name) == pos:
+            written = committed.get(name)
+            if written is not None and written[0] == pos and name not in self._behind_logs \
+                    and now - written[1] < CURSOR_REFRESH_S:
                 continue
             p = _pos(pos)
             if p.ledger_id == -1:
                 continue
             try:
                 logs.commit_cursor(name, cursor, p)
-                committed[name] = pos
+                committed[name] = (pos, now)
             except (NoSuchLogError, BKError) as exc:
                 committed.pop(name, None)
                 log.warning("could not move cursor %s of log %s: %s", cursor, name, exc)
-        self._committed = (cursor, {n: p for n, p in committed.items() if n in end})
+        self._committed = (cursor, {n: w for n, w in committed.items() if n in end})
 
     def stop(self) -> None:
         pass

@@ -67,3 +67,20 @@ def test_striped_read_is_complete_and_ordered_and_survives_a_dead_bookie(cluster
             assert [e.data for e in rh.read(0, 599)] == values
         finally:
             cluster.start(1)
+
+
+def test_a_range_started_ahead_is_timed_from_its_first_read(cluster):
+    """read() sends its requests at once (a reader starts the next ledgers while it decodes
+    one); a range's time limit starts when it is first read, so one started well before its
+    turn is neither timed out nor taken for a failing bookie."""
+    import time
+    with BookKeeper(cluster.metadata_uri, read_range_timeout=1.0) as bk:
+        lh = bk.create_ledger(3, 2, 2, password=b"pw")
+        values = [b"ahead-%03d" % i for i in range(40)]
+        lh.append_many(values)
+        lh.close()
+        with bk.open_ledger(lh.ledger_id, password=b"pw", recovery=False) as rh:
+            started = rh.read(0, 39)            # the requests go out now
+            time.sleep(1.5)                     # the reader is busy with earlier ranges
+            assert [e.data for e in started] == values
+        assert not [b for b in cluster.bookie_ids if bk.ctx.health.is_suspect(b)]

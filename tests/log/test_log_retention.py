@@ -245,3 +245,18 @@ def test_a_pass_plans_again_only_logs_whose_head_changed_or_whose_oldest_ledger_
     assert list(service.run_once()) == [quiet[0]]
     time.sleep(3.2)                                                # the aged log's first ledger
     assert service.run_once() == {aged: aged_ids[:1]}              # (never the last)
+
+
+def test_a_node_under_logs_that_is_not_a_log_stops_no_pass(bk, logs, log_name):
+    """A child of /logs with an invalid name (written by another tool) is left out of the
+    listing: the retention pass still reaches every real log (before, it failed the whole
+    pipelined read of its chunk, every pass)."""
+    from bkspark.recovery.retention import RetentionService
+    ids = write_ledgers(bk, logs, log_name, 3)
+    logs.set_retention(log_name, RetentionPolicy(bytes=300))
+    logs.store.create(f"/logs/.not a log {log_name}", b"{}")
+    try:
+        assert f".not a log {log_name}" not in logs.list_logs()
+        assert RetentionService(bk, "test-bad-name").run_once()[log_name] == ids[:2]
+    finally:
+        logs.store.delete(f"/logs/.not a log {log_name}")

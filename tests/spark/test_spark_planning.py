@@ -244,3 +244,31 @@ def test_the_backlog_names_at_most_the_logs_most_behind():
     assert backlog["entriesBehindLatest"] == sum(range(BACKLOG_LOGS + 50))   # totals: all
     few = {"a": (0, 0.0), "b": (3, 30.0)}
     assert set(BookKeeperStreamReader._backlog(few)["logs"]) == {"a", "b"}
+
+
+def test_commit_writes_moved_and_behind_cursors_and_refreshes_the_rest(reader, monkeypatch):
+    """A cursor is written when it moved or while the query is behind on its log (a log a
+    read limit starves keeps a live cursor: retention holds its unread entries), else once
+    an hour; a log read to its end costs no write."""
+    from bkspark.spark import stream
+    r, logs = reader(startingOffsets="earliest", maxEntriesPerTrigger="1", queryId="q")
+    writes = []
+    real = logs.commit_cursor
+    monkeypatch.setattr(logs, "commit_cursor",
+                        lambda name, cursor, pos: (writes.append(name), real(name, cursor, pos)))
+    start = r.initialOffset()
+    end = r.latestOffset(start, ReadMaxRows(1))        # one entry: "a" moves, "b" starves
+    assert end["b"] == start["b"] and end["a"] != start["a"]
+    r.commit(end)
+    writes.clear()
+    r.commit(end)                                      # again: "b" is still behind
+    assert sorted(writes) == ["a", "b"]
+    everything = r.latestOffset(end, ReadAllAvailable())
+    r.commit(everything)
+    writes.clear()
+    r.latestOffset(everything, ReadAllAvailable())     # nothing new: no log behind
+    r.commit(everything)
+    assert writes == []
+    monkeypatch.setattr(stream, "CURSOR_REFRESH_S", 0.0)
+    r.commit(everything)                               # an hour later: written again
+    assert sorted(writes) == ["a", "b"]
