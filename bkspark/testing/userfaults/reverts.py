@@ -67,16 +67,25 @@ PATCHES: dict[int, list[tuple[str, str, str]]] = {
          """        pass"""),
         ("bkspark/log/retention.py",
          """import logging
+import math
 import re
 """,
          """import logging
+import math
 import re
 import time
 """),
         ("bkspark/recovery/retention.py",
          """            self.logs.store.clock.check_skew("retention pass")
+            names = self.logs.list_logs()
 """,
-         "")],
+         """            names = self.logs.list_logs()
+"""),
+        ("bkspark/recovery/retention.py",
+         """                now = self.logs.store.clock.check_skew("retention pass")
+""",
+         """                now = int(time.time() * 1000)
+""")],
 }
 
 
