@@ -10,7 +10,7 @@ with their own) and their copy rate.
 The census thread (:class:`Census`): passes over EVERY log and EVERY ledger, in pipelined
 chunks -- :data:`LOG_CHUNK` logs' heads, tails and cursors in a few ``get_many`` rounds, then
 :data:`LEDGER_CHUNK` ledgers' metadata at a time -- into one summary row per log (segments,
-entries, bytes, entries added since the previous pass and per second, open ledger and its age,
+entries, bytes, entries added in the last one to two minutes and per second, open ledger and its age,
 cursor lags) and totals (logs, ledgers by state, entries, bytes, entries/s). The logs table
 ranks those rows (busiest, largest, most lagging, by name; :meth:`Census.rank`) and searches
 them by name. A pass's cost grows with the number of logs and ledgers, not with their
@@ -74,6 +74,8 @@ MAX_QUERY = 200
 SORTS = ("busiest", "largest", "lagging", "name")
 #: a census rests, after a pass, at least this many times as long as the pass took
 CENSUS_REST = 1.0
+#: a log's rate covers one to two of these windows (:func:`_rate`)
+RATE_WINDOW_S = 60.0
 #: under-replication records read at most (the count is always exact)
 MAX_UNDER_REPLICATED = 200
 #: Spark write jobs with pending ledgers listed at most
@@ -490,7 +492,8 @@ class Census:
     A row: ``log``, ``uid``, ``segments`` (of the list, unlisted ones included), ``entries``
     (offsets from the first listed entry to the end: closed ledgers from the list's stamps,
     open ones up to their LAC), ``bytes`` (closed ledgers), ``first_offset`` / ``end_offset``,
-    ``added`` and ``rate`` (entries since the previous pass, and per second), ``open_ledger``,
+    ``added`` and ``rate`` (entries over the last one to two :data:`RATE_WINDOW_S`, and per
+    second; :func:`_rate`), ``open_ledger``,
     ``open_lac``, ``open_age_s`` (since the open ledger was created), ``cursors`` (how many),
     ``lag`` (the most lagging cursor's, entries) and ``cursor_lags`` (the
     :data:`CURSORS_KEPT` most lagging), ``retention``, ``t`` (when read); ``entries`` is None
@@ -660,8 +663,8 @@ class Census:
         :data:`SORTS`) among the logs whose name holds ``query`` (case-insensitive; at most
         :data:`MAX_QUERY` characters; empty: every log), and how many match.
 
-        * ``busiest``: most entries per second since the previous pass (logs read once only
-          after); ``largest``: most bytes, then entries; ``lagging``: the most lagging cursor
+        * ``busiest``: most entries per second over the last minute or two (:func:`_rate`;
+          logs read once only after); ``largest``: most bytes, then entries; ``lagging``: the most lagging cursor
           (entries), then -- logs without cursors -- the oldest open ledger; ``name``.
 
         :raises ValueError: an unknown order, a query too long, a limit out of bounds."""
@@ -1003,15 +1006,26 @@ def _read_lac(bk, md, version: int) -> int:
 
 
 def _rate(row: dict, prev: dict | None) -> None:
-    """``added`` and ``rate`` of a row: entries since the previous pass's row of the same log
-    (by end offset, which only grows; else by the count), and per second."""
-    if not prev or prev.get("uid") != row["uid"] or "error" in prev or row["t"] <= prev["t"]:
+    """``added`` and ``rate`` of a row: entries since the row's oldest rate mark, and per second.
+
+    A mark is an earlier pass's (time, count); the row carries at most two (``rate_marks``),
+    and the previous pass's sample becomes a new mark once it is :data:`RATE_WINDOW_S` after
+    the newest one. So the rate covers between one and two windows (from the first pass that
+    read the log, until it has been read that long): a burst of writes ranks its log among the
+    busiest for a minute, not for the one pass that saw it. The count is the end offset (it
+    only grows), else the entries; a log re-created (another uid) starts again."""
+    row["rate_marks"] = []
+    key = next((k for k in ("end_offset", "entries") if row.get(k) is not None), None)
+    if (key is None or not prev or prev.get("uid") != row["uid"] or "error" in prev
+            or row["t"] <= prev["t"] or prev.get(key) is None):
         return
-    for key in ("end_offset", "entries"):
-        if row.get(key) is not None and prev.get(key) is not None:
-            row["added"] = max(0, row[key] - prev[key])
-            row["rate"] = row["added"] / (row["t"] - prev["t"])
-            return
+    marks = [m for m in prev.get("rate_marks", ()) if m[1] == key]
+    if not marks or prev["t"] - marks[-1][0] >= RATE_WINDOW_S:
+        marks = [*marks, (prev["t"], key, prev[key])][-2:]
+    since, _, count = marks[0]
+    row["rate_marks"] = marks
+    row["added"] = max(0, row[key] - count)
+    row["rate"] = row["added"] / (row["t"] - since)
 
 
 def _none_last(value) -> tuple:

@@ -166,6 +166,28 @@ def test_the_busiest_are_those_that_grew_since_the_previous_pass(logs):
     assert census.totals["entries_per_s"] == pytest.approx(sum(r["rate"] for r in census.rows()))
 
 
+def test_a_burst_keeps_its_log_among_the_busiest_for_the_rate_window(logs, monkeypatch):
+    """A log written once ranks first in every pass of the next minute, not only in the one
+    pass that saw the burst (a page polling every 2 s would miss a rank that lasts one pass);
+    once the window has passed twice, its rate is 0 again."""
+    for i in range(5):
+        fill(logs, f"w-{i}", [3])
+    census = col.Census(logs.store, logs.bk)
+    census.run_pass()
+    fill(logs, "w-3", [40])
+    for _ in range(4):                                  # passes well within a minute
+        census.run_pass()
+        top = census.rank("busiest", "", 2)["logs"]
+        assert top[0]["log"] == "w-3" and top[0]["added"] == 40 and top[0]["rate"] > 0, top
+        assert top[1]["added"] == 0
+    monkeypatch.setattr(col, "RATE_WINDOW_S", 0.0)      # every pass is a window: the burst ages out
+    census.run_pass()
+    assert {r["log"]: r["added"] for r in census.rows()}["w-3"] == 40   # from the oldest mark
+    census.run_pass()
+    assert all(r["added"] == 0 for r in census.rows()), census.rows()
+    assert all(len(r["rate_marks"]) <= 2 for r in census.rows())
+
+
 def test_an_open_ledger_counts_up_to_its_lac_and_shows_its_age(logs, monkeypatch):
     """Its LAC comes from its bookies (here: a stand-in); when they do not answer, the LAC of
     the previous pass stands (stale); with none, the entries count up to it (partial) and no
