@@ -1008,24 +1008,34 @@ def _read_lac(bk, md, version: int) -> int:
 def _rate(row: dict, prev: dict | None) -> None:
     """``added`` and ``rate`` of a row: entries since the row's oldest rate mark, and per second.
 
-    A mark is an earlier pass's (time, count); the row carries at most two (``rate_marks``),
-    and the previous pass's sample becomes a new mark once it is :data:`RATE_WINDOW_S` after
-    the newest one. So the rate covers between one and two windows (from the first pass that
-    read the log, until it has been read that long): a burst of writes ranks its log among the
-    busiest for a minute, not for the one pass that saw it. The count is the end offset (it
-    only grows), else the entries; a log re-created (another uid) starts again."""
+    A mark is an earlier pass's (monotonic time, end offset, entries); the row carries at most
+    two (``rate_marks``), and the previous pass's row becomes a new mark once it is
+    :data:`RATE_WINDOW_S` after the newest one. So the rate covers between one and two windows
+    (from the first pass that read the log, until it has been read that long): a burst of
+    writes ranks its log among the busiest for a minute, not for the one pass that saw it. A
+    row whose entries were counted without an open ledger's LAC (``entries_partial``) or with
+    an old one (``entries_stale``) is never a mark: it would count those entries as added for
+    a whole window. The count is the end offset (it only grows) where the mark and the row
+    both have one, else the entries (an empty log has no end offset yet); a log re-created
+    (another uid) starts again."""
+    now = row.setdefault("t_mono", time.monotonic())
     row["rate_marks"] = []
-    key = next((k for k in ("end_offset", "entries") if row.get(k) is not None), None)
-    if (key is None or not prev or prev.get("uid") != row["uid"] or "error" in prev
-            or row["t"] <= prev["t"] or prev.get(key) is None):
+    if (not prev or prev.get("uid") != row["uid"] or "error" in prev
+            or "t_mono" not in prev or now <= prev["t_mono"]):
         return
-    marks = [m for m in prev.get("rate_marks", ()) if m[1] == key]
-    if not marks or prev["t"] - marks[-1][0] >= RATE_WINDOW_S:
-        marks = [*marks, (prev["t"], key, prev[key])][-2:]
-    since, _, count = marks[0]
+    marks = list(prev.get("rate_marks", ()))
+    markable = not prev.get("entries_partial") and not prev.get("entries_stale")
+    if markable and (not marks or prev["t_mono"] - marks[-1][0] >= RATE_WINDOW_S):
+        marks = [*marks, (prev["t_mono"], prev.get("end_offset"), prev.get("entries"))][-2:]
     row["rate_marks"] = marks
-    row["added"] = max(0, row[key] - count)
-    row["rate"] = row["added"] / (row["t"] - since)
+    if not marks:
+        return
+    since, end_then, entries_then = marks[0]
+    for count, then in ((row.get("end_offset"), end_then), (row.get("entries"), entries_then)):
+        if count is not None and then is not None:
+            row["added"] = max(0, count - then)
+            row["rate"] = row["added"] / (now - since)
+            return
 
 
 def _none_last(value) -> tuple:

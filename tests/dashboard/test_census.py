@@ -188,6 +188,37 @@ def test_a_burst_keeps_its_log_among_the_busiest_for_the_rate_window(logs, monke
     assert all(len(r["rate_marks"]) <= 2 for r in census.rows())
 
 
+def _row(mono: float, end, entries, **kw) -> dict:
+    return {"log": "x", "uid": 1, "end_offset": end, "entries": entries, "t_mono": mono, **kw}
+
+
+def _rates(rows: list[dict]) -> list:
+    prev = None
+    for row in rows:
+        col._rate(row, prev)
+        prev = row
+    return [(r.get("added"), None if r.get("rate") is None else round(r["rate"], 3))
+            for r in rows]
+
+
+def test_rate_rules_on_rows():
+    """The pure rule of a row's rate (col._rate): a new log's first entries count (it had no
+    end offset yet); a row read without its open ledger's LAC is never a mark (its missing
+    entries would count as added for a whole window); the clock is monotonic time, so a step
+    of the wall clock changes nothing; a re-created log starts again."""
+    assert _rates([_row(0, None, 0), _row(1, 500, 500)]) == [(None, None), (500, 500.0)]
+    # (partial at t=1: 100,000 entries of the open ledger left out; steady 10 entries/s)
+    steady = [_row(0, 1000, 1000), _row(1, 10, 10, entries_partial=True),
+              _row(2, 1020, 1020), _row(3, 1030, 1030)]
+    assert _rates(steady) == [(None, None), (0, 0.0), (20, 10.0), (30, 10.0)]
+    stale = [_row(0, 10, 10, entries_stale=True), _row(1, 20, 20), _row(2, 30, 30)]
+    assert _rates(stale) == [(None, None), (None, None), (10, 10.0)]
+    wall = [_row(0, 0, 0, t=1e9), _row(1, 10, 10, t=1e9 + 3600), _row(2, 20, 20, t=1e9 - 5)]
+    assert _rates(wall) == [(None, None), (10, 10.0), (20, 10.0)]
+    again = [_row(0, 0, 0), _row(1, 50, 50), dict(_row(2, 5, 5), uid=2)]
+    assert _rates(again)[2] == (None, None)
+
+
 def test_an_open_ledger_counts_up_to_its_lac_and_shows_its_age(logs, monkeypatch):
     """Its LAC comes from its bookies (here: a stand-in); when they do not answer, the LAC of
     the previous pass stands (stale); with none, the entries count up to it (partial) and no

@@ -76,8 +76,9 @@ def format_summary(s: dict) -> str:
         lines.append(f"VIOLATION {json.dumps(v, default=str)[:500]}")
     for r in s.get("per_run", []):
         if r["violations"]:
+            kinds = f" --kinds {','.join(r['kinds'])}" if r.get("kinds") else ""
             lines.append(f"replay: python -m bkspark.testing.userfaults --seed {r['seed']} "
-                         f"--runs 1 --store {r['store']} --run-seconds {r['duration']}")
+                         f"--runs 1 --store {r['store']} --run-seconds {r['duration']}{kinds}")
     return "\n".join(lines)
 
 
@@ -97,6 +98,8 @@ def main(argv=None) -> int:
     p.add_argument("--store", choices=["sqlite", "zk", "both"], default="sqlite")
     p.add_argument("--keys", type=int, default=None,
                    help="writer ids the keys workload commits (default 1100)")
+    p.add_argument("--kinds", default=None,
+                   help="comma-separated fault kinds of the schedule (default: every kind)")
     p.add_argument("--workdir", default=None)
     p.add_argument("--keep", action="store_true", help="keep run directories")
     p.add_argument("--report", default=None, help="write the JSON report here")
@@ -111,6 +114,15 @@ def main(argv=None) -> int:
     print(f"user-level fault campaign: seed={seed} store={a.store} duration={a.duration}s "
           f"run_seconds={run_seconds}", flush=True)
     kw = {} if a.keys is None else {"keys_count": a.keys}
+    if a.kinds:
+        from .schedule import FAULT_KINDS
+        kinds = tuple(k.strip() for k in a.kinds.split(",") if k.strip())
+        unknown = sorted(set(kinds) - set(FAULT_KINDS))
+        if unknown:
+            p.error(f"unknown fault kinds {unknown}: choose from {', '.join(FAULT_KINDS)}")
+        if not kinds:
+            p.error("--kinds names no fault kind: give at least one, or leave it out")
+        kw["kinds"] = kinds
     summary = run_campaign(seed, a.duration, a.store, run_seconds, a.workdir, a.keep,
                            not a.quiet, runs=a.runs, **kw)
     summary["text"] = format_summary(summary)

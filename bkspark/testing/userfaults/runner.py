@@ -27,10 +27,28 @@ BOOKIE_ARGS = ["--write-cache-mb", "2", "--checkpoint-interval-s", "2",
 SITEHOOK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sitehook")
 NUM_BOOKIES = 5
 KEYS_COUNT = 1100           # > metadata.log_segments.WRITER_KEYS_MAX (1,000)
-#: after the run's seconds, scenarios still in flight (a Spark query) get this long to finish
-SCENARIO_GRACE_S = 240
+#: after the run's seconds, scenarios still in flight (a Spark query) get this long to finish.
+#: The streaming query's faults each wait for a micro-batch of a new driver, and on two busy
+#: vCPUs (2026-11-28: load ~12, a third of the time stolen) a restart took 1.5-3 minutes to its
+#: first micro-batch (a SparkSession 40-120 s; a first micro-batch with no rows 73 s of
+#: addBatch, 10 s on the idle machine: six Python daemons started one after the other); the
+#: three restarts then ended ~420 s after the run's seconds began
+SCENARIO_GRACE_S = 480
+#: a one-off query's driver is killed after this long (a new JVM reading the source from its
+#: start: 115-130 s on two busy vCPUs, 2026-11-28)
+ONE_OFF_S = 240
+#: slots still running after the run's seconds, while scenarios finish (_retire_load): the
+#: query, its source's appender, and the keys workload (idle once its keys are committed)
+KEPT_AFTER_RUN = ("stream", f"appender-{STREAM_SOURCE}", "keys")
 #: the log retained by time (4 s): where a skewed clock's retention would cut too early
 TIME_RETAINED_LOG = "app-1"
+#: niceness of the load workloads (appenders, tailers, the keys workload): on two busy cores
+#: they took the CPU a starting Spark driver needs (a SparkSession took 2 minutes, and Spark's
+#: fixed 10 s wait for a new Python worker to connect back was missed again and again); the
+#: bookies and the streaming driver keep the default; the batch driver's endless write jobs
+#: yield to the streaming query too (BATCH_NICE), whose faults each wait for a micro-batch
+LOAD_NICE = 10
+BATCH_NICE = 5
 
 
 class UserFaultRun:
@@ -38,6 +56,7 @@ class UserFaultRun:
                  zookeeper=None, verbose: bool = False, kinds=FAULT_KINDS,
                  keys_count: int = KEYS_COUNT):
         self.seed, self.duration, self.store_kind = seed, duration, store
+        self.kinds = tuple(kinds)
         self.workdir = workdir
         self.zookeeper = zookeeper
         self.verbose = verbose
@@ -62,6 +81,7 @@ class UserFaultRun:
         self._arm_seq = 0
         self._driver_lock = threading.RLock()
         self._takeovers = 0
+        self._awaited: collections.Counter = collections.Counter()   # pending driver faults
         self.checkpoint = os.path.join(workdir, "ckpt-0")
         self.prev_checkpoint = self.checkpoint
         self.stream_mode = "normal"
@@ -90,6 +110,9 @@ class UserFaultRun:
             env["BKSPARK_UF_ARM_DIR"] = self.arm_dir
             env["BKSPARK_UF_ROLE"] = role if role == "stream" else "spark"
             env["BKSPARK_HOME"] = os.path.join(self.workdir, "home")
+        nice = 0 if role == "stream" else BATCH_NICE if spark else LOAD_NICE
+        if nice:
+            cmd = ["nice", "-n", str(nice), *cmd]       # (execs: the same pid)
         env["PYTHONPATH"] = os.pathsep.join(paths)
         log = open(os.path.join(self.workdir, f"{run_id}.log"), "ab")
         self.procs[slot] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
@@ -207,6 +230,7 @@ class UserFaultRun:
                 self._kill(slot)
             cluster.stop_all()
         result.update(seed=self.seed, store=self.store_kind, duration=self.duration,
+                      kinds=None if set(self.kinds) == set(FAULT_KINDS) else list(self.kinds),
                       faults=dict(self.faults_applied), fault_errors=self.fault_errors[:30],
                       lost_answers_hit=self._lost_hits(),
                       warmup_seconds=round(self.warmup, 1),
@@ -263,9 +287,26 @@ class UserFaultRun:
         while time.monotonic() - self.started < self.duration or (
                 any(t.is_alive() for t in self._scenarios)
                 and time.monotonic() - self.started < self.duration + SCENARIO_GRACE_S):
+            if time.monotonic() - self.started >= self.duration:
+                self._retire_load()
             self._respawn_dead()
             self._keys_done()
             time.sleep(0.5)
+
+    def _retire_load(self) -> None:
+        """Once the run's seconds are over, stop the load no scenario in flight needs (what
+        it did so far is checked as at any run's end): the streaming scenarios still in flight
+        then get the two cores. Kept: :data:`KEPT_AFTER_RUN` (a scenario's second query must
+        see the source grow), a driver a pending fault waits for, and the batch driver while a
+        lost answer armed for it may still hit."""
+        with self._driver_lock:
+            armed = time.monotonic() < self._spark_armed_until
+            for slot in list(self.procs):
+                if slot in KEPT_AFTER_RUN or self._awaited[slot] or (slot == "batch" and armed):
+                    continue
+                self._kill(slot)
+                del self.procs[slot]
+                self.events.write("RT", slot, now())
 
     def _keys_done(self) -> None:
         flag = os.path.join(self.workdir, "keys.done")
@@ -335,6 +376,7 @@ class UserFaultRun:
             self._scenarios.append(self._bg[-1])
             return False                # counted once applied
         elif f.kind in ("batch_driver_kill", "python_worker_kill"):
+            self._await(f)          # (before the thread starts: _retire_load must see it)
             self._background(self._driver_fault, f)
             return False                # counted once applied
         elif f.kind == "truncate":
@@ -367,6 +409,7 @@ class UserFaultRun:
             if f.kind == "stream_replan_paused":
                 self._replan_paused(f)
             else:
+                self._await(f)
                 self._driver_fault(f)
             done += 1
 
@@ -374,8 +417,24 @@ class UserFaultRun:
         """Faults of the Spark drivers wait (up to :meth:`_scenario_deadline`) until the
         driver is up: a JVM starting under load takes long, and killing it then exercises
         nothing."""
-        slot = "batch" if f.kind == "batch_driver_kill" else \
-            f.params.get("driver", "stream")
+        slot = self._slot_of(f)
+        try:
+            self._driver_fault_of(f, slot)
+        finally:
+            with self._driver_lock:
+                self._awaited[slot] -= 1
+
+    @staticmethod
+    def _slot_of(f: Fault) -> str:
+        """The driver slot a driver fault waits for."""
+        return "batch" if f.kind == "batch_driver_kill" else f.params.get("driver", "stream")
+
+    def _await(self, f: Fault) -> None:
+        """Count the driver fault ``f`` as pending (:meth:`_driver_fault` uncounts it)."""
+        with self._driver_lock:
+            self._awaited[self._slot_of(f)] += 1
+
+    def _driver_fault_of(self, f: Fault, slot: str) -> None:
         # (the query's faults wait for a committed micro-batch of the running driver: a
         # checkpoint lost before anything was committed tests nothing)
         need = "J" if slot == "batch" else "Q" if f.kind == "python_worker_kill" else "P"
@@ -511,7 +570,7 @@ class UserFaultRun:
 
     def _one_off(self, run_id: str, query_id: str, sink: str, checkpoint: str) -> int | None:
         """Run one Trigger.AvailableNow query in a driver of its own; its exit code (None:
-        killed after 150 s, or when the run ends)."""
+        killed after ONE_OFF_S, or when the run ends)."""
         cmd = [sys.executable, "-m", "bkspark.testing.userfaults", "worker", "--role", "stream",
                "--uri", self.uri, "--seed", str(self.seed),
                "--acks", os.path.join(self.workdir, f"{run_id}.acks"), "--arm-dir",
@@ -523,7 +582,7 @@ class UserFaultRun:
         with open(os.path.join(self.workdir, f"{run_id}.log"), "ab") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-        until = time.monotonic() + 150
+        until = time.monotonic() + ONE_OFF_S
         while proc.poll() is None and time.monotonic() < until and not self._stop.is_set():
             time.sleep(0.2)
         if proc.poll() is None:

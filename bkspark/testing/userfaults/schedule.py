@@ -92,7 +92,7 @@ def make_schedule(seed: int, duration: float, num_bookies: int = 5, warmup: floa
               "stream_reset_checkpoint")
     first = [k for k in first if k not in driver]
     drawable = [k for k in names if WEIGHTS[k] > 0 and k not in driver]
-    while t < end:
+    while t < end and (first or drawable):     # (only driver kinds: nothing to draw)
         kind = first[0] if first else rng.choices(drawable, [WEIGHTS[k] for k in drawable])[0]
         down = sum(1 for u in busy_until if u > t)
         if kind in BOOKIE_KINDS:
