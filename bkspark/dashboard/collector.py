@@ -10,8 +10,8 @@ with their own) and their copy rate.
 The census thread (:class:`Census`): passes over EVERY log and EVERY ledger, in pipelined
 chunks -- :data:`LOG_CHUNK` logs' heads, tails and cursors in a few ``get_many`` rounds, then
 :data:`LEDGER_CHUNK` ledgers' metadata at a time -- into one summary row per log (segments,
-entries, bytes, entries added in the last one to two minutes and per second, open ledger and its age,
-cursor lags) and totals (logs, ledgers by state, entries, bytes, entries/s). The logs table
+entries, bytes, entries added in the last one to two minutes and per second, open ledger and
+its age, cursor lags) and totals (logs, ledgers by state, entries, bytes, entries/s). The logs table
 ranks those rows (busiest, largest, most lagging, by name; :meth:`Census.rank`) and searches
 them by name. A pass's cost grows with the number of logs and ledgers, not with their
 lengths; its LAC reads take at most :data:`LAC_BUDGET_S`. Passes start at most every
@@ -664,8 +664,8 @@ class Census:
         :data:`MAX_QUERY` characters; empty: every log), and how many match.
 
         * ``busiest``: most entries per second over the last minute or two (:func:`_rate`;
-          logs read once only after); ``largest``: most bytes, then entries; ``lagging``: the most lagging cursor
-          (entries), then -- logs without cursors -- the oldest open ledger; ``name``.
+          logs read once only after); ``largest``: most bytes, then entries; ``lagging``: the
+          most lagging cursor (entries), then -- logs without cursors -- the oldest open ledger; ``name``.
 
         :raises ValueError: an unknown order, a query too long, a limit out of bounds."""
         if sort not in SORTS:

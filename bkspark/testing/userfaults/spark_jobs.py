@@ -10,8 +10,8 @@
 * :func:`stream_main` -- ``readStream`` of the stream's source log (tail ledger open, a
   short client read timeout) into ``writeStream`` to the sink log, option ``queryId`` and a
   ``checkpointLocation``; each row keeps its source position in its key
-  (``<ledger>:<entry>``). Every completed micro-batch is recorded ``P run batch rows end t durations``
-  from the query's progress; the query's end ``Q run failed|...`` (``Q run restart`` when
+  (``<ledger>:<entry>``). Every completed micro-batch is recorded
+  ``P run batch rows end t durations`` from the query's progress; the query's end ``Q run failed|...`` (``Q run restart`` when
   Spark could not start its Python worker in time and the query starts again in the same
   driver).
 """
