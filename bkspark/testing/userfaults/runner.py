@@ -40,8 +40,13 @@ ONE_OFF_S = 240
 #: slots still running after the run's seconds, while scenarios finish (_retire_load): the
 #: query, its source's appender, and the keys workload (idle once its keys are committed)
 KEPT_AFTER_RUN = ("stream", f"appender-{STREAM_SOURCE}", "keys")
-#: the log retained by time (4 s): where a skewed clock's retention would cut too early
+#: the log retained by time: where a skewed clock's retention would cut too early
 TIME_RETAINED_LOG = "app-1"
+#: its retention time: the skewed shell's removals are judged against the ledgers closed less
+#: than this before the shell returned, so it must outlast the shell's own run (a new Python
+#: under libfaketime: more than 3.5 s on two busy vCPUs, 2026-11-28, when a 4 s retention
+#: left the checker nothing to judge and a reverted clock check went unseen)
+TIME_RETAINED_MS = 20_000
 #: niceness of the load workloads (appenders, tailers, the keys workload): on two busy cores
 #: they took the CPU a starting Spark driver needs (a SparkSession took 2 minutes, and Spark's
 #: fixed 10 s wait for a new Python worker to connect back was missed again and again); the
@@ -199,7 +204,7 @@ class UserFaultRun:
                 self.logs = LogStore(bk, password=PASSWORD)
                 for name in APP_LOGS + (BATCH_LOG, STREAM_SINK, KEYS_LOG):
                     self.logs.create(name)
-                self.logs.set_retention(TIME_RETAINED_LOG, RetentionPolicy(ms=4000))
+                self.logs.set_retention(TIME_RETAINED_LOG, RetentionPolicy(ms=TIME_RETAINED_MS))
                 self.logs.set_retention(BATCH_LOG, RetentionPolicy(bytes=20_000))
                 for slot in self.SLOTS:
                     self._spawn_slot(slot)
@@ -805,6 +810,9 @@ class UserFaultRun:
             self.fault_errors.append(f"clock_skew: unreadable shell output {out.stdout[-200:]!r}")
             return
         young_after = (t1 * 1000) - keep_ms + 500      # (0.5 s for stamps' resolution)
+        # how many listed ledgers the check could judge: 0 means it was blind this time
+        self.events.write("CR", log, "skewed-judged",
+                          str(sum(1 for ms in closed.values() if ms > young_after)))
         for lid in removed:
             closed_ms = closed.get(lid)
             if (closed_ms if closed_ms is not None else t0 * 1000) > young_after:
