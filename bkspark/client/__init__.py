@@ -20,7 +20,7 @@ from bkspark.client_settings import ClientConfig
 from .api import BookKeeper
 from .digest import DigestManager
 from .ledger_handle import LedgerHandle
-from .read_handle import LedgerEntry, ReadHandle
+from .read_handle import LedgerEntry, RangeBatch, ReadHandle
 
-__all__ = ["BookKeeper", "ClientConfig", "LedgerHandle", "ReadHandle", "LedgerEntry",
+__all__ = ["BookKeeper", "ClientConfig", "LedgerHandle", "ReadHandle", "LedgerEntry", "RangeBatch",
            "DigestManager"]

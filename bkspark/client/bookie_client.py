@@ -29,6 +29,7 @@ import socket
 import ssl
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future
 
 import grpc
@@ -48,6 +49,7 @@ MAX_RESPONSE_BYTES = 256 << 20       # largest frame accepted from a bookie
 DATA_CONNECT_TIMEOUT = 10.0          # GetBookieInfo + connect + hello of an add stream
 CONNECT_ATTEMPT = 1.0                # one TCP connect attempt (a new SYN after this long)
 MAX_IDLE_READS = 5                   # data-port connections kept for later range reads
+MAX_PIPELINED_RANGES = 256           # range requests sent together on one (read_ranges)
 GRPC_ADD_LINGER = 0.002              # spacing of add messages over gRPC (~0.3 ms CPU each)
 _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 256 << 20),
@@ -386,6 +388,169 @@ class _SentRange:
         elif self._start is not None:
             self._start[1].close()
             self._start = None
+
+    __del__ = close
+
+
+class _Pipeline:
+    """Range reads whose requests went out together on one data-port connection: the bookie
+    answers them in order (each one's chunks, then its end frame), so their answers are read
+    in that order whichever range is iterated.
+
+    A range iterated while ranges sent before it are unfinished has their chunks read into
+    memory for them, copied out of the frame pool (meant for small ranges: what is held is
+    their entries); a range closed early has the rest of its answer read and dropped when a
+    later one needs the connection. Each frame read for range ``i`` is bounded by ``i``'s
+    deadline (its ``timeout`` from its first read); a range whose deadline passed before a
+    frame was begun fails alone. A transport error, a timeout inside a frame or a malformed
+    frame fails every range not yet fully read (each raises it when iterated: their readers
+    fall over) and closes the connection; once every answer is read the connection goes
+    back to the idle list."""
+
+    def __init__(self, client: "BookieClient", sock: socket.socket, reqs: list, timeout: float):
+        self.client, self.sock, self.reqs, self.timeout = client, sock, reqs, timeout
+        self.rfile = sock.makefile("rb", buffering=1 << 16)
+        self.lock = threading.RLock()   # (a range dropped by the collector while reading)
+        self.head = 0                   # the range whose answer is read next
+        self.held: dict[int, deque] = {}    # chunks read ahead for a range not at its turn
+        self.dropped: set[int] = set()  # ranges closed before their answers were read
+        self.to_drop: list[int] = []    # ... closed while another thread was reading
+        self.deadlines: dict[int, float] = {}
+        self.failed: tuple | None = None    # (type, args) of what broke the connection
+
+    def next_chunk(self, i: int):
+        """The next ``(status, message, entries)`` of range ``i``; None after its last."""
+        with self.lock:
+            if i not in self.deadlines:
+                self.deadlines[i] = time.monotonic() + self.timeout
+            while True:
+                self._apply_drops()
+                held = self.held.get(i)
+                if held:
+                    return held.popleft()
+                if i < self.head:
+                    self.held.pop(i, None)
+                    return None
+                if self.failed is not None:
+                    kind, args = self.failed
+                    raise kind(*args)       # (a fresh one each: no traceback kept alive)
+                if time.monotonic() >= self.deadlines[i]:   # between frames: only i fails
+                    self._drop(i)
+                    raise errors.OperationTimeoutError(
+                        f"bookie {self.client.bookie_id}: range read timed out")
+                self._read_one(i)
+
+    def drop(self, i: int) -> None:
+        """Range ``i`` will not be read further: what is held or still comes of it is
+        dropped. Never waits for a reading thread (which applies it)."""
+        if self.lock.acquire(blocking=False):
+            try:
+                self._drop(i)
+            finally:
+                self.lock.release()
+        else:
+            self.to_drop.append(i)
+
+    def _apply_drops(self) -> None:
+        while self.to_drop:
+            self._drop(self.to_drop.pop())
+
+    def _drop(self, i: int) -> None:
+        self.dropped.add(i)
+        self.held.pop(i, None)
+        if all(j in self.dropped for j in range(self.head, len(self.reqs))):
+            self._close()       # nobody waits for the rest: do not read it
+
+    def _read_one(self, i: int) -> None:
+        """Read the head range's next chunk (and its end frame after its last) for range
+        ``i``'s read, keeping it for the head range unless that was dropped."""
+        client, h = self.client, self.head
+        try:
+            chunk, last = self._frame(self.deadlines[i], pooled=h == i), False
+            if chunk is None:
+                raise wire.FrameError("range end frame before any chunk")
+            status, next_id, message, entries = chunk
+            if status != errors.EOK or next_id > self.reqs[h].last_entry_id:
+                if self._frame(self.deadlines[i], pooled=False) is not None:
+                    raise wire.FrameError("no end frame after a range's last chunk")
+                last = True
+        except socket.timeout:
+            self._fail(errors.OperationTimeoutError,
+                       f"bookie {client.bookie_id}: range read timed out")
+        except (OSError, wire.FrameError) as exc:
+            self._fail(BookieUnavailableError, f"bookie {client.bookie_id}: data port: {exc}")
+        except BaseException:
+            self.failed = (BookieUnavailableError,
+                           (f"bookie {client.bookie_id}: a range read was interrupted",))
+            self._close()
+            raise
+        if h not in self.dropped:
+            self.held.setdefault(h, deque()).append((status, message, entries))
+        if last:
+            self.head += 1
+            if self.head == len(self.reqs):
+                self.rfile.close()
+                client._reuse_read_connection(self.sock)
+                self.sock = None
+
+    def _frame(self, deadline: float, pooled: bool):
+        """The next chunk, decoded; None for an end frame. ``pooled``: read into the client's
+        frame pool (for the caller: a buffer of at least 1 MiB); else into its own bytes."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise socket.timeout()
+        if self.sock is None:
+            raise wire.FrameError("connection closed")
+        self.sock.settimeout(remaining)
+        item = (wire.read_frame_into(self.rfile, MAX_RESPONSE_BYTES, self.client._frames)
+                if pooled else wire.read_frame(self.rfile, MAX_RESPONSE_BYTES))
+        if item is None:
+            raise wire.FrameError("data port closed")
+        kind, payload = item
+        if kind == wire.KIND_READ_END:
+            return None
+        if kind != wire.KIND_READ_CHUNK:
+            raise wire.FrameError(f"unexpected frame kind {kind} on a range read")
+        return wire.decode_range_chunk(payload)
+
+    def _fail(self, kind, message: str):
+        self.failed = (kind, (message,))
+        self._close()
+        raise kind(message) from None
+
+    def _close(self) -> None:
+        if self.sock is not None:
+            self.rfile.close()
+            self.sock.close()
+            self.sock = None
+
+    def __del__(self):
+        self._close()
+
+
+class _PipedRange:
+    """The chunks of range ``i`` of a :class:`_Pipeline` (an iterator; closing or dropping it
+    before its end drops the rest of its answer)."""
+
+    def __init__(self, pipeline: _Pipeline, i: int):
+        self._pipeline, self._i = pipeline, i
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._pipeline is None:
+            raise StopIteration
+        chunk = self._pipeline.next_chunk(self._i)
+        if chunk is None:
+            self._pipeline = None
+            raise StopIteration
+        return chunk
+
+    def close(self) -> None:
+        if self._pipeline is not None:
+            self._pipeline.drop(self._i)
+            self._pipeline = None
 
     __del__ = close
 
@@ -790,6 +955,46 @@ class BookieClient:
             raise BookieUnavailableError(f"bookie {self.bookie_id}: data port: {exc}") from None
         return self._range_entries(_SentRange(self, sock, req, timeout))
 
+    def read_ranges(self, ranges: list, *, timeout: float = 60.0, max_bytes: int = 4 << 20):
+        """:meth:`read_range` of each ``(ledger_id, first, last, step)`` of ``ranges``: one
+        iterator each, all requests sent now -- on the data port up to
+        :data:`MAX_PIPELINED_RANGES` on one connection in one send, answered in order by the
+        bookie (one round trip and one connection for many small ranges; see
+        :class:`_Pipeline` for what reading them out of order holds in memory). An iterator
+        raises the first error of its range after what was served before it; an error
+        sending the requests is raised here. Without a data port each is :meth:`read_range`'s."""
+        reqs = [pb.ReadRangeRequest(ledger_id=lid, first_entry_id=first, last_entry_id=last,
+                                    max_bytes_per_message=max_bytes, step=step)
+                for lid, first, last, step in ranges]
+        out = []
+        for at in range(0, len(reqs), MAX_PIPELINED_RANGES):
+            group = reqs[at:at + MAX_PIPELINED_RANGES]
+            try:
+                sock = self._read_connection(timeout)
+            except (OSError, ssl.SSLError, grpc.RpcError) as exc:
+                raise self._error(exc) from None
+            if sock is None:
+                out += [self._range_entries(self._grpc_range(req, timeout)) for req in group]
+                continue
+            try:
+                sock.sendall(b"".join(wire.frame(wire.KIND_READ_RANGE, (req.SerializeToString(),))
+                                      for req in group))
+            except OSError as exc:
+                sock.close()
+                raise BookieUnavailableError(f"bookie {self.bookie_id}: data port: {exc}") from None
+            pipeline = _Pipeline(self, sock, group, timeout)
+            out += [self._range_entries(_PipedRange(pipeline, i)) for i in range(len(group))]
+        return out
+
+    def _reuse_read_connection(self, sock: socket.socket) -> None:
+        """Keep a data-port connection whose answers were all read for later range reads (at
+        most :data:`MAX_IDLE_READS`), else close it."""
+        with self._lock:
+            if not self.closed and len(self._idle_reads) < MAX_IDLE_READS:
+                self._idle_reads.append(sock)
+                return
+        sock.close()
+
     def _range_entries(self, chunks):
         for status, message, entries in chunks:
             yield from entries
@@ -863,11 +1068,9 @@ class BookieClient:
         except (OSError, wire.FrameError) as exc:
             raise BookieUnavailableError(f"bookie {self.bookie_id}: data port: {exc}") from None
         finally:
-            with self._lock:
-                if reusable and not self.closed and len(self._idle_reads) < MAX_IDLE_READS:
-                    self._idle_reads.append(sock)
-                    sock = None
-            if sock is not None:
+            if reusable:
+                self._reuse_read_connection(sock)
+            else:
                 sock.close()
 
     def info(self, timeout: float = 5.0) -> pb.BookieInfoResponse:

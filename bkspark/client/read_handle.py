@@ -6,6 +6,8 @@
 * a range whose fragment is fully replicated on each member (Qw == E) is read with one
   streaming ``ReadRange`` per fragment; otherwise entries are read one by one with a window
   of requests in flight;
+* :class:`RangeBatch` sends the ranged requests of many small ledgers' reads together: one
+  send and one data-port connection per bookie, answered in order;
 * :meth:`ReadHandle.read` stops at the LAC (or the last entry of a closed ledger); entries
   beyond it are only for the tailing APIs (:meth:`read_lac_long_poll`,
   :meth:`read_unconfirmed`).
@@ -217,9 +219,11 @@ class ReadHandle:
                     self._lac = lac
 
     # ---- entry reads ---------------------------------------------------------------------
-    def read(self, first: int, last: int | None = None):
+    def read(self, first: int, last: int | None = None, batch: "RangeBatch | None" = None):
         """Iterate the entries ``first..last`` (inclusive; ``last`` defaults to the LAC) in
-        order. Entries beyond the LAC are refused (use :meth:`read_unconfirmed`)."""
+        order. Entries beyond the LAC are refused (use :meth:`read_unconfirmed`). With
+        ``batch``, the ranged requests of the first fragment wait for ``batch.send()`` (to go
+        out with other ledgers' together); iterate only after it."""
         if last is None:
             last = self._lac
             if last < first:
@@ -234,7 +238,7 @@ class ReadHandle:
                 f"ledger {self.ledger_id}: entry {last} is beyond the last add confirmed "
                 f"({self._lac}); refresh it with read_last_add_confirmed() or tail with "
                 "read_lac_long_poll(), or use read_unconfirmed()")
-        return self._iter_entries(first, last)
+        return self._iter_entries(first, last, batch)
 
     def read_all(self, first: int = 0, last: int | None = None) -> list[LedgerEntry]:
         return list(self.read(first, last))
@@ -244,11 +248,11 @@ class ReadHandle:
         it = self.read(first, last)
         return self._ctx.executor.submit(list, it)
 
-    def read_unconfirmed(self, first: int, last: int):
+    def read_unconfirmed(self, first: int, last: int, batch: "RangeBatch | None" = None):
         """Iterate entries ``first..last`` without the LAC bound (tailing; an entry beyond the
-        LAC may still be dropped by recovery)."""
+        LAC may still be dropped by recovery). ``batch``: as :meth:`read`'s."""
         self._check_range(first, last)
-        return self._iter_entries(first, last)
+        return self._iter_entries(first, last, batch)
 
     def read_entry(self, entry_id: int) -> LedgerEntry:
         return next(iter(self.read(entry_id, entry_id)))
@@ -269,29 +273,29 @@ class ReadHandle:
             if lo <= hi:
                 yield lo, hi, list(bookies)
 
-    def _iter_entries(self, first: int, last: int):
+    def _iter_entries(self, first: int, last: int, batch=None):
         """The entries ``first..last`` in order (lazily); counted when the client keeps
         metrics (without them no generator layer is added to the read path)."""
-        entries = self._entries(first, last)
+        entries = self._entries(first, last, batch)
         metrics = self._ctx.metrics
         return entries if metrics is None else _counted(entries, metrics.read_entries)
 
-    def _entries(self, first: int, last: int):
+    def _entries(self, first: int, last: int, batch=None):
         """The entries first..last in order. The requests of the first fragment are sent
-        now (a reader may start the next ledgers' reads before it iterates this one); later
-        fragments' when the iteration reaches them."""
+        now (a reader may start the next ledgers' reads before it iterates this one), or
+        with ``batch``; later fragments' when the iteration reaches them."""
         segments = list(self._segments(first, last))
         if not segments:
             return iter(())
-        return itertools.chain(self._segment(*segments[0]), itertools.chain.from_iterable(
+        return itertools.chain(self._segment(*segments[0], batch), itertools.chain.from_iterable(
             self._segment(*segment) for segment in segments[1:]))
 
-    def _segment(self, lo: int, hi: int, ensemble: list[str]):
+    def _segment(self, lo: int, hi: int, ensemble: list[str], batch=None):
         if not self._ctx.conf.use_read_range or hi - lo < 2 * len(ensemble):
             return self._read_window(lo, hi, ensemble)
         if self._md.write_quorum == len(ensemble):
-            return self._read_range_segment(lo, hi, ensemble)
-        return self._read_striped_segment(lo, hi, ensemble)
+            return self._read_range_segment(lo, hi, ensemble, batch)
+        return self._read_striped_segment(lo, hi, ensemble, batch)
 
     def _read_one_op(self, entry_id: int, ensemble: list[str], flags: int = 0) -> _EntryRead:
         bookies = quorum.write_set_bookies(entry_id, ensemble, self._md.write_quorum)
@@ -336,14 +340,14 @@ class ReadHandle:
             for _, op in inflight:
                 op.future.cancel()
 
-    def _read_range_segment(self, lo: int, hi: int, ensemble: list[str]):
+    def _read_range_segment(self, lo: int, hi: int, ensemble: list[str], batch=None):
         """Stream lo..hi with ReadRange (Qw == E: every member holds the whole fragment),
         falling over to the next member, then to per-entry reads."""
         k = lo % len(ensemble)
         return (entry for _, entry in self._stream(lo, hi, ensemble[k:] + ensemble[:k], 1,
-                                                   ensemble))
+                                                   ensemble, batch))
 
-    def _read_striped_segment(self, lo: int, hi: int, ensemble: list[str]):
+    def _read_striped_segment(self, lo: int, hi: int, ensemble: list[str], batch=None):
         """Stream lo..hi of a striped fragment (Qw < E) from all E bookies at once (their
         requests sent now): bookie ``ensemble[r]`` is first in the write set of every entry
         e with e mod E == r, so it streams those (ReadRange with step E). A stream that
@@ -355,7 +359,7 @@ class ReadHandle:
             first = lo + (r - lo) % n
             if first <= hi:
                 members = [ensemble[(first + k) % n] for k in range(qw)]
-                streams[r] = self._stream(first, hi, members, n, ensemble)
+                streams[r] = self._stream(first, hi, members, n, ensemble, batch)
         return self._interleave(streams, lo, hi, n)
 
     @staticmethod
@@ -370,14 +374,16 @@ class ReadHandle:
             for stream in streams.values():
                 stream.close()
 
-    def _stream(self, first: int, hi: int, members: list[str], step: int, ensemble: list[str]):
+    def _stream(self, first: int, hi: int, members: list[str], step: int, ensemble: list[str],
+                batch: "RangeBatch | None" = None):
         """(entry_id, LedgerEntry) for first, first+step, ... <= hi: streamed by ReadRange
-        from one member (its request sent now), continuing on the next member when it fails
-        (error, gap, digest mismatch); when every member failed, the rest is read entry by
-        entry."""
+        from one member (its request sent now, or by ``batch.send()``), continuing on the
+        next member when it fails (error, gap, digest mismatch); when every member failed,
+        the rest is read entry by entry."""
         order = list(self._ctx.health.order(members))
-        return self._streamed(self._start_range(order[0], first, hi, step), order, first, hi,
-                              step, ensemble)
+        started = (self._start_range(order[0], first, hi, step) if batch is None else
+                   batch.add(self._ctx, order[0], (self.ledger_id, first, hi, step)))
+        return self._streamed(started, order, first, hi, step, ensemble)
 
     def _start_range(self, bookie: str, first: int, hi: int, step: int):
         """The started range read of ``bookie``, or the BKError that stopped its start."""
@@ -389,6 +395,11 @@ class ReadHandle:
 
     def _streamed(self, started, order: list[str], nxt: int, hi: int, step: int,
                   ensemble: list[str]):
+        if isinstance(started, _Batched):
+            if started.started is None:
+                raise BadRequestError("a batched read was iterated before its RangeBatch was "
+                                      "sent: call batch.send() first")
+            started = started.started
         for bookie in order:
             try:
                 if started is None:
@@ -533,6 +544,51 @@ class ReadHandle:
                 f"lac={self._lac})")
 
 
+class _Batched:
+    """A range read of a :class:`RangeBatch`: ``started`` is its iterator, or the BKError
+    that stopped its start, once the batch is sent."""
+
+    __slots__ = ("started",)
+
+    def __init__(self):
+        self.started = None
+
+
+class RangeBatch:
+    """The range reads of several ledgers' small ranges, sent together: each bookie's in one
+    send on one data-port connection (:meth:`BookieClient.read_ranges`), which it answers
+    in order. Pass the batch to :meth:`ReadHandle.read` (or ``read_unconfirmed``) for each
+    range, then :meth:`send` once, then iterate them -- best in the order they were added
+    (a range iterated ahead of the ones added before it holds theirs in memory). Reads that
+    are not ranged (per-entry windows, later fragments) go out as they would without it. A
+    bookie that cannot be sent to fails its ranges, each falling over as any range does."""
+
+    def __init__(self):
+        self._by_bookie: dict = {}
+
+    def add(self, ctx, bookie: str, rng: tuple) -> _Batched:
+        """``rng`` = (ledger_id, first, last, step), to be read from ``bookie``."""
+        slot = _Batched()
+        key = (id(ctx), bookie)
+        if key not in self._by_bookie:
+            self._by_bookie[key] = (ctx, bookie, [], [])
+        _, _, ranges, slots = self._by_bookie[key]
+        ranges.append(rng)
+        slots.append(slot)
+        return slot
+
+    def send(self) -> None:
+        by_bookie, self._by_bookie = self._by_bookie, {}
+        for ctx, bookie, ranges, slots in by_bookie.values():
+            try:
+                started = ctx.pool.get(bookie).read_ranges(
+                    ranges, timeout=ctx.conf.read_range_timeout)
+            except BKError as exc:
+                started = [exc] * len(slots)
+            for slot, it in zip(slots, started):
+                slot.started = it
+
+
 def _counted(entries, counter):
     """``entries``, counting each one in ``counter`` as it is yielded."""
     for entry in entries:
@@ -540,4 +596,4 @@ def _counted(entries, counter):
         yield entry
 
 
-__all__ = ["ReadHandle", "LedgerEntry", "peek_header"]
+__all__ = ["ReadHandle", "LedgerEntry", "RangeBatch", "peek_header"]
