@@ -362,36 +362,6 @@ def _connect(host: str, port: int, timeout: float) -> socket.socket:
                 raise
 
 
-class _SentRange:
-    """The chunks of a range read whose request was sent on a data-port connection: read
-    when first iterated, within ``timeout`` from then; a range closed (or dropped) before
-    that closes its connection (the bookie's answer is still on its way: the connection
-    cannot be reused)."""
-
-    def __init__(self, client: "BookieClient", sock: socket.socket, req, timeout: float):
-        self._start = (client, sock, req, timeout)
-        self._chunks = None
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        if self._chunks is None:
-            client, sock, req, timeout = self._start
-            self._start = None
-            self._chunks = client._data_port_range(sock, req, time.monotonic() + timeout)
-        return next(self._chunks)
-
-    def close(self) -> None:
-        if self._chunks is not None:
-            self._chunks.close()
-        elif self._start is not None:
-            self._start[1].close()
-            self._start = None
-
-    __del__ = close
-
-
 class _Pipeline:
     """Range reads whose requests went out together on one data-port connection: the bookie
     answers them in order (each one's chunks, then its end frame), so their answers are read
@@ -409,7 +379,7 @@ class _Pipeline:
 
     def __init__(self, client: "BookieClient", sock: socket.socket, reqs: list, timeout: float):
         self.client, self.sock, self.reqs, self.timeout = client, sock, reqs, timeout
-        self.rfile = sock.makefile("rb", buffering=1 << 16)
+        self.rfile = sock.makefile("rb", buffering=1 << 20)
         self.lock = threading.RLock()   # (a range dropped by the collector while reading)
         self.head = 0                   # the range whose answer is read next
         self.held: dict[int, deque] = {}    # chunks read ahead for a range not at its turn
@@ -935,25 +905,13 @@ class BookieClient:
         or a memoryview of the received chunk on the data port). The request is sent now, so a
         caller may start several ranges (of several bookies and ledgers) before reading any;
         the iterator raises the first error (status or transport) after yielding what was
-        served before it, and an error sending the request is raised here. On the data port
-        when the bookie has one (a connection per concurrent range, kept for reuse), else
-        gRPC's ``ReadRange`` (whose call is made when first iterated); ``timeout`` counts from
-        the first read of the answer: a range started ahead is not timed while its caller is
-        busy with others."""
-        req = pb.ReadRangeRequest(ledger_id=ledger_id, first_entry_id=first,
-                                  last_entry_id=last, max_bytes_per_message=max_bytes, step=step)
-        try:
-            sock = self._read_connection(timeout)
-        except (OSError, ssl.SSLError, grpc.RpcError) as exc:
-            raise self._error(exc) from None
-        if sock is None:
-            return self._range_entries(self._grpc_range(req, timeout))
-        try:
-            sock.sendall(wire.frame(wire.KIND_READ_RANGE, (req.SerializeToString(),)))
-        except OSError as exc:
-            sock.close()
-            raise BookieUnavailableError(f"bookie {self.bookie_id}: data port: {exc}") from None
-        return self._range_entries(_SentRange(self, sock, req, timeout))
+        served before it, and an error sending the request is raised here. It is
+        :meth:`read_ranges` of one range: on the data port when the bookie has one (a
+        connection per concurrent range, kept for reuse), else gRPC's ``ReadRange`` (whose call
+        is made when first iterated); ``timeout`` counts from the first read of the answer: a
+        range started ahead is not timed while its caller is busy with others."""
+        return self.read_ranges([(ledger_id, first, last, step)], timeout=timeout,
+                                max_bytes=max_bytes)[0]
 
     def read_ranges(self, ranges: list, *, timeout: float = 60.0, max_bytes: int = 4 << 20):
         """:meth:`read_range` of each ``(ledger_id, first, last, step)`` of ``ranges``: one
@@ -962,7 +920,8 @@ class BookieClient:
         bookie (one round trip and one connection for many small ranges; see
         :class:`_Pipeline` for what reading them out of order holds in memory). An iterator
         raises the first error of its range after what was served before it; an error
-        sending the requests is raised here. Without a data port each is :meth:`read_range`'s."""
+        sending the requests is raised here. Without a data port, each range is its own gRPC
+        ``ReadRange`` call."""
         reqs = [pb.ReadRangeRequest(ledger_id=lid, first_entry_id=first, last_entry_id=last,
                                     max_bytes_per_message=max_bytes, step=step)
                 for lid, first, last, step in ranges]
@@ -1030,48 +989,6 @@ class BookieClient:
         except OSError:         # restarted on another port?
             self._data_port = self.info(timeout=min(timeout, DATA_CONNECT_TIMEOUT)).data_port
             return self._connect_data_port(self._data_port) if self._data_port else None
-
-    def _data_port_range(self, sock: socket.socket, req, deadline: float):
-        """The chunks of a range whose request was sent on ``sock``; the connection goes back
-        to the idle list once the range's end frame is read, else it is closed."""
-        reusable = False
-        try:
-            rfile = sock.makefile("rb", buffering=1 << 20)
-            decode = wire.decode_range_chunk
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise OperationTimeoutError(f"bookie {self.bookie_id}: range read timed out")
-                sock.settimeout(remaining)
-                item = wire.read_frame_into(rfile, MAX_RESPONSE_BYTES, self._frames)
-                if item is None:
-                    raise BookieUnavailableError(f"bookie {self.bookie_id}: data port closed")
-                kind, payload = item
-                if kind == wire.KIND_READ_END:
-                    reusable = True
-                    return
-                if kind != wire.KIND_READ_CHUNK:
-                    raise wire.FrameError(f"unexpected frame kind {kind} on a range read")
-                status, next_id, message, entries = decode(payload)
-                if status == errors.EOK and next_id > req.last_entry_id:
-                    # the range's last chunk: take the end frame now, so the connection goes
-                    # back to the idle list even if the caller stops at the last entry
-                    end = wire.read_frame(rfile, MAX_RESPONSE_BYTES)
-                    if end is None or end[0] != wire.KIND_READ_END:
-                        raise wire.FrameError("no end frame after a range's last chunk")
-                    reusable = True
-                    yield status, message, entries
-                    return
-                yield status, message, entries
-        except socket.timeout:
-            raise OperationTimeoutError(f"bookie {self.bookie_id}: range read timed out") from None
-        except (OSError, wire.FrameError) as exc:
-            raise BookieUnavailableError(f"bookie {self.bookie_id}: data port: {exc}") from None
-        finally:
-            if reusable:
-                self._reuse_read_connection(sock)
-            else:
-                sock.close()
 
     def info(self, timeout: float = 5.0) -> pb.BookieInfoResponse:
         try:
