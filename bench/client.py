@@ -70,7 +70,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, os.environ.get("PYT
 from bkspark.client import BookKeeper  # noqa: E402
 from bkspark.heap import freeze_startup_heap  # noqa: E402
 from bkspark.testing.cluster import BookieCluster  # noqa: E402
-from procstat import process_cpu_seconds  # noqa: E402  (bench/ is sys.path[0])
+from procstat import process_cpu_seconds, wait_idle  # noqa: E402  (bench/ is sys.path[0])
 
 
 def percentile(sorted_vals, q):
@@ -140,13 +140,8 @@ def settle(cluster, limit: float = 30.0) -> float:
     own steady state rather than the backlog of the run before it -- deleting gigabytes of
     entry logs under a run stalled journal syncs for over a second; return the seconds
     waited."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < limit:
-        c0 = bookie_cpu_seconds(cluster)
-        time.sleep(0.5)
-        if bookie_cpu_seconds(cluster) - c0 < 0.025 and stored_ledgers(cluster) == 0:
-            break
-    return time.monotonic() - t0
+    return wait_idle((b.proc.pid for b in cluster.bookies if b.proc is not None), limit,
+                     also=lambda: stored_ledgers(cluster) == 0)
 
 
 SLOW_MS = 10.0          # the issue's p99 target

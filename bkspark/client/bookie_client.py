@@ -923,11 +923,12 @@ class BookieClient:
         sending the requests is raised here. Without a data port, each range is its own gRPC
         ``ReadRange`` call."""
         reqs = [pb.ReadRangeRequest(ledger_id=lid, first_entry_id=first, last_entry_id=last,
-                                    max_bytes_per_message=max_bytes, step=step)
+                                    max_bytes_per_message=max_bytes, step=step, more=True)
                 for lid, first, last, step in ranges]
         out = []
         for at in range(0, len(reqs), MAX_PIPELINED_RANGES):
             group = reqs[at:at + MAX_PIPELINED_RANGES]
+            group[-1].more = False      # the bookie sends the group's answers after this one
             try:
                 sock = self._read_connection(timeout)
             except (OSError, ssl.SSLError, grpc.RpcError) as exc:

@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0c\x62ookie.proto\x12\x11\x62kspark.bookie.v1\"\x9a\x01\n\nAddRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12\x12\n\nmaster_key\x18\x03 \x01(\x0c\x12\r\n\x05\x66lags\x18\x04 \x01(\r\x12\x0c\n\x04\x62ody\x18\x05 \x01(\x0c\x12\x12\n\nrequest_id\x18\x06 \x01(\x04\"\"\n\x04\x46lag\x12\x08\n\x04NONE\x10\x00\x12\x10\n\x0cRECOVERY_ADD\x10\x01\"\x86\x01\n\x0b\x41\x64\x64Response\x12-\n\x06status\x18\x01 \x01(\x0e\x32\x1d.bkspark.bookie.v1.StatusCode\x12\x11\n\tledger_id\x18\x02 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x03 \x01(\x03\x12\x12\n\nrequest_id\x18\x04 \x01(\x04\x12\x0f\n\x07message\x18\x05 \x01(\t\"7\n\x08\x41\x64\x64\x42\x61tch\x12+\n\x04\x61\x64\x64s\x18\x01 \x03(\x0b\x32\x1d.bkspark.bookie.v1.AddRequest\"E\n\x10\x41\x64\x64\x42\x61tchResponse\x12\x31\n\tresponses\x18\x01 \x03(\x0b\x32\x1e.bkspark.bookie.v1.AddResponse\"\xd2\x01\n\x0bReadRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12\r\n\x05\x66lags\x18\x03 \x01(\r\x12\x12\n\nmaster_key\x18\x04 \x01(\x0c\x12\x18\n\x10has_previous_lac\x18\x05 \x01(\x08\x12\x14\n\x0cprevious_lac\x18\x06 \x01(\x03\x12\x12\n\ntimeout_ms\x18\x07 \x01(\r\"7\n\x04\x46lag\x12\x08\n\x04NONE\x10\x00\x12\x10\n\x0c\x46\x45NCE_LEDGER\x10\x01\x12\x13\n\x0f\x45NTRY_PIGGYBACK\x10\x02\"\xa4\x01\n\x0cReadResponse\x12-\n\x06status\x18\x01 \x01(\x0e\x32\x1d.bkspark.bookie.v1.StatusCode\x12\x11\n\tledger_id\x18\x02 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x03 \x01(\x03\x12\x0c\n\x04\x62ody\x18\x04 \x01(\x0c\x12\x0f\n\x07max_lac\x18\x05 \x01(\x03\x12\x0f\n\x07message\x18\x06 \x01(\t\x12\x10\n\x08lac_body\x18\x07 \x01(\x0c\"\x81\x01\n\x10ReadRangeRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x16\n\x0e\x66irst_entry_id\x18\x02 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x03 \x01(\x03\x12\x1d\n\x15max_bytes_per_message\x18\x04 \x01(\r\x12\x0c\n\x04step\x18\x05 \x01(\r\"+\n\tEntryBody\x12\x10\n\x08\x65ntry_id\x18\x01 \x01(\x03\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\"\x99\x01\n\x11ReadRangeResponse\x12-\n\x06status\x18\x01 \x01(\x0e\x32\x1d.bkspark.bookie.v1.StatusCode\x12-\n\x07\x65ntries\x18\x02 \x03(\x0b\x32\x1c.bkspark.bookie.v1.EntryBody\x12\x15\n\rnext_entry_id\x18\x03 \x01(\x03\x12\x0f\n\x07message\x18\x04 \x01(\t\"#\n\x0eReadLacRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\"\x8f\x01\n\x0fReadLacResponse\x12-\n\x06status\x18\x01 \x01(\x0e\x32\x1d.bkspark.bookie.v1.StatusCode\x12\x11\n\tledger_id\x18\x02 \x01(\x03\x12\x10\n\x08lac_body\x18\x03 \x01(\x0c\x12\x17\n\x0flast_entry_body\x18\x04 \x01(\x0c\x12\x0f\n\x07message\x18\x05 \x01(\t\"W\n\x0fWriteLacRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x0b\n\x03lac\x18\x02 \x01(\x03\x12\x12\n\nmaster_key\x18\x03 \x01(\x0c\x12\x10\n\x08lac_body\x18\x04 \x01(\x0c\"R\n\x10WriteLacResponse\x12-\n\x06status\x18\x01 \x01(\x0e\x32\x1d.bkspark.bookie.v1.StatusCode\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x13\n\x11\x42ookieInfoRequest\"\xaf\x01\n\x12\x42ookieInfoResponse\x12-\n\x06status\x18\x01 \x01(\x0e\x32\x1d.bkspark.bookie.v1.StatusCode\x12\x11\n\tbookie_id\x18\x02 \x01(\t\x12\x18\n\x10total_disk_bytes\x18\x03 \x01(\x04\x12\x17\n\x0f\x66ree_disk_bytes\x18\x04 \x01(\x04\x12\x11\n\tread_only\x18\x05 \x01(\x08\x12\x11\n\tdata_port\x18\x06 \x01(\r\"\'\n\x12ListEntriesRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\")\n\nEntryRange\x12\r\n\x05\x66irst\x18\x01 \x01(\x03\x12\x0c\n\x04last\x18\x02 \x01(\x03\"\x84\x01\n\x13ListEntriesResponse\x12-\n\x06status\x18\x01 \x01(\x0e\x32\x1d.bkspark.bookie.v1.StatusCode\x12-\n\x06ranges\x18\x02 \x03(\x0b\x32\x1d.bkspark.bookie.v1.EntryRange\x12\x0f\n\x07message\x18\x03 \x01(\t\"!\n\x0c\x46orceRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\"O\n\rForceResponse\x12-\n\x06status\x18\x01 \x01(\x0e\x32\x1d.bkspark.bookie.v1.StatusCode\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xc5\x01\n\tFaultRule\x12\n\n\x02op\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\x12\x10\n\x08\x64\x65lay_ms\x18\x03 \x01(\r\x12,\n\x05\x65rror\x18\x04 \x01(\x0e\x32\x1d.bkspark.bookie.v1.StatusCode\x12\x11\n\tledger_id\x18\x05 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x06 \x01(\x03\x12\x13\n\x0bprobability\x18\x07 \x01(\x01\x12\r\n\x05\x63ount\x18\x08 \x01(\r\x12\x13\n\x0bmatch_entry\x18\t \x01(\x08\"?\n\x10SetFaultsRequest\x12+\n\x05rules\x18\x01 \x03(\x0b\x32\x1c.bkspark.bookie.v1.FaultRule\"B\n\x11SetFaultsResponse\x12-\n\x06status\x18\x01 \x01(\x0e\x32\x1d.bkspark.bookie.v1.StatusCode*\xb7\x01\n\nStatusCode\x12\x07\n\x03\x45OK\x10\x00\x12\x0e\n\tENOLEDGER\x10\x92\x03\x12\r\n\x08\x45NOENTRY\x10\x93\x03\x12\x0c\n\x07\x45\x42\x41\x44REQ\x10\x94\x03\x12\x08\n\x03\x45IO\x10\xf5\x03\x12\x08\n\x03\x45UA\x10\xf6\x03\x12\x10\n\x0b\x45\x42\x41\x44VERSION\x10\xf7\x03\x12\x0c\n\x07\x45\x46\x45NCED\x10\xf8\x03\x12\x0e\n\tEREADONLY\x10\xf9\x03\x12\x15\n\x10\x45TOOMANYREQUESTS\x10\xfa\x03\x12\x18\n\x13\x45UNKNOWNLEDGERSTATE\x10\xfb\x03\x32\xcb\x06\n\x06\x42ookie\x12\x44\n\x03\x41\x64\x64\x12\x1d.bkspark.bookie.v1.AddRequest\x1a\x1e.bkspark.bookie.v1.AddResponse\x12Q\n\tAddStream\x12\x1b.bkspark.bookie.v1.AddBatch\x1a#.bkspark.bookie.v1.AddBatchResponse(\x01\x30\x01\x12G\n\x04Read\x12\x1e.bkspark.bookie.v1.ReadRequest\x1a\x1f.bkspark.bookie.v1.ReadResponse\x12X\n\tReadRange\x12#.bkspark.bookie.v1.ReadRangeRequest\x1a$.bkspark.bookie.v1.ReadRangeResponse0\x01\x12P\n\x07ReadLac\x12!.bkspark.bookie.v1.ReadLacRequest\x1a\".bkspark.bookie.v1.ReadLacResponse\x12S\n\x08WriteLac\x12\".bkspark.bookie.v1.WriteLacRequest\x1a#.bkspark.bookie.v1.WriteLacResponse\x12\\\n\rGetBookieInfo\x12$.bkspark.bookie.v1.BookieInfoRequest\x1a%.bkspark.bookie.v1.BookieInfoResponse\x12\\\n\x0bListEntries\x12%.bkspark.bookie.v1.ListEntriesRequest\x1a&.bkspark.bookie.v1.ListEntriesResponse\x12J\n\x05\x46orce\x12\x1f.bkspark.bookie.v1.ForceRequest\x1a .bkspark.bookie.v1.ForceResponse\x12V\n\tSetFaults\x12#.bkspark.bookie.v1.SetFaultsRequest\x1a$.bkspark.bookie.v1.SetFaultsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0c\x62ookie.proto\x12\x11\x62kspark.bookie.v1\"\x9a\x01\n\nAddRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12\x12\n\nmaster_key\x18\x03 \x01(\x0c\x12\r\n\x05\x66lags\x18\x04 \x01(\r\x12\x0c\n\x04\x62ody\x18\x05 \x01(\x0c\x12\x12\n\nrequest_id\x18\x06 \x01(\x04\"\"\n\x04\x46lag\x12\x08\n\x04NONE\x10\x00\x12\x10\n\x0cRECOVERY_ADD\x10\x01\"\x86\x01\n\x0b\x41\x64\x64Response\x12-\n\x06status\x18\x01 \x01(\x0e\x32\x1d.bkspark.bookie.v1.StatusCode\x12\x11\n\tledger_id\x18\x02 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x03 \x01(\x03\x12\x12\n\nrequest_id\x18\x04 \x01(\x04\x12\x0f\n\x07message\x18\x05 \x01(\t\"7\n\x08\x41\x64\x64\x42\x61tch\x12+\n\x04\x61\x64\x64s\x18\x01 \x03(\x0b\x32\x1d.bkspark.bookie.v1.AddRequest\"E\n\x10\x41\x64\x64\x42\x61tchResponse\x12\x31\n\tresponses\x18\x01 \x03(\x0b\x32\x1e.bkspark.bookie.v1.AddResponse\"\xd2\x01\n\x0bReadRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12\r\n\x05\x66lags\x18\x03 \x01(\r\x12\x12\n\nmaster_key\x18\x04 \x01(\x0c\x12\x18\n\x10has_previous_lac\x18\x05 \x01(\x08\x12\x14\n\x0cprevious_lac\x18\x06 \x01(\x03\x12\x12\n\ntimeout_ms\x18\x07 \x01(\r\"7\n\x04\x46lag\x12\x08\n\x04NONE\x10\x00\x12\x10\n\x0c\x46\x45NCE_LEDGER\x10\x01\x12\x13\n\x0f\x45NTRY_PIGGYBACK\x10\x02\"\xa4\x01\n\x0cReadResponse\x12-\n\x06status\x18\x01 \x01(\x0e\x32\x1d.bkspark.bookie.v1.StatusCode\x12\x11\n\tledger_id\x18\x02 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x03 \x01(\x03\x12\x0c\n\x04\x62ody\x18\x04 \x01(\x0c\x12\x0f\n\x07max_lac\x18\x05 \x01(\x03\x12\x0f\n\x07message\x18\x06 \x01(\t\x12\x10\n\x08lac_body\x18\x07 \x01(\x0c\"\x8f\x01\n\x10ReadRangeRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x16\n\x0e\x66irst_entry_id\x18\x02 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x03 \x01(\x03\x12\x1d\n\x15max_bytes_per_message\x18\x04 \x01(\r\x12\x0c\n\x04step\x18\x05 \x01(\r\x12\x0c\n\x04more\x18\x06 \x01(\x08\"+\n\tEntryBody\x12\x10\n\x08\x65ntry_id\x18\x01 \x01(\x03\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\"\x99\x01\n\x11ReadRangeResponse\x12-\n\x06status\x18\x01 \x01(\x0e\x32\x1d.bkspark.bookie.v1.StatusCode\x12-\n\x07\x65ntries\x18\x02 \x03(\x0b\x32\x1c.bkspark.bookie.v1.EntryBody\x12\x15\n\rnext_entry_id\x18\x03 \x01(\x03\x12\x0f\n\x07message\x18\x04 \x01(\t\"#\n\x0eReadLacRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\"\x8f\x01\n\x0fReadLacResponse\x12-\n\x06status\x18\x01 \x01(\x0e\x32\x1d.bkspark.bookie.v1.StatusCode\x12\x11\n\tledger_id\x18\x02 \x01(\x03\x12\x10\n\x08lac_body\x18\x03 \x01(\x0c\x12\x17\n\x0flast_entry_body\x18\x04 \x01(\x0c\x12\x0f\n\x07message\x18\x05 \x01(\t\"W\n\x0fWriteLacRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x0b\n\x03lac\x18\x02 \x01(\x03\x12\x12\n\nmaster_key\x18\x03 \x01(\x0c\x12\x10\n\x08lac_body\x18\x04 \x01(\x0c\"R\n\x10WriteLacResponse\x12-\n\x06status\x18\x01 \x01(\x0e\x32\x1d.bkspark.bookie.v1.StatusCode\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x13\n\x11\x42ookieInfoRequest\"\xaf\x01\n\x12\x42ookieInfoResponse\x12-\n\x06status\x18\x01 \x01(\x0e\x32\x1d.bkspark.bookie.v1.StatusCode\x12\x11\n\tbookie_id\x18\x02 \x01(\t\x12\x18\n\x10total_disk_bytes\x18\x03 \x01(\x04\x12\x17\n\x0f\x66ree_disk_bytes\x18\x04 \x01(\x04\x12\x11\n\tread_only\x18\x05 \x01(\x08\x12\x11\n\tdata_port\x18\x06 \x01(\r\"\'\n\x12ListEntriesRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\")\n\nEntryRange\x12\r\n\x05\x66irst\x18\x01 \x01(\x03\x12\x0c\n\x04last\x18\x02 \x01(\x03\"\x84\x01\n\x13ListEntriesResponse\x12-\n\x06status\x18\x01 \x01(\x0e\x32\x1d.bkspark.bookie.v1.StatusCode\x12-\n\x06ranges\x18\x02 \x03(\x0b\x32\x1d.bkspark.bookie.v1.EntryRange\x12\x0f\n\x07message\x18\x03 \x01(\t\"!\n\x0c\x46orceRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\"O\n\rForceResponse\x12-\n\x06status\x18\x01 \x01(\x0e\x32\x1d.bkspark.bookie.v1.StatusCode\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xc5\x01\n\tFaultRule\x12\n\n\x02op\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\x12\x10\n\x08\x64\x65lay_ms\x18\x03 \x01(\r\x12,\n\x05\x65rror\x18\x04 \x01(\x0e\x32\x1d.bkspark.bookie.v1.StatusCode\x12\x11\n\tledger_id\x18\x05 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x06 \x01(\x03\x12\x13\n\x0bprobability\x18\x07 \x01(\x01\x12\r\n\x05\x63ount\x18\x08 \x01(\r\x12\x13\n\x0bmatch_entry\x18\t \x01(\x08\"?\n\x10SetFaultsRequest\x12+\n\x05rules\x18\x01 \x03(\x0b\x32\x1c.bkspark.bookie.v1.FaultRule\"B\n\x11SetFaultsResponse\x12-\n\x06status\x18\x01 \x01(\x0e\x32\x1d.bkspark.bookie.v1.StatusCode*\xb7\x01\n\nStatusCode\x12\x07\n\x03\x45OK\x10\x00\x12\x0e\n\tENOLEDGER\x10\x92\x03\x12\r\n\x08\x45NOENTRY\x10\x93\x03\x12\x0c\n\x07\x45\x42\x41\x44REQ\x10\x94\x03\x12\x08\n\x03\x45IO\x10\xf5\x03\x12\x08\n\x03\x45UA\x10\xf6\x03\x12\x10\n\x0b\x45\x42\x41\x44VERSION\x10\xf7\x03\x12\x0c\n\x07\x45\x46\x45NCED\x10\xf8\x03\x12\x0e\n\tEREADONLY\x10\xf9\x03\x12\x15\n\x10\x45TOOMANYREQUESTS\x10\xfa\x03\x12\x18\n\x13\x45UNKNOWNLEDGERSTATE\x10\xfb\x03\x32\xcb\x06\n\x06\x42ookie\x12\x44\n\x03\x41\x64\x64\x12\x1d.bkspark.bookie.v1.AddRequest\x1a\x1e.bkspark.bookie.v1.AddResponse\x12Q\n\tAddStream\x12\x1b.bkspark.bookie.v1.AddBatch\x1a#.bkspark.bookie.v1.AddBatchResponse(\x01\x30\x01\x12G\n\x04Read\x12\x1e.bkspark.bookie.v1.ReadRequest\x1a\x1f.bkspark.bookie.v1.ReadResponse\x12X\n\tReadRange\x12#.bkspark.bookie.v1.ReadRangeRequest\x1a$.bkspark.bookie.v1.ReadRangeResponse0\x01\x12P\n\x07ReadLac\x12!.bkspark.bookie.v1.ReadLacRequest\x1a\".bkspark.bookie.v1.ReadLacResponse\x12S\n\x08WriteLac\x12\".bkspark.bookie.v1.WriteLacRequest\x1a#.bkspark.bookie.v1.WriteLacResponse\x12\\\n\rGetBookieInfo\x12$.bkspark.bookie.v1.BookieInfoRequest\x1a%.bkspark.bookie.v1.BookieInfoResponse\x12\\\n\x0bListEntries\x12%.bkspark.bookie.v1.ListEntriesRequest\x1a&.bkspark.bookie.v1.ListEntriesResponse\x12J\n\x05\x46orce\x12\x1f.bkspark.bookie.v1.ForceRequest\x1a .bkspark.bookie.v1.ForceResponse\x12V\n\tSetFaults\x12#.bkspark.bookie.v1.SetFaultsRequest\x1a$.bkspark.bookie.v1.SetFaultsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'bookie_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_STATUSCODE']._serialized_start=2394
-  _globals['_STATUSCODE']._serialized_end=2577
+  _globals['_STATUSCODE']._serialized_start=2408
+  _globals['_STATUSCODE']._serialized_end=2591
   _globals['_ADDREQUEST']._serialized_start=36
   _globals['_ADDREQUEST']._serialized_end=190
   _globals['_ADDREQUEST_FLAG']._serialized_start=156
@@ -50,39 +50,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_READRESPONSE']._serialized_start=671
   _globals['_READRESPONSE']._serialized_end=835
   _globals['_READRANGEREQUEST']._serialized_start=838
-  _globals['_READRANGEREQUEST']._serialized_end=967
-  _globals['_ENTRYBODY']._serialized_start=969
-  _globals['_ENTRYBODY']._serialized_end=1012
-  _globals['_READRANGERESPONSE']._serialized_start=1015
-  _globals['_READRANGERESPONSE']._serialized_end=1168
-  _globals['_READLACREQUEST']._serialized_start=1170
-  _globals['_READLACREQUEST']._serialized_end=1205
-  _globals['_READLACRESPONSE']._serialized_start=1208
-  _globals['_READLACRESPONSE']._serialized_end=1351
-  _globals['_WRITELACREQUEST']._serialized_start=1353
-  _globals['_WRITELACREQUEST']._serialized_end=1440
-  _globals['_WRITELACRESPONSE']._serialized_start=1442
-  _globals['_WRITELACRESPONSE']._serialized_end=1524
-  _globals['_BOOKIEINFOREQUEST']._serialized_start=1526
-  _globals['_BOOKIEINFOREQUEST']._serialized_end=1545
-  _globals['_BOOKIEINFORESPONSE']._serialized_start=1548
-  _globals['_BOOKIEINFORESPONSE']._serialized_end=1723
-  _globals['_LISTENTRIESREQUEST']._serialized_start=1725
-  _globals['_LISTENTRIESREQUEST']._serialized_end=1764
-  _globals['_ENTRYRANGE']._serialized_start=1766
-  _globals['_ENTRYRANGE']._serialized_end=1807
-  _globals['_LISTENTRIESRESPONSE']._serialized_start=1810
-  _globals['_LISTENTRIESRESPONSE']._serialized_end=1942
-  _globals['_FORCEREQUEST']._serialized_start=1944
-  _globals['_FORCEREQUEST']._serialized_end=1977
-  _globals['_FORCERESPONSE']._serialized_start=1979
-  _globals['_FORCERESPONSE']._serialized_end=2058
-  _globals['_FAULTRULE']._serialized_start=2061
-  _globals['_FAULTRULE']._serialized_end=2258
-  _globals['_SETFAULTSREQUEST']._serialized_start=2260
-  _globals['_SETFAULTSREQUEST']._serialized_end=2323
-  _globals['_SETFAULTSRESPONSE']._serialized_start=2325
-  _globals['_SETFAULTSRESPONSE']._serialized_end=2391
-  _globals['_BOOKIE']._serialized_start=2580
-  _globals['_BOOKIE']._serialized_end=3423
+  _globals['_READRANGEREQUEST']._serialized_end=981
+  _globals['_ENTRYBODY']._serialized_start=983
+  _globals['_ENTRYBODY']._serialized_end=1026
+  _globals['_READRANGERESPONSE']._serialized_start=1029
+  _globals['_READRANGERESPONSE']._serialized_end=1182
+  _globals['_READLACREQUEST']._serialized_start=1184
+  _globals['_READLACREQUEST']._serialized_end=1219
+  _globals['_READLACRESPONSE']._serialized_start=1222
+  _globals['_READLACRESPONSE']._serialized_end=1365
+  _globals['_WRITELACREQUEST']._serialized_start=1367
+  _globals['_WRITELACREQUEST']._serialized_end=1454
+  _globals['_WRITELACRESPONSE']._serialized_start=1456
+  _globals['_WRITELACRESPONSE']._serialized_end=1538
+  _globals['_BOOKIEINFOREQUEST']._serialized_start=1540
+  _globals['_BOOKIEINFOREQUEST']._serialized_end=1559
+  _globals['_BOOKIEINFORESPONSE']._serialized_start=1562
+  _globals['_BOOKIEINFORESPONSE']._serialized_end=1737
+  _globals['_LISTENTRIESREQUEST']._serialized_start=1739
+  _globals['_LISTENTRIESREQUEST']._serialized_end=1778
+  _globals['_ENTRYRANGE']._serialized_start=1780
+  _globals['_ENTRYRANGE']._serialized_end=1821
+  _globals['_LISTENTRIESRESPONSE']._serialized_start=1824
+  _globals['_LISTENTRIESRESPONSE']._serialized_end=1956
+  _globals['_FORCEREQUEST']._serialized_start=1958
+  _globals['_FORCEREQUEST']._serialized_end=1991
+  _globals['_FORCERESPONSE']._serialized_start=1993
+  _globals['_FORCERESPONSE']._serialized_end=2072
+  _globals['_FAULTRULE']._serialized_start=2075
+  _globals['_FAULTRULE']._serialized_end=2272
+  _globals['_SETFAULTSREQUEST']._serialized_start=2274
+  _globals['_SETFAULTSREQUEST']._serialized_end=2337
+  _globals['_SETFAULTSRESPONSE']._serialized_start=2339
+  _globals['_SETFAULTSRESPONSE']._serialized_end=2405
+  _globals['_BOOKIE']._serialized_start=2594
+  _globals['_BOOKIE']._serialized_end=3437
 # @@protoc_insertion_point(module_scope)

@@ -125,18 +125,20 @@ class ReadResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[StatusCode, str]] = ..., ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., body: _Optional[bytes] = ..., max_lac: _Optional[int] = ..., message: _Optional[str] = ..., lac_body: _Optional[bytes] = ...) -> None: ...
 
 class ReadRangeRequest(_message.Message):
-    __slots__ = ("ledger_id", "first_entry_id", "last_entry_id", "max_bytes_per_message", "step")
+    __slots__ = ("ledger_id", "first_entry_id", "last_entry_id", "max_bytes_per_message", "step", "more")
     LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
     LAST_ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_PER_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
     ledger_id: int
     first_entry_id: int
     last_entry_id: int
     max_bytes_per_message: int
     step: int
-    def __init__(self, ledger_id: _Optional[int] = ..., first_entry_id: _Optional[int] = ..., last_entry_id: _Optional[int] = ..., max_bytes_per_message: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
+    more: bool
+    def __init__(self, ledger_id: _Optional[int] = ..., first_entry_id: _Optional[int] = ..., last_entry_id: _Optional[int] = ..., max_bytes_per_message: _Optional[int] = ..., step: _Optional[int] = ..., more: _Optional[bool] = ...) -> None: ...
 
 class EntryBody(_message.Message):
     __slots__ = ("entry_id", "body")

@@ -108,6 +108,68 @@ def test_range_read_matches_grpc(data_address, stub):
     assert via_port[-1].status == errors.ENOENTRY and via_port[-1].next_entry_id == 20
 
 
+def range_frame(lid, first, last, *, more=False, max_bytes=0):
+    return wire.frame(wire.KIND_READ_RANGE, [pb.ReadRangeRequest(
+        ledger_id=lid, first_entry_id=first, last_entry_id=last, more=more,
+        max_bytes_per_message=max_bytes).SerializeToString()])
+
+
+def range_answers(sock, n):
+    """The entry ids of each of the next ``n`` range answers (chunks up to the end frame)."""
+    out = []
+    for _ in range(n):
+        ids = []
+        while (item := read_frame(sock))[0] == wire.KIND_READ_CHUNK:
+            ids += [e.entry_id for e in pb.ReadRangeResponse.FromString(item[1]).entries]
+        assert item[0] == wire.KIND_READ_END
+        out.append(ids)
+    return out
+
+
+def nothing_within(sock, seconds) -> bool:
+    sock.settimeout(seconds)
+    try:
+        sock.recv(1, socket.MSG_PEEK)
+        return False
+    except socket.timeout:
+        return True
+    finally:
+        sock.settimeout(20)
+
+
+def test_answers_to_requests_marked_more_wait_for_the_one_that_is_not(data_address, stub):
+    """A pipelined batch marks every range request but its last ``more``: the bookie holds
+    those answers and sends them, in order, with the last one's; an add batch behind them
+    sends them first; an answer too large to hold (HOLD_BYTES) is not held whole."""
+    from bkspark.bookie.data_port import HOLD_BYTES
+    lid, big = next(_ids), next(_ids)
+    for e in range(10):
+        assert stub.Add(add_request(lid, e, b"r" * 100), timeout=10).status == errors.EOK
+    for e in range(8):
+        assert stub.Add(add_request(big, e, b"b" * (HOLD_BYTES // 4)),
+                        timeout=10).status == errors.EOK
+    sock = connect(data_address)
+    assert recv_exact(sock, 4) == wire.DATA_MAGIC
+    sock.sendall(range_frame(lid, 0, 2, more=True) + range_frame(lid, 3, 5, more=True))
+    assert nothing_within(sock, 0.5)                    # held: more was promised
+    sock.sendall(range_frame(lid, 6, 9))
+    assert range_answers(sock, 3) == [[0, 1, 2], [3, 4, 5], [6, 7, 8, 9]]
+
+    add_lid = next(_ids)
+    sock.sendall(range_frame(lid, 0, 0, more=True)
+                 + wire.frame(wire.KIND_ADD_BATCH, [add_batch(add_lid, [0]).SerializeToString()]))
+    assert range_answers(sock, 1) == [[0]]              # sent before the add's answer
+    kind, payload = read_frame(sock)
+    assert kind == wire.KIND_ADD_RESPONSES
+    assert [r.status for r in pb.AddBatchResponse.FromString(payload).responses] == [errors.EOK]
+
+    sock.sendall(range_frame(big, 0, 7, more=True, max_bytes=HOLD_BYTES // 2))
+    assert range_answers(sock, 1) == [list(range(8))]   # too large to hold: sent as read
+    sock.sendall(range_frame(lid, 9, 9))
+    assert range_answers(sock, 1) == [[9]]
+    sock.close()
+
+
 @pytest.mark.parametrize("bad", ["hello", "kind", "oversized", "truncated", "garbage-batch"])
 def test_broken_framing_closes_only_that_connection(data_address, stub, bad):
     sock = connect(data_address, b"HTTP" if bad == "hello" else None)
@@ -250,3 +312,39 @@ def test_send_frame_survives_partial_sends_and_matches_frame():
     assert got == [expected]
     a.close()
     b.close()
+
+
+def test_a_connection_that_ends_sends_the_answers_it_held_first():
+    """Credentials that expire between a held answer and the request that would send it end
+    the connection; the held answer is sent before it closes (a unit test of DataConnection
+    over a socket pair, its storage a stub serving any range)."""
+    import threading
+    import time
+    import types
+
+    from bkspark.bookie import data_port
+    from bkspark.bookie.service import BookieService
+
+    svc = types.SimpleNamespace(_stopping=False, metrics=None, _injected=lambda *a: 0,
+                                config=types.SimpleNamespace(max_message_bytes=1 << 20))
+    svc.storage = types.SimpleNamespace(read_range=lambda lid, first, last, max_bytes, step: [
+        (e, b"body%d" % e) for e in range(first, last + 1)])
+    svc._range_error = lambda *a, **kw: BookieService._range_error(svc, *a, **kw)
+    svc.read_range_chunks = lambda r, alive, buf=None: BookieService.read_range_chunks(
+        svc, r, alive, None)
+    server = types.SimpleNamespace(service=svc, send_timeout=5.0, max_frame_bytes=1 << 20)
+    bookie_end, client_end = socket.socketpair()
+    connection = data_port.DataConnection(server, bookie_end, bookie_end.makefile("rb"),
+                                          expires=time.time() + 0.5)
+    serving = threading.Thread(target=connection.run)
+    serving.start()
+    client_end.sendall(range_frame(7, 0, 2, more=True))
+    assert nothing_within(client_end, 0.2)              # held
+    time.sleep(0.5)
+    client_end.sendall(range_frame(7, 3, 4))            # read after the credentials' end
+    serving.join(5)
+    assert not serving.is_alive()                       # it ended the connection
+    connection.rfile.close()
+    bookie_end.close()
+    assert range_answers(client_end, 1) == [[0, 1, 2]]
+    assert closed_by_peer(client_end)

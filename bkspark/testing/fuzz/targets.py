@@ -155,6 +155,9 @@ class _Peer:
         self.sent += n
         return n
 
+    def sendall(self, data):
+        self.sent += len(data)
+
 
 def _data_port():
     directory = _work_dir("data_port")
