@@ -16,7 +16,10 @@ entries, E=3 Qw=2 Qa=2, 3 local bookies, sqlite metadata), best of ``--repeat``:
   <= 5 s).
 
 The ledgers are written directly (client + LogStore, no Spark), committed to their logs in
-batches. Prints each figure with the number of input partitions Spark planned.
+batches; the reads start once the bookies are idle again (their write-cache flushes of what
+was just written ran under the first reads before: 2026-11-28), and the merge cost (issue 51
+item 3), whose deleted ledger the bookies then collect, is measured last. Prints each figure
+with the number of input partitions Spark planned.
 
 ``--catalog N,...`` then times, for N logs of one closed ledger each (one record), on each of
 ``--stores`` (sqlite; zk: a local ZooKeeper), the driver-side passes whose cost should follow
