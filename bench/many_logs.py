@@ -243,8 +243,8 @@ def main() -> int:
                     ("  the same in 2 tasks (see docstring)", per_core),
                     (f"{args.logs} logs x 2 ledgers x 3", many)]:
                 print(f"{label:<40}{rows:>9}{parts:>12}{dt:>9.2f}{dt / one[0]:>7.1f}x")
-            # last: the merge's ledger, deleted, is collected by the bookies meanwhile, which
-            # slowed the reads above 1.5-2.8x when it ran before them (2026-11-28)
+            # last: the bookies collect the merge's deleted ledger afterwards, which must not
+            # run under the reads above
             read_s, merge_s, n = merge_cost(bk, logs, "small-ledgers")
             print(f"# merge cost, client only: reading the {args.ledgers} small ledgers' {n} "
                   f"entries {read_s:.2f} s; reading and writing them into one ledger "
