@@ -13,6 +13,10 @@ Stored as a JSON object -- in format 1 an element of the log record's ``ledgers`
 * ``min_ts``, ``max_ts`` -- the record timestamps (microseconds) its entries span, when the
   writer knew them (the Spark connector's seeks by time skip ledgers with them);
 * ``unlisted`` -- true on a format-2 segment record that no longer lists its ledger;
+* ``offloaded`` -- once the ledger's entries are also Parquet files (:mod:`bkspark.log.offload`):
+  ``{"location": URI of the log's directory, "files": [{"name", "first", "last", "rows",
+  "bytes", "crc32c"}, ...]}``, each file entries ``first..last`` (a ``crc32c`` of their
+  payloads, chained in entry order) -- set by one change after the files are complete;
 * any other key a writer gave (``info`` of ``LogStore.append_ledgers``): kept as written, in
   :attr:`LogLedger.extra`. A known key holding a value of the wrong type is kept there too,
   so a record always reads back as it was written.
@@ -51,6 +55,7 @@ class LogLedger:
     min_ts: int | None = None
     max_ts: int | None = None
     unlisted: bool = False
+    offloaded: dict | None = None
     extra: dict = field(default_factory=dict)
     seq: int | None = None
 
@@ -71,6 +76,8 @@ class LogLedger:
                 entry.state = value
             elif key == "unlisted" and isinstance(value, bool):
                 entry.unlisted = value
+            elif key == "offloaded" and isinstance(value, dict):
+                entry.offloaded = value
             else:
                 entry.extra[key] = value
         return entry
@@ -86,6 +93,8 @@ class LogLedger:
                 out[key] = value
         if self.unlisted:
             out["unlisted"] = True
+        if self.offloaded is not None:
+            out["offloaded"] = self.offloaded
         for key, value in self.extra.items():
             out.setdefault(key, value)
         return out
@@ -95,7 +104,7 @@ class LogLedger:
         for key, value in info.items():
             if key in ("ledger_id", "seq", "extra"):
                 raise BadRequestError(f"ledger entry: {key!r} cannot be set this way")
-            if key in _INT_FIELDS or key in ("state", "unlisted"):
+            if key in _INT_FIELDS or key in ("state", "unlisted", "offloaded"):
                 setattr(self, key, value)
                 self.extra.pop(key, None)
             else:

@@ -143,6 +143,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = add("apply-retention", "apply logs' retention policies now (what the retention "
                                "service does every pass)")
     p.add_argument("log", nargs="*", help="only these logs (default: every log)")
+    p = add("set-offload", "set a log's offload policy: closed ledgers become Parquet files "
+                           "(applied by the service that applies retention)")
+    p.add_argument("log")
+    p.add_argument("--location", default=None, metavar="URI",
+                   help="directory the files go to: an absolute path or a URI (file://, "
+                        "hdfs://, s3://); each log gets log=<name>/ in it")
+    p.add_argument("--after", default=None, metavar="AGE",
+                   help="offload ledgers closed longer ago (1h, 7d, or ms)")
+    p.add_argument("--beyond", default=None, metavar="BYTES",
+                   help="offload ledgers wholly beyond this many bytes of the log's tail "
+                        "(10GiB, 500MB)")
+    p.add_argument("--off", action="store_true", help="remove the policy (files stay)")
+    p = add("offload", "offload logs' closed ledgers now, as their policies say (what the "
+                       "service does every pass), and remove a crashed offload's files")
+    p.add_argument("log", nargs="*", help="only these logs (default: every log with a policy)")
     add("zk-acl", "give every record under the ZooKeeper root the ACL of the URI's credentials "
                   "(digest_file / sasl_file): for a tree created before they were set")
     add("upgrade-ledgers", "rewrite ledger records of format 1 (which held the ledger's "
@@ -698,6 +713,63 @@ def cmd_apply_retention(args, out):
               [(r["log"], RetentionPolicy.from_property(r["retention"]).describe()
                 if r["retention"] else "keep everything", len(r["removed"]),
                 r["held_by_cursor"] or "") for r in rows], rows)
+
+
+@command("set-offload", "set a log's offload policy")
+def cmd_set_offload(args, out):
+    from bkspark.log import LogStore
+    from bkspark.log.offload import OffloadPolicy
+    if args.off and (args.location or args.after or args.beyond):
+        raise BadRequestError("--off removes the policy: give it alone")
+    if not args.off and (args.location is None or args.after is None and args.beyond is None):
+        raise BadRequestError("give --location and --after and/or --beyond (or --off to "
+                              "remove the policy)")
+    with _client(args) as bk:
+        logs = LogStore(bk)
+        _chosen_logs(logs, [args.log])
+        logs.set_offload(args.log, None if args.off else
+                         OffloadPolicy.parse(args.location, args.after, args.beyond))
+        stored = logs.offload_policy(args.log)
+    out.table("offload set", ["log", "offload"],
+              [(args.log, stored.describe() if stored else "nothing offloaded")],
+              {"log": args.log, "offload": stored.to_property() if stored else None})
+
+
+@command("offload", "offload closed ledgers now")
+def cmd_offload(args, out):
+    from bkspark.log import LogStore, offload
+    from bkspark.recovery import offload as offload_pass
+    rows = []
+    failed = []
+    with _client(args) as bk:
+        logs = LogStore(bk)
+        for name in _chosen_logs(logs, args.log):
+            policy = logs.offload_policy(name)
+            if policy is None:
+                if args.log:
+                    raise BadRequestError(f"log {name!r} has no offload policy: set one with "
+                                          f"`bkspark shell set-offload {name} --location URI "
+                                          "--after AGE`")
+                continue
+            error = None
+            try:
+                done = offload_pass.run(logs, name)
+            except offload.OffloadError as exc:
+                done, error = {}, str(exc)
+                failed.append(name)
+            orphans = offload.collect_orphans(logs, name)
+            rows.append({"log": name, "location": policy.location, "ledgers": list(done),
+                         "files": sum(len(r["files"]) for r in done.values()),
+                         "rows": sum(f["rows"] for r in done.values() for f in r["files"]),
+                         "bytes": sum(f["bytes"] for r in done.values() for f in r["files"]),
+                         "orphans_removed": len(orphans), "error": error})
+    out.table(f"{sum(len(r['ledgers']) for r in rows)} ledgers offloaded",
+              ["log", "location", "ledgers", "rows", "size", "orphans removed", "error"],
+              [(r["log"], r["location"], len(r["ledgers"]), r["rows"], _human_size(r["bytes"]),
+                r["orphans_removed"], r["error"] or "") for r in rows], rows)
+    if failed:
+        raise ShellError(f"offload failed for {', '.join(failed)} (see the error column; what "
+                         "was offloaded before the failure is recorded)")
 
 
 @command("zk-acl", "apply the URI's ACL to an existing ZooKeeper tree")

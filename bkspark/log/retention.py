@@ -29,7 +29,8 @@ Pulsar):
   does a Spark task whose ledger a cut removed after its read was planned.
 * The cut is one truncation (:meth:`LogStore.truncate_segments`): one transaction on the
   head whatever it removes; the ledgers are then deleted (that transaction proves them
-  unlisted; their records go in batched transactions) and the truncated segment records
+  unlisted; their records go in batched transactions), with the Parquet files of those
+  offloaded (:mod:`bkspark.log.offload`), and the truncated segment records
   removed in batches, each batch read before its transaction so that commits racing for the
   head are not slowed. A pass removes at most ``max_ledgers`` ledgers; the next pass goes on.
 
@@ -167,6 +168,9 @@ class Cut:
     by_size: int = 0                # ... because the log is over its size
     held_by: str | None = None      # the cursor that stopped the cut short
     removed: list = field(default_factory=list)     # ledger ids deleted
+    #: ledger id -> its offload record, of the ledgers the cut removes that were offloaded
+    #: (:mod:`bkspark.log.offload`): their files are deleted with them
+    offloaded: dict = field(default_factory=dict)
     #: nothing to cut before this time (the store's ms; inf: never) while the log's list is
     #: unchanged -- None when cursors decided (they move without the list changing)
     quiet_until_ms: float | None = None
@@ -195,17 +199,19 @@ def plan(logs, name: str, policy: RetentionPolicy, now_ms: int | None = None,
         for entry in chunk:
             if not entry.closed or len(reasons) >= max_ledgers:
                 break
-            closed_at = _closed_at(logs, entry) if policy.ms is not None else None
-            if closed_at is not None and closed_at <= now - policy.ms:
+            closed = closed_at(logs, entry) if policy.ms is not None else None
+            if closed is not None and closed <= now - policy.ms:
                 reasons.append((entry.seq, "age"))
             elif excess is not None and excess - entry.sealed_length() >= 0:
                 reasons.append((entry.seq, "size"))
             else:
-                if closed_at is not None:       # the first ledger to keep ages out then
-                    cut.quiet_until_ms = closed_at + policy.ms
+                if closed is not None:          # the first ledger to keep ages out then
+                    cut.quiet_until_ms = closed + policy.ms
                 break
             if excess is not None:
                 excess -= entry.sealed_length()
+            if entry.offloaded is not None:
+                cut.offloaded[entry.ledger_id] = entry.offloaded
         else:
             lo, step = lo + step, min(step * 2, 1024)
             continue
@@ -228,7 +234,7 @@ def plan(logs, name: str, policy: RetentionPolicy, now_ms: int | None = None,
     return cut
 
 
-def _closed_at(logs, entry: LogLedger) -> int | None:
+def closed_at(logs, entry: LogLedger) -> int | None:
     """When ``entry``'s ledger was closed in the list (ms); for a segment listed before the
     stamp existed, its ledger's creation time (None if that is unknown too)."""
     if entry.closed_ms is not None:
@@ -256,6 +262,10 @@ def enforce(logs, name: str, now_ms: int | None = None,
         logs.collect_truncated(name)    # what an earlier cut left (its collection paused)
         return cut
     cut.removed = logs.truncate_segments(name, cut.before)
+    if cut.offloaded:           # (the truncation is stored: no list names these ledgers)
+        from bkspark.log.offload import delete_files
+        delete_files(name, {lid: cut.offloaded[lid] for lid in cut.removed
+                            if lid in cut.offloaded})
     if cut.removed:
         log.info("log %s: retention (%s) removed %d ledgers (%d by age, %d by size)%s", name,
                  policy.describe(), len(cut.removed), cut.by_age, cut.by_size,

@@ -281,6 +281,31 @@ class LogStore:
                 edit.properties[ret.PROPERTY] = policy.to_property()
         self.update(name, change)
 
+    def properties(self, name: str) -> dict:
+        """The log's head properties (its policies among them), as stored now."""
+        head, _ = self._head(name)
+        return dict(head.properties)
+
+    def offload_policy(self, name: str) -> "OffloadPolicy | None":
+        """The log's offload policy (None: nothing is offloaded; :mod:`bkspark.log.offload`)."""
+        from bkspark.log.offload import PROPERTY, OffloadPolicy
+        return OffloadPolicy.from_property(self.properties(name).get(PROPERTY))
+
+    def set_offload(self, name: str, policy: "OffloadPolicy | None") -> None:
+        """Set (None: remove) the log's offload policy; the retention service applies it from
+        its next pass. Files already offloaded stay, and stay recorded."""
+        from bkspark.log.offload import PROPERTY
+
+        def change(edit: seg.LogEdit) -> None:
+            now = edit.properties.get(PROPERTY)
+            if policy is None and now is None or policy is not None and now == policy.to_property():
+                raise NoChange()
+            if policy is None:
+                edit.properties.pop(PROPERTY)
+            else:
+                edit.properties[PROPERTY] = policy.to_property()
+        self.update(name, change)
+
     def writer_sequence(self, name: str, writer_id: str) -> int:
         """The last sequence committed under ``writer_id`` (-1: none the log remembers); one
         read of the head."""

@@ -1,11 +1,13 @@
-"""The retention service: applies every log's retention policy in the background.
+"""The retention service: applies every log's retention and offload policies in the background.
 
 One process in the cluster applies them (a :class:`~.election.LeaderElection` at
 ``/logs-retention/election``); it runs in ``bkspark autorecovery``, in a bookie started with
 ``--autorecovery`` and in ``bkspark localcluster``, so a deployment that repairs its ledgers
 also keeps its logs within their policies. Every ``interval`` seconds the leader lists the
 logs, reads their heads (pipelined, many logs a read) and applies the policy of each that
-has one (:func:`bkspark.log.retention.enforce`); a log with nothing to cut is not read again
+has one (:func:`bkspark.log.retention.enforce`), then its offload policy if it has one
+(:func:`bkspark.recovery.offload.run`; its directory is swept for a crashed offload's files every
+:data:`ORPHAN_SCAN_S`); a log with nothing to cut and no offload policy is not read again
 until its head changes or its oldest ledger ages out (:meth:`RetentionService.run_once`). A log that fails (its
 metadata unreachable, being deleted) is logged and retried at the next pass; a change the
 service makes is the same conditional truncation a user's would be, so two enforcers at
@@ -20,7 +22,7 @@ import threading
 import time
 
 from bkspark.errors import BKError, ClockSkewError, NoSuchLogError
-from bkspark.log import LogStore
+from bkspark.log import LogStore, offload
 from bkspark.log.retention import PROPERTY, RetentionPolicy, enforce
 from metadata.log_segments import LogHead
 from metadata.layout import RETENTION_ELECTION
@@ -33,6 +35,8 @@ log = logging.getLogger("bkspark.recovery.retention")
 DEFAULT_INTERVAL = 60.0
 #: logs whose heads one pipelined read fetches
 HEADS_PER_READ = 1024
+#: seconds between sweeps of a log's offload directory for a crashed offload's files
+ORPHAN_SCAN_S = 3600.0
 
 
 class RetentionService:
@@ -48,6 +52,10 @@ class RetentionService:
         self.passes = 0                 # completed passes (status, tests)
         self.removed = 0                # ledgers removed so far
         self.refused_by_skew = 0        # passes refused: this host's clock is off the store's
+        self.offloaded_ledgers = 0      # ledgers offloaded so far (bkspark.log.offload)
+        self.offloaded_bytes = 0        # ... the bytes of their Parquet files
+        self.offload_failures = 0       # offload passes of a log that failed
+        self._swept: dict[str, float] = {}      # log -> when its offload directory was swept
         # log -> (head mark, store ms): nothing to cut before then while the head keeps
         # that mark (rebuilt by every pass: logs gone drop out)
         self._quiet: dict[str, tuple] = {}
@@ -132,11 +140,30 @@ class RetentionService:
         """Apply the policy of log ``name``, whose head record is ``data``; returns until when
         (the store's ms) nothing is to be cut while that head is unchanged, or None."""
         head = LogStore.parse_head(name, data)
+        offloads = head.properties.get(offload.PROPERTY) is not None
+        if offloads:
+            self._offload(name)
         if RetentionPolicy.from_property(head.properties.get(PROPERTY)) is None:
-            return math.inf             # (a policy set later changes the head)
+            return None if offloads else math.inf   # (a policy set later changes the head)
         cut = enforce(self.logs, name)
         if cut.removed:
             removed[name] = cut.removed
             self.removed += len(cut.removed)
         settled = isinstance(head, LogHead) and head.gc == head.first   # nothing to collect
-        return cut.quiet_until_ms if cut.before is None and settled else None
+        return cut.quiet_until_ms if cut.before is None and settled and not offloads else None
+
+    def _offload(self, name: str) -> None:
+        """Apply log ``name``'s offload policy (failures counted and logged; the next pass
+        retries), and sweep its directory every :data:`ORPHAN_SCAN_S`."""
+        try:
+            from bkspark.recovery import offload as offload_pass    # (pyarrow: when used)
+            done = offload_pass.run(self.logs, name)
+            self.offloaded_ledgers += len(done)
+            self.offloaded_bytes += sum(f["bytes"] for rec in done.values() for f in rec["files"])
+            now = time.monotonic()
+            if now - self._swept.get(name, -math.inf) >= ORPHAN_SCAN_S:
+                offload.collect_orphans(self.logs, name)
+                self._swept[name] = now
+        except (BKError, OSError) as exc:
+            self.offload_failures += 1
+            log.warning("offload: log %s: %s (retried at the next pass)", name, exc)

@@ -60,6 +60,13 @@ retentionSize            ... keep about this many bytes (``10GiB``; Kafka's rete
 retentionPassCursors     ... remove what cursors have not read (false: keep it for the slowest
                          active cursor). A log that exists keeps its policy (a different one
                          fails the write: change it with ``bkspark shell set-retention``)
+offloadLocation          writes: the offload policy of a log the write creates or that has none
+                         (:mod:`bkspark.log.offload`) -- closed ledgers become Parquet files
+                         under this absolute path or URI (``log=<name>/`` in it) ...
+offloadAfter             ... when closed longer ago than this (``1h``, ``7d``, milliseconds)
+offloadBeyond            ... or when wholly beyond this many bytes of the log's tail
+                         (``10GiB``). A log with another policy fails the write: change it
+                         with ``bkspark shell set-offload``
 reclaimAbandonedAfter    writes: seconds a write job of the log with no live task stays silent
                          before its leftover ledgers are reclaimed at planning (600)
 client.<setting>         a ``ClientConfig`` field (``client.tlsCaFile``, ``client.addTimeout``)
@@ -101,7 +108,8 @@ KNOWN_OPTIONS = (
     "startingTimestamp", "startingOffsetsByTimestamp", "endingTimestamp",
     "endingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy", "schema",
     "includeHeaders", "retentionTime", "retentionSize", "retentionPassCursors", "queryName",
-    "maxLogsPerWrite", "maxPartitionBytes", "openCostInBytes",
+    "maxLogsPerWrite", "maxPartitionBytes", "openCostInBytes", "offloadLocation",
+    "offloadAfter", "offloadBeyond",
     "_testFault",        # test-only fault injection (see bkspark.spark.writer)
 )
 #: Spark's Kafka source and sink option names, and the option each one is here
@@ -171,6 +179,7 @@ class ConnectorOptions:
     min_partitions: int | None = None
     reclaim_after: float = DEFAULT_GRACE_S   # seconds; see bkspark.spark.pending
     retention: RetentionPolicy | None = None  # of a log the write creates
+    offload: "OffloadPolicy | None" = None    # of a log the write creates or that has none
     max_bytes_per_trigger: int | None = None
     min_entries_per_trigger: int | None = None
     max_trigger_delay: float = 15 * 60.0    # seconds
@@ -578,6 +587,16 @@ def parse_options(options, *, default_uri=None) -> ConnectorOptions:
     elif "retentionPassCursors" in raw:
         raise BadRequestError("option 'retentionPassCursors' goes with 'retentionTime' and/or "
                               "'retentionSize'")
+    if "offloadLocation" in raw:
+        from bkspark.log.offload import OffloadPolicy
+        if "offloadAfter" not in raw and "offloadBeyond" not in raw:
+            raise BadRequestError("option 'offloadLocation' needs 'offloadAfter' and/or "
+                                  "'offloadBeyond' (when a closed ledger is offloaded)")
+        o.offload = OffloadPolicy.parse(raw["offloadLocation"], raw.get("offloadAfter"),
+                                        raw.get("offloadBeyond"))
+    elif "offloadAfter" in raw or "offloadBeyond" in raw:
+        raise BadRequestError("options 'offloadAfter' / 'offloadBeyond' go with "
+                              "'offloadLocation' (where the Parquet files go)")
     o.test_fault = raw.get("_testFault") or None
     from bkspark.client_settings import client_settings
     o.client_settings = client_settings(client, prefix=CLIENT_PREFIX, camel_case=True,

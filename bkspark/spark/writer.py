@@ -369,6 +369,16 @@ def prepare_log(logs, opts, name: str, *, overwrite: bool = False) -> None:
                 f"'{policy.describe()}' as the retention options say: they apply when a write "
                 f"creates the log. Change an existing log's policy with `bkspark shell "
                 f"set-retention {name} ...`, or leave the options out")
+    if opts.offload is not None:
+        logs.create(name)
+        current = logs.offload_policy(name)
+        if current is None:
+            logs.set_offload(name, opts.offload)
+        elif current != opts.offload:
+            raise BadRequestError(
+                f"log {name!r} offloads {current.describe()}, not {opts.offload.describe()} as "
+                f"the offload options say: change its policy with `bkspark shell set-offload "
+                f"{name} ...`, or leave the options out")
     if overwrite:
         return
     try:

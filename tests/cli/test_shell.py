@@ -397,6 +397,36 @@ def test_retention_commands(cluster, capsys):
         logs.delete("shell-retained")       # (the autorecovery tests count ledgers)
 
 
+def test_offload_commands(cluster, capsys, tmp_path):
+    import pyarrow.parquet as pq
+    from bkspark.spark.codec import encode_record
+    with BookKeeper(cluster.metadata_uri) as bk:
+        logs = LogStore(bk, password=PW)
+        for i in range(2):
+            lh = bk.create_ledger(3, 2, 2, password=PW)
+            lh.append(encode_record(f"row{i}".encode()))
+            lh.close()
+            logs.append_ledgers("shell-offloaded", [lh.ledger_id])
+        code, _, err = sh(capsys, cluster, "set-offload", "shell-offloaded", "--after", "1h")
+        assert code != 0 and "give --location and --after and/or --beyond" in err
+        code, _, err = sh(capsys, cluster, "set-offload", "shell-offloaded", "--location",
+                          "relative/dir", "--after", "1h")
+        assert code != 0 and "is relative: give an absolute path or a URI" in err
+        code, _, err = sh(capsys, cluster, "offload", "shell-offloaded")
+        assert code != 0 and "has no offload policy: set one with" in err
+        code, doc, _ = sh(capsys, cluster, "set-offload", "shell-offloaded", "--location",
+                          f"file://{tmp_path}", "--after", "1ms", as_json=True)
+        assert code == 0 and doc["offload"]["after_ms"] == 1
+        time.sleep(0.01)
+        code, (d,), _ = sh(capsys, cluster, "offload", "shell-offloaded", as_json=True)
+        assert code == 0 and (d["rows"], d["files"], d["error"]) == (2, 2, None)
+        t = pq.read_table(str(tmp_path / "log=shell-offloaded"))
+        assert sorted(t.column("value").to_pylist()) == [b"row0", b"row1"]
+        code, doc, _ = sh(capsys, cluster, "set-offload", "shell-offloaded", "--off", as_json=True)
+        assert code == 0 and doc["offload"] is None and logs.offload_policy("shell-offloaded") is None
+        logs.delete("shell-offloaded")      # (the autorecovery tests count ledgers)
+
+
 def test_convert_logs(cluster, capsys):
     # a log kept as one record by the format-1 code, converted by the shell; the rest untouched
     from metadata.layout import log_path

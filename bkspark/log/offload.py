@@ -1,0 +1,305 @@
+"""Offload: a log's closed ledgers written as Parquet files that any engine reads.
+
+A log's policy is its head property ``offload`` (:class:`OffloadPolicy`; none: nothing is
+offloaded): closed ledgers closed more than ``after_ms`` ago, or lying wholly beyond the last
+``beyond_bytes`` bytes of the log, are written as Parquet under ``location`` (a local path or
+any URI :func:`pyarrow.fs.FileSystem.from_uri` opens), oldest first. The service that applies
+retention applies it (:mod:`bkspark.recovery.retention`, through :func:`bkspark.recovery.offload.run`);
+``bkspark shell offload LOG`` runs it now. The bookies keep their copy: readers still read it (reading the Parquet tier and deleting
+the bookies' copy come later, issue 52).
+
+Layout: ``<location>/log=<name>/<offset of the file's first entry, 20 digits>-<ledger id>
+.parquet`` -- one directory per log, in Hive style, so ``spark.read.parquet(location)`` reads
+every log offloaded there as one table with a ``log`` column (``spark.read.parquet(
+location + "/log=NAME")``: one log), and the files sort in log order. A ledger becomes one
+file per :data:`FILE_ENTRY_BYTES` of entries (a fixed rule, so a retry writes the same names).
+Columns: record entries -- ``offset``, ``ledger_id``, ``entry_id``, ``key``, ``value``,
+``timestamp`` (UTC, microseconds), ``headers``; Arrow entries -- the written columns plus
+``_offset``, ``_ledger_id``, ``_entry_id``. Row groups of at most :data:`ROW_GROUP_ROWS` rows,
+statistics on every column (offset and time: a reader skips row groups), zstd, page
+checksums.
+
+What a log's metadata records of it, and when: :mod:`bkspark.recovery.offload` (the pass that
+writes the files, crash-safe). This module holds the policy, the layout, the records and
+the clean-up: :func:`collect_orphans` removes temporary files older than
+:data:`TEMP_GRACE_S` and files of ledgers the log no longer lists (retention, truncation).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass
+
+from bkspark.errors import BadRequestError, BKError
+from bkspark.log.retention import closed_at, parse_duration_ms, parse_size_bytes
+from metadata.layout import check_log_name
+from metadata.log_entry import LogLedger
+from metadata.update import NoChange
+
+log = logging.getLogger("bkspark.log.offload")
+
+PROPERTY = "offload"                    # the head property holding a log's policy
+PROGRESS = "offload.next"               # head property: the first segment not offloaded yet
+#: entry payload bytes per Parquet file (a fixed rule: a retry writes the same file names)
+FILE_ENTRY_BYTES = 128 << 20
+ROW_GROUP_ROWS = 1 << 20
+#: ledgers one pass offloads at most (the next pass goes on)
+MAX_LEDGERS_PER_PASS = 64
+#: temporary files older than this are a crashed offload's (seconds, the filesystem's mtime)
+TEMP_GRACE_S = 3600.0
+TEMP_PREFIX = "_tmp-"
+SUFFIX = ".parquet"
+
+ARROW_COLUMNS = ("_offset", "_ledger_id", "_entry_id")
+
+
+class OffloadError(BKError):
+    """An offload could not complete (its file did not read back as written, the location
+    failed); nothing was recorded, the next pass tries again."""
+
+
+@dataclass(frozen=True)
+class OffloadPolicy:
+    """What of a log to offload and where (module docstring). ``location``: an absolute path
+    or a URI of a directory; ``after_ms``: ledgers closed longer ago; ``beyond_bytes``: ledgers
+    wholly beyond this many bytes of the log's tail (at least one of the two)."""
+
+    location: str
+    after_ms: int | None = None
+    beyond_bytes: int | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.location, str) or not self.location:
+            raise BadRequestError("offload location: give an absolute path or a URI "
+                                  "(file:///data/history, hdfs://..., s3://...)")
+        if "://" not in self.location and not os.path.isabs(self.location):
+            raise BadRequestError(
+                f"offload location {self.location!r} is relative: give an absolute path or a "
+                "URI (the service that offloads runs in another directory, maybe on another host)")
+        for key in ("after_ms", "beyond_bytes"):
+            v = getattr(self, key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+                raise BadRequestError(f"offload {key} must be a positive int or None, got {v!r}")
+        if self.after_ms is None and self.beyond_bytes is None:
+            raise BadRequestError("an offload policy needs after_ms and/or beyond_bytes (when a "
+                                  "closed ledger is offloaded)")
+
+    @classmethod
+    def parse(cls, location: str, after=None, beyond=None) -> "OffloadPolicy":
+        """A policy from user text: ``after`` like ``"1h"``, ``beyond`` like ``"10GiB"``."""
+        return cls(location=location,
+                   after_ms=None if after is None else parse_duration_ms(after, "offload after"),
+                   beyond_bytes=None if beyond is None else parse_size_bytes(beyond,
+                                                                             "offload beyond"))
+
+    def to_property(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_property(cls, value) -> "OffloadPolicy | None":
+        if value is None:
+            return None
+        if not isinstance(value, dict) or not set(value) <= set(cls.__dataclass_fields__):
+            raise BadRequestError(f"bad offload property {value!r}")
+        return cls(**value)
+
+    def describe(self) -> str:
+        parts = []
+        if self.after_ms is not None:
+            parts.append(f"closed over {self.after_ms / 1000:g} s ago")
+        if self.beyond_bytes is not None:
+            parts.append(f"beyond {self.beyond_bytes} B of the tail")
+        return f"to {self.location} when " + " or ".join(parts)
+
+
+# ---- where files go ----------------------------------------------------------------------------
+
+class Location:
+    """A directory on a :mod:`pyarrow.fs` filesystem. On a local filesystem files and
+    renames are fsynced; elsewhere durability is the filesystem's on close (S3, HDFS).
+    (pyarrow is imported here, not with the module: the retention service of every bookie
+    started with ``--autorecovery`` imports this module, and most logs offload nothing.)"""
+
+    def __init__(self, uri: str):
+        import pyarrow as pa
+        import pyarrow.fs as pafs
+        try:
+            if "://" in uri:
+                self.fs, self.root = pafs.FileSystem.from_uri(uri)
+            else:
+                self.fs, self.root = pafs.LocalFileSystem(), os.path.abspath(uri)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise BadRequestError(f"offload location {uri!r}: {exc}") from None
+        self.uri = uri
+        self.local = isinstance(self.fs, pafs.LocalFileSystem)
+        self._pafs = pafs
+
+    def log_dir(self, name: str) -> str:
+        return f"{self.root.rstrip('/')}/log={check_log_name(name)}"
+
+    def write(self, path: str, table) -> int:
+        """Write ``table`` (a pyarrow Table) as Parquet at ``path``, durable when this
+        returns; its bytes."""
+        import pyarrow.parquet as pq
+        kw = dict(row_group_size=ROW_GROUP_ROWS, compression="zstd", write_statistics=True,
+                  write_page_checksum=True)
+        if self.local:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                pq.write_table(table, f, **kw)
+                f.flush()
+                os.fsync(f.fileno())
+            return os.path.getsize(path)
+        self.fs.create_dir(os.path.dirname(path), recursive=True)
+        with self.fs.open_output_stream(path) as out:
+            pq.write_table(table, out, **kw)
+        return self.fs.get_file_info(path).size
+
+    def read(self, path: str):
+        """The pyarrow Table of the Parquet file at ``path`` (page checksums verified)."""
+        import pyarrow.parquet as pq
+        return pq.read_table(path, filesystem=self.fs, page_checksum_verification=True)
+
+    def publish(self, tmp: str, final: str) -> None:
+        """Rename ``tmp`` to ``final`` (replacing a file of that name)."""
+        if self.local:
+            os.replace(tmp, final)
+            fd = os.open(os.path.dirname(final), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        else:
+            self.fs.move(tmp, final)
+
+    def delete(self, path: str) -> None:
+        try:
+            self.fs.delete_file(path)
+        except FileNotFoundError:
+            pass
+
+    def files(self, directory: str) -> list:
+        """The files (pyarrow FileInfo) in ``directory``; none if it does not exist."""
+        pafs = self._pafs
+        try:
+            return [i for i in self.fs.get_file_info(pafs.FileSelector(directory))
+                    if i.type == pafs.FileType.File]
+        except FileNotFoundError:
+            return []
+
+
+def file_name(first_offset: int, ledger_id: int) -> str:
+    return f"{first_offset:020d}-{ledger_id}{SUFFIX}"
+
+
+def parse_file_name(name: str) -> tuple[int, int] | None:
+    """``(first offset, ledger id)`` of a final file's name (None: not one)."""
+    if not name.endswith(SUFFIX):
+        return None
+    offset, dash, lid = name[:-len(SUFFIX)].partition("-")
+    if not dash or not offset.isdigit() or not lid.isdigit():
+        return None
+    return int(offset), int(lid)
+
+
+# ---- a pass over one log ------------------------------------------------------------------------
+
+def due(logs, name: str, policy: OffloadPolicy, now_ms: int,
+        max_ledgers: int = MAX_LEDGERS_PER_PASS) -> list[LogLedger]:
+    """The listed, closed, not yet offloaded ledgers the policy offloads now, oldest first,
+    scanning from the head's :data:`PROGRESS` mark (so a pass costs what it offloads, not the
+    log's age). A ledger whose offset is not stamped yet stops the scan."""
+    first, nxt = logs.bounds(name)
+    start = max(first, int(logs.properties(name).get(PROGRESS, 0) or 0))
+    end_bytes = None
+    if policy.beyond_bytes is not None:
+        last = logs.last_listed(name)
+        if last is not None and last.byte_offset is not None:
+            end_bytes = last.byte_offset + last.sealed_length()
+    out: list[LogLedger] = []
+    lo, step = start, 16
+    while lo < nxt and len(out) < max_ledgers:
+        for e in logs.segments(name, lo, min(nxt, lo + step)):
+            if e.offloaded is not None:
+                continue
+            if not e.closed or e.offset is None or len(out) >= max_ledgers:
+                return out
+            old = policy.after_ms is not None and (
+                (t := closed_at(logs, e)) is not None and t <= now_ms - policy.after_ms)
+            far = end_bytes is not None and e.byte_offset is not None and \
+                end_bytes - (e.byte_offset + e.sealed_length()) >= policy.beyond_bytes
+            if not (old or far):
+                return out
+            out.append(e)
+        lo, step = lo + step, min(step * 2, 256)
+    return out
+
+
+def record(logs, name: str, done: dict[int, dict], progress: int | None) -> None:
+    """Step 5: store the offload records ``done`` (ledger id -> record) of log ``name`` in one
+    change, and the head's :data:`PROGRESS` mark at ``progress``. A ledger the log no longer
+    lists (cut meanwhile) is left out: its files are orphans (:func:`collect_orphans`)."""
+    def change(edit) -> None:
+        changed = False
+        for lid, rec in done.items():
+            e = edit.entry(lid)
+            if e is not None and e.offloaded != rec:
+                edit.update(lid, offloaded=rec)
+                changed = True
+        if progress is not None and int(edit.properties.get(PROGRESS, 0) or 0) < progress:
+            edit.properties[PROGRESS] = progress
+            changed = True
+        if not changed:
+            raise NoChange()
+    logs.update(name, change)
+
+
+def delete_files(name: str, records: dict[int, dict]) -> None:
+    """Delete the files of offload ``records`` (ledger id -> record) of log ``name``: those
+    of ledgers a stored truncation unlisted (:func:`bkspark.log.retention.enforce`). A file
+    that cannot be deleted now is an orphan :func:`collect_orphans` removes later."""
+    for lid, rec in records.items():
+        try:
+            where = Location(rec["location"])
+            for f in rec.get("files", []):
+                where.delete(f"{where.log_dir(name)}/{f['name']}")
+        except (OSError, BKError, KeyError, TypeError) as exc:
+            log.warning("log %s: the offloaded files of removed ledger %d stay for now (%s); "
+                        "`bkspark shell offload %s` collects them", name, lid, exc, name)
+
+
+def collect_orphans(logs, name: str, where: Location | None = None,
+                    now_s: float | None = None) -> list[str]:
+    """Remove what no reader should see under log ``name``'s directory: temporary files older
+    than :data:`TEMP_GRACE_S`, and final files of ledgers the log does not list any more
+    (removed by retention or a truncation) or whose record names other files. Files of a
+    listed ledger without a record are kept (the next pass records them). Returns the names
+    removed."""
+    if where is None:
+        policy = logs.offload_policy(name)
+        if policy is None:
+            return []
+        where = Location(policy.location)
+    now_s = time.time() if now_s is None else now_s
+    directory = where.log_dir(name)
+    removed = []
+    for info in where.files(directory):
+        base = info.base_name
+        if base.startswith(TEMP_PREFIX):
+            mtime = info.mtime.timestamp() if info.mtime is not None else now_s
+            if now_s - mtime > TEMP_GRACE_S:
+                where.delete(info.path)
+                removed.append(base)
+            continue
+        parsed = parse_file_name(base)
+        if parsed is None:
+            continue                    # not ours
+        entry = logs.entry_of(name, parsed[1])
+        if entry is None or entry.offloaded is not None and base not in {
+                f["name"] for f in entry.offloaded.get("files", [])}:
+            where.delete(info.path)
+            removed.append(base)
+    if removed:
+        log.info("log %s: removed %d orphan offload files", name, len(removed))
+    return removed

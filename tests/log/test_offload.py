@@ -1,0 +1,289 @@
+"""Offload (issue 52, items 1-2): a log's closed ledgers become Parquet files that pyarrow
+(and Spark, tests/spark/test_spark_offload.py) read as the log's rows, written crash-safe
+and recorded by one metadata change -- on both metadata stores, with real bookies."""
+from __future__ import annotations
+
+import os
+import time
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+
+from bkspark import errors
+from bkspark.log import offload
+from bkspark.log.offload import Location, OffloadPolicy, collect_orphans
+from bkspark.recovery import offload as offload_pass
+from bkspark.recovery.offload import run
+from bkspark.spark.codec import encode_record
+from metadata.testing import lost_answers
+
+from .helpers import closed_ledger, read_all
+
+
+def _fill(bk, logs, name, ledgers, rows=5, start=0):
+    """``ledgers`` closed ledgers of ``rows`` records (key, value, time, a header) listed in
+    ``name``; the records' (key, value, ts) in order."""
+    out = []
+    for i in range(ledgers):
+        datas = []
+        for j in range(rows):
+            n = start + i * rows + j
+            ts = 1_700_000_000_000_000 + n
+            datas.append(encode_record(f"v{n}".encode(), key=f"k{n % 3}".encode(),
+                                       timestamp_us=ts, headers=[("h", b"x")]))
+            out.append((f"k{n % 3}".encode(), f"v{n}".encode(), ts))
+        logs.append_ledgers(name, [closed_ledger(bk, datas)])
+    return out
+
+
+def _table(where: Location, name: str) -> pa.Table:
+    """What a Parquet reader of the log's directory sees (an empty table: no file)."""
+    t = ds.dataset(where.log_dir(name), format="parquet").to_table()
+    return t.sort_by("offset") if t.num_columns else t
+
+
+# ---- the policy (pure) ---------------------------------------------------------------------
+
+def test_the_policy_parses_and_bad_ones_name_the_fix(tmp_path):
+    p = OffloadPolicy.parse(str(tmp_path), after="1h", beyond="10GiB")
+    assert (p.after_ms, p.beyond_bytes) == (3_600_000, 10 << 30)
+    assert OffloadPolicy.from_property(p.to_property()) == p
+    with pytest.raises(errors.BadRequestError, match="is relative: give an absolute path"):
+        OffloadPolicy("history", after_ms=1)
+    with pytest.raises(errors.BadRequestError, match="needs after_ms and/or beyond_bytes"):
+        OffloadPolicy(str(tmp_path))
+    with pytest.raises(errors.BadRequestError, match="bad offload property"):
+        OffloadPolicy.from_property({"location": str(tmp_path), "days": 3})
+    assert offload.parse_file_name(offload.file_name(42, 7)) == (42, 7)
+    assert offload.parse_file_name("_tmp-00000000000000000042-7-ab.parquet") is None
+
+
+# ---- offload and read back -----------------------------------------------------------------
+
+def test_closed_ledgers_become_parquet_with_the_logs_rows_and_are_recorded(
+        bk, logs, log_name, tmp_path):
+    logs.create(log_name)
+    rows = _fill(bk, logs, log_name, 4)
+    logs.set_offload(log_name, OffloadPolicy(str(tmp_path), after_ms=1))
+    time.sleep(0.01)
+    done = run(logs, log_name)
+    entries = logs.segments(log_name)
+    assert list(done) == [e.ledger_id for e in entries]
+    where = Location(str(tmp_path))
+    t = _table(where, log_name)
+    assert t.column("offset").to_pylist() == list(range(20))
+    assert list(zip(t.column("key").to_pylist(), t.column("value").to_pylist(),
+                    [v.value for v in t.column("timestamp")])) == \
+        rows                                              # (.value: microseconds)
+    assert t.column("headers").to_pylist()[0] == [("h", b"x")]
+    assert t.schema.field("timestamp").type == pa.timestamp("us", tz="UTC")
+    for e in entries:               # recorded: files, ranges, rows, bytes, checksum
+        (f,) = e.offloaded["files"]
+        assert (f["first"], f["last"], f["rows"]) == (0, 4, 5)
+        path = os.path.join(where.log_dir(log_name), f["name"])
+        assert os.path.getsize(path) == f["bytes"]
+        md = pq.ParquetFile(path).metadata
+        stats = md.row_group(0).column(0).statistics
+        assert (stats.min, stats.max) == (e.offset, e.offset + 4)
+    assert run(logs, log_name) == {}                    # nothing left: nothing rewritten
+    assert read_all(logs, log_name)                     # the bookies' copy is still read
+
+
+def test_the_policy_offloads_old_or_far_ledgers_oldest_first_and_never_an_open_one(
+        bk, logs, log_name, tmp_path):
+    logs.create(log_name)
+    _fill(bk, logs, log_name, 3)
+    now = logs.store.clock.now_ms()
+    logs.set_offload(log_name, OffloadPolicy(str(tmp_path), after_ms=3_600_000))
+    assert run(logs, log_name, now_ms=now) == {}                        # none an hour old
+    assert len(run(logs, log_name, now_ms=now + 3_600_001)) == 3
+    size = logs.segments(log_name)[0].length
+    _fill(bk, logs, log_name, 3, start=15)
+    logs.set_offload(log_name, OffloadPolicy(str(tmp_path), beyond_bytes=2 * size))
+    done = run(logs, log_name, now_ms=now)
+    assert list(done) == [logs.segments(log_name)[3].ledger_id]   # the 4th: 2 after it
+    logs.set_offload(log_name, OffloadPolicy(str(tmp_path), after_ms=1))
+    with logs.open_writer(log_name) as w:               # an open ledger at the end
+        w.append(b"open")
+        done = run(logs, log_name, now_ms=now + 10 * 3_600_000, max_ledgers=99)
+        listed = logs.segments(log_name)
+        assert list(done) == [e.ledger_id for e in listed[4:6]] and not listed[6].closed
+        assert listed[6].offloaded is None
+
+
+def test_arrow_entries_keep_their_columns_plus_offsets(bk, logs, log_name, tmp_path):
+    from bkspark.spark import codec
+    schema = pa.schema([("id", pa.int64()), ("name", pa.string())])
+    lh = bk.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2, password=b"pw",
+                          custom_metadata=codec.arrow_ledger_metadata(schema, "{}"))
+    for i in range(3):
+        b = pa.RecordBatch.from_arrays([pa.array([i * 10, i * 10 + 1]),
+                                        pa.array([f"a{i}", None])], schema=schema)
+        lh.append(bytes(codec.encode_arrow(b)))
+    lh.close()
+    logs.create(log_name)
+    logs.append_ledgers(log_name, [lh.ledger_id])
+    logs.set_offload(log_name, OffloadPolicy(str(tmp_path), after_ms=1))
+    time.sleep(0.01)
+    run(logs, log_name)
+    t = pq.read_table(Location(str(tmp_path)).log_dir(log_name))
+    assert t.column_names == ["id", "name", "_offset", "_ledger_id", "_entry_id"]
+    assert t.column("id").to_pylist() == [0, 1, 10, 11, 20, 21]
+    assert t.column("_offset").to_pylist() == [0, 0, 1, 1, 2, 2]
+
+
+# ---- crash safety --------------------------------------------------------------------------
+
+def test_a_file_that_does_not_read_back_as_written_is_not_published_or_recorded(
+        bk, logs, log_name, tmp_path, monkeypatch):
+    logs.create(log_name)
+    _fill(bk, logs, log_name, 2)
+    logs.set_offload(log_name, OffloadPolicy(str(tmp_path), after_ms=1))
+    real = Location.read
+
+    def corrupt(self, path):
+        t = real(self, path)
+        return t.set_column(4, "value", pa.array([b"?"] * t.num_rows, pa.binary()))
+    monkeypatch.setattr(Location, "read", corrupt)
+    time.sleep(0.01)
+    with pytest.raises(offload.OffloadError, match="differs from what was written"):
+        run(logs, log_name)
+    assert os.listdir(Location(str(tmp_path)).log_dir(log_name)) == []    # temp removed
+    assert all(e.offloaded is None for e in logs.segments(log_name))
+    monkeypatch.setattr(Location, "read", real)
+    assert len(run(logs, log_name)) == 2
+
+
+def test_lost_answers_of_the_record_are_settled_not_doubled(bk, logs, log_name, tmp_path):
+    logs.create(log_name)
+    _fill(bk, logs, log_name, 2)
+    logs.set_offload(log_name, OffloadPolicy(str(tmp_path), after_ms=1))
+    time.sleep(0.01)
+    with lost_answers(logs.store, count=1):
+        done = run(logs, log_name)
+    assert len(done) == 2 and all(e.offloaded for e in logs.segments(log_name))
+    assert _table(Location(str(tmp_path)), log_name).num_rows == 10
+
+
+def test_orphans_are_collected_published_unrecorded_files_kept(bk, logs, log_name, tmp_path):
+    logs.create(log_name)
+    _fill(bk, logs, log_name, 3)
+    where = Location(str(tmp_path))
+    logs.set_offload(log_name, OffloadPolicy(str(tmp_path), after_ms=1))
+    time.sleep(0.01)
+    run(logs, log_name, max_ledgers=2)
+    d = where.log_dir(log_name)
+    third = logs.segments(log_name)[2]
+    # a crash between publishing and recording the third ledger; an old crashed temp file
+    rec = offload_pass.offload_ledger(logs, log_name, third, where)
+    old_tmp = os.path.join(d, "_tmp-00000000000000000010-1-dead.parquet")
+    young_tmp = os.path.join(d, "_tmp-00000000000000000010-1-beef.parquet")
+    for p in (old_tmp, young_tmp):
+        open(p, "wb").close()
+    os.utime(old_tmp, (time.time() - 2 * offload.TEMP_GRACE_S,) * 2)
+    first = logs.segments(log_name)[0]
+    logs.truncate_segments(log_name, first.seq + 1)             # retention cut the first
+    removed = collect_orphans(logs, log_name)
+    assert sorted(removed) == sorted([os.path.basename(old_tmp),
+                                      first.offloaded["files"][0]["name"]])
+    assert os.path.exists(os.path.join(d, rec["files"][0]["name"]))    # kept: recorded next
+    assert list(run(logs, log_name)) == [third.ledger_id]
+    assert _table(where, log_name).column("offset").to_pylist() == list(range(5, 15))
+
+
+_CRASHER = """
+import os, signal, sys
+from bkspark.client import BookKeeper
+from bkspark.log import LogStore, offload
+from bkspark.recovery import offload as offload_pass
+step = sys.argv[2]
+
+def crash_after(fn):
+    def wrapped(*a, **kw):
+        out = fn(*a, **kw)
+        os.kill(os.getpid(), signal.SIGKILL)
+        return out
+    return wrapped
+
+if step == "record":
+    offload_pass.record = crash_after(offload_pass.record)
+else:
+    setattr(offload.Location, step, crash_after(getattr(offload.Location, step)))
+bk = BookKeeper(sys.argv[1])
+offload_pass.run(LogStore(bk, password=b"pw"), sys.argv[3])
+sys.exit(3)         # (not reached: every step it can crash after is taken)
+"""
+
+
+@pytest.mark.parametrize("step", ["write", "read", "publish", "record"])
+def test_a_process_killed_after_each_step_leaves_nothing_visible_half_done(
+        bk, logs, log_name, tmp_path, cluster, step):
+    """kill -9 of the offloading process after writing the temp file, after reading it back,
+    after publishing it, after recording it: a Parquet reader of the directory sees each
+    entry once or not at all, nothing is recorded that is not complete, and the next pass
+    completes the log exactly once."""
+    import subprocess
+    import sys
+    name = f"{log_name}"[:100]
+    logs.create(name)
+    _fill(bk, logs, name, 2)
+    logs.set_offload(name, OffloadPolicy(str(tmp_path), after_ms=1))
+    time.sleep(0.01)
+    proc = subprocess.run([sys.executable, "-c", _CRASHER, cluster.metadata_uri, step, name],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    where = Location(str(tmp_path))
+    t = _table(where, name)
+    seen = t.column("offset").to_pylist() if t.num_columns else []
+    assert seen == list(range(len(seen))) and len(seen) % 5 == 0    # nothing twice or torn
+    for e in logs.segments(name):
+        if e.offloaded:             # recorded: its files are there, whole
+            for f in e.offloaded["files"]:
+                assert pq.read_metadata(os.path.join(where.log_dir(name), f["name"])).num_rows \
+                    == f["rows"]
+    run(logs, name)
+    assert _table(where, name).column("offset").to_pylist() == list(range(10))
+    assert all(e.offloaded for e in logs.segments(name))
+
+
+# ---- the service, retention ------------------------------------------------------------------
+
+def test_the_retention_service_offloads_and_a_retention_cut_deletes_the_files(
+        bk, logs, log_name, tmp_path):
+    from bkspark.log.retention import RetentionPolicy
+    from bkspark.recovery.retention import RetentionService
+    logs.create(log_name)
+    _fill(bk, logs, log_name, 3)
+    logs.set_offload(log_name, OffloadPolicy(str(tmp_path), after_ms=1))
+    time.sleep(0.01)
+    service = RetentionService(bk, "test-offload")
+    service.run_once()
+    where = Location(str(tmp_path))
+    assert service.offloaded_ledgers >= 3 and service.offload_failures == 0
+    entries = logs.segments(log_name)
+    assert all(e.offloaded for e in entries)
+    assert service.offloaded_bytes >= sum(f["bytes"] for e in entries for f in e.offloaded["files"])
+    logs.set_retention(log_name, RetentionPolicy(bytes=1))          # cuts all but the last
+    assert service.run_once()[log_name] == [e.ledger_id for e in entries[:2]]
+    assert sorted(os.listdir(where.log_dir(log_name))) == [entries[2].offloaded["files"][0]["name"]]
+    assert _table(where, log_name).column("offset").to_pylist() == list(range(10, 15))
+
+
+def test_a_location_that_fails_is_counted_and_retried_nothing_recorded(
+        bk, logs, log_name, tmp_path):
+    from bkspark.recovery.retention import RetentionService
+    logs.create(log_name)
+    _fill(bk, logs, log_name, 1)
+    blocked = tmp_path / "file-not-dir"
+    blocked.write_bytes(b"")                    # the location is a file: no directory there
+    logs.set_offload(log_name, OffloadPolicy(str(blocked), after_ms=1))
+    time.sleep(0.01)
+    service = RetentionService(bk, "test-offload-fail")
+    service.run_once()
+    assert service.offload_failures == 1 and service.offloaded_ledgers == 0
+    assert logs.segments(log_name)[0].offloaded is None
+    logs.set_offload(log_name, OffloadPolicy(str(tmp_path / "ok"), after_ms=1))
+    service.run_once()
+    assert service.offloaded_ledgers == 1 and logs.segments(log_name)[0].offloaded
