@@ -60,6 +60,8 @@ retentionSize            ... keep about this many bytes (``10GiB``; Kafka's rete
 retentionPassCursors     ... remove what cursors have not read (false: keep it for the slowest
                          active cursor). A log that exists keeps its policy (a different one
                          fails the write: change it with ``bkspark shell set-retention``)
+readOffloaded            reads: read the ledgers a log offloaded from their Parquet files
+                         (true, default) or from the bookies while they keep their copy (false)
 offloadLocation          writes: the offload policy of a log the write creates or that has none
                          (:mod:`bkspark.log.offload`) -- closed ledgers become Parquet files
                          under this absolute path or URI (``log=<name>/`` in it) ...
@@ -109,7 +111,7 @@ KNOWN_OPTIONS = (
     "endingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy", "schema",
     "includeHeaders", "retentionTime", "retentionSize", "retentionPassCursors", "queryName",
     "maxLogsPerWrite", "maxPartitionBytes", "openCostInBytes", "offloadLocation",
-    "offloadAfter", "offloadBeyond",
+    "offloadAfter", "offloadBeyond", "readOffloaded",
     "_testFault",        # test-only fault injection (see bkspark.spark.writer)
 )
 #: Spark's Kafka source and sink option names, and the option each one is here
@@ -180,6 +182,7 @@ class ConnectorOptions:
     reclaim_after: float = DEFAULT_GRACE_S   # seconds; see bkspark.spark.pending
     retention: RetentionPolicy | None = None  # of a log the write creates
     offload: "OffloadPolicy | None" = None    # of a log the write creates or that has none
+    read_offloaded: bool = True                # reads: offloaded ledgers from Parquet
     max_bytes_per_trigger: int | None = None
     min_entries_per_trigger: int | None = None
     max_trigger_delay: float = 15 * 60.0    # seconds
@@ -587,6 +590,7 @@ def parse_options(options, *, default_uri=None) -> ConnectorOptions:
     elif "retentionPassCursors" in raw:
         raise BadRequestError("option 'retentionPassCursors' goes with 'retentionTime' and/or "
                               "'retentionSize'")
+    o.read_offloaded = _bool("readOffloaded", raw.get("readOffloaded", "true"))
     if "offloadLocation" in raw:
         from bkspark.log.offload import OffloadPolicy
         if "offloadAfter" not in raw and "offloadBeyond" not in raw:

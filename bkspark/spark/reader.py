@@ -8,6 +8,7 @@ partition carries all that ``read()`` needs (it runs on an executor from a pickl
 """
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass
 
@@ -16,6 +17,7 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 from bkspark.errors import BadRequestError, BKError, NoSuchLedgerError, NoSuchLogError
 from bkspark.log.position import EARLIEST, LATEST, Position
 from bkspark.spark import codec, conn, importguard
+from bkspark.spark.offloaded import read_offloaded
 from bkspark.spark.options import ARROW, RECORD, AtOffset, AtTime
 from metadata.log_entry import LogLedger
 
@@ -56,7 +58,9 @@ class DataLossError(BKError):
 class LedgerRange(InputPartition):
     """Entries ``first..last`` (inclusive) of ledger ``ledger_id`` of log ``log``; ``offset``:
     the log offset of the ledger's entry 0 (:meth:`LogMetadata.offsets`; schema=kafka);
-    ``size``: its bytes as the log's list records them (None: not known -- an open ledger)."""
+    ``size``: its bytes as the log's list records them (None: not known -- an open ledger);
+    ``offloaded``: the ledger's offload record when the range is read from its Parquet files
+    (:mod:`bkspark.spark.offloaded`), else None."""
 
     log: str
     ledger_id: int
@@ -64,12 +68,13 @@ class LedgerRange(InputPartition):
     last: int
     offset: int | None
     size: int | None
+    offloaded: dict | None
 
     def __init__(self, log: str, ledger_id: int, first: int, last: int,  # noqa: D107
-                 offset: int | None = 0, size: int | None = None):
+                 offset: int | None = 0, size: int | None = None, offloaded: dict | None = None):
         super().__init__((log, ledger_id, first, last))
         self.log, self.ledger_id, self.first, self.last = log, ledger_id, first, last
-        self.offset, self.size = offset, size
+        self.offset, self.size, self.offloaded = offset, size, offloaded
 
 
 @dataclass
@@ -316,7 +321,8 @@ def plan_ranges(opts, fmt: str, name: str, spans_, clip=None) -> list:
             first, last = clip(first, last)
         for lid2, lo, hi in split_span(opts, lid, first, last, entry, fmt):
             out.append(LedgerRange(name, lid2, lo, hi, entry.offset,
-                                   int((hi - lo + 1) * per[lid])))
+                                   int((hi - lo + 1) * per[lid]),
+                                   entry.offloaded if opts.read_offloaded else None))
     return out
 
 
@@ -375,8 +381,10 @@ def spread(parts: list, min_partitions: int | None) -> list:
             break
         mid = p.first + (p.last - p.first + 1) // 2
         half = None if p.size is None else p.size // 2
-        parts[i:i + 1] = [LedgerRange(p.log, p.ledger_id, p.first, mid - 1, p.offset, half),
-                          LedgerRange(p.log, p.ledger_id, mid, p.last, p.offset, half)]
+        parts[i:i + 1] = [LedgerRange(p.log, p.ledger_id, p.first, mid - 1, p.offset, half,
+                                      p.offloaded),
+                          LedgerRange(p.log, p.ledger_id, mid, p.last, p.offset, half,
+                                      p.offloaded)]
     return parts
 
 
@@ -536,10 +544,24 @@ def read_ranges(opts, fmt: str, schema, ranges: list):
     (:func:`_started`; reading several at once on threads took ~2 ms a ledger: 2026-11-27,
     bench/many_logs.py). The record rows of small ledgers make batches together. A ledger
     deleted since planning (retention, mid-pack) is what failOnDataLoss says; any other
-    failure is the read's."""
+    failure is the read's. Ranges of offloaded ledgers are read from their Parquet files
+    (:mod:`bkspark.spark.offloaded`), in their place in the order."""
     from pyspark.sql.pandas.types import to_arrow_schema
     conn.freeze_worker_heap()
     target = to_arrow_schema(schema, timezone="UTC")
+    for offloaded, group in itertools.groupby(ranges, key=lambda r: r.offloaded is not None):
+        group = list(group)
+        if not offloaded:
+            yield from _read_from_bookies(opts, fmt, target, group)
+            continue
+        for part in group:
+            yield from read_offloaded(
+                part, fmt == ARROW, opts.schema == "kafka", target,
+                lambda part=part: _read_from_bookies(opts, fmt, target, [part]))
+
+
+def _read_from_bookies(opts, fmt: str, target, ranges: list):
+    """:func:`read_ranges` of ranges read from the bookies."""
     bk = conn.bookkeeper(opts.metadata_uri, opts.client_settings)
     to_batch = codec.records_to_kafka_batch if opts.schema == "kafka" else codec.records_to_batch
     rows: list = []                         # record rows not yet in a batch
