@@ -637,16 +637,21 @@ def cmd_logs(args, out):
                 docs.append(doc)
             except BKError as exc:
                 docs.append({"log": name, "error": str(exc)})
-    columns = ["log", "segments", "entries", "size", "retention", "cursors (lag)"]
+    offloads = any(d.get("offload") for d in docs)     # (the column only where it says something)
+    columns = ["log", "segments", "entries", "size", "retention"] + \
+        (["offloaded (lag)"] if offloads else []) + ["cursors (lag)"]
     rows = []
     for d in docs:
         if "error" in d:
-            rows.append((d["log"], "", "", "", "", d["error"]))
+            rows.append((d["log"], "", "", "", "") + (("",) if offloads else ()) + (d["error"],))
             continue
         policy = RetentionPolicy.from_property(d["retention"])
+        offloaded = () if not offloads else ("" if d["offload"] is None else (
+            f"{d['offloaded_entries']}, {_human_size(d['offloaded_bytes'])} "
+            f"({d['offload_lag'] if d['offload_lag'] is not None else '?'})"),)
         rows.append((d["log"], d["segments"], d["entries"], _human_size(d["bytes"]),
-                     policy.describe() if policy else "keep everything",
-                     ", ".join(f"{c}={v['lag']}" for c, v in d["cursors"].items())))
+                     policy.describe() if policy else "keep everything") + offloaded +
+                    (", ".join(f"{c}={v['lag']}" for c, v in d["cursors"].items()),))
     if args.ledgers:
         columns.append("ledgers")
         rows = [r + (", ".join(map(str, d.get("ledgers", []))),) for r, d in zip(rows, docs)]

@@ -40,7 +40,9 @@ from metadata.update import NoChange
 log = logging.getLogger("bkspark.log.offload")
 
 PROPERTY = "offload"                    # the head property holding a log's policy
-PROGRESS = "offload.next"               # head property: the first segment not offloaded yet
+#: head property: how far offload went -- ``{"next": the first segment not offloaded yet,
+#: "offset", "byte_offset": the log offset and byte offset where that segment starts}``
+PROGRESS = "offload.progress"
 #: entry payload bytes per Parquet file (a fixed rule: a retry writes the same file names)
 FILE_ENTRY_BYTES = 128 << 20
 ROW_GROUP_ROWS = 1 << 20
@@ -211,7 +213,7 @@ def due(logs, name: str, policy: OffloadPolicy, now_ms: int,
     scanning from the head's :data:`PROGRESS` mark (so a pass costs what it offloads, not the
     log's age). A ledger whose offset is not stamped yet stops the scan."""
     first, nxt = logs.bounds(name)
-    start = max(first, int(logs.properties(name).get(PROGRESS, 0) or 0))
+    start = max(first, progress_of(logs.properties(name)).get("next", 0))
     end_bytes = None
     if policy.beyond_bytes is not None:
         last = logs.last_listed(name)
@@ -236,7 +238,39 @@ def due(logs, name: str, policy: OffloadPolicy, now_ms: int,
     return out
 
 
-def record(logs, name: str, done: dict[int, dict], progress: int | None) -> None:
+def progress_of(properties: dict) -> dict:
+    """The :data:`PROGRESS` mark of a head's properties (``{}``: none yet, or not one)."""
+    got = properties.get(PROGRESS)
+    ok = isinstance(got, dict) and all(isinstance(got.get(k), int) and not isinstance(
+        got.get(k), bool) for k in ("next", "offset", "byte_offset"))
+    return got if ok else {}
+
+
+def progress_after(entry: LogLedger) -> dict:
+    """The :data:`PROGRESS` mark once ``entry`` (closed, its offsets stamped) is offloaded."""
+    return {"next": entry.seq + 1, "offset": entry.offset + (entry.entry_count() or 0),
+            "byte_offset": (entry.byte_offset or 0) + entry.sealed_length()}
+
+
+def summary(properties: dict, first_offset, end_offset, first_byte_offset) -> dict:
+    """What :meth:`bkspark.log.LogStore.stats` shows of a log's offload, from its head's
+    properties and its ends: ``offload`` (the policy's property, None: none),
+    ``offloaded_entries`` / ``offloaded_bytes`` (of the listed entries, those in Parquet; bytes
+    as the bookies hold them) and ``offload_lag`` (entries after them)."""
+    policy = properties.get(PROPERTY)
+    mark = progress_of(properties)
+    out = {"offload": policy, "offloaded_entries": 0, "offloaded_bytes": 0, "offload_lag": None}
+    if not mark or first_offset is None or end_offset is None:
+        if policy is not None and end_offset is not None and first_offset is not None:
+            out["offload_lag"] = end_offset - first_offset
+        return out
+    out["offloaded_entries"] = max(0, mark["offset"] - first_offset)
+    out["offloaded_bytes"] = max(0, mark["byte_offset"] - (first_byte_offset or 0))
+    out["offload_lag"] = max(0, end_offset - max(first_offset, mark["offset"]))
+    return out
+
+
+def record(logs, name: str, done: dict[int, dict], progress: dict | None) -> None:
     """Step 5: store the offload records ``done`` (ledger id -> record) of log ``name`` in one
     change, and the head's :data:`PROGRESS` mark at ``progress``. A ledger the log no longer
     lists (cut meanwhile) is left out: its files are orphans (:func:`collect_orphans`)."""
@@ -247,7 +281,8 @@ def record(logs, name: str, done: dict[int, dict], progress: int | None) -> None
             if e is not None and e.offloaded != rec:
                 edit.update(lid, offloaded=rec)
                 changed = True
-        if progress is not None and int(edit.properties.get(PROGRESS, 0) or 0) < progress:
+        if progress is not None and progress_of(edit.properties).get("next", -1) < \
+                progress["next"]:
             edit.properties[PROGRESS] = progress
             changed = True
         if not changed:

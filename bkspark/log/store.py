@@ -32,6 +32,7 @@ from bkspark.log.position import EARLIEST, LATEST, Position
 from bkspark.log.reader import LogReader
 from bkspark.log import segments as seg
 from bkspark.log import retention as ret
+from bkspark.log.offload import summary as offload_summary
 from bkspark.log.retention import RetentionPolicy
 from bkspark.log.writer import LogWriter
 from metadata.layout import LOGS, check_log_name, is_log_name, log_path
@@ -336,8 +337,9 @@ class LogStore:
     def stats(self, name: str) -> dict:
         """What the shell shows of a log: ``segments`` (of the list, unlisted ledgers
         included), ``entries``, ``bytes`` (of closed ledgers), ``first_offset`` /
-        ``end_offset`` (None where the list's offset stamps are missing) and ``retention`` (its
-        policy's property; None: keep everything) -- :meth:`stats_many` of this one log: its
+        ``end_offset`` (None where the list's offset stamps are missing), ``retention`` (its
+        policy's property; None: keep everything) and its offload figures
+        (:func:`bkspark.log.offload.summary`) -- :meth:`stats_many` of this one log: its
         head, then its first and last segments (two reads, whatever the log's length), plus
         the LAC of an open ledger at its end.
 
@@ -481,7 +483,9 @@ class LogStore:
         policy = RetentionPolicy.from_property(head.properties.get(ret.PROPERTY))
         return {"segments": hi - lo, "entries": entries, "bytes": size,
                 "first_offset": span[0] if span else None, "end_offset": span[1] if span else None,
-                "retention": policy.to_property() if policy else None}
+                "retention": policy.to_property() if policy else None,
+                **offload_summary(head.properties, span[0] if span else None, span[1] if span else None,
+                          None if first is None else first.byte_offset)}
 
     def _add_cursor_lags(self, out: dict, heads: dict[str, LogHead],
                          ends: dict[str, tuple[LogLedger | None, list[LogLedger]]]) -> None:

@@ -23,7 +23,9 @@ answers for the cluster); the metrics are this process's (``autorecovery_*``):
 ``lost_bookie_seconds{bookie}`` (since the bookie was found missing),
 ``placement_violations`` (ledgers the last placement check found) and
 ``check_age_seconds{check}`` (bookies / entries / placement: since each last ran);
-``retention_refused_by_skew`` (retention passes refused) and ``bkspark_clock_skew_seconds``
+``retention_refused_by_skew`` (retention passes refused), ``offloaded_ledgers``,
+``offloaded_bytes`` and ``offload_failures`` (:mod:`bkspark.log.offload`), and
+``bkspark_clock_skew_seconds``
 (this host's clock minus the metadata store's, :mod:`metadata.clock`).
 """
 from __future__ import annotations
@@ -139,6 +141,15 @@ class AutoRecoveryCollector:
                                       "Retention passes refused: this host's clock is off the "
                                       "store's by more than the tolerance",
                                       value=ar.retention.refused_by_skew)
+            yield CounterMetricFamily("autorecovery_offloaded_ledgers",
+                                      "Ledgers this process offloaded to Parquet",
+                                      value=ar.retention.offloaded_ledgers)
+            yield CounterMetricFamily("autorecovery_offloaded_bytes",
+                                      "Bytes of the Parquet files this process offloaded",
+                                      value=ar.retention.offloaded_bytes)
+            yield CounterMetricFamily("autorecovery_offload_failures",
+                                      "Offload passes of a log that failed (retried at the "
+                                      "next pass)", value=ar.retention.offload_failures)
         auditor = ar.auditor
         if auditor is not None and ar.is_auditor:
             lost = GaugeMetricFamily("autorecovery_lost_bookie_seconds",

@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 
 from bkspark.errors import BadRequestError, NoSuchLedgerError
 from bkspark.log.offload import (ARROW_COLUMNS, SUFFIX, TEMP_PREFIX, FILE_ENTRY_BYTES, MAX_LEDGERS_PER_PASS, Location,
-                                 OffloadError, due, file_name, record)
+                                 OffloadError, due, file_name, progress_after, record)
 from bkspark.spark import codec
 from metadata.log_entry import LogLedger
 
@@ -191,7 +191,7 @@ def run(logs, name: str, now_ms: int | None = None,
         except OffloadError as exc:
             failure = exc
             break
-        progress = e.seq + 1
+        progress = progress_after(e)
         rec = done[e.ledger_id]
         log.info("log %s: ledger %d offloaded to %s (%d files, %d rows, %.2f s)", name,
                  e.ledger_id, policy.location, len(rec["files"]),

@@ -17,7 +17,7 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 from bkspark.errors import BadRequestError, BKError, NoSuchLedgerError, NoSuchLogError
 from bkspark.log.position import EARLIEST, LATEST, Position
 from bkspark.spark import codec, conn, importguard
-from bkspark.spark.offloaded import read_offloaded
+from bkspark.spark.offloaded import files_of, read_offloaded
 from bkspark.spark.options import ARROW, RECORD, AtOffset, AtTime
 from metadata.log_entry import LogLedger
 
@@ -313,16 +313,23 @@ def plan_ranges(opts, fmt: str, name: str, spans_, clip=None) -> list:
     """The LedgerRanges of a log's spans: each span split to partition size
     (:func:`split_span`; ``clip``: pushed filters narrowing it first), with its estimated
     bytes (:func:`entry_bytes`; an open ledger of an arrow log with no closed one counts
-    ``maxEntryBytes`` an entry)."""
+    ``maxEntryBytes`` an entry). A span of an offloaded ledger read from its files is split
+    at their bounds instead, a range a file (a split inside a file would read its row groups
+    once per range), unless ``entriesPerPartition`` says otherwise."""
     per = entry_bytes(spans_, opts.max_entry_bytes if fmt == ARROW else None)
     out = []
     for lid, first, last, entry in spans_:
         if clip is not None:
             first, last = clip(first, last)
-        for lid2, lo, hi in split_span(opts, lid, first, last, entry, fmt):
+        offloaded = entry.offloaded if opts.read_offloaded else None
+        if offloaded is not None and opts.entries_per_partition is None:
+            pieces = [(lid, max(first, f["first"]), min(last, f["last"]))
+                      for f in files_of(offloaded, first, last)]
+        else:
+            pieces = split_span(opts, lid, first, last, entry, fmt)
+        for lid2, lo, hi in pieces:
             out.append(LedgerRange(name, lid2, lo, hi, entry.offset,
-                                   int((hi - lo + 1) * per[lid]),
-                                   entry.offloaded if opts.read_offloaded else None))
+                                   int((hi - lo + 1) * per[lid]), offloaded))
     return out
 
 

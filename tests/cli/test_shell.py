@@ -418,8 +418,14 @@ def test_offload_commands(cluster, capsys, tmp_path):
                           f"file://{tmp_path}", "--after", "1ms", as_json=True)
         assert code == 0 and doc["offload"]["after_ms"] == 1
         time.sleep(0.01)
+        code, (d,), _ = sh(capsys, cluster, "logs", "shell-offloaded", as_json=True)
+        assert (d["offloaded_entries"], d["offload_lag"]) == (0, 2)
         code, (d,), _ = sh(capsys, cluster, "offload", "shell-offloaded", as_json=True)
         assert code == 0 and (d["rows"], d["files"], d["error"]) == (2, 2, None)
+        code, (d,), _ = sh(capsys, cluster, "logs", "shell-offloaded", as_json=True)
+        assert (d["offloaded_entries"], d["offload_lag"]) == (2, 0) and d["offloaded_bytes"] > 0
+        code, out, _ = sh(capsys, cluster, "logs", "shell-offloaded")
+        assert "offloaded" in out and "(0)" in out
         t = pq.read_table(str(tmp_path / "log=shell-offloaded"))
         assert sorted(t.column("value").to_pylist()) == [b"row0", b"row1"]
         code, doc, _ = sh(capsys, cluster, "set-offload", "shell-offloaded", "--off", as_json=True)

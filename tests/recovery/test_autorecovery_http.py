@@ -179,3 +179,35 @@ def test_an_autorecovery_whose_clock_is_off_refuses_retention_and_says_so(tmp_pa
         finally:
             ar.stop()
         assert [e.ledger_id for e in logs.get("fresh")[0].ledgers] == listed
+
+
+def test_an_autorecovery_offloads_a_log_and_counts_it_on_its_metrics(tmp_path):
+    """Issue 52: the retention service of a real autorecovery process offloads a log whose
+    policy says so; /metrics counts the ledgers and bytes, and failures (none here)."""
+    import pyarrow.dataset as ds
+    from bkspark.log import LogStore
+    from bkspark.log.offload import OffloadPolicy
+    uri = f"sqlite://{tmp_path}/meta.db"
+    port = free_port()
+    with BookieCluster(uri, num_bookies=3, data_dir=tmp_path, session_timeout=3.0) as c, \
+            BookKeeper(uri, add_timeout=5, read_timeout=5) as bk:
+        logs = LogStore(bk, password=b"pw", ensemble_size=3, write_quorum=2, ack_quorum=2)
+        for i in range(3):
+            with logs.open_writer("history") as w:
+                w.append(b"r%d" % i)
+        logs.set_offload("history", OffloadPolicy(str(tmp_path / "off"), after_ms=1))
+        admin = c.credentials("admin")
+        ar = AutoRecoveryProcess(uri, "ar-offload", tmp_path, http_port=port,
+                                 http_host="127.0.0.1", retention_interval=1)
+        try:
+            def counted():
+                code, text = http(port, "/metrics", credentials=admin)
+                return code == 200 and (metric(text, "autorecovery_offloaded_ledgers_total")
+                                        or 0) >= 3 and text
+            text = wait_until(counted, 60, what="three ledgers offloaded")
+            assert metric(text, "autorecovery_offloaded_bytes_total") > 0
+            assert metric(text, "autorecovery_offload_failures_total") == 0
+        finally:
+            ar.stop()
+        t = ds.dataset(str(tmp_path / "off" / "log=history"), format="parquet").to_table()
+        assert sorted(t.column("value").to_pylist()) == [b"r0", b"r1", b"r2"]
