@@ -11,7 +11,10 @@ the bookies' copy come later, issue 52).
 Layout: ``<location>/log=<name>/<offset of the file's first entry, 20 digits>-<ledger id>
 .parquet`` -- one directory per log, in Hive style, so ``spark.read.parquet(location)`` reads
 every log offloaded there as one table with a ``log`` column (``spark.read.parquet(
-location + "/log=NAME")``: one log), and the files sort in log order. A ledger becomes one
+location + "/log=NAME")``: one log), and the files sort in log order. (Partition discovery
+infers types: logs named ``007`` and ``7`` would both read as the number 7 -- read such logs'
+directories one by one, or turn ``spark.sql.sources.partitionColumnTypeInference.enabled``
+off, pyarrow's ``partitioning="hive"`` with a string ``log`` field.) A ledger becomes one
 file per :data:`FILE_ENTRY_BYTES` of entries (a fixed rule, so a retry writes the same names).
 Columns: record entries -- ``offset``, ``ledger_id``, ``entry_id``, ``key``, ``value``,
 ``timestamp`` (UTC, microseconds), ``headers``; Arrow entries -- the written columns plus
@@ -51,6 +54,14 @@ MAX_LEDGERS_PER_PASS = 64
 #: temporary files older than this are a crashed offload's (seconds, the filesystem's mtime)
 TEMP_GRACE_S = 3600.0
 TEMP_PREFIX = "_tmp-"
+#: a temporary file's name ends so that no reader globbing ``*.parquet`` takes it (DuckDB's
+#: ``read_parquet`` does not skip names starting with ``_`` as Spark and pyarrow do)
+TEMP_SUFFIX = ".inprogress"
+#: segments the orphan sweep reads a request
+SWEEP_CHUNK = 512
+#: entry bytes one pass offloads of a log at most (the next pass goes on), so one log's
+#: backlog does not hold up the pass's other logs, nor a leader that lost its election
+MAX_BYTES_PER_PASS = 1 << 30
 SUFFIX = ".parquet"
 
 ARROW_COLUMNS = ("_offset", "_ledger_id", "_entry_id")
@@ -147,7 +158,10 @@ class Location:
         kw = dict(row_group_size=ROW_GROUP_ROWS, compression="zstd", write_statistics=True,
                   write_page_checksum=True)
         if self.local:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
+            directory = os.path.dirname(path)
+            if not os.path.isdir(directory):        # (its entry in the parent made durable)
+                os.makedirs(directory, exist_ok=True)
+                _fsync_dir(os.path.dirname(directory))
             with open(path, "wb") as f:
                 pq.write_table(table, f, **kw)
                 f.flush()
@@ -158,20 +172,28 @@ class Location:
             pq.write_table(table, out, **kw)
         return self.fs.get_file_info(path).size
 
-    def read(self, path: str):
-        """The pyarrow Table of the Parquet file at ``path`` (page checksums verified)."""
+    def verify(self, path: str, table, offsets: str, check) -> None:
+        """Read the Parquet file at ``path`` back (page checksums verified), one row group at a
+        time, and compare it with ``table``; ``check(column)`` judges its column ``offsets``
+        read whole. :raises OffloadError: it differs."""
         import pyarrow.parquet as pq
-        return pq.read_table(path, filesystem=self.fs, page_checksum_verification=True)
+        pf = pq.ParquetFile(path, filesystem=self.fs, page_checksum_verification=True)
+        if pf.metadata.num_rows != table.num_rows:
+            raise OffloadError(f"read back {pf.metadata.num_rows} rows, wrote {table.num_rows}")
+        at = 0
+        for i in range(pf.metadata.num_row_groups):
+            back = pf.read_row_group(i)
+            if not back.equals(table.slice(at, back.num_rows)):
+                raise OffloadError(f"the file read back differs from what was written (row "
+                                   f"group {i})")
+            at += back.num_rows
+        check(pf.read(columns=[offsets]).column(0))
 
     def publish(self, tmp: str, final: str) -> None:
         """Rename ``tmp`` to ``final`` (replacing a file of that name)."""
         if self.local:
             os.replace(tmp, final)
-            fd = os.open(os.path.dirname(final), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _fsync_dir(os.path.dirname(final))
         else:
             self.fs.move(tmp, final)
 
@@ -189,6 +211,14 @@ class Location:
                     if i.type == pafs.FileType.File]
         except FileNotFoundError:
             return []
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def file_name(first_offset: int, ledger_id: int) -> str:
@@ -270,16 +300,22 @@ def summary(properties: dict, first_offset, end_offset, first_byte_offset) -> di
     return out
 
 
-def record(logs, name: str, done: dict[int, dict], progress: dict | None) -> None:
+def record(logs, name: str, done: dict[int, dict], progress: dict | None) -> set[int]:
     """Step 5: store the offload records ``done`` (ledger id -> record) of log ``name`` in one
     change, and the head's :data:`PROGRESS` mark at ``progress``. A ledger the log no longer
-    lists (cut meanwhile) is left out: its files are orphans (:func:`collect_orphans`)."""
+    lists (cut meanwhile: the cut deleted the files it knew of, not these) has its files
+    deleted now, as the cut would have; their ids are returned."""
+    gone: set[int] = set()
+
     def change(edit) -> None:
         changed = False
+        gone.clear()
         for lid, rec in done.items():
             e = edit.entry(lid)
-            if e is not None and e.offloaded != rec:
-                edit.update(lid, offloaded=rec)
+            if e is None:
+                gone.add(lid)
+            elif e.offloaded != rec:
+                edit.mark_offloaded(lid, rec)
                 changed = True
         if progress is not None and progress_of(edit.properties).get("next", -1) < \
                 progress["next"]:
@@ -288,12 +324,16 @@ def record(logs, name: str, done: dict[int, dict], progress: dict | None) -> Non
         if not changed:
             raise NoChange()
     logs.update(name, change)
+    if gone:
+        delete_files(name, {lid: done[lid] for lid in gone})
+    return set(gone)
 
 
 def delete_files(name: str, records: dict[int, dict]) -> None:
     """Delete the files of offload ``records`` (ledger id -> record) of log ``name``: those
-    of ledgers a stored truncation unlisted (:func:`bkspark.log.retention.enforce`). A file
-    that cannot be deleted now is an orphan :func:`collect_orphans` removes later."""
+    of ledgers a stored change unlisted (a truncation, retention's among them, an overwrite;
+    :meth:`bkspark.log.LogStore.truncate_segments`). A file that cannot be deleted now is an
+    orphan :func:`collect_orphans` removes later."""
     for lid, rec in records.items():
         try:
             where = Location(rec["location"])
@@ -310,7 +350,8 @@ def collect_orphans(logs, name: str, where: Location | None = None,
     than :data:`TEMP_GRACE_S`, and final files of ledgers the log does not list any more
     (removed by retention or a truncation) or whose record names other files. Files of a
     listed ledger without a record are kept (the next pass records them). Returns the names
-    removed."""
+    removed. Reads the log's segments up to its :data:`PROGRESS` mark, :data:`SWEEP_CHUNK` a
+    read, once -- not a lookup per file."""
     if where is None:
         policy = logs.offload_policy(name)
         if policy is None:
@@ -319,9 +360,21 @@ def collect_orphans(logs, name: str, where: Location | None = None,
     now_s = time.time() if now_s is None else now_s
     directory = where.log_dir(name)
     removed = []
-    for info in where.files(directory):
+    infos = where.files(directory)
+    recorded: dict[int, set | None] | None = None      # listed ledger -> its file names
+
+    def files_of_listed() -> dict[int, set | None]:
+        first, _ = logs.bounds(name)
+        stop = progress_of(logs.properties(name)).get("next", first)
+        out: dict[int, set | None] = {}
+        for lo in range(first, stop, SWEEP_CHUNK):
+            for e in logs.segments(name, lo, min(stop, lo + SWEEP_CHUNK)):
+                out[e.ledger_id] = None if e.offloaded is None else {
+                    f["name"] for f in e.offloaded.get("files", [])}
+        return out
+    for info in infos:
         base = info.base_name
-        if base.startswith(TEMP_PREFIX):
+        if base.startswith(TEMP_PREFIX) or base.endswith(TEMP_SUFFIX):
             mtime = info.mtime.timestamp() if info.mtime is not None else now_s
             if now_s - mtime > TEMP_GRACE_S:
                 where.delete(info.path)
@@ -330,9 +383,15 @@ def collect_orphans(logs, name: str, where: Location | None = None,
         parsed = parse_file_name(base)
         if parsed is None:
             continue                    # not ours
-        entry = logs.entry_of(name, parsed[1])
-        if entry is None or entry.offloaded is not None and base not in {
-                f["name"] for f in entry.offloaded.get("files", [])}:
+        if recorded is None:
+            recorded = files_of_listed()
+        lid = parsed[1]
+        if lid in recorded:
+            names = recorded[lid]
+            orphan = names is not None and base not in names
+        else:           # not among those up to the mark: listed after it (kept), or not at all
+            orphan = logs.entry_of(name, lid) is None
+        if orphan:
             where.delete(info.path)
             removed.append(base)
     if removed:

@@ -168,9 +168,6 @@ class Cut:
     by_size: int = 0                # ... because the log is over its size
     held_by: str | None = None      # the cursor that stopped the cut short
     removed: list = field(default_factory=list)     # ledger ids deleted
-    #: ledger id -> its offload record, of the ledgers the cut removes that were offloaded
-    #: (:mod:`bkspark.log.offload`): their files are deleted with them
-    offloaded: dict = field(default_factory=dict)
     #: nothing to cut before this time (the store's ms; inf: never) while the log's list is
     #: unchanged -- None when cursors decided (they move without the list changing)
     quiet_until_ms: float | None = None
@@ -210,8 +207,6 @@ def plan(logs, name: str, policy: RetentionPolicy, now_ms: int | None = None,
                 break
             if excess is not None:
                 excess -= entry.sealed_length()
-            if entry.offloaded is not None:
-                cut.offloaded[entry.ledger_id] = entry.offloaded
         else:
             lo, step = lo + step, min(step * 2, 1024)
             continue
@@ -261,11 +256,7 @@ def enforce(logs, name: str, now_ms: int | None = None,
     if cut.before is None:
         logs.collect_truncated(name)    # what an earlier cut left (its collection paused)
         return cut
-    cut.removed = logs.truncate_segments(name, cut.before)
-    if cut.offloaded:           # (the truncation is stored: no list names these ledgers)
-        from bkspark.log.offload import delete_files
-        delete_files(name, {lid: cut.offloaded[lid] for lid in cut.removed
-                            if lid in cut.offloaded})
+    cut.removed = logs.truncate_segments(name, cut.before)     # (offloaded files too)
     if cut.removed:
         log.info("log %s: retention (%s) removed %d ledgers (%d by age, %d by size)%s", name,
                  policy.describe(), len(cut.removed), cut.by_age, cut.by_size,

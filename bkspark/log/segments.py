@@ -244,6 +244,21 @@ class LogEdit:
         self._stamp_offsets()
         return entry
 
+    def mark_offloaded(self, ledger_id: int, record: dict) -> LogLedger:
+        """Record a listed ledger's offload (:mod:`bkspark.log.offload`); BadRequestError if it
+        is not listed. Unlike :meth:`update` it does not raise ``rev``: copies of the list
+        (:class:`SegmentCache`) stay valid without the mark -- a pass marking old segments
+        every minute must not make every reader re-read the whole list -- so a reader that must
+        see marks reads segments (``LogStore.segments``, as Spark's planning does). One that
+        misses a mark reads the ledger from the bookies, which keep their copy."""
+        entry = self.entry(ledger_id)
+        if entry is None:
+            raise BadRequestError(f"log {self.name} has no ledger {ledger_id}")
+        entry.offloaded = record
+        if not any(e is entry for e in self._appended):
+            self._changed[entry.seq] = entry
+        return entry
+
     def _stamp_closed(self, entry: LogLedger) -> None:
         """Stamp a newly closed entry's ``closed_ms`` with the store's time (metadata.clock:
         refused with ClockSkewError while this host's clock disagrees with it)."""

@@ -32,6 +32,7 @@ from bkspark.log.position import EARLIEST, LATEST, Position
 from bkspark.log.reader import LogReader
 from bkspark.log import segments as seg
 from bkspark.log import retention as ret
+from bkspark.log.offload import delete_files as delete_offloaded_files
 from bkspark.log.offload import summary as offload_summary
 from bkspark.log.retention import RetentionPolicy
 from bkspark.log.writer import LogWriter
@@ -611,8 +612,10 @@ class LogStore:
     def unlist_ledger(self, name: str, ledger_id: int, force: bool = False) -> None:
         """Remove ``ledger_id`` from the log's list (its entries are no longer part of the
         log); the ledger itself is left as it is. An open ledger is fenced first
-        (:meth:`_seal_open_tail`; ``force``: even when it cannot be)."""
+        (:meth:`_seal_open_tail`; ``force``: even when it cannot be). Its offloaded Parquet
+        files are deleted once the change is stored."""
         sealed: dict[int, LogLedger | None] = {}
+        offloaded: list[dict] = []
 
         def change(edit: seg.LogEdit) -> None:
             entry = edit.entry(ledger_id)
@@ -620,8 +623,11 @@ class LogStore:
                 raise NoChange
             if not entry.closed:
                 self._seal_open_tail(edit, sealed, before=entry.seq + 1, force=force)
+            offloaded[:] = [entry.offloaded] if entry.offloaded is not None else []
             edit.unlist(ledger_id)
         self.update(name, change, done=lambda edit: not edit.lists(ledger_id))
+        if offloaded:
+            delete_offloaded_files(name, {ledger_id: offloaded[0]})
 
     def convert(self, name: str) -> bool:
         """Convert a format-1 log to format 2 now (it happens anyway at its first change);
@@ -637,7 +643,7 @@ class LogStore:
     def delete(self, name: str, force: bool = False) -> None:
         """Delete a log: fence the writer of its open ledger, mark its head deleted (no change
         can be committed to it from then on), remove its records and cursors, the head, then
-        its ledgers (no list names them any more). ``force``: even when the open ledger
+        its ledgers (no list names them any more) and their offloaded Parquet files. ``force``: even when the open ledger
         cannot be fenced now (its bookies do not answer)."""
         head, _ = self._head(name)
         if not isinstance(head, LogMetadata):
@@ -669,6 +675,8 @@ class LogStore:
             gone = seg.read_segments(self.store, name, head.gc, head.next, missing_ok=True)
             ids = [e.ledger_id for e in gone if e.seq >= head.first and e.listed]
             self._delete_ledgers(ids)
+            delete_offloaded_files(name, {e.ledger_id: e.offloaded for e in gone
+                                          if e.offloaded is not None and e.ledger_id in ids})
             ids = []
             for e in gone:
                 self._delete_node(segment_path(name, e.seq))
@@ -991,12 +999,13 @@ class LogStore:
                   mark: str | None = None) -> bool:
         """Replace the whole ledger list in one transaction (the old segments are truncated,
         their records removed in batches afterwards); the old ledgers are deleted too
-        (once proven unlisted). The new ledgers' offsets continue from the old
+        (once proven unlisted), with the Parquet files of those offloaded. The new ledgers' offsets continue from the old
         list's end. A lost answer is settled as in :meth:`append_ledgers`."""
         entries = self._closed_entries(ledger_ids, info)
         keep = [e for e in entries if e.last_entry_id >= 0]
         keep_ids = [e.ledger_id for e in keep]
         replaced: set[int] = set()
+        offloaded: dict[int, dict] = {}         # of the replaced ledgers, as the change read
         sealed: dict[int, LogLedger] = {}
 
         def listed(edit: seg.LogEdit) -> bool:
@@ -1013,6 +1022,9 @@ class LogStore:
             self._seal_open_tail(edit, sealed)
             old = seg.read_segments(self.store, name, edit.head.first, edit.head.next)
             replaced.update(e.ledger_id for e in old if e.listed)
+            offloaded.clear()
+            offloaded.update({e.ledger_id: e.offloaded for e in old
+                              if e.listed and e.offloaded is not None})
             tail = edit.last()
             start = None if tail is None or tail.offset is None \
                 else tail.offset + self.ledger_end(tail) + 1
@@ -1031,7 +1043,8 @@ class LogStore:
         if not result.changed:
             self.delete_unreferenced(name, ledger_ids)
             return False
-        self.delete_unreferenced(name, replaced - set(keep_ids))
+        gone = self.delete_unreferenced(name, replaced - set(keep_ids))
+        delete_offloaded_files(name, {lid: offloaded[lid] for lid in gone if lid in offloaded})
         # empty ledgers: left out of every list this commit wrote, so no list names them
         self._delete_ledgers([e.ledger_id for e in entries if e.last_entry_id < 0])
         self.collect_truncated(name)
@@ -1061,17 +1074,20 @@ class LogStore:
     def truncate_segments(self, name: str, cut: int) -> list[int]:
         """Unlist the segments before ``cut`` in one transaction (nothing if the list starts
         there already), then delete their ledgers once proven unlisted and remove their
-        records (:meth:`collect_truncated`); returns their ids.
+        records (:meth:`collect_truncated`), and the Parquet files of those offloaded
+        (:func:`bkspark.log.offload.delete_files`); returns their ids.
         Cursors are not consulted (:meth:`truncate` and :mod:`bkspark.log.retention` decide
         that)."""
         candidates: dict[int, None] = {}        # in list order
         known: dict[int, int | None] = {}       # seq -> its listed ledger (None: unlisted)
+        start: list[int] = []                   # the list's first segment the cut saw
 
         sealed: dict[int, LogLedger] = {}
 
         def change(edit: seg.LogEdit) -> None:
             if cut <= edit.head.first:
                 raise NoChange()
+            start[:] = [edit.head.first]
             self._seal_open_tail(edit, sealed, before=cut)
             todo = [q for q in range(edit.head.first, cut) if q not in known]
             if todo:
@@ -1093,6 +1109,13 @@ class LogStore:
             # maybe another truncation did -- delete what a proof shows unlisted
             deleted = set(self.delete_unreferenced(name, candidates))
             removed = [lid for lid in candidates if lid in deleted]
+        if removed and start:       # (their records stay until collected: read them now --
+            # no change can mark a segment offloaded once the list stops naming it)
+            gone = set(removed)
+            delete_offloaded_files(name, {
+                e.ledger_id: e.offloaded for e in seg.read_segments(
+                    self.store, name, start[0], cut, missing_ok=True)
+                if e.offloaded is not None and e.ledger_id in gone})
         self.collect_truncated(name)
         return removed
 

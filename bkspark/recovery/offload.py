@@ -4,10 +4,11 @@ What is offloaded, where and how it is laid out: :mod:`bkspark.log.offload`. The
 one ledger, each safe to crash in:
 
 1. read its entries (the client verifies every entry's digest) and convert them;
-2. write each file under a temporary name (``_tmp-...``: Spark, pyarrow and DuckDB skip names
-   starting with ``_``), flushed to disk (fsync of the file, on a local filesystem);
-3. verify: read the file back (page checksums verified) and compare it with what was
-   converted -- rows, values, offsets contiguous from the ledger's offset;
+2. write each file under a temporary name (``_tmp-....inprogress``: Spark and pyarrow skip
+   names starting with ``_``, a ``*.parquet`` glob -- DuckDB's -- names ending otherwise),
+   flushed to disk (fsync of the file, on a local filesystem);
+3. verify: read the file back one row group at a time (page checksums verified) and compare
+   it with what was converted -- rows, values, offsets contiguous from the ledger's offset;
 4. publish by rename to the final name (on a local filesystem an atomic replace, then an
    fsync of the directory; a retry replaces a published file with the same bytes' rows);
 5. one metadata change (per pass, of every ledger it offloaded) records each ledger's files:
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import struct
 import time
 
 import crc32c
@@ -31,7 +33,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from bkspark.errors import BadRequestError, NoSuchLedgerError
-from bkspark.log.offload import (ARROW_COLUMNS, SUFFIX, TEMP_PREFIX, FILE_ENTRY_BYTES, MAX_LEDGERS_PER_PASS, Location,
+from bkspark.log.offload import (ARROW_COLUMNS, FILE_ENTRY_BYTES, MAX_BYTES_PER_PASS,
+                                 MAX_LEDGERS_PER_PASS, TEMP_PREFIX, TEMP_SUFFIX, Location,
                                  OffloadError, due, file_name, progress_after, record)
 from bkspark.spark import codec
 from metadata.log_entry import LogLedger
@@ -81,14 +84,14 @@ def _arrow_table(entries: list, ledger_id: int, base: int, stored: pa.Schema) ->
     return pa.Table.from_batches(batches, schema=schema)
 
 
-def _check(table: pa.Table, arrow: bool, first: int, last: int, base: int, rows: int) -> None:
+def _check(col, arrow: bool, first: int, last: int, base: int, rows: int) -> None:
     """What a file read back must hold: ``rows`` rows of entries ``first..last`` of the
-    ledger whose entry 0 is log offset ``base``, in order. :raises OffloadError: not so."""
-    if table.num_rows != rows:
-        raise OffloadError(f"read back {table.num_rows} rows, wrote {rows}")
+    ledger whose entry 0 is log offset ``base``, in order (``col``: its offsets, read back).
+    :raises OffloadError: not so."""
+    if len(col) != rows:
+        raise OffloadError(f"read back {len(col)} offsets, wrote {rows} rows")
     if not rows:
         return
-    col = table.column("_offset" if arrow else "offset")
     if arrow:               # (an entry holds any number of rows: non-decreasing, in range)
         ok = pc.min(col).as_py() >= base + first and pc.max(col).as_py() <= base + last and \
             (rows == 1 or pc.all(pc.greater_equal(col[1:], col[:-1])).as_py())
@@ -102,11 +105,27 @@ def _check(table: pa.Table, arrow: bool, first: int, last: int, base: int, rows:
 
 # ---- one ledger ---------------------------------------------------------------------------------
 
+def _convert(e, stored, ledger_id: int, base: int):
+    """The rows of one entry as a RecordBatch (``stored``: the ledger's Arrow schema, None:
+    record entries). :raises OffloadError: the entry does not decode as its format says."""
+    try:
+        if stored is not None:
+            return _arrow_table([e], ledger_id, base, stored).combine_chunks().to_batches()
+        return _record_table([e], ledger_id, base).to_batches()
+    except (ValueError, TypeError, IndexError, struct.error, UnicodeDecodeError,
+            pa.ArrowException) as exc:
+        raise OffloadError(f"ledger {ledger_id} entry {e.entry_id} does not decode as "
+                           f"{'Arrow' if stored is not None else 'a record'}: {exc}") from None
+
+
 def offload_ledger(logs, name: str, entry: LogLedger, where: Location) -> dict:
     """Write ledger ``entry`` (closed, listed in log ``name``, its offset stamped) as Parquet
-    (steps 1-4 of the module docstring); returns the record step 5 stores.
+    (steps 1-4 of the module docstring); returns the record step 5 stores. A file holds the
+    entries whose decoded rows reach :data:`FILE_ENTRY_BYTES` (what it holds in memory: the
+    rows converted, then one row group read back at a time).
 
-    :raises OffloadError: a file did not read back as converted (nothing published of it).
+    :raises OffloadError: an entry does not decode, a file did not read back as converted,
+        or the location failed (nothing of that file published).
     :raises NoSuchLedgerError: the ledger was deleted meanwhile (a retention cut)."""
     if not entry.closed or entry.offset is None or entry.last_entry_id is None:
         raise BadRequestError(f"log {name}: ledger {entry.ledger_id} is not closed with a "
@@ -117,59 +136,61 @@ def offload_ledger(logs, name: str, entry: LogLedger, where: Location) -> dict:
     stored = codec.ledger_arrow_schema(rh.metadata.custom_metadata)
     directory = where.log_dir(name)
     files: list[dict] = []
-    pending: list = []
-    size = 0
+    batches: list = []
+    span: list[int] = []            # first and last entry of the file being filled
+    state = {"size": 0, "crc": 0}
 
     def flush():
-        nonlocal pending, size
-        first, last = pending[0].entry_id, pending[-1].entry_id
-        crc = 0
-        for e in pending:
-            crc = crc32c.crc32c(e.data, crc)
-        table = (_arrow_table(pending, entry.ledger_id, entry.offset, stored) if stored is not None
-                 else _record_table(pending, entry.ledger_id, entry.offset))
+        first, last = span
+        table = pa.Table.from_batches(batches) if batches else (
+            _arrow_table([], entry.ledger_id, entry.offset, stored) if stored is not None
+            else _record_table([], entry.ledger_id, entry.offset))
         final_name = file_name(entry.offset + first, entry.ledger_id)
-        tmp = f"{directory}/{TEMP_PREFIX}{final_name[:-len(SUFFIX)]}-{secrets.token_hex(4)}{SUFFIX}"
+        tmp = f"{directory}/{TEMP_PREFIX}{final_name}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
+        what = f"log {name}: ledger {entry.ledger_id} entries {first}..{last}"
         try:
             nbytes = where.write(tmp, table)
-            back = where.read(tmp)
-            _check(back, stored is not None, first, last, entry.offset, table.num_rows)
-            if not back.equals(table):
-                raise OffloadError("the file read back differs from what was written")
-        except BaseException as exc:
+            where.verify(tmp, table, "_offset" if stored is not None else "offset",
+                         lambda col: _check(col, stored is not None, first, last, entry.offset,
+                                            table.num_rows))
+            where.publish(tmp, f"{directory}/{final_name}")
+        except OffloadError as exc:
             where.delete(tmp)
-            if isinstance(exc, (OSError, pa.ArrowException)):
-                raise OffloadError(f"log {name}: ledger {entry.ledger_id} entries {first}.."
-                                   f"{last}: writing {tmp}: {exc}") from exc
-            if isinstance(exc, OffloadError):
-                raise OffloadError(f"log {name}: ledger {entry.ledger_id} entries {first}.."
-                                   f"{last}: {exc}") from None
-            raise
-        where.publish(tmp, f"{directory}/{final_name}")
+            raise OffloadError(f"{what}: {exc}") from None
+        except (OSError, pa.ArrowException) as exc:
+            where.delete(tmp)
+            raise OffloadError(f"{what}: writing {tmp}: {exc}") from exc
         files.append({"name": final_name, "first": first, "last": last,
-                      "rows": table.num_rows, "bytes": nbytes, "crc32c": crc})
-        pending, size = [], 0
+                      "rows": table.num_rows, "bytes": nbytes, "crc32c": state["crc"]})
+        batches.clear()
+        span.clear()
+        state.update(size=0, crc=0)
 
     if entry.last_entry_id >= 0:
         for e in rh.read(0, entry.last_entry_id):
-            pending.append(e)
-            size += len(e.data)
-            if size >= FILE_ENTRY_BYTES:
+            if not span:
+                span[:] = [e.entry_id, e.entry_id]
+            span[1] = e.entry_id
+            state["crc"] = crc32c.crc32c(e.data, state["crc"])
+            for b in _convert(e, stored, entry.ledger_id, entry.offset):
+                batches.append(b)
+                state["size"] += b.nbytes
+            if state["size"] >= FILE_ENTRY_BYTES:
                 flush()
-        if pending:
+        if span:
             flush()
     return {"location": where.uri, "dir": f"log={name}", "files": files}
-
-
 
 
 # ---- a pass over one log ------------------------------------------------------------------------
 
 def run(logs, name: str, now_ms: int | None = None,
-        max_ledgers: int = MAX_LEDGERS_PER_PASS) -> dict[int, dict]:
-    """Apply log ``name``'s offload policy once: offload the ledgers :func:`due` names, then
-    record them (one change). Returns the records stored, by ledger id in log order. A ledger
-    that fails stops the pass after recording those before it (the next pass retries it).
+        max_ledgers: int = MAX_LEDGERS_PER_PASS, still_leader=lambda: True) -> dict[int, dict]:
+    """Apply log ``name``'s offload policy once: offload the ledgers :func:`due` names -- at
+    most :data:`MAX_BYTES_PER_PASS` of entries, and none once ``still_leader()`` says the
+    caller lost its election -- then record them (one change). Returns the records stored,
+    by ledger id in log order. A ledger that fails stops the pass after recording those
+    before it (the next pass retries it).
 
     :raises OffloadError: a ledger could not be offloaded (those before it are recorded)."""
     policy = logs.offload_policy(name)
@@ -182,7 +203,11 @@ def run(logs, name: str, now_ms: int | None = None,
     done: dict[int, dict] = {}
     progress = None
     failure = None
+    budget = MAX_BYTES_PER_PASS
     for e in todo:
+        if budget <= 0 or not still_leader():
+            break
+        budget -= e.sealed_length()
         t = time.perf_counter()
         try:
             done[e.ledger_id] = offload_ledger(logs, name, e, where)
@@ -197,7 +222,8 @@ def run(logs, name: str, now_ms: int | None = None,
                  e.ledger_id, policy.location, len(rec["files"]),
                  sum(f["rows"] for f in rec["files"]), time.perf_counter() - t)
     if done or progress is not None:
-        record(logs, name, done, progress)
+        for lid in record(logs, name, done, progress):
+            done.pop(lid)               # (cut meanwhile: not recorded, its files deleted)
     if failure is not None:
         raise failure
     return done

@@ -124,7 +124,7 @@ class RetentionService:
                     quiet[name] = known
                     continue
                 try:
-                    until = self._apply(name, data, removed)
+                    until = self._apply(name, data, removed, still_leader)
                 except NoSuchLogError:
                     continue                # deleted meanwhile
                 except BKError as exc:
@@ -136,13 +136,13 @@ class RetentionService:
         self.passes += 1
         return removed
 
-    def _apply(self, name: str, data: bytes, removed: dict) -> float | None:
+    def _apply(self, name: str, data: bytes, removed: dict, still_leader) -> float | None:
         """Apply the policy of log ``name``, whose head record is ``data``; returns until when
         (the store's ms) nothing is to be cut while that head is unchanged, or None."""
         head = LogStore.parse_head(name, data)
         offloads = head.properties.get(offload.PROPERTY) is not None
         if offloads:
-            self._offload(name)
+            self._offload(name, still_leader)
         if RetentionPolicy.from_property(head.properties.get(PROPERTY)) is None:
             return None if offloads else math.inf   # (a policy set later changes the head)
         cut = enforce(self.logs, name)
@@ -152,18 +152,19 @@ class RetentionService:
         settled = isinstance(head, LogHead) and head.gc == head.first   # nothing to collect
         return cut.quiet_until_ms if cut.before is None and settled and not offloads else None
 
-    def _offload(self, name: str) -> None:
+    def _offload(self, name: str, still_leader) -> None:
         """Apply log ``name``'s offload policy (failures counted and logged; the next pass
-        retries), and sweep its directory every :data:`ORPHAN_SCAN_S`."""
+        retries), and sweep its directory every :data:`ORPHAN_SCAN_S`. Any error of it stays
+        with this log: the pass goes on to the next one."""
         try:
             from bkspark.recovery import offload as offload_pass    # (pyarrow: when used)
-            done = offload_pass.run(self.logs, name)
+            done = offload_pass.run(self.logs, name, still_leader=still_leader)
             self.offloaded_ledgers += len(done)
             self.offloaded_bytes += sum(f["bytes"] for rec in done.values() for f in rec["files"])
             now = time.monotonic()
             if now - self._swept.get(name, -math.inf) >= ORPHAN_SCAN_S:
                 offload.collect_orphans(self.logs, name)
                 self._swept[name] = now
-        except (BKError, OSError) as exc:
+        except Exception as exc:  # noqa: BLE001 - one log's failure must not stop the pass
             self.offload_failures += 1
             log.warning("offload: log %s: %s (retried at the next pass)", name, exc)

@@ -141,18 +141,18 @@ def test_a_file_that_does_not_read_back_as_written_is_not_published_or_recorded(
     logs.create(log_name)
     _fill(bk, logs, log_name, 2)
     logs.set_offload(log_name, OffloadPolicy(str(tmp_path), after_ms=1))
-    real = Location.read
+    real = Location.write
 
-    def corrupt(self, path):
-        t = real(self, path)
-        return t.set_column(4, "value", pa.array([b"?"] * t.num_rows, pa.binary()))
-    monkeypatch.setattr(Location, "read", corrupt)
+    def corrupt(self, path, table):            # what reaches the disk is not what was converted
+        return real(self, path, table.set_column(4, "value", pa.array([b"?"] * table.num_rows,
+                                                                      pa.binary())))
+    monkeypatch.setattr(Location, "write", corrupt)
     time.sleep(0.01)
     with pytest.raises(offload.OffloadError, match="differs from what was written"):
         run(logs, log_name)
     assert os.listdir(Location(str(tmp_path)).log_dir(log_name)) == []    # temp removed
     assert all(e.offloaded is None for e in logs.segments(log_name))
-    monkeypatch.setattr(Location, "read", real)
+    monkeypatch.setattr(Location, "write", real)
     assert len(run(logs, log_name)) == 2
 
 
@@ -178,16 +178,18 @@ def test_orphans_are_collected_published_unrecorded_files_kept(bk, logs, log_nam
     third = logs.segments(log_name)[2]
     # a crash between publishing and recording the third ledger; an old crashed temp file
     rec = offload_pass.offload_ledger(logs, log_name, third, where)
-    old_tmp = os.path.join(d, "_tmp-00000000000000000010-1-dead.parquet")
-    young_tmp = os.path.join(d, "_tmp-00000000000000000010-1-beef.parquet")
+    old_tmp = os.path.join(d, "_tmp-00000000000000000010-1.parquet.dead.inprogress")
+    young_tmp = os.path.join(d, "_tmp-00000000000000000010-1.parquet.beef.inprogress")
     for p in (old_tmp, young_tmp):
         open(p, "wb").close()
     os.utime(old_tmp, (time.time() - 2 * offload.TEMP_GRACE_S,) * 2)
     first = logs.segments(log_name)[0]
+    stray = os.path.join(d, offload.file_name(10**6, 10**6))       # a ledger never listed
+    open(stray, "wb").close()
     logs.truncate_segments(log_name, first.seq + 1)             # retention cut the first
+    assert not os.path.exists(os.path.join(d, first.offloaded["files"][0]["name"]))
     removed = collect_orphans(logs, log_name)
-    assert sorted(removed) == sorted([os.path.basename(old_tmp),
-                                      first.offloaded["files"][0]["name"]])
+    assert sorted(removed) == sorted([os.path.basename(old_tmp), os.path.basename(stray)])
     assert os.path.exists(os.path.join(d, rec["files"][0]["name"]))    # kept: recorded next
     assert list(run(logs, log_name)) == [third.ledger_id]
     assert _table(where, log_name).column("offset").to_pylist() == list(range(5, 15))
@@ -217,7 +219,7 @@ sys.exit(3)         # (not reached: every step it can crash after is taken)
 """
 
 
-@pytest.mark.parametrize("step", ["write", "read", "publish", "record"])
+@pytest.mark.parametrize("step", ["write", "verify", "publish", "record"])
 def test_a_process_killed_after_each_step_leaves_nothing_visible_half_done(
         bk, logs, log_name, tmp_path, cluster, step):
     """kill -9 of the offloading process after writing the temp file, after reading it back,
@@ -287,3 +289,94 @@ def test_a_location_that_fails_is_counted_and_retried_nothing_recorded(
     logs.set_offload(log_name, OffloadPolicy(str(tmp_path / "ok"), after_ms=1))
     service.run_once()
     assert service.offloaded_ledgers == 1 and logs.segments(log_name)[0].offloaded
+
+
+def test_files_of_ledgers_a_truncation_or_an_overwrite_removes_go_with_them_even_mid_offload(
+        bk, logs, log_name, tmp_path, monkeypatch):
+    """A cut whose ledgers were offloaded deletes their files; an overwrite too; and a cut
+    landing between an offload's publish and its record (the record then finds the ledger
+    gone) leaves no file a Parquet reader sees."""
+    from bkspark.log import Position
+    from bkspark.recovery import offload as offload_pass
+    logs.create(log_name)
+    _fill(bk, logs, log_name, 3)
+    where = Location(str(tmp_path))
+    logs.set_offload(log_name, OffloadPolicy(str(tmp_path), after_ms=1))
+    time.sleep(0.01)
+    run(logs, log_name, max_ledgers=1)
+    entries = logs.segments(log_name)
+    logs.truncate(log_name, Position(entries[1].ledger_id, 0))        # a user's truncation
+    assert _table(where, log_name).num_rows == 0
+    real = offload_pass.record
+
+    def cut_first(logs_, name, done, progress):             # the cut lands before the record
+        logs.truncate(name, Position(entries[2].ledger_id, 0))
+        return real(logs_, name, done, progress)
+    monkeypatch.setattr(offload_pass, "record", cut_first)
+    run(logs, log_name, max_ledgers=1)                      # offloads the second ledger
+    monkeypatch.setattr(offload_pass, "record", real)
+    assert _table(where, log_name).num_rows == 0
+    assert [f for f in os.listdir(where.log_dir(log_name)) if not f.startswith("_")] == []
+    run(logs, log_name)
+    assert _table(where, log_name).column("offset").to_pylist() == list(range(10, 15))
+    logs.overwrite(log_name, [closed_ledger(bk, [b"new"])])
+    assert _table(where, log_name).num_rows == 0
+
+
+def test_an_entry_that_does_not_decode_fails_its_log_only(bk, logs, log_name, tmp_path):
+    """A record entry cut short (its flags promise a key it does not hold) fails the offload
+    of its log with an OffloadError naming the entry; the service's pass goes on to the next
+    log (before: the decoder's struct.error escaped the pass, every pass)."""
+    from bkspark.log.retention import RetentionPolicy
+    from bkspark.recovery.retention import RetentionService
+    poisoned, good = f"{log_name}-a", f"{log_name}-b"
+    logs.create(poisoned)
+    logs.append_ledgers(poisoned, [closed_ledger(bk, [b"\xffBKR\x01\x02\x00"])])
+    logs.set_offload(poisoned, OffloadPolicy(str(tmp_path), after_ms=1))
+    logs.create(good)
+    _fill(bk, logs, good, 3)
+    logs.set_retention(good, RetentionPolicy(bytes=1))
+    time.sleep(0.01)
+    with pytest.raises(offload.OffloadError, match="entry 0 does not decode as a record"):
+        run(logs, poisoned)
+    service = RetentionService(bk, "test-offload-poison")
+    removed = service.run_once()
+    assert service.offload_failures == 1 and len(removed[good]) == 2
+
+
+def test_marking_old_segments_offloaded_leaves_readers_copies_of_the_list_valid(
+        bk, logs, log_name, tmp_path):
+    """A pass records old segments; a LogStore's copy of the list stays valid (its next
+    ``get`` reads the head and the last segments, not all of them again) -- before, each pass
+    raised the head's ``rev`` and every reader re-read the whole list."""
+    from tests.log.test_log_segments import counted
+    logs.create(log_name)
+    _fill(bk, logs, log_name, 30, rows=1)
+    logs.get(log_name)                                  # a copy of the whole list
+    logs.set_offload(log_name, OffloadPolicy(str(tmp_path), after_ms=1))
+    time.sleep(0.01)
+    assert len(run(logs, log_name, max_ledgers=5)) == 5
+    with counted(logs.store) as seen:
+        md, _ = logs.get(log_name)
+    assert len(md.ledgers) == 30 and seen["reads"] <= 8, seen
+    assert [bool(e.offloaded) for e in logs.segments(log_name)][:6] == [True] * 5 + [False]
+
+
+def test_deleting_the_log_or_unlisting_a_ledger_deletes_their_files(bk, logs, log_name, tmp_path):
+    logs.create(log_name)
+    _fill(bk, logs, log_name, 3)
+    where = Location(str(tmp_path))
+    logs.set_offload(log_name, OffloadPolicy(str(tmp_path), after_ms=1))
+    time.sleep(0.01)
+    run(logs, log_name)
+    logs.unlist_ledger(log_name, logs.segments(log_name)[1].ledger_id)
+    assert _table(where, log_name).column("offset").to_pylist() == \
+        list(range(5)) + list(range(10, 15))
+    logs.delete(log_name)
+    assert _table(where, log_name).num_rows == 0
+    logs.create(log_name)                               # the name again: nothing of the old log
+    _fill(bk, logs, log_name, 1)
+    logs.set_offload(log_name, OffloadPolicy(str(tmp_path), after_ms=1))
+    time.sleep(0.01)
+    run(logs, log_name)
+    assert _table(where, log_name).column("offset").to_pylist() == list(range(5))
