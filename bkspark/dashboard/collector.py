@@ -939,6 +939,8 @@ class Census:
                "cursors": r.cursor_count, "lag": max(lags.values()) if lags else None,
                "cursor_lags": kept,
                "retention": head.properties.get(_retention_property()),
+               **_offload_summary(head.properties, first_offset, end,
+                                  None if first_e is None else first_e.byte_offset),
                "t": t, "added": None, "rate": None}
         _rate(row, prev)
         return row
@@ -976,7 +978,15 @@ class Census:
                 "open_age_s": None, "cursors": len(lags),
                 "lag": max(lags.values()) if lags else None,
                 "cursor_lags": dict(sorted(lags.items(), key=lambda kv: -kv[1])[:CURSORS_KEPT]),
-                "retention": stats["retention"], "t": time.time(), "added": None, "rate": None}
+                "retention": stats["retention"],
+                **{k: stats[k] for k in ("offload", "offloaded_entries", "offloaded_bytes",
+                                         "offload_lag")},
+                "t": time.time(), "added": None, "rate": None}
+
+
+def _offload_summary(properties: dict, first_offset, end_offset, first_byte_offset) -> dict:
+    from bkspark.log.offload import summary
+    return summary(properties, first_offset, end_offset, first_byte_offset)
 
 
 def _retention_property() -> str:

@@ -310,9 +310,13 @@ def _ledger_page(doc: dict) -> bytes:
 
 def _log_page(doc: dict) -> bytes:
     e = html.escape
-    facts = _table(["segments", "entries", "bytes", "offsets", "retention"],
+    offload = "" if doc.get("offload") is None else (
+        f"to {e(str(doc['offload'].get('location')))}: {doc['offloaded_entries']} entries, "
+        f"{doc['offloaded_bytes']} bytes; {doc['offload_lag']} entries not yet")
+    facts = _table(["segments", "entries", "bytes", "offsets", "retention", "offload"],
                    [(doc["segments"], doc["entries"], doc["bytes"],
-                     f"{doc['first_offset']} .. {doc['end_offset']}", e(json.dumps(doc["retention"])))])
+                     f"{doc['first_offset']} .. {doc['end_offset']}", e(json.dumps(doc["retention"])),
+                     offload)])
     cursors = _table(["cursor", "position", "lag"],
                      [(e(c), e(str(v["position"])), v["lag"]) for c, v in doc["cursors"].items()])
     segs = _table(["seq", "ledger", "state", "entries", "bytes", "offset"],

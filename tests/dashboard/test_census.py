@@ -373,3 +373,27 @@ def test_the_logs_table_over_http_is_bounded_and_needs_the_token(logs):
         assert refused.value.code == 401
     finally:
         dash.stop()
+
+
+def test_a_log_that_offloads_shows_what_is_offloaded_and_the_lag(logs, tmp_path):
+    """Issue 52: the census row and the log page give what ``bkspark shell logs`` gives (the
+    head's progress mark against the list's ends: no extra reads)."""
+    from bkspark.log import offload
+    fill(logs, "history", [4, 6, 5])
+    logs.set_offload("history", offload.OffloadPolicy(str(tmp_path), after_ms=1))
+    census = col.Census(logs.store, logs.bk)
+    census.run_pass()
+    (row,) = census.rows()
+    assert (row["offloaded_entries"], row["offload_lag"]) == (0, 15)
+    first, second = logs.segments("history")[:2]
+    done = {e.ledger_id: {"location": str(tmp_path), "files": []} for e in (first, second)}
+    offload.record(logs, "history", done, offload.progress_after(second))
+    census.run_pass()
+    (row,) = census.rows()
+    assert (row["offloaded_entries"], row["offloaded_bytes"], row["offload_lag"]) == (10, 100, 5)
+    stats = logs.stats("history")
+    assert {k: row[k] for k in ("offload", "offloaded_entries", "offloaded_bytes", "offload_lag")} \
+        == {k: stats[k] for k in ("offload", "offloaded_entries", "offloaded_bytes", "offload_lag")}
+    from bkspark.dashboard.server import _log_page
+    page = _log_page({"log": "history", **stats, "cursors": {}, "segments_shown": []})
+    assert b"10 entries, 100 bytes; 5 entries not yet" in page
