@@ -122,7 +122,8 @@ def main() -> int:
             when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
             mb = stored / 1e6
             print(f"# bench/offload.py, {when}: {rows:,} rows ({args.payload} B payload), "
-                  f"{args.format} entries, {len(entries)} ledgers, {mb:.1f} MB of entries; 3 local bookies "
+                  f"{args.format} entries, {len(entries)} ledgers, {mb:.1f} MB of entries; "
+                  f"3 local bookies "
                   f"E=3 Qw=2 Qa=2, sqlite metadata; local[2]; reads best of {args.repeat}, "
                   "interleaved")
             print(f"write (Spark, format bookkeeper)   {mb / write_s:8.1f} MB/s ({write_s:.2f} s)")

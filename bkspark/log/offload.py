@@ -3,10 +3,11 @@
 A log's policy is its head property ``offload`` (:class:`OffloadPolicy`; none: nothing is
 offloaded): closed ledgers closed more than ``after_ms`` ago, or lying wholly beyond the last
 ``beyond_bytes`` bytes of the log, are written as Parquet under ``location`` (a local path or
-any URI :func:`pyarrow.fs.FileSystem.from_uri` opens), oldest first. The service that applies
-retention applies it (:mod:`bkspark.recovery.retention`, through :func:`bkspark.recovery.offload.run`);
-``bkspark shell offload LOG`` runs it now. The bookies keep their copy: readers still read it (reading the Parquet tier and deleting
-the bookies' copy come later, issue 52).
+any URI :func:`pyarrow.fs.FileSystem.from_uri` opens), oldest first. The service that
+applies retention applies it (:mod:`bkspark.recovery.retention`, through
+:func:`bkspark.recovery.offload.run`); ``bkspark shell offload LOG`` runs it now. Spark reads
+offloaded ledgers from their files (:mod:`bkspark.spark.offloaded`); the bookies keep their
+copy, which every other reader still reads (deleting it after a delay is not built yet).
 
 Layout: ``<location>/log=<name>/<offset of the file's first entry, 20 digits>-<ledger id>
 .parquet`` -- one directory per log, in Hive style, so ``spark.read.parquet(location)`` reads

@@ -485,8 +485,9 @@ class LogStore:
         return {"segments": hi - lo, "entries": entries, "bytes": size,
                 "first_offset": span[0] if span else None, "end_offset": span[1] if span else None,
                 "retention": policy.to_property() if policy else None,
-                **offload_summary(head.properties, span[0] if span else None, span[1] if span else None,
-                          None if first is None else first.byte_offset)}
+                **offload_summary(head.properties, span[0] if span else None,
+                                  span[1] if span else None,
+                                  None if first is None else first.byte_offset)}
 
     def _add_cursor_lags(self, out: dict, heads: dict[str, LogHead],
                          ends: dict[str, tuple[LogLedger | None, list[LogLedger]]]) -> None:
@@ -643,8 +644,9 @@ class LogStore:
     def delete(self, name: str, force: bool = False) -> None:
         """Delete a log: fence the writer of its open ledger, mark its head deleted (no change
         can be committed to it from then on), remove its records and cursors, the head, then
-        its ledgers (no list names them any more) and their offloaded Parquet files. ``force``: even when the open ledger
-        cannot be fenced now (its bookies do not answer)."""
+        its ledgers (no list names them any more) and their offloaded Parquet files.
+        ``force``: even when the open ledger cannot be fenced now (its bookies do not
+        answer)."""
         head, _ = self._head(name)
         if not isinstance(head, LogMetadata):
             sealed: dict[int, LogLedger | None] = {}
@@ -999,8 +1001,8 @@ class LogStore:
                   mark: str | None = None) -> bool:
         """Replace the whole ledger list in one transaction (the old segments are truncated,
         their records removed in batches afterwards); the old ledgers are deleted too
-        (once proven unlisted), with the Parquet files of those offloaded. The new ledgers' offsets continue from the old
-        list's end. A lost answer is settled as in :meth:`append_ledgers`."""
+        (once proven unlisted), with the Parquet files of those offloaded. The new ledgers'
+        offsets continue from the old list's end. A lost answer is settled as in :meth:`append_ledgers`."""
         entries = self._closed_entries(ledger_ids, info)
         keep = [e for e in entries if e.last_entry_id >= 0]
         keep_ids = [e.ledger_id for e in keep]

@@ -38,6 +38,16 @@ def _fill(bk, logs, name, ledgers, rows=5, start=0):
     return out
 
 
+def _offloading(bk, logs, name, tmp_path, ledgers, **fill) -> Location:
+    """Log ``name`` of ``ledgers`` closed ledgers (:func:`_fill`) whose policy offloads every
+    closed ledger to ``tmp_path``; that Location."""
+    logs.create(name)
+    _fill(bk, logs, name, ledgers, **fill)
+    logs.set_offload(name, OffloadPolicy(str(tmp_path), after_ms=1))
+    time.sleep(0.01)                # (after_ms=1: every closed ledger is due)
+    return Location(str(tmp_path))
+
+
 def _table(where: Location, name: str) -> pa.Table:
     """What a Parquet reader of the log's directory sees (an empty table: no file)."""
     t = ds.dataset(where.log_dir(name), format="parquet").to_table()
@@ -157,10 +167,7 @@ def test_a_file_that_does_not_read_back_as_written_is_not_published_or_recorded(
 
 
 def test_lost_answers_of_the_record_are_settled_not_doubled(bk, logs, log_name, tmp_path):
-    logs.create(log_name)
-    _fill(bk, logs, log_name, 2)
-    logs.set_offload(log_name, OffloadPolicy(str(tmp_path), after_ms=1))
-    time.sleep(0.01)
+    _offloading(bk, logs, log_name, tmp_path, 2)
     with lost_answers(logs.store, count=1):
         done = run(logs, log_name)
     assert len(done) == 2 and all(e.offloaded for e in logs.segments(log_name))
@@ -168,11 +175,7 @@ def test_lost_answers_of_the_record_are_settled_not_doubled(bk, logs, log_name, 
 
 
 def test_orphans_are_collected_published_unrecorded_files_kept(bk, logs, log_name, tmp_path):
-    logs.create(log_name)
-    _fill(bk, logs, log_name, 3)
-    where = Location(str(tmp_path))
-    logs.set_offload(log_name, OffloadPolicy(str(tmp_path), after_ms=1))
-    time.sleep(0.01)
+    where = _offloading(bk, logs, log_name, tmp_path, 3)
     run(logs, log_name, max_ledgers=2)
     d = where.log_dir(log_name)
     third = logs.segments(log_name)[2]
@@ -229,10 +232,7 @@ def test_a_process_killed_after_each_step_leaves_nothing_visible_half_done(
     import subprocess
     import sys
     name = f"{log_name}"[:100]
-    logs.create(name)
-    _fill(bk, logs, name, 2)
-    logs.set_offload(name, OffloadPolicy(str(tmp_path), after_ms=1))
-    time.sleep(0.01)
+    _offloading(bk, logs, name, tmp_path, 2)
     proc = subprocess.run([sys.executable, "-c", _CRASHER, cluster.metadata_uri, step, name],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == -9, proc.stderr[-2000:]
@@ -256,10 +256,7 @@ def test_the_retention_service_offloads_and_a_retention_cut_deletes_the_files(
         bk, logs, log_name, tmp_path):
     from bkspark.log.retention import RetentionPolicy
     from bkspark.recovery.retention import RetentionService
-    logs.create(log_name)
-    _fill(bk, logs, log_name, 3)
-    logs.set_offload(log_name, OffloadPolicy(str(tmp_path), after_ms=1))
-    time.sleep(0.01)
+    _offloading(bk, logs, log_name, tmp_path, 3)
     service = RetentionService(bk, "test-offload")
     service.run_once()
     where = Location(str(tmp_path))
@@ -297,12 +294,7 @@ def test_files_of_ledgers_a_truncation_or_an_overwrite_removes_go_with_them_even
     landing between an offload's publish and its record (the record then finds the ledger
     gone) leaves no file a Parquet reader sees."""
     from bkspark.log import Position
-    from bkspark.recovery import offload as offload_pass
-    logs.create(log_name)
-    _fill(bk, logs, log_name, 3)
-    where = Location(str(tmp_path))
-    logs.set_offload(log_name, OffloadPolicy(str(tmp_path), after_ms=1))
-    time.sleep(0.01)
+    where = _offloading(bk, logs, log_name, tmp_path, 3)
     run(logs, log_name, max_ledgers=1)
     entries = logs.segments(log_name)
     logs.truncate(log_name, Position(entries[1].ledger_id, 0))        # a user's truncation
@@ -363,11 +355,7 @@ def test_marking_old_segments_offloaded_leaves_readers_copies_of_the_list_valid(
 
 
 def test_deleting_the_log_or_unlisting_a_ledger_deletes_their_files(bk, logs, log_name, tmp_path):
-    logs.create(log_name)
-    _fill(bk, logs, log_name, 3)
-    where = Location(str(tmp_path))
-    logs.set_offload(log_name, OffloadPolicy(str(tmp_path), after_ms=1))
-    time.sleep(0.01)
+    where = _offloading(bk, logs, log_name, tmp_path, 3)
     run(logs, log_name)
     logs.unlist_ledger(log_name, logs.segments(log_name)[1].ledger_id)
     assert _table(where, log_name).column("offset").to_pylist() == \
