@@ -301,19 +301,23 @@ def summary(properties: dict, first_offset, end_offset, first_byte_offset) -> di
     return out
 
 
-def record(logs, name: str, done: dict[int, dict], progress: dict | None) -> set[int]:
+def record(logs, name: str, done: dict[int, dict], progress: dict | None,
+           listed_at: dict[int, tuple] | None = None) -> set[int]:
     """Step 5: store the offload records ``done`` (ledger id -> record) of log ``name`` in one
     change, and the head's :data:`PROGRESS` mark at ``progress``. A ledger the log no longer
-    lists (cut meanwhile: the cut deleted the files it knew of, not these) has its files
-    deleted now, as the cut would have; their ids are returned."""
+    lists where it was offloaded from (``listed_at``: ledger id -> its ``(seq, offset)`` then;
+    cut meanwhile -- the cut deleted the files it knew of, not these -- or unlisted and listed
+    again elsewhere, its rows' offsets now wrong) has its files deleted now; their ids are
+    returned."""
     gone: set[int] = set()
+    listed_at = listed_at or {}
 
     def change(edit) -> None:
         changed = False
         gone.clear()
         for lid, rec in done.items():
             e = edit.entry(lid)
-            if e is None:
+            if e is None or lid in listed_at and (e.seq, e.offset) != listed_at[lid]:
                 gone.add(lid)
             elif e.offloaded != rec:
                 edit.mark_offloaded(lid, rec)

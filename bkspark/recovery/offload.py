@@ -9,8 +9,12 @@ one ledger, each safe to crash in:
    flushed to disk (fsync of the file, on a local filesystem);
 3. verify: read the file back one row group at a time (page checksums verified) and compare
    it with what was converted -- rows, values, offsets contiguous from the ledger's offset;
-4. publish by rename to the final name (on a local filesystem an atomic replace, then an
-   fsync of the directory; a retry replaces a published file with the same bytes' rows);
+4. once every file of the ledger is written and verified, publish them by rename to their
+   final names (on a local filesystem an atomic replace, then an fsync of the directory; a
+   retry replaces a published file with the same rows). A failure before (an entry that does
+   not decode, the ledger deleted by a cut, the location failing) publishes nothing of the
+   ledger; only a crash amid the renames of a ledger of several files leaves part of it
+   published, until the next pass publishes the rest;
 5. one metadata change (per pass, of every ledger it offloaded) records each ledger's files:
    location, names, entry ranges, rows, bytes, and a crc32c of the entries' payloads chained
    in entry order (:attr:`metadata.log_entry.LogLedger.offloaded`). A lost answer is settled
@@ -32,10 +36,11 @@ import crc32c
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bkspark.errors import BadRequestError, NoSuchLedgerError
+from bkspark.errors import BadRequestError, BKError, NoSuchLedgerError, NoSuchLogError
 from bkspark.log.offload import (ARROW_COLUMNS, FILE_ENTRY_BYTES, MAX_BYTES_PER_PASS,
                                  MAX_LEDGERS_PER_PASS, TEMP_PREFIX, TEMP_SUFFIX, Location,
-                                 OffloadError, due, file_name, progress_after, record)
+                                 OffloadError, delete_files, due, file_name, progress_after,
+                                 record)
 from bkspark.spark import codec
 from metadata.log_entry import LogLedger
 
@@ -136,6 +141,7 @@ def offload_ledger(logs, name: str, entry: LogLedger, where: Location) -> dict:
     stored = codec.ledger_arrow_schema(rh.metadata.custom_metadata)
     directory = where.log_dir(name)
     files: list[dict] = []
+    temps: list[str] = []           # written and verified, not published yet
     batches: list = []
     span: list[int] = []            # first and last entry of the file being filled
     state = {"size": 0, "crc": 0}
@@ -148,17 +154,15 @@ def offload_ledger(logs, name: str, entry: LogLedger, where: Location) -> dict:
         final_name = file_name(entry.offset + first, entry.ledger_id)
         tmp = f"{directory}/{TEMP_PREFIX}{final_name}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
         what = f"log {name}: ledger {entry.ledger_id} entries {first}..{last}"
+        temps.append(tmp)
         try:
             nbytes = where.write(tmp, table)
             where.verify(tmp, table, "_offset" if stored is not None else "offset",
                          lambda col: _check(col, stored is not None, first, last, entry.offset,
                                             table.num_rows))
-            where.publish(tmp, f"{directory}/{final_name}")
         except OffloadError as exc:
-            where.delete(tmp)
             raise OffloadError(f"{what}: {exc}") from None
         except (OSError, pa.ArrowException) as exc:
-            where.delete(tmp)
             raise OffloadError(f"{what}: writing {tmp}: {exc}") from exc
         files.append({"name": final_name, "first": first, "last": last,
                       "rows": table.num_rows, "bytes": nbytes, "crc32c": state["crc"]})
@@ -166,19 +170,37 @@ def offload_ledger(logs, name: str, entry: LogLedger, where: Location) -> dict:
         span.clear()
         state.update(size=0, crc=0)
 
-    if entry.last_entry_id >= 0:
-        for e in rh.read(0, entry.last_entry_id):
-            if not span:
-                span[:] = [e.entry_id, e.entry_id]
-            span[1] = e.entry_id
-            state["crc"] = crc32c.crc32c(e.data, state["crc"])
-            for b in _convert(e, stored, entry.ledger_id, entry.offset):
-                batches.append(b)
-                state["size"] += b.nbytes
-            if state["size"] >= FILE_ENTRY_BYTES:
+    published = 0
+    try:
+        if entry.last_entry_id >= 0:
+            for e in rh.read(0, entry.last_entry_id):
+                if not span:
+                    span[:] = [e.entry_id, e.entry_id]
+                span[1] = e.entry_id
+                state["crc"] = crc32c.crc32c(e.data, state["crc"])
+                for b in _convert(e, stored, entry.ledger_id, entry.offset):
+                    batches.append(b)
+                    state["size"] += b.nbytes
+                if state["size"] >= FILE_ENTRY_BYTES:
+                    flush()
+            if span:
                 flush()
-        if span:
-            flush()
+        # every file is written and verified: only now is any published (a ledger is never
+        # half in the directory)
+        for tmp, f in zip(temps, files):
+            where.publish(tmp, f"{directory}/{f['name']}")
+            published += 1
+    except BaseException as exc:
+        for tmp in temps[published:]:
+            where.delete(tmp)
+        for f in files[:published]:             # (a rename that failed after others)
+            where.delete(f"{directory}/{f['name']}")
+        if isinstance(exc, OSError):
+            raise OffloadError(f"log {name}: ledger {entry.ledger_id}: publishing: {exc}") \
+                from exc
+        raise
+    finally:
+        rh.close()
     return {"location": where.uri, "dir": f"log={name}", "files": files}
 
 
@@ -212,8 +234,8 @@ def run(logs, name: str, now_ms: int | None = None,
         try:
             done[e.ledger_id] = offload_ledger(logs, name, e, where)
         except NoSuchLedgerError:
-            continue                    # cut by retention meanwhile
-        except OffloadError as exc:
+            continue                    # cut by retention meanwhile (nothing published)
+        except BKError as exc:          # (OffloadError among them)
             failure = exc
             break
         progress = progress_after(e)
@@ -222,7 +244,13 @@ def run(logs, name: str, now_ms: int | None = None,
                  e.ledger_id, policy.location, len(rec["files"]),
                  sum(f["rows"] for f in rec["files"]), time.perf_counter() - t)
     if done or progress is not None:
-        for lid in record(logs, name, done, progress):
+        try:
+            gone = record(logs, name, done, progress, {e.ledger_id: (e.seq, e.offset)
+                                                       for e in todo if e.ledger_id in done})
+        except NoSuchLogError:          # deleted meanwhile: its deletion did not see these
+            delete_files(name, done)
+            raise
+        for lid in gone:
             done.pop(lid)               # (cut meanwhile: not recorded, its files deleted)
     if failure is not None:
         raise failure

@@ -165,6 +165,8 @@ class RetentionService:
             if now - self._swept.get(name, -math.inf) >= ORPHAN_SCAN_S:
                 offload.collect_orphans(self.logs, name)
                 self._swept[name] = now
+        except NoSuchLogError:
+            pass                        # deleted meanwhile
         except Exception as exc:  # noqa: BLE001 - one log's failure must not stop the pass
             self.offload_failures += 1
             log.warning("offload: log %s: %s (retried at the next pass)", name, exc)

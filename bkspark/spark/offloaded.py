@@ -51,6 +51,8 @@ def _row_groups(pf, column: str, first: int, last: int) -> list[int]:
 def _headers_to_kafka(col, to_type):
     """A ``map<string, binary>`` column as the Kafka source's ``array<struct<key, value>>``."""
     col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if col.offset:                  # (from_arrays takes no sliced null bitmap: a copy)
+        col = col.take(pa.array(range(len(col)), pa.int64()))
     entries = pa.StructArray.from_arrays([col.keys, col.items], names=["key", "value"])
     out = pa.ListArray.from_arrays(col.offsets, entries, mask=col.is_null())
     return out.cast(to_type)

@@ -301,9 +301,9 @@ def test_files_of_ledgers_a_truncation_or_an_overwrite_removes_go_with_them_even
     assert _table(where, log_name).num_rows == 0
     real = offload_pass.record
 
-    def cut_first(logs_, name, done, progress):             # the cut lands before the record
+    def cut_first(logs_, name, *args):                      # the cut lands before the record
         logs.truncate(name, Position(entries[2].ledger_id, 0))
-        return real(logs_, name, done, progress)
+        return real(logs_, name, *args)
     monkeypatch.setattr(offload_pass, "record", cut_first)
     run(logs, log_name, max_ledgers=1)                      # offloads the second ledger
     monkeypatch.setattr(offload_pass, "record", real)
@@ -368,3 +368,76 @@ def test_deleting_the_log_or_unlisting_a_ledger_deletes_their_files(bk, logs, lo
     time.sleep(0.01)
     run(logs, log_name)
     assert _table(where, log_name).column("offset").to_pylist() == list(range(5))
+
+
+# ---- what a second review reproduced -------------------------------------------------------
+
+def _visible(where: Location, name: str) -> list[str]:
+    d = where.log_dir(name)
+    return sorted(f for f in os.listdir(d) if not f.startswith("_")) if os.path.isdir(d) else []
+
+
+def test_a_log_deleted_mid_offload_keeps_no_file(bk, logs, log_name, tmp_path, monkeypatch):
+    """The log is deleted between an offload's publish and its record: the deletion did not
+    know of these files, so the offload deletes them (before: they stayed for good -- no log,
+    no policy, no sweep)."""
+    where = _offloading(bk, logs, log_name, tmp_path, 2)
+    real = offload_pass.record
+
+    def delete_first(logs_, name, *args):
+        logs.delete(name)
+        return real(logs_, name, *args)
+    monkeypatch.setattr(offload_pass, "record", delete_first)
+    with pytest.raises(errors.NoSuchLogError):
+        run(logs, log_name)
+    assert _visible(where, log_name) == []
+
+
+def test_a_ledger_listed_again_elsewhere_mid_offload_is_not_recorded_with_old_offsets(
+        bk, logs, log_name, tmp_path, monkeypatch):
+    where = _offloading(bk, logs, log_name, tmp_path, 3)
+    target = logs.segments(log_name)[0].ledger_id
+    real = offload_pass.record
+
+    def relist_first(logs_, name, done, *args):
+        if target in done:
+            logs.unlist_ledger(name, target)
+            logs.append_ledgers(name, [target])         # listed again: offsets 15..19
+        return real(logs_, name, done, *args)
+    monkeypatch.setattr(offload_pass, "record", relist_first)
+    assert run(logs, log_name, max_ledgers=1) == {}
+    assert logs.entry_of(log_name, target).offloaded is None
+    assert _visible(where, log_name) == []
+    monkeypatch.setattr(offload_pass, "record", real)
+    run(logs, log_name)
+    assert _table(where, log_name).column("offset").to_pylist() == list(range(5, 20))
+
+
+def test_a_ledger_is_published_whole_or_not_at_all(bk, logs, log_name, tmp_path, monkeypatch):
+    """A ledger of several files whose last entry does not decode, or which a cut deletes
+    while it is read: none of its files is published (before: the first ones were, and the
+    sweep kept them -- a listed ledger's)."""
+    from bkspark.log import Position
+    monkeypatch.setattr(offload_pass, "FILE_ENTRY_BYTES", 1)      # a file per entry
+    logs.create(log_name)
+    good = [encode_record(f"v{j}".encode(), timestamp_us=1) for j in range(3)]
+    logs.append_ledgers(log_name, [closed_ledger(bk, good + [b"\xffBKR\x01\x02\x00"])])
+    logs.set_offload(log_name, OffloadPolicy(str(tmp_path), after_ms=1))
+    time.sleep(0.01)
+    where = Location(str(tmp_path))
+    with pytest.raises(offload.OffloadError, match="entry 3 does not decode"):
+        run(logs, log_name)
+    assert _visible(where, log_name) == [] and os.listdir(where.log_dir(log_name)) == []
+    other = f"{log_name}-cut"
+    _offloading(bk, logs, other, tmp_path, 2)
+    first, second = (e.ledger_id for e in logs.segments(other))
+    real_write = Location.write
+
+    def write_then_cut(self, path, table):
+        got = real_write(self, path, table)
+        if logs.entry_of(other, first) is not None:
+            logs.truncate(other, Position(second, 0))       # deletes the ledger being read
+        return got
+    monkeypatch.setattr(Location, "write", write_then_cut)
+    run(logs, other, max_ledgers=1)
+    assert not [f for f in _visible(where, other) if f.endswith(f"-{first}.parquet")]
