@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass
 
 from bkspark.errors import BadRequestError, BKError
 from bkspark.log.retention import closed_at, parse_duration_ms, parse_size_bytes
-from metadata.layout import check_log_name
+from metadata.layout import check_log_name, log_path
 from metadata.log_entry import LogLedger
 from metadata.update import NoChange
 
@@ -356,7 +356,9 @@ def collect_orphans(logs, name: str, where: Location | None = None,
     (removed by retention or a truncation) or whose record names other files. Files of a
     listed ledger without a record are kept (the next pass records them). Returns the names
     removed. Reads the log's segments up to its :data:`PROGRESS` mark, :data:`SWEEP_CHUNK` a
-    read, once -- not a lookup per file."""
+    read, once -- not a lookup per file -- after a ``sync`` of the log's head, made once the
+    files are listed: a file is judged on what the store held when it was seen, never on a
+    server's older view (a ledger listed and offloaded by another process meanwhile)."""
     if where is None:
         policy = logs.offload_policy(name)
         if policy is None:
@@ -366,6 +368,8 @@ def collect_orphans(logs, name: str, where: Location | None = None,
     directory = where.log_dir(name)
     removed = []
     infos = where.files(directory)
+    if any(not i.base_name.startswith(TEMP_PREFIX) for i in infos):
+        logs.store.sync(log_path(name))
     recorded: dict[int, set | None] | None = None      # listed ledger -> its file names
 
     def files_of_listed() -> dict[int, set | None]:

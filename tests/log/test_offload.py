@@ -441,3 +441,24 @@ def test_a_ledger_is_published_whole_or_not_at_all(bk, logs, log_name, tmp_path,
     monkeypatch.setattr(Location, "write", write_then_cut)
     run(logs, other, max_ledgers=1)
     assert not [f for f in _visible(where, other) if f.endswith(f"-{first}.parquet")]
+
+
+def test_the_sweep_judges_files_on_a_synced_read(bk, logs, log_name, tmp_path, monkeypatch):
+    """The sweep lists the files, then syncs the log's head, then reads what the log lists: a
+    file is never deleted on a store server's older view (on ZooKeeper a read may lag the
+    writes of another process -- one that listed and offloaded the ledger meanwhile)."""
+    where = _offloading(bk, logs, log_name, tmp_path, 1)
+    run(logs, log_name)
+    calls = []
+    real_sync, real_get_many = logs.store.sync, logs.store.get_many
+    real_files = Location.files
+    monkeypatch.setattr(Location, "files",
+                        lambda self, d: calls.append("list") or real_files(self, d))
+    monkeypatch.setattr(logs.store, "sync", lambda path="/": calls.append(("sync", path))
+                        or real_sync(path))
+    monkeypatch.setattr(logs.store, "get_many", lambda paths, *a, **k: calls.append("read")
+                        or real_get_many(paths, *a, **k))
+    assert collect_orphans(logs, log_name) == []
+    assert calls.index("list") < calls.index(("sync", f"/logs/{log_name}")) < \
+        len(calls) - 1 - calls[::-1].index("read")
+    assert _table(where, log_name).num_rows == 5
