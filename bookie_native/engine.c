@@ -542,8 +542,14 @@ static void journal_free(Journal *j)
 
 int eng_open(const EngineConfig *cfg, Engine **out, char *err, size_t errlen)
 {
+    static uint64_t serials;
     Engine *e = calloc(1, sizeof *e);
     *out = NULL;
+    if (!e) {
+        snprintf(err, errlen, "out of memory");
+        return E_IO;
+    }
+    e->serial = __atomic_add_fetch(&serials, 1, __ATOMIC_RELAXED);
     e->nldirs = cfg->nldirs;
     e->ledger_dirs = calloc((size_t)cfg->nldirs, sizeof(char *));
     e->ldir_err = calloc((size_t)cfg->nldirs, sizeof(int));
@@ -809,6 +815,8 @@ void eng_stats(Engine *e, EngineStats *st)
     st->jz_bytes = e->st_jz_bytes;
     st->jz_behind = e->st_jz_behind;
     st->jn_rolls = e->st_jn_rolls;
+    st->dio_reads = __atomic_load_n(&e->st_dio_reads, __ATOMIC_RELAXED);
+    st->ra_hits = __atomic_load_n(&e->st_ra_hits, __ATOMIC_RELAXED);
     st->cache_bytes = e->cache[0].used + e->cache[1].used;
     st->pending_len = st->j_waiters = 0;
     for (int k = 0; k < e->njournals; k++) {

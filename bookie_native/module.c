@@ -1193,9 +1193,9 @@ static PyObject *Store_stats(StoreObject *self, PyObject *unused)
     eng_stats(e, &c);
     eng_unlock(e);
     BKS_END PyObject *d = Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsi}", "adds", c.adds, "add_bytes", c.add_bytes,
+        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsi}", "adds", c.adds, "add_bytes", c.add_bytes,
         "journal_syncs", c.syncs, "journal_sync_ns_sum", c.sync_ns, "journal_sync_count", c.syncs,
-        "journal_bytes", c.jbytes, "cache_bytes", c.cache_bytes, "queue_depth_bytes", c.pending_len,
+        "journal_bytes", c.jbytes, "direct_reads", c.dio_reads, "read_ahead_hits", c.ra_hits, "cache_bytes", c.cache_bytes, "queue_depth_bytes", c.pending_len,
         "sync_waiters", c.j_waiters, "checkpoints", c.checkpoints, "flushes", c.flushes,
         "paced_flushes", c.paced_flushes, "hurried_flushes", c.hurried_flushes, "compactions",
         c.compactions, "compacted_logs", c.compacted_logs, "compacted_bytes", c.compacted_bytes,

@@ -35,15 +35,39 @@ int log_read(Engine *e, LogFile *lf, uint64_t ledger, const Loc *loc, unsigned c
 
 /* Direct reads (see entrylog.c "entry logs and the page cache").  Each reading thread keeps one
  * aligned buffer for them (a fresh one per read would fault in every page); a span never
- * exceeds DIO_SPAN_MAX, a larger record is read through the cache. */
+ * exceeds DIO_SPAN_MAX, a larger record is read through the cache.
+ *
+ * Read-ahead.  A thread whose reads move forward through one entry log (the data port serves a
+ * connection's requests on one thread: a task reading many small ledgers asks for records that
+ * lie next to each other, a flush writes a ledger's records together) reads ahead of what it was
+ * asked, up to a window that doubles from DIO_RA_MIN to DIO_RA_MAX while its reads stay within
+ * DIO_GAP_MAX of where the one before ended, and serves the next reads from the buffer while they
+ * fall inside it (a read whose first records it holds reads only the rest).  Only a read of at
+ * most a quarter of the window reads ahead: a larger one is batch enough.  Without it, each small range cost one device read (2026-12-07: a task reading
+ * 3,000 ledgers of 8 entries, E=3 Qw=2, spent ~0.3 ms of bookie CPU per ledger, ~0.07 ms with
+ * the entries in the page cache).  A read at another place reads only what it needs (no window).
+ *
+ * What the buffer holds is trusted only where it cannot have changed: an entry log is append-only
+ * and its id is never reused while the engine is open (ids only grow; compaction writes new
+ * logs), so bytes of log `log` of engine `serial` below the log's written size when they were
+ * read (`size`, taken under mu with the locations: everything below it was written before) stay
+ * what they were.  Each record is still verified (checksum, ledger, entry, length) as it is
+ * served; one that does not verify there is read from the disk again. */
 #define DIO_SPAN_MAX (4u << 20) /* and so the most a reading thread keeps */
 #define DIO_GAP_MAX (256u << 10) /* records this far apart still share one read */
+#define DIO_RA_MIN (64u << 10)   /* the first read-ahead window of a forward-moving thread */
+#define DIO_RA_MAX (1u << 20)    /* ... and the largest */
 
 static pthread_key_t dio_key;
 static pthread_once_t dio_once = PTHREAD_ONCE_INIT;
 typedef struct {
     unsigned char *buf;
     size_t cap;
+    uint64_t serial;  /* buf[0, hi - lo) holds bytes [lo, hi) of entry log `log` of engine `serial` */
+    uint32_t log;
+    uint64_t lo, hi;
+    uint64_t next;    /* where this thread's last read of that log ended */
+    uint64_t window;  /* its read-ahead window (0: its last read was not a forward one) */
 } DioBuf;
 
 static void dio_free(void *p)
@@ -55,7 +79,8 @@ static void dio_free(void *p)
 
 static void dio_key_init(void) { pthread_key_create(&dio_key, dio_free); }
 
-static unsigned char *dio_buf(size_t n)
+/* this thread's buffer, with room for n bytes (what it held is forgotten if it had to grow) */
+static DioBuf *dio_buf(size_t n)
 {
     pthread_once(&dio_once, dio_key_init);
     DioBuf *b = pthread_getspecific(dio_key);
@@ -74,8 +99,9 @@ static unsigned char *dio_buf(size_t n)
         free(b->buf);
         b->buf = p;
         b->cap = cap;
+        b->lo = b->hi = 0;
     }
-    return b->buf;
+    return b;
 }
 
 static uint64_t dio_span(const Loc *first, const Loc *last)
@@ -90,17 +116,65 @@ void log_open_direct(Engine *e, LogFile *lf, const char *path)
     lf->dfd = e->page_cache ? -1 : open(path, O_RDONLY | O_DIRECT | O_CLOEXEC); /* EINVAL: fs without it */
 }
 
-/* Read n records of one entry log (ascending offsets, together within DIO_SPAN_MAX) with one
- * direct read, verify each and copy its body out.  Returns how many records from the first were
- * read and verified (n on success); -1 if the direct read is refused (alignment), so the caller
- * reads through the cache instead. */
-static long log_read_direct(Engine *e, LogFile *lf, uint64_t ledger, const Loc *locs, RangeItem *out, size_t n)
+/* Verify records [0, n) whose bytes start at `base` (the file's byte `at`) and copy their bodies
+ * out; how many from the first verified.  `quiet`: a record that does not verify sets no error
+ * (the caller reads it again from the disk). */
+static size_t serve_records(Engine *e, LogFile *lf, uint64_t ledger, const Loc *locs, RangeItem *out, size_t n,
+                            const unsigned char *base, uint64_t at, int quiet)
 {
-    uint64_t a = locs[0].off & ~(uint64_t)(DIO_ALIGN - 1), span = dio_span(&locs[0], &locs[n - 1]);
-    uint64_t need = locs[n - 1].off + LR_HDR + locs[n - 1].len - a;
-    unsigned char *buf = dio_buf(span);
-    if (!buf)
+    for (size_t k = 0; k < n; k++) {
+        const unsigned char *h = base + (locs[k].off - at);
+        if (quiet) {
+            uint32_t crc = bks_crc32c(bks_crc32c(0, h + 8, 16), h + LR_HDR, locs[k].len);
+            if (get32(h) != 16 + locs[k].len || get32(h + 4) != crc || get64(h + 8) != ledger ||
+                (int64_t)get64(h + 16) != locs[k].entry)
+                return k;
+        } else if (record_check(e, lf, ledger, &locs[k], h, h + LR_HDR) != E_OK) {
+            return k;
+        }
+        memcpy(out[k].data, h + LR_HDR, locs[k].len);
+    }
+    return n;
+}
+
+/* Read n records of one entry log (ascending offsets, together within DIO_SPAN_MAX; `size`: the
+ * log's written size when their locations were taken) with one direct read -- or from this
+ * thread's read-ahead when it holds them -- verify each and copy its body out.  Returns how many
+ * records from the first were read and verified (n on success); -1 if the direct read is refused
+ * (alignment), so the caller reads through the cache instead. */
+static long log_read_direct(Engine *e, LogFile *lf, uint64_t size, uint64_t ledger, const Loc *locs, RangeItem *out,
+                            size_t n)
+{
+    uint64_t t = locs[n - 1].off + LR_HDR + locs[n - 1].len;
+    DioBuf *b = dio_buf(dio_span(&locs[0], &locs[n - 1]));
+    if (!b)
         return -1;
+    int same = b->serial == e->serial && b->log == lf->id;
+    int forward = same && locs[0].off + DIO_GAP_MAX >= b->next && locs[0].off <= b->next + DIO_GAP_MAX;
+    size_t held = 0; /* the records, from the first, that the read-ahead holds */
+    while (same && held < n && locs[held].off >= b->lo && locs[held].off + LR_HDR + locs[held].len <= b->hi)
+        held++;
+    if (held && serve_records(e, lf, ledger, locs, out, held, b->buf, b->lo, 1) < held)
+        held = 0; /* (only if the disk changed under the log: they are read again, and fail there) */
+    b->next = t;
+    if (held == n) {
+        __atomic_add_fetch(&e->st_ra_hits, 1, __ATOMIC_RELAXED);
+        return (long)n;
+    }
+    locs += held; /* the rest is read from the disk */
+    out += held;
+    n -= held;
+    uint64_t a = locs[0].off & ~(uint64_t)(DIO_ALIGN - 1), need = t - a, span = dio_span(&locs[0], &locs[n - 1]);
+    uint64_t window = !forward ? 0 : b->window ? (b->window * 2 < DIO_RA_MAX ? b->window * 2 : DIO_RA_MAX) : DIO_RA_MIN;
+    if (window && need * 4 <= window && size > t) { /* read ahead (small reads only: a large one
+        * is batch enough), up to what the log held when the locations were taken */
+        uint64_t end = t + window < size ? t + window : size;
+        end = (end + DIO_ALIGN - 1) & ~(uint64_t)(DIO_ALIGN - 1);
+        if (end - a > span)
+            span = end - a < b->cap ? end - a : b->cap;
+    }
+    b->lo = b->hi = 0;
+    unsigned char *buf = b->buf;
     uint64_t got = 0;
     while (got < need) {
         ssize_t r = pread(lf->dfd, buf + got, span - got, (off_t)(a + got));
@@ -108,7 +182,7 @@ static long log_read_direct(Engine *e, LogFile *lf, uint64_t ledger, const Loc *
             if (errno == EINTR)
                 continue;
             if (errno == EINVAL && got == 0)
-                return -1;
+                return -1; /* (the caller reads them all through the cache) */
             break;
         }
         if (r == 0) {
@@ -117,23 +191,28 @@ static long log_read_direct(Engine *e, LogFile *lf, uint64_t ledger, const Loc *
         }
         got += (uint64_t)r;
     }
-    for (size_t k = 0; k < n; k++) {
-        const unsigned char *h = buf + (locs[k].off - a);
-        if (locs[k].off + LR_HDR + locs[k].len - a > got) {
-            record_unreadable(e, lf, ledger, &locs[k]);
-            return (long)k;
-        }
-        if (record_check(e, lf, ledger, &locs[k], h, h + LR_HDR) != E_OK)
-            return (long)k;
-        memcpy(out[k].data, h + LR_HDR, locs[k].len);
+    __atomic_add_fetch(&e->st_dio_reads, 1, __ATOMIC_RELAXED);
+    b->serial = e->serial;
+    b->log = lf->id;
+    b->window = window;
+    if (got > need && size > a) { /* keep what it read, below the written size */
+        b->lo = a;
+        b->hi = a + (got < size - a ? got : size - a);
     }
-    return (long)n;
+    size_t k = 0;
+    while (k < n && locs[k].off + LR_HDR + locs[k].len - a <= got)
+        k++;
+    size_t good = serve_records(e, lf, ledger, locs, out, k, buf, a, 0);
+    if (good == k && k < n)
+        record_unreadable(e, lf, ledger, &locs[k]);
+    return (long)(held + good);
 }
 
 /* Read records [0, n) of a range (lfs[k]: the entry log of record k, NULL if it came from the write
  * cache) into out[k].data; neighbours in one log share a direct read.  Returns how many records
  * from the first were read and verified. */
-static size_t read_records(Engine *e, uint64_t ledger, const Loc *locs, LogFile *const *lfs, RangeItem *out, size_t n)
+static size_t read_records(Engine *e, uint64_t ledger, const Loc *locs, LogFile *const *lfs, const uint64_t *sizes,
+                           RangeItem *out, size_t n)
 {
     size_t k = 0;
     while (k < n) {
@@ -148,7 +227,7 @@ static size_t read_records(Engine *e, uint64_t ledger, const Loc *locs, LogFile 
                    locs[m].off - (locs[m - 1].off + LR_HDR + locs[m - 1].len) <= DIO_GAP_MAX &&
                    dio_span(&locs[k], &locs[m]) <= DIO_SPAN_MAX)
                 m++;
-            long r = log_read_direct(e, lf, ledger, &locs[k], &out[k], m - k);
+            long r = log_read_direct(e, lf, sizes[k], ledger, &locs[k], &out[k], m - k);
             if (r >= 0) {
                 if ((size_t)r < m - k)
                     return k + (size_t)r;
@@ -257,8 +336,9 @@ int eng_read_range(Engine *e, uint64_t ledger, int64_t first, int64_t last, int6
     RangeItem *it = malloc(cap * sizeof *it);
     Loc *locs = malloc(cap * sizeof *locs);
     LogFile **lfs = malloc(cap * sizeof *lfs);
+    uint64_t *sizes = malloc(cap * sizeof *sizes); /* lfs[k]'s written size, taken with its location */
     uint64_t bytes = 0;
-    if (!it || !locs || !lfs) {
+    if (!it || !locs || !lfs || !sizes) {
         rc = E_IO;
         seterr(e, "out of memory reading ledger %llu", (unsigned long long)ledger);
     }
@@ -338,7 +418,9 @@ int eng_read_range(Engine *e, uint64_t ledger, int64_t first, int64_t last, int6
             if (b) locs = b;
             LogFile **c = realloc(lfs, cap * sizeof *lfs);
             if (c) lfs = c;
-            if (!a || !b || !c) {
+            uint64_t *z = realloc(sizes, cap * sizeof *sizes);
+            if (z) sizes = z;
+            if (!a || !b || !c || !z) {
                 rc = E_IO;
                 break;
             }
@@ -355,6 +437,7 @@ int eng_read_range(Engine *e, uint64_t ledger, int64_t first, int64_t last, int6
         } else {
             lf->refs++;
             lfs[cnt] = lf;
+            sizes[cnt] = lf->size;
         }
         it[cnt].entry = lc->entry;
         it[cnt].data = d;
@@ -368,7 +451,7 @@ int eng_read_range(Engine *e, uint64_t ledger, int64_t first, int64_t last, int6
     free(g.v);
     size_t good = cnt;
     if (rc == E_OK) {
-        good = read_records(e, ledger, locs, lfs, it, cnt);
+        good = read_records(e, ledger, locs, lfs, sizes, it, cnt);
         if (good == 0 && cnt > 0)
             rc = E_IO;
     }
@@ -386,6 +469,7 @@ int eng_read_range(Engine *e, uint64_t ledger, int64_t first, int64_t last, int6
     }
     free(locs);
     free(lfs);
+    free(sizes);
     *items = it;
     *nitems = good;
     return rc;

@@ -128,3 +128,82 @@ def test_written_entry_logs_leave_the_page_cache_unless_kept(tmp_path, page_cach
         assert after_write > 0.9 and after_read > 0.9
     else:   # dropped once written back; direct reads do not bring them back
         assert after_write < 0.1 and after_read < 0.1, (after_write, after_read)
+
+
+def small_ledgers(s, first: int, count: int, per: int = 8) -> dict:
+    """``count`` ledgers of ``per`` small entries each, flushed into the entry logs."""
+    want = {}
+    for lid in range(first, first + count):
+        batch = [(lid, e, b"k", False, b"%d:%d|" % (lid, e) * 12) for e in range(per)]
+        assert s.add_entries(batch) == [0] * per
+        want.update({(lid, e): b for lid, e, _k, _r, b in batch})
+    s.checkpoint()
+    return want
+
+
+def read_striped(s, lids, want, buf, step=3, per=8):
+    """Read each ledger as a striped ledger's bookies are asked for it (every ``step``-th entry
+    from each residue), checking every body."""
+    for lid in lids:
+        for r in range(step):
+            got = [(e, bytes(b)) for e, b in s.read_range_into(lid, r, per - 1, 1 << 20, buf, step)]
+            assert got == [(e, want[lid, e]) for e in range(r, per, step)]
+
+
+def test_small_ranges_read_in_order_share_direct_reads(tmp_path):
+    """A thread that reads many small neighbouring ranges in order (a task reading small
+    ledgers) reads ahead: a few direct reads serve thousands of ranges, each record still
+    verified. Without read-ahead each range cost one device read."""
+    s = make(str(tmp_path), False, write_cache_bytes=64 << 20)
+    try:
+        want = small_ledgers(s, 1, 2000)
+        buf = bytearray(1 << 20)
+        before = s.stats()
+        read_striped(s, range(1, 2001), want, buf)
+        st = s.stats()
+        reads = st["direct_reads"] - before["direct_reads"]
+        hits = st["read_ahead_hits"] - before["read_ahead_hits"]
+        assert reads < 60 and reads + hits == 6000, (reads, hits)
+        # a thread reading at scattered places reads only what it needs: no window
+        before = s.stats()
+        for lid in random.Random(3).sample(range(1, 2001), 40):
+            assert [(e, bytes(b)) for e, b in s.read_range_into(lid, 0, 7, 1 << 20, buf)] == \
+                [(e, want[lid, e]) for e in range(8)]
+        assert s.stats()["direct_reads"] - before["direct_reads"] >= 30
+    finally:
+        s.close()
+
+
+def test_read_ahead_stops_at_what_the_log_held(tmp_path):
+    """Entries flushed into the same entry log after a thread read ahead to its end are read
+    from the disk, not from the bytes the read-ahead held (taken below the log's written size);
+    another storage's log of the same id, and the same storage reopened, are read right by the
+    same thread."""
+    d = str(tmp_path)
+    s = make(d, False, write_cache_bytes=64 << 20, entry_log_max_size=256 << 20)
+    try:
+        want = small_ledgers(s, 1, 300)
+        buf = bytearray(1 << 20)
+        read_striped(s, range(1, 301), want, buf)
+        want.update(small_ledgers(s, 301, 300))
+        assert len(glob.glob(os.path.join(d, "l", "*.log"))) == 1     # appended to the same log
+        read_striped(s, range(1, 601), want, buf)
+        other = make(str(tmp_path / "other"), False, write_cache_bytes=64 << 20)
+        try:        # another storage's log of the same id, read on the same thread
+            theirs = {k: v[::-1] for k, v in want.items()}
+            for lid in range(1, 601):
+                assert other.add_entries([(lid, e, b"k", False, theirs[lid, e])
+                                          for e in range(8)]) == [0] * 8
+            other.checkpoint()
+            for lid in range(1, 601):
+                read_striped(other, [lid], theirs, buf)
+                read_striped(s, [lid], want, buf)
+        finally:
+            other.close()
+    finally:
+        s.close()
+    s = make(d, False)
+    try:
+        read_striped(s, range(1, 601), want, bytearray(1 << 20))
+    finally:
+        s.close()
