@@ -35,6 +35,8 @@ class BookieMetrics:
             "read (op=range)", ["op"],
             buckets=(0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
             registry=self.registry)
+        # (a labelled child looked up per read cost ~4% of a bookie serving small ranges)
+        self._read_latency_of = {op: self.read_latency.labels(op=op) for op in ("read", "range")}
         self.rpc_errors = Counter(
             "bookie_rpc_errors", "Answers other than EOK, by RPC and status (adds: per entry)",
             ["rpc", "status"], registry=self.registry)
@@ -77,7 +79,8 @@ class BookieMetrics:
         self.reads.inc(entries)
         self.read_bytes.inc(nbytes)
         if seconds is not None:
-            self.read_latency.labels(op=op).observe(seconds)
+            child = self._read_latency_of.get(op) or self.read_latency.labels(op=op)
+            child.observe(seconds)
 
     def record_error(self, rpc: str, status: int) -> None:
         """An answer of ``rpc`` other than EOK."""
