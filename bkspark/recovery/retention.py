@@ -95,6 +95,8 @@ class RetentionService:
             # once a pass rather than once a log: metadata.clock)
             self.logs.store.clock.check_skew("retention pass")
             names = self.logs.list_logs()
+            listed = set(names)     # (sweep times of logs deleted since are forgotten)
+            self._swept = {n: t for n, t in self._swept.items() if n in listed}
         except ClockSkewError:
             self.refused_by_skew += 1
             return removed

@@ -321,6 +321,8 @@ def plan_ranges(opts, fmt: str, name: str, spans_, clip=None) -> list:
     for lid, first, last, entry in spans_:
         if clip is not None:
             first, last = clip(first, last)
+            if first > last:        # pushed filters leave nothing of this span
+                continue
         offloaded = entry.offloaded if opts.read_offloaded else None
         if offloaded is not None and opts.entries_per_partition is None:
             pieces = [(lid, max(first, f["first"]), min(last, f["last"]))

@@ -268,6 +268,10 @@ def test_the_retention_service_offloads_and_a_retention_cut_deletes_the_files(
     assert service.run_once()[log_name] == [e.ledger_id for e in entries[:2]]
     assert sorted(os.listdir(where.log_dir(log_name))) == [entries[2].offloaded["files"][0]["name"]]
     assert _table(where, log_name).column("offset").to_pylist() == list(range(10, 15))
+    assert log_name in service._swept           # its directory was swept for orphans ...
+    logs.delete(log_name)
+    service.run_once()
+    assert log_name not in service._swept       # ... and a deleted log's time is forgotten
 
 
 def test_a_location_that_fails_is_counted_and_retried_nothing_recorded(

@@ -272,3 +272,20 @@ def test_commit_writes_moved_and_behind_cursors_and_refreshes_the_rest(reader, m
     monkeypatch.setattr(stream, "CURSOR_REFRESH_S", 0.0)
     r.commit(everything)                               # an hour later: written again
     assert sorted(writes) == ["a", "b"]
+
+
+def test_an_offloaded_span_that_pushed_filters_empty_plans_nothing():
+    """A span of an offloaded ledger is cut at its files' bounds; when pushed entry_id filters
+    leave nothing of it, no range is planned (not one with first > last)."""
+    from bkspark.spark.reader import plan_ranges
+    opts = parse_options({"metadataServiceUri": "sqlite:///x", "log": "a"})
+    files = [{"name": "f0", "first": 0, "last": 49}, {"name": "f1", "first": 50, "last": 99}]
+    entry = LogLedger(7, state="CLOSED", last_entry_id=99, length=10_000, offset=0,
+                      offloaded={"files": files})
+    spans_ = [(7, 0, 99, entry)]
+    assert [(p.first, p.last) for p in plan_ranges(opts, "record", "a", spans_)] == \
+        [(0, 49), (50, 99)]
+    assert [(p.first, p.last) for p in plan_ranges(opts, "record", "a", spans_,
+                                                   lambda f, l: (max(f, 60), l))] == [(60, 99)]
+    assert plan_ranges(opts, "record", "a", spans_, lambda f, l: (max(f, 120), min(l, 40))) == []
+    assert plan_ranges(opts, "record", "a", spans_, lambda f, l: (max(f, 70), min(l, 60))) == []
