@@ -32,6 +32,7 @@ from bkspark.log.position import EARLIEST, LATEST, Position
 from bkspark.log.reader import LogReader
 from bkspark.log import segments as seg
 from bkspark.log import retention as ret
+from bkspark.log import offload as off
 from bkspark.log.offload import delete_files as delete_offloaded_files
 from bkspark.log.offload import summary as offload_summary
 from bkspark.log.retention import RetentionPolicy
@@ -288,24 +289,21 @@ class LogStore:
         head, _ = self._head(name)
         return dict(head.properties)
 
-    def offload_policy(self, name: str) -> "OffloadPolicy | None":
+    def offload_policy(self, name: str) -> "off.OffloadPolicy | None":
         """The log's offload policy (None: nothing is offloaded; :mod:`bkspark.log.offload`)."""
-        from bkspark.log.offload import PROPERTY, OffloadPolicy
-        return OffloadPolicy.from_property(self.properties(name).get(PROPERTY))
+        return off.OffloadPolicy.from_property(self.properties(name).get(off.PROPERTY))
 
-    def set_offload(self, name: str, policy: "OffloadPolicy | None") -> None:
+    def set_offload(self, name: str, policy: "off.OffloadPolicy | None") -> None:
         """Set (None: remove) the log's offload policy; the retention service applies it from
         its next pass. Files already offloaded stay, and stay recorded."""
-        from bkspark.log.offload import PROPERTY
-
         def change(edit: seg.LogEdit) -> None:
-            now = edit.properties.get(PROPERTY)
+            now = edit.properties.get(off.PROPERTY)
             if policy is None and now is None or policy is not None and now == policy.to_property():
                 raise NoChange()
             if policy is None:
-                edit.properties.pop(PROPERTY)
+                edit.properties.pop(off.PROPERTY)
             else:
-                edit.properties[PROPERTY] = policy.to_property()
+                edit.properties[off.PROPERTY] = policy.to_property()
         self.update(name, change)
 
     def writer_sequence(self, name: str, writer_id: str) -> int:
