@@ -816,6 +816,7 @@ void eng_stats(Engine *e, EngineStats *st)
     st->jz_behind = e->st_jz_behind;
     st->jn_rolls = e->st_jn_rolls;
     st->dio_reads = __atomic_load_n(&e->st_dio_reads, __ATOMIC_RELAXED);
+    st->dio_bytes = __atomic_load_n(&e->st_dio_bytes, __ATOMIC_RELAXED);
     st->ra_hits = __atomic_load_n(&e->st_ra_hits, __ATOMIC_RELAXED);
     st->cache_bytes = e->cache[0].used + e->cache[1].used;
     st->pending_len = st->j_waiters = 0;

@@ -148,7 +148,8 @@ typedef struct {
     uint64_t adds, add_bytes, syncs, sync_ns, jbytes, checkpoints, flushes, paced_flushes, hurried_flushes,
         compactions, compacted_logs, compacted_bytes, compact_copying, replay_records, replay_truncated,
         bg_errors, fences, cache_waits, jz_bytes, jz_behind, jn_rolls;
-    uint64_t dio_reads, ra_hits;   /* direct reads of entry logs; reads served from a read-ahead */
+    uint64_t dio_reads, dio_bytes, ra_hits; /* direct reads of entry logs, their bytes; reads served
+                                           * from a read-ahead */
     uint64_t cache_bytes;          /* used bytes of both write-cache halves */
     uint64_t pending_len;          /* journal bytes queued for the next group */
     uint64_t j_waiters, nledgers, nlogs; /* nledgers: ledgers in memory (the ledger cache) */

@@ -284,7 +284,8 @@ struct Engine {
         st_compacted_logs, st_compacted_bytes, st_deleted_logs, st_replay_records, st_replay_truncated,
         st_bg_errors, st_fences, st_cache_waits, st_jz_bytes, st_jz_behind, st_jn_rolls,
         st_compact_copying; /* bytes the running compaction pass has copied so far (0: none running) */
-    uint64_t st_dio_reads, st_ra_hits; /* direct reads; ranges served from a thread's read-ahead (atomics) */
+    uint64_t st_dio_reads, st_dio_bytes, st_ra_hits; /* direct reads, their bytes; reads served from a
+                                                      * thread's read-ahead (atomics) */
     uint64_t serial; /* this engine's number in the process (read.c: whose bytes a read-ahead holds) */
     /* timers (ns, cumulative; see TM_* and tm_names) -- where the time goes, for the benchmark */
     uint64_t tm[24];

@@ -22,6 +22,7 @@ typedef struct {
     int op, err, lose, short_write;
     char path[256];
     long after, times, seen, fired;
+    long long at; /* read only: fire only for a read whose bytes include this offset (-1: any) */
 } Rule;
 
 /* a file's bytes written since its last successful fdatasync/fsync: sorted, disjoint ranges; and
@@ -93,11 +94,14 @@ static const char *fd_path(int fd) /* mu held */
 }
 
 /* The rule that fails this call, if any (mu held). */
-static Rule *match(int op, const char *path)
+/* the rule that fires for this call (`off`, `n`: the bytes a read asks for; -1, 0 otherwise) */
+static Rule *match_at(int op, const char *path, long long off, size_t n)
 {
     for (int i = 0; i < nrules; i++) {
         Rule *r = &rules[i];
         if (r->op != op || !strstr(path, r->path))
+            continue;
+        if (r->at >= 0 && (off < 0 || r->at < off || r->at >= off + (long long)n))
             continue;
         r->seen++;
         if (r->seen > r->after && (r->times < 0 || r->fired < r->times)) {
@@ -108,6 +112,8 @@ static Rule *match(int op, const char *path)
     }
     return NULL;
 }
+
+static Rule *match(int op, const char *path) { return match_at(op, path, -1, 0); }
 
 static Unsynced *unsynced_of(const char *path, int create) /* mu held */
 {
@@ -374,7 +380,13 @@ ssize_t bks_io_pwritev(int fd, const struct iovec *v, int iovcnt, off_t off)
 
 ssize_t bks_io_pread(int fd, void *buf, size_t n, off_t off)
 {
-    int err = is_armed() ? call_fault(IOF_READ, NULL, fd) : 0;
+    int err = 0;
+    if (is_armed()) {
+        pthread_mutex_lock(&mu);
+        Rule *r = match_at(IOF_READ, fd_path(fd), (long long)off, n);
+        err = r ? r->err : 0;
+        pthread_mutex_unlock(&mu);
+    }
     if (err) {
         errno = err;
         return -1;
@@ -486,7 +498,8 @@ int bks_iof_op(const char *name)
 
 const char *bks_iof_op_name(int op) { return op >= 0 && op < IOF_NOPS ? op_names[op] : "?"; }
 
-int bks_iof_add(int op, const char *path_contains, int err, long after, long times, int lose_, int short_write)
+int bks_iof_add(int op, const char *path_contains, int err, long after, long times, int lose_, int short_write,
+                long long at)
 {
     if (op < 0 || op >= IOF_NOPS || strlen(path_contains) >= sizeof rules[0].path)
         return -1;
@@ -504,6 +517,7 @@ int bks_iof_add(int op, const char *path_contains, int err, long after, long tim
     r->times = times;
     r->lose = lose_;
     r->short_write = short_write;
+    r->at = op == IOF_READ ? at : -1;
     set_armed();
     pthread_mutex_unlock(&mu);
     return 0;

@@ -43,7 +43,8 @@ int bks_io_posix_fallocate(int fd, off_t off, off_t len);
 int bks_iof_op(const char *name); /* IOF_* of "open", "write", "sync_range", "sync", "rename",
                                    * "fallocate", "read"; -1: unknown */
 const char *bks_iof_op_name(int op);
-int bks_iof_add(int op, const char *path_contains, int err, long after, long times, int lose, int short_write);
+int bks_iof_add(int op, const char *path_contains, int err, long after, long times, int lose, int short_write,
+                long long at); /* at >= 0 (reads): only a read including that byte, as a bad block */
 void bks_iof_clear(void);     /* remove every rule (tracking stays as set) */
 void bks_iof_track(int on);   /* track unsynced bytes (for lose and crash) */
 void bks_iof_counts(long out[IOF_NOPS]); /* faults fired per op since the last clear */

@@ -1193,9 +1193,9 @@ static PyObject *Store_stats(StoreObject *self, PyObject *unused)
     eng_stats(e, &c);
     eng_unlock(e);
     BKS_END PyObject *d = Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsi}", "adds", c.adds, "add_bytes", c.add_bytes,
+        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsi}", "adds", c.adds, "add_bytes", c.add_bytes,
         "journal_syncs", c.syncs, "journal_sync_ns_sum", c.sync_ns, "journal_sync_count", c.syncs,
-        "journal_bytes", c.jbytes, "direct_reads", c.dio_reads, "read_ahead_hits", c.ra_hits, "cache_bytes", c.cache_bytes, "queue_depth_bytes", c.pending_len,
+        "journal_bytes", c.jbytes, "direct_reads", c.dio_reads, "direct_read_bytes", c.dio_bytes, "read_ahead_hits", c.ra_hits, "cache_bytes", c.cache_bytes, "queue_depth_bytes", c.pending_len,
         "sync_waiters", c.j_waiters, "checkpoints", c.checkpoints, "flushes", c.flushes,
         "paced_flushes", c.paced_flushes, "hurried_flushes", c.hurried_flushes, "compactions",
         c.compactions, "compacted_logs", c.compacted_logs, "compacted_bytes", c.compacted_bytes,
@@ -1520,14 +1520,16 @@ static PyObject *mod_set_exceptions(PyObject *m, PyObject *args)
 /* ---- test hooks of the I/O fault layer (iofault.h) */
 static PyObject *mod_io_fault(PyObject *m, PyObject *args, PyObject *kw)
 {
-    static char *kws[] = {"op", "path", "errno", "after", "times", "lose", "short", NULL};
+    static char *kws[] = {"op", "path", "errno", "after", "times", "lose", "short", "at", NULL};
     const char *op, *path;
     int err, lose = 1, shortw = 0;
     long after = 0, times = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "ssi|llpp", kws, &op, &path, &err, &after, &times, &lose, &shortw))
+    long long at = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "ssi|llppL", kws, &op, &path, &err, &after, &times, &lose, &shortw,
+                                     &at))
         return NULL;
     int k = bks_iof_op(op);
-    if (k < 0 || bks_iof_add(k, path, err, after, times, lose, shortw) < 0) {
+    if (k < 0 || bks_iof_add(k, path, err, after, times, lose, shortw, at) < 0) {
         PyErr_Format(PyExc_ValueError, "io_fault: unknown op %s (open, write, sync_range, sync, rename, "
                      "fallocate, read), a path of 256 bytes or more, or more than 64 rules", op);
         return NULL;
@@ -1582,8 +1584,9 @@ static PyObject *mod_io_crash(PyObject *m, PyObject *unused)
 
 static PyMethodDef mod_methods[] = {
     {"io_fault", (PyCFunction)(void (*)(void))mod_io_fault, METH_VARARGS | METH_KEYWORDS,
-     "test hook: io_fault(op, path, errno, after=0, times=1, lose=True, short=False) fails (or shortens) the "
-     "engine's matching system calls (bookie_native/iofault.h)"},
+     "test hook: io_fault(op, path, errno, after=0, times=1, lose=True, short=False, at=-1) fails (or shortens) "
+     "the engine's matching system calls (bookie_native/iofault.h; at: a read only when it includes that "
+     "byte, as a bad block does)"},
     {"io_faults_clear", mod_io_faults_clear, METH_NOARGS, "test hook: remove every I/O fault rule"},
     {"io_track", mod_io_track, METH_O, "test hook: track unsynced bytes (for lost writebacks and io_crash)"},
     {"io_fault_counts", mod_io_fault_counts, METH_NOARGS, "test hook: I/O faults fired per op, and lost_bytes"},

@@ -40,10 +40,13 @@ int log_read(Engine *e, LogFile *lf, uint64_t ledger, const Loc *loc, unsigned c
  * Read-ahead.  A thread whose reads move forward through one entry log (the data port serves a
  * connection's requests on one thread: a task reading many small ledgers asks for records that
  * lie next to each other, a flush writes a ledger's records together) reads ahead of what it was
- * asked, up to a window that doubles from DIO_RA_MIN to DIO_RA_MAX while its reads stay within
- * DIO_GAP_MAX of where the one before ended, and serves the next reads from the buffer while they
- * fall inside it (a read whose first records it holds reads only the rest).  Only a read of at
- * most a quarter of the window reads ahead: a larger one is batch enough.  Without it, each small range cost one device read (2026-12-07: a task reading
+ * asked and serves the next reads from the buffer while they fall inside it (a read whose first
+ * records it holds reads only the rest).  Forward: a read starting at or after the last one's
+ * start, at most DIO_RA_MIN past its end.  The window starts at DIO_RA_MIN and doubles up to
+ * DIO_RA_MAX while each one serves a read; one that served none stops it for a read (a thread
+ * skipping through a log, or reading backwards, reads little more than it asks).  Only a read
+ * of at most a quarter of the window reads ahead: a larger one is batch enough.  A read whose
+ * window fails (a bad block past what was asked) reads only what was asked, again.  Without it, each small range cost one device read (2026-12-07: a task reading
  * 3,000 ledgers of 8 entries, E=3 Qw=2, spent ~0.3 ms of bookie CPU per ledger, ~0.07 ms with
  * the entries in the page cache).  A read at another place reads only what it needs (no window).
  *
@@ -66,8 +69,9 @@ typedef struct {
     uint64_t serial;  /* buf[0, hi - lo) holds bytes [lo, hi) of entry log `log` of engine `serial` */
     uint32_t log;
     uint64_t lo, hi;
-    uint64_t next;    /* where this thread's last read of that log ended */
-    uint64_t window;  /* its read-ahead window (0: its last read was not a forward one) */
+    uint64_t start, next; /* where this thread's last read of that log started, and ended */
+    uint64_t window;  /* the read-ahead window of its last direct read (0: none) */
+    int used;         /* ... and whether a read since was served from it */
 } DioBuf;
 
 static void dio_free(void *p)
@@ -142,47 +146,18 @@ static size_t serve_records(Engine *e, LogFile *lf, uint64_t ledger, const Loc *
  * thread's read-ahead when it holds them -- verify each and copy its body out.  Returns how many
  * records from the first were read and verified (n on success); -1 if the direct read is refused
  * (alignment), so the caller reads through the cache instead. */
-static long log_read_direct(Engine *e, LogFile *lf, uint64_t size, uint64_t ledger, const Loc *locs, RangeItem *out,
-                            size_t n)
+/* pread [a, a + span) of fd into buf until at least `need` bytes are in: how many were (fewer than
+ * need: errno says why); -1 if the descriptor refuses the read (O_DIRECT alignment: EINVAL first) */
+static long long dio_pread(int fd, unsigned char *buf, uint64_t a, uint64_t span, uint64_t need)
 {
-    uint64_t t = locs[n - 1].off + LR_HDR + locs[n - 1].len;
-    DioBuf *b = dio_buf(dio_span(&locs[0], &locs[n - 1]));
-    if (!b)
-        return -1;
-    int same = b->serial == e->serial && b->log == lf->id;
-    int forward = same && locs[0].off + DIO_GAP_MAX >= b->next && locs[0].off <= b->next + DIO_GAP_MAX;
-    size_t held = 0; /* the records, from the first, that the read-ahead holds */
-    while (same && held < n && locs[held].off >= b->lo && locs[held].off + LR_HDR + locs[held].len <= b->hi)
-        held++;
-    if (held && serve_records(e, lf, ledger, locs, out, held, b->buf, b->lo, 1) < held)
-        held = 0; /* (only if the disk changed under the log: they are read again, and fail there) */
-    b->next = t;
-    if (held == n) {
-        __atomic_add_fetch(&e->st_ra_hits, 1, __ATOMIC_RELAXED);
-        return (long)n;
-    }
-    locs += held; /* the rest is read from the disk */
-    out += held;
-    n -= held;
-    uint64_t a = locs[0].off & ~(uint64_t)(DIO_ALIGN - 1), need = t - a, span = dio_span(&locs[0], &locs[n - 1]);
-    uint64_t window = !forward ? 0 : b->window ? (b->window * 2 < DIO_RA_MAX ? b->window * 2 : DIO_RA_MAX) : DIO_RA_MIN;
-    if (window && need * 4 <= window && size > t) { /* read ahead (small reads only: a large one
-        * is batch enough), up to what the log held when the locations were taken */
-        uint64_t end = t + window < size ? t + window : size;
-        end = (end + DIO_ALIGN - 1) & ~(uint64_t)(DIO_ALIGN - 1);
-        if (end - a > span)
-            span = end - a < b->cap ? end - a : b->cap;
-    }
-    b->lo = b->hi = 0;
-    unsigned char *buf = b->buf;
     uint64_t got = 0;
     while (got < need) {
-        ssize_t r = pread(lf->dfd, buf + got, span - got, (off_t)(a + got));
+        ssize_t r = pread(fd, buf + got, span - got, (off_t)(a + got));
         if (r < 0) {
             if (errno == EINTR)
                 continue;
             if (errno == EINVAL && got == 0)
-                return -1; /* (the caller reads them all through the cache) */
+                return -1;
             break;
         }
         if (r == 0) {
@@ -191,16 +166,72 @@ static long log_read_direct(Engine *e, LogFile *lf, uint64_t size, uint64_t ledg
         }
         got += (uint64_t)r;
     }
-    __atomic_add_fetch(&e->st_dio_reads, 1, __ATOMIC_RELAXED);
+    return (long long)got;
+}
+
+static long log_read_direct(Engine *e, LogFile *lf, uint64_t size, uint64_t ledger, const Loc *locs, RangeItem *out,
+                            size_t n)
+{
+    uint64_t s = locs[0].off, t = locs[n - 1].off + LR_HDR + locs[n - 1].len;
+    DioBuf *b = dio_buf(dio_span(&locs[0], &locs[n - 1]));
+    if (!b)
+        return -1;
+    int same = b->serial == e->serial && b->log == lf->id;
+    /* forward: starts at or after where the last read started, at most DIO_RA_MIN past its end */
+    int forward = same && s >= b->start && s <= b->next + DIO_RA_MIN;
+    size_t held = 0; /* the records, from the first, that the read-ahead holds */
+    while (same && held < n && locs[held].off >= b->lo && locs[held].off + LR_HDR + locs[held].len <= b->hi)
+        held++;
+    if (held && serve_records(e, lf, ledger, locs, out, held, b->buf, b->lo, 1) < held)
+        held = 0; /* (only if the disk changed under the log: they are read again, and fail there) */
+    b->start = s;
+    b->next = t;
+    if (held)
+        b->used = 1;
+    if (held == n) {
+        __atomic_add_fetch(&e->st_ra_hits, 1, __ATOMIC_RELAXED);
+        return (long)n;
+    }
+    locs += held; /* the rest is read from the disk */
+    out += held;
+    n -= held;
+    uint64_t a = locs[0].off & ~(uint64_t)(DIO_ALIGN - 1), need = t - a;
+    uint64_t asked = dio_span(&locs[0], &locs[n - 1]), span = asked;
+    /* the window doubles while the last one served reads, starts at DIO_RA_MIN, and stops (for
+     * one read) after one that served none */
+    uint64_t window = !forward ? 0
+                      : b->used ? (b->window * 2 < DIO_RA_MAX ? (b->window ? b->window * 2 : DIO_RA_MIN) : DIO_RA_MAX)
+                      : b->window ? 0 : DIO_RA_MIN;
+    if (window && need * 4 <= window && size > t) { /* read ahead (small reads only: a large one
+        * is batch enough), up to what the log held when the locations were taken */
+        uint64_t end = t + window < size ? t + window : size;
+        end = (end + DIO_ALIGN - 1) & ~(uint64_t)(DIO_ALIGN - 1);
+        if (end - a > span)
+            span = end - a < b->cap ? end - a : b->cap;
+    }
+    b->lo = b->hi = 0;
     b->serial = e->serial;
     b->log = lf->id;
     b->window = window;
-    if (got > need && size > a) { /* keep what it read, below the written size */
+    b->used = 0;
+    unsigned char *buf = b->buf;
+    long long got = dio_pread(lf->dfd, buf, a, span, need);
+    if (got >= 0 && (uint64_t)got < need && span > asked) {
+        /* the window met an error (a bad block past what was asked?): read only what was asked */
+        b->window = 0;
+        span = asked;
+        got = dio_pread(lf->dfd, buf, a, span, need);
+    }
+    if (got < 0)
+        return -1; /* (the caller reads them all through the cache) */
+    __atomic_add_fetch(&e->st_dio_reads, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&e->st_dio_bytes, (uint64_t)got, __ATOMIC_RELAXED);
+    if ((uint64_t)got > need && size > a) { /* keep what it read, below the written size */
         b->lo = a;
-        b->hi = a + (got < size - a ? got : size - a);
+        b->hi = a + ((uint64_t)got < size - a ? (uint64_t)got : size - a);
     }
     size_t k = 0;
-    while (k < n && locs[k].off + LR_HDR + locs[k].len - a <= got)
+    while (k < n && locs[k].off + LR_HDR + locs[k].len - a <= (uint64_t)got)
         k++;
     size_t good = serve_records(e, lf, ledger, locs, out, k, buf, a, 0);
     if (good == k && k < n)

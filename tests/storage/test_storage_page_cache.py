@@ -207,3 +207,69 @@ def test_read_ahead_stops_at_what_the_log_held(tmp_path):
         read_striped(s, range(1, 601), want, bytearray(1 << 20))
     finally:
         s.close()
+
+
+def test_a_bad_block_past_what_was_asked_fails_only_the_reads_that_include_it(tmp_path):
+    """A read-ahead window that runs into an unreadable block (EIO for any read including it)
+    reads again only what was asked: the ledgers before the block read as they did without
+    read-ahead, and only those with a record in it fail. (The first read-ahead failed every
+    forward read up to ~1 MiB before the block, naming readable entries unreadable.)"""
+    import errno
+
+    from bkspark import _native, errors
+    from tests.storage.test_storage_corruption import entry_offsets
+    d = str(tmp_path)
+    s = make(d, False, write_cache_bytes=64 << 20)
+    try:
+        want = small_ledgers(s, 1, 600)
+        offsets = entry_offsets(d)
+        _, at, _ = offsets[500, 0]
+        page = at // 4096
+        in_block = {lid for (lid, _e), (_p, off, ln) in offsets.items()
+                    if off // 4096 <= page <= (off + 24 + ln - 1) // 4096}
+        assert 500 in in_block and len(in_block) < 10
+        _native.io_faults_clear()
+        _native.io_fault("read", ".log", errno.EIO, times=-1, at=at)
+        failed = set()
+        buf = bytearray(1 << 20)
+        for lid in range(1, 601):
+            for r in range(3):
+                expect = [(e, want[lid, e]) for e in range(r, 8, 3)]
+                try:
+                    got = [(e, bytes(b)) for e, b in s.read_range_into(lid, r, 7, 1 << 20, buf, 3)]
+                except errors.BookieIOError:
+                    failed.add(lid)
+                    continue
+                if got != expect:       # served up to the bad block (the next read fails)
+                    assert got and got == expect[:len(got)]
+                    failed.add(lid)
+        assert failed and failed <= in_block, (sorted(failed), sorted(in_block))
+    finally:
+        _native.io_faults_clear()
+        s.close()
+
+
+def test_a_thread_reading_backwards_or_skipping_reads_little_more_than_it_asks(tmp_path):
+    """Only a thread moving forward reads ahead, and a window that served nothing stops: reading
+    ledgers in descending order, or at random, reads about the log once, not a window per read
+    (the first read-ahead read ~1 MiB a read going backwards: 456 MiB for a 3 MiB log)."""
+    d = str(tmp_path)
+    s = make(d, False, write_cache_bytes=64 << 20)
+    try:
+        want = small_ledgers(s, 1, 2000)
+        (log,) = glob.glob(os.path.join(d, "l", "*.log"))
+        size = os.path.getsize(log)
+        buf = bytearray(1 << 20)
+        for order in (range(2000, 0, -1), random.Random(5).sample(range(1, 2001), 2000)):
+            before = s.stats()["direct_read_bytes"]
+            for lid in order:
+                assert [(e, bytes(b)) for e, b in s.read_range_into(lid, 0, 7, 1 << 20, buf)] == \
+                    [(e, want[lid, e]) for e in range(8)]
+            read = s.stats()["direct_read_bytes"] - before
+            print(f"{read / 2000:.0f} bytes a read, log {size}")
+            assert read < 2000 * (12 << 10), read   # (a 4 KiB page per read at least, either way)
+        before = s.stats()["direct_read_bytes"]
+        read_striped(s, range(1, 2001), want, buf)
+        assert s.stats()["direct_read_bytes"] - before < 2 * size     # forward: once, about
+    finally:
+        s.close()
