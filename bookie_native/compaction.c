@@ -3,6 +3,7 @@
 #include "engine_int.h"
 
 /* ---------------------------------------------------------------- compaction */
+#define REPOINT_BATCH 1024 /* copied entries re-pointed per index batch (each holds off flushes) */
 /* Test hook (eng_set_alloc_fail): every allocation of a pass is counted (alloc_count, reset when
  * the pass starts), and number alloc_fail_at returns NULL, so a test can fail each in turn.
  * compact_mu held. */
@@ -302,110 +303,133 @@ int eng_compact(Engine *e, CompactStats *cs)
     free(chunk);
     free(chunk_idx);
     size_t nv = 0;
-    /* re-point: one synced index batch moves every copied entry the index still points at the
-     * original of (ckpt_mu: no flush batch meanwhile), updates the live bytes, and drops the rows
-     * of the logs left empty; only then are those logs unlinked (a kill in between leaves files
-     * no row lists, removed at the next open) */
-    pthread_mutex_lock(&e->ckpt_mu);
-    if (rc == E_OK) { /* a directory that failed meanwhile (here or in a flush) stops the pass */
-        pthread_mutex_lock(&e->mu);
-        rc = ldir_check(e, "compactions");
-        pthread_mutex_unlock(&e->mu);
-    }
-    KvBatch *b = rc == E_OK ? kvb_new() : NULL;
-    if (rc == E_OK && !b)
-        rc = E_IO;
-    for (size_t k = 0; k < wn && rc == E_OK; k++) {
-        WItem *x = &w[k];
-        x->state = 0;
-        if (!copied[k])
-            continue;
-        Loc cur;
-        int found = kv_get_loc(e, x->ledger, x->entry, &cur);
-        if (found < 0)
-            rc = E_IO;
-        else if (found && cur.where == (uint32_t)x->cache_off && cur.off == x->off)
-            x->state = 1;
-    }
-    /* the moved entries' new locations, per ledger in entry order, replacing (cutting) the runs that
-     * held the originals */
-    if (rc == E_OK) {
-        MovedLoc *mv = C_MALLOC(e, (wn ? wn : 1) * sizeof *mv);
-        size_t nm = 0;
-        if (!mv) {
-            rc = E_IO;
-            seterr(e, "out of memory re-pointing %zu compacted entries", wn);
+    /* re-point, in batches of REPOINT_BATCH copied entries: each batch (under ckpt_mu: no flush's
+     * index batch meanwhile) moves the entries the index still points at the originals of, and
+     * updates the live bytes, in one index batch; the last one also drops the rows of the logs
+     * left empty and is synced (the index's log is one sequence: syncing it syncs the batches
+     * before), and only then are those logs unlinked (a kill in between leaves files no row
+     * lists, removed at the next open).  Between batches flushes run (the pass sleeps a moment
+     * so a flush waiting for ckpt_mu gets it): one batch for the whole pass held them off for
+     * seconds (hundreds of thousands of small entries looked up), the write cache filled and
+     * adds waited (2026-12-07, bench/gc_stall.py).  A kill between batches leaves a prefix of
+     * them: some entries pointing at their copies, the rest at the originals, both holding the
+     * same bytes, the live counts (written with the locations) saying which are referenced. */
+    for (size_t k0 = 0; k0 < wn || (k0 == 0 && rc == E_OK);) {
+        size_t k1 = wn - k0 > REPOINT_BATCH ? k0 + REPOINT_BATCH : wn;
+        int last = k1 == wn;
+        pthread_mutex_lock(&e->ckpt_mu);
+        uint64_t repoint_t0 = now_ns();
+        if (rc == E_OK) { /* a directory that failed meanwhile (here or in a flush) stops the pass */
+            pthread_mutex_lock(&e->mu);
+            rc = ldir_check(e, "compactions");
+            pthread_mutex_unlock(&e->mu);
         }
-        for (size_t k = 0; mv && k < wn; k++)
-            if (w[k].state)
-                mv[nm++] = (MovedLoc){w[k].ledger, {w[k].entry, w[k].where, w[k].len, w[k].dst_off}};
-        if (mv)
-            qsort(mv, nm, sizeof *mv, moved_cmp);
-        Loc *lv = mv ? C_MALLOC(e, (nm ? nm : 1) * sizeof *lv) : NULL;
-        if (mv && !lv) {
+        KvBatch *b = rc == E_OK ? kvb_new() : NULL;
+        if (rc == E_OK && !b)
             rc = E_IO;
-            seterr(e, "out of memory re-pointing %zu compacted entries", nm);
-        }
-        for (size_t k = 0; lv && k < nm && rc == E_OK;) {
-            size_t s0 = k, c = 0;
-            for (; k < nm && mv[k].ledger == mv[s0].ledger; k++)
-                lv[c++] = mv[k].loc;
-            if (kvb_put_locs(e, b, mv[s0].ledger, lv, c, 1, NULL, NULL) < 0)
-                rc = E_IO;
-        }
-        free(lv);
-        free(mv);
-    }
-    if (rc == E_OK) {
-        pthread_mutex_lock(&e->mu);
-        for (size_t k = 0; k < wn; k++) {
+        for (size_t k = k0; k < k1 && rc == E_OK; k++) {
             WItem *x = &w[k];
-            if (!x->state)
+            x->state = 0;
+            if (!copied[k])
                 continue;
-            LogFile *dst = log_find(e, x->where);
-            srcs[k]->live -= LR_HDR + x->len;
-            srcs[k]->gdirty = 1;
-            if (dst) {
-                dst->live += LR_HDR + x->len;
-                dst->gdirty = 1;
-            }
-            cs->entries_copied++;
-            cs->bytes_copied += x->len;
+            Loc cur;
+            int found = kv_get_loc(e, x->ledger, x->entry, &cur);
+            if (found < 0)
+                rc = E_IO;
+            else if (found && cur.where == (uint32_t)x->cache_off && cur.off == x->off)
+                x->state = 1;
         }
-        for (size_t c = 0; c < ncreated; c++)
-            created[c]->gdirty = 1;
-        for (size_t c = 0; c < nsel; c++) {
-            LogFile *lf = cand[c].lf;
-            if (lf->live != 0)
-                continue; /* something still points here (a corrupt entry) */
-            victims[nv++] = lf;
-            lf->gdirty = 0;
-            kvb_del_log(b, lf->id);
-        }
-        for (size_t i = 0; i < e->nlogs; i++) {
-            LogFile *lf = e->logs[i];
-            if (lf->gdirty) {
-                kvb_put_log(b, lf->id, lf->size, lf->idx_size, lf->live);
-                lf->gdirty = 0;
-            }
-        }
-        pthread_mutex_unlock(&e->mu);
-        rc = kvb_write(e, b, 1);
-        pthread_mutex_lock(&e->mu);
+        /* the moved entries' new locations, per ledger in entry order, replacing (cutting) the
+         * runs that held the originals */
         if (rc == E_OK) {
-            e->index_gen++;
-            for (size_t v = 0; v < nv; v++) {
-                logs_remove(e, victims[v]);
-                victims[v]->dead = 1;
+            MovedLoc *mv = C_MALLOC(e, (k1 - k0 ? k1 - k0 : 1) * sizeof *mv);
+            size_t nm = 0;
+            if (!mv) {
+                rc = E_IO;
+                seterr(e, "out of memory re-pointing %zu compacted entries", k1 - k0);
             }
-        } else {
-            if (!e->index_failed) /* (the live counts now disagree with the index: sticky, as a flush's) */
-                e->index_failed = EIO;
-            nv = 0;
+            for (size_t k = k0; mv && k < k1; k++)
+                if (w[k].state)
+                    mv[nm++] = (MovedLoc){w[k].ledger, {w[k].entry, w[k].where, w[k].len, w[k].dst_off}};
+            if (mv)
+                qsort(mv, nm, sizeof *mv, moved_cmp);
+            Loc *lv = mv ? C_MALLOC(e, (nm ? nm : 1) * sizeof *lv) : NULL;
+            if (mv && !lv) {
+                rc = E_IO;
+                seterr(e, "out of memory re-pointing %zu compacted entries", nm);
+            }
+            for (size_t k = 0; lv && k < nm && rc == E_OK;) {
+                size_t s0 = k, c = 0;
+                for (; k < nm && mv[k].ledger == mv[s0].ledger; k++)
+                    lv[c++] = mv[k].loc;
+                if (kvb_put_locs(e, b, mv[s0].ledger, lv, c, 1, NULL, NULL) < 0)
+                    rc = E_IO;
+            }
+            free(lv);
+            free(mv);
         }
+        if (rc == E_OK) {
+            pthread_mutex_lock(&e->mu);
+            for (size_t k = k0; k < k1; k++) {
+                WItem *x = &w[k];
+                if (!x->state)
+                    continue;
+                LogFile *dst = log_find(e, x->where);
+                srcs[k]->live -= LR_HDR + x->len;
+                srcs[k]->gdirty = 1;
+                if (dst) {
+                    dst->live += LR_HDR + x->len;
+                    dst->gdirty = 1;
+                }
+                cs->entries_copied++;
+                cs->bytes_copied += x->len;
+            }
+            for (size_t c = 0; c < ncreated; c++)
+                created[c]->gdirty = 1;
+            for (size_t c = 0; last && c < nsel; c++) {
+                LogFile *lf = cand[c].lf;
+                if (lf->live != 0)
+                    continue; /* something still points here (a corrupt entry) */
+                victims[nv++] = lf;
+                lf->gdirty = 0;
+                kvb_del_log(b, lf->id);
+            }
+            for (size_t i = 0; i < e->nlogs; i++) {
+                LogFile *lf = e->logs[i];
+                if (lf->gdirty) {
+                    kvb_put_log(b, lf->id, lf->size, lf->idx_size, lf->live);
+                    lf->gdirty = 0;
+                }
+            }
+            pthread_mutex_unlock(&e->mu);
+            rc = kvb_write(e, b, last);
+            pthread_mutex_lock(&e->mu);
+            if (rc == E_OK) {
+                e->index_gen++;
+                for (size_t v = 0; v < nv; v++) {
+                    logs_remove(e, victims[v]);
+                    victims[v]->dead = 1;
+                }
+            } else {
+                if (!e->index_failed) /* (the live counts now disagree with the index: sticky, as a flush's) */
+                    e->index_failed = EIO;
+                nv = 0;
+            }
+            pthread_mutex_unlock(&e->mu);
+        }
+        kvb_free(b);
+        TM_ADD(e, TM_C_REPOINT, now_ns() - repoint_t0);
+        pthread_mutex_unlock(&e->ckpt_mu);
+        if (rc != E_OK || last)
+            break;
+        k0 = k1;
+        nanosleep(&(struct timespec){0, 1000000}, NULL); /* (a flush waiting for ckpt_mu takes it) */
+        pthread_mutex_lock(&e->mu);
+        pause_point(e, "compaction-repointed"); /* (test hook: between two batches) */
+        if (e->closing)
+            rc = E_CLOSED; /* the batches written stand: the rest stays on the originals */
         pthread_mutex_unlock(&e->mu);
     }
-    kvb_free(b);
     pthread_mutex_lock(&e->mu);
     for (size_t c = 0; c < nsel; c++) {
         int victim = 0;
@@ -416,7 +440,6 @@ int eng_compact(Engine *e, CompactStats *cs)
             cand[c].lf->refs--;
     }
     pthread_mutex_unlock(&e->mu);
-    pthread_mutex_unlock(&e->ckpt_mu);
     if (rc == E_OK) {
         for (size_t v = 0; v < nv; v++) {
             char p[4200];

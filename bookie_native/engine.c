@@ -6,7 +6,7 @@
 const char *const eng_tm_names[TM_N] = {"add_crc", "add_locked", "add_syncwait", "cache_wait", "j_groupwait",
                                         "j_crc", "j_write", "j_sync", "f_collect", "f_sort", "f_write",
                                         "f_logsync", "f_idx", "f_repoint", "f_state", "f_jwait",
-                                        "j_roll", "f_defsync"};
+                                        "j_roll", "f_defsync", "c_repoint"};
 
 /* error message of the last failed engine call on this thread (read by the binding) */
 static __thread char tls_err[512];
@@ -129,7 +129,8 @@ int write_atomic(const char *dir, const char *name, const void *data, size_t len
  * named step blocks there, mu released, until eng_pause_release (or close), so a test can act
  * between two steps of a call deterministically.  One-shot: the step is disarmed when reached.
  * Steps: "delete-enqueued" (eng_delete: its DELETE_LEDGER record queued, not yet synced),
- * "read-scanned" (eng_read_range: between the index scan of step 2 and step 3).  Caller holds mu. */
+ * "read-scanned" (eng_read_range: between the index scan of step 2 and step 3),
+ * "compaction-repointed" (eng_compact: between two batches of its re-pointing).  Caller holds mu. */
 void pause_point(Engine *e, const char *name)
 {
     if (!pause_armed(e) || strcmp(e->pause_at, name) != 0)

@@ -52,6 +52,7 @@ enum {
     TM_F_JWAIT,      /* flush: waiting for the journal to cover the swapped half */
     TM_J_ROLL,       /* group commit: rolling to a new file */
     TM_F_DEFSYNC,    /* checkpoint: fdatasync of the entry logs flushed since the last one */
+    TM_C_REPOINT,    /* compaction: re-pointing the index to the copies (holds ckpt_mu: no flush) */
     TM_N
 };
 extern const char *const eng_tm_names[TM_N];

@@ -304,3 +304,113 @@ def test_compaction_copies_beside_flushes_and_close_aborts_it(tmp_path):
             assert s.read_entry(1, e) == body + bytes([1, e % 40])
     finally:
         s.close()
+
+
+def _interleaved_small(s, ledgers, per, size=200):
+    """``per`` small entries in each of ``ledgers``, interleaved in every entry log."""
+    for at in range(0, per, 20):
+        for lid in ledgers:
+            assert s.add_entries([(lid, e, b"k", False, b"%d:%d|" % (lid, e) * (size // 10))
+                                  for e in range(at, min(per, at + 20))]) == [0] * min(20, per - at)
+    s.checkpoint()
+
+
+def _check_small(s, lid, per, size=200):
+    got = s.read_range(lid, 0, per - 1)
+    assert [e for e, _ in got] == list(range(per))
+    assert all(b == b"%d:%d|" % (lid, e) * (size // 10) for e, b in got)
+
+
+@pytest.mark.timeout(120)
+def test_flushes_run_between_the_batches_of_a_large_re_pointing(tmp_path):
+    """A pass that copied many small entries re-points them in batches, each holding off
+    flushes only while it is written: between two batches a flush (here a checkpoint, with
+    adds to another ledger) completes. One batch for the whole pass held every flush off for
+    seconds, the write cache filled and adds waited (bench/gc_stall.py). Both the finished pass
+    and the reopened storage read every entry."""
+    d = str(tmp_path)
+    s = Storage(cfg(d, compaction_threshold=0.5, compaction_max_bytes_per_pass=1 << 30,
+                    entry_log_max_size=128 << 10, write_cache_bytes=64 << 10))
+    try:
+        _interleaved_small(s, (1, 2, 3), 6000)
+        s.delete_ledger(1)
+        s.delete_ledger(2)
+        s.checkpoint()
+        s._store.set_pause_point("compaction-repointed")
+        res = {}
+        t = threading.Thread(target=lambda: res.setdefault("st", s.compact()))
+        t.start()
+        assert s._store.pause_wait(60.0), "the re-pointing never paused between two batches"
+        done = threading.Event()
+
+        def flush():
+            assert s.add_entries([(9, e, b"k", False, b"new") for e in range(100)]) == [0] * 100
+            s.checkpoint()
+            done.set()
+        f = threading.Thread(target=flush)
+        f.start()
+        assert done.wait(20), "a flush waited for the whole re-pointing"
+        _check_small(s, 3, 6000)            # half re-pointed: every entry reads
+        s._store.pause_release()
+        t.join(60)
+        f.join(10)
+        assert res["st"]["entries_copied"] > 4096, res     # (more than one batch)
+        _check_small(s, 3, 6000)
+    finally:
+        s._store.pause_release()
+        s.close()
+    s = Storage(cfg(d))
+    try:
+        _check_small(s, 3, 6000)
+        assert s.read_range(9, 0, 99) == [(e, b"new") for e in range(100)]
+    finally:
+        s.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_storage_closed_between_re_pointing_batches_reads_everything_after_reopening(tmp_path):
+    """Closed between two batches (each synced: what a kill leaves too), some entries point at
+    their copies and the rest at the originals; reopened, every entry reads, and a new pass
+    finishes the job."""
+    d = str(tmp_path)
+    s = Storage(cfg(d, compaction_threshold=0.5, compaction_max_bytes_per_pass=1 << 30,
+                    entry_log_max_size=128 << 10, write_cache_bytes=64 << 10))
+    closed = False
+    try:
+        _interleaved_small(s, (1, 2, 3), 6000)
+        s.delete_ledger(1)
+        s.delete_ledger(2)
+        s.checkpoint()
+        s._store.set_pause_point("compaction-repointed")
+        res = {}
+
+        def compact():
+            try:
+                res["st"] = s.compact()
+            except errors.BKError as exc:
+                res["st"] = exc
+        t = threading.Thread(target=compact)
+        t.start()
+        assert s._store.pause_wait(60.0)
+        s.close()
+        closed = True
+        t.join(60)
+        assert isinstance(res["st"], errors.BKError), res     # the pass was cut short
+    finally:
+        if not closed:
+            s._store.pause_release()
+            s.close()
+    s = Storage(cfg(d, compaction_threshold=0.5, compaction_max_bytes_per_pass=1 << 30))
+    try:
+        _check_small(s, 3, 6000)
+        before = len(logs(d))
+        s.compact()
+        _check_small(s, 3, 6000)
+        assert len(logs(d)) <= before
+    finally:
+        s.close()
+    s = Storage(cfg(d))
+    try:
+        _check_small(s, 3, 6000)
+    finally:
+        s.close()
