@@ -321,6 +321,30 @@ def _check_small(s, lid, per, size=200):
     assert all(b == b"%d:%d|" % (lid, e) * (size // 10) for e, b in got)
 
 
+def _pass_paused_between_batches(d, per):
+    """A storage whose three interleaved ledgers of ``per`` small entries lost two, and a
+    compaction pass (on a thread) paused between two of its re-pointing batches: ``(storage,
+    thread, result)``, ``result["st"]`` the pass's stats or the BKError that ended it."""
+    s = Storage(cfg(d, compaction_threshold=0.5, compaction_max_bytes_per_pass=1 << 30,
+                    entry_log_max_size=128 << 10, write_cache_bytes=64 << 10))
+    _interleaved_small(s, (1, 2, 3), per)
+    s.delete_ledger(1)
+    s.delete_ledger(2)
+    s.checkpoint()
+    s._store.set_pause_point("compaction-repointed")
+    res = {}
+
+    def compact():
+        try:
+            res["st"] = s.compact()
+        except errors.BKError as exc:
+            res["st"] = exc
+    t = threading.Thread(target=compact)
+    t.start()
+    assert s._store.pause_wait(60.0), "the re-pointing never paused between two batches"
+    return s, t, res
+
+
 @pytest.mark.timeout(120)
 def test_flushes_run_between_the_batches_of_a_large_re_pointing(tmp_path):
     """A pass that copied many small entries re-points them in batches, each holding off
@@ -329,18 +353,8 @@ def test_flushes_run_between_the_batches_of_a_large_re_pointing(tmp_path):
     seconds, the write cache filled and adds waited (bench/gc_stall.py). Both the finished pass
     and the reopened storage read every entry."""
     d = str(tmp_path)
-    s = Storage(cfg(d, compaction_threshold=0.5, compaction_max_bytes_per_pass=1 << 30,
-                    entry_log_max_size=128 << 10, write_cache_bytes=64 << 10))
+    s, t, res = _pass_paused_between_batches(d, 6000)
     try:
-        _interleaved_small(s, (1, 2, 3), 6000)
-        s.delete_ledger(1)
-        s.delete_ledger(2)
-        s.checkpoint()
-        s._store.set_pause_point("compaction-repointed")
-        res = {}
-        t = threading.Thread(target=lambda: res.setdefault("st", s.compact()))
-        t.start()
-        assert s._store.pause_wait(60.0), "the re-pointing never paused between two batches"
         done = threading.Event()
 
         def flush():
@@ -373,25 +387,9 @@ def test_a_storage_closed_between_re_pointing_batches_reads_everything_after_reo
     their copies and the rest at the originals; reopened, every entry reads, and a new pass
     finishes the job."""
     d = str(tmp_path)
-    s = Storage(cfg(d, compaction_threshold=0.5, compaction_max_bytes_per_pass=1 << 30,
-                    entry_log_max_size=128 << 10, write_cache_bytes=64 << 10))
+    s, t, res = _pass_paused_between_batches(d, 6000)
     closed = False
     try:
-        _interleaved_small(s, (1, 2, 3), 6000)
-        s.delete_ledger(1)
-        s.delete_ledger(2)
-        s.checkpoint()
-        s._store.set_pause_point("compaction-repointed")
-        res = {}
-
-        def compact():
-            try:
-                res["st"] = s.compact()
-            except errors.BKError as exc:
-                res["st"] = exc
-        t = threading.Thread(target=compact)
-        t.start()
-        assert s._store.pause_wait(60.0)
         s.close()
         closed = True
         t.join(60)
@@ -421,19 +419,8 @@ def test_entries_of_a_ledger_deleted_mid_pass_are_not_looked_up(tmp_path):
     """A ledger deleted while its copies wait to be re-pointed is skipped by the batches after
     the delete (its entries are dead): a lookup in the range its delete just dropped took ~2 ms,
     so 20,000 of them held flushes off for 27 s in all (batches of 1-2 s each)."""
-    d = str(tmp_path)
-    s = Storage(cfg(d, compaction_threshold=0.5, compaction_max_bytes_per_pass=1 << 30,
-                    entry_log_max_size=128 << 10, write_cache_bytes=64 << 10))
+    s, t, res = _pass_paused_between_batches(str(tmp_path), 20000)
     try:
-        _interleaved_small(s, (1, 2, 3), 20000)
-        s.delete_ledger(1)
-        s.delete_ledger(2)
-        s.checkpoint()
-        s._store.set_pause_point("compaction-repointed")
-        res = {}
-        t = threading.Thread(target=lambda: res.setdefault("st", s.compact()))
-        t.start()
-        assert s._store.pause_wait(60.0)
         held = s.stats()["t_c_repoint_ns"]
         s.delete_ledger(3)
         s.checkpoint()                      # its range delete applied to the index
