@@ -46,9 +46,10 @@ int log_read(Engine *e, LogFile *lf, uint64_t ledger, const Loc *loc, unsigned c
  * DIO_RA_MAX while each one serves a read; one that served none stops it for a read (a thread
  * skipping through a log, or reading backwards, reads little more than it asks).  Only a read
  * of at most a quarter of the window reads ahead: a larger one is batch enough.  A read whose
- * window fails (a bad block past what was asked) reads only what was asked, again.  Without it, each small range cost one device read (2026-12-07: a task reading
- * 3,000 ledgers of 8 entries, E=3 Qw=2, spent ~0.3 ms of bookie CPU per ledger, ~0.07 ms with
- * the entries in the page cache).  A read at another place reads only what it needs (no window).
+ * window fails (a bad block past what was asked) reads only what was asked, again.  Without
+ * read-ahead each small range cost one device read (2026-12-07: a task reading 3,000 ledgers of
+ * 8 entries, E=3 Qw=2, spent ~0.3 ms of bookie CPU per ledger, ~0.07 ms with the entries in the
+ * page cache).
  *
  * What the buffer holds is trusted only where it cannot have changed: an entry log is append-only
  * and its id is never reused while the engine is open (ids only grow; compaction writes new
@@ -141,11 +142,6 @@ static size_t serve_records(Engine *e, LogFile *lf, uint64_t ledger, const Loc *
     return n;
 }
 
-/* Read n records of one entry log (ascending offsets, together within DIO_SPAN_MAX; `size`: the
- * log's written size when their locations were taken) with one direct read -- or from this
- * thread's read-ahead when it holds them -- verify each and copy its body out.  Returns how many
- * records from the first were read and verified (n on success); -1 if the direct read is refused
- * (alignment), so the caller reads through the cache instead. */
 /* pread [a, a + span) of fd into buf until at least `need` bytes are in: how many were (fewer than
  * need: errno says why); -1 if the descriptor refuses the read (O_DIRECT alignment: EINVAL first) */
 static long long dio_pread(int fd, unsigned char *buf, uint64_t a, uint64_t span, uint64_t need)
@@ -169,6 +165,11 @@ static long long dio_pread(int fd, unsigned char *buf, uint64_t a, uint64_t span
     return (long long)got;
 }
 
+/* Read n records of one entry log (ascending offsets, together within DIO_SPAN_MAX; `size`: the
+ * log's written size when their locations were taken) with one direct read -- or from this
+ * thread's read-ahead when it holds them -- verify each and copy its body out.  Returns how many
+ * records from the first were read and verified (n on success); -1 if the direct read is refused
+ * (alignment), so the caller reads through the cache instead. */
 static long log_read_direct(Engine *e, LogFile *lf, uint64_t size, uint64_t ledger, const Loc *locs, RangeItem *out,
                             size_t n)
 {
