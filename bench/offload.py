@@ -10,10 +10,13 @@ One run, on a fresh 3-bookie local cluster (E=3 Qw=2 Qa=2) and Spark ``local[2]`
    tier (``readOffloaded=false``) and by ``spark.read.parquet`` of the offloaded directory,
    interleaved ``--repeat`` times (best of each); each read ends in Spark's ``noop`` sink.
 
+4. the bookies' copy dropped (``keep_on_bookies_ms=0``, :func:`bkspark.recovery.offload.
+   drop_copies`; every ledger but the last), each bookie's garbage collection run: the
+   bookies' entry-log disk before and after (once it stops shrinking, up to ``--settle`` s),
+   and the offloaded tier read again, its files now the only copy.
+
 Targets (issue 52): the offloaded tier through ``format("bookkeeper")`` >= 0.9x plain Parquet
-and >= 2x the bookie tier. The bookies keep their copy in this version (deleting it after
-``keep_on_bookies`` is not built): the last line prints what the files take beside what the
-bookies hold (entries x Qw replicas), the disk a deletion would free.
+and >= 2x the bookie tier.
 
     python bench/offload.py              # 300,000 rows
     python bench/offload.py --full       # 2,000,000 rows
@@ -33,12 +36,40 @@ import checkout  # noqa: E402,F401  (this checkout in every Spark Python)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 
+def _entry_log_bytes(cluster) -> int:
+    """Bytes of the bookies' files outside their journals (entry logs, index)."""
+    total = 0
+    for b in cluster.bookies:
+        for root, dirs, files in os.walk(b.dir):
+            if "journal" in os.path.basename(root):
+                dirs[:] = []
+                continue
+            total += sum(os.path.getsize(os.path.join(root, f)) for f in files
+                         if not f.startswith("bookie."))
+    return total
+
+
+def _settled(measure, limit_s: float, quiet_s: float = 10.0) -> tuple[int, float]:
+    """``measure()`` once it has not shrunk for ``quiet_s`` (or after ``limit_s``), and the
+    seconds waited."""
+    start = last_change = time.monotonic()
+    value = measure()
+    while time.monotonic() - start < limit_s and time.monotonic() - last_change < quiet_s:
+        time.sleep(1.0)
+        now = measure()
+        if now < value:
+            value, last_change = now, time.monotonic()
+    return value, time.monotonic() - start
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=300_000)
     p.add_argument("--full", action="store_true", help="2,000,000 rows")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--payload", type=int, default=64, help="bytes of the binary column")
+    p.add_argument("--settle", type=float, default=120.0,
+                   help="seconds to wait for the bookies' disk to stop shrinking after the drop")
     p.add_argument("--format", default="arrow", choices=("arrow", "record"),
                    help="entryFormat of the log (record: key and value columns, a row an entry)")
     args = p.parse_args()
@@ -51,7 +82,8 @@ def main() -> int:
     from bkspark.localcluster import LocalCluster
     from bkspark.log import LogStore
     from bkspark.log.offload import Location, OffloadPolicy
-    from bkspark.recovery.offload import run
+    from bkspark.recovery.offload import drop_copies, run
+    from bkspark.testing.cluster import bookie_http
 
     work = tempfile.mkdtemp(prefix="bkspark-bench-offload-")
     where = os.path.join(work, "history")
@@ -140,9 +172,27 @@ def main() -> int:
             print(f"targets: offloaded tier >= 0.9x plain Parquet: {ratio_pq:.2f}x "
                   f"({'met' if ratio_pq >= 0.9 else 'NOT met'}); >= 2x the bookie tier: "
                   f"{ratio_bk:.2f}x ({'met' if ratio_bk >= 2 else 'NOT met'})")
-            print(f"disk: the bookies hold {stored * 2 / 1e6:.1f} MB of entries (x2 replicas, "
-                  f"journal aside); the Parquet files {parquet_bytes / 1e6:.1f} MB -- what "
-                  "deleting the bookies' copy would free (not built yet)")
+            # 4. the bookies' copy dropped: the disk it frees, the files the only copy
+            disk_before = _entry_log_bytes(cluster)
+            logs.set_offload(log, OffloadPolicy(where, after_ms=1, keep_on_bookies_ms=0))
+            dropped = drop_copies(logs, log)
+            for b in cluster.bookies:
+                status, _ = bookie_http(b, "/api/v1/bookie/gc", "POST", {}, timeout=120)
+                assert status == 200, status
+            disk_after, waited = _settled(lambda: _entry_log_bytes(cluster), args.settle)
+            again = float("inf")
+            for _ in range(args.repeat):
+                t = time.perf_counter()
+                reads["offloaded tier"]()
+                again = min(again, time.perf_counter() - t)
+            print(f"disk: entries {stored * 2 / 1e6:.1f} MB on the bookies (x2 replicas), "
+                  f"Parquet files {parquet_bytes / 1e6:.1f} MB; the bookies' copy of "
+                  f"{len(dropped)} of {len(entries)} ledgers dropped: their entry logs "
+                  f"{disk_before / 1e6:.1f} MB -> {disk_after / 1e6:.1f} MB "
+                  f"({(disk_before - disk_after) / 1e6:.1f} MB freed, {waited:.0f} s after "
+                  "their GC)")
+            print(f"read: {'offloaded tier, only copy':<28} {rows / again:>12,.0f} rows/s "
+                  f"({again:.2f} s) = {pq_t / again:.2f}x plain Parquet")
         finally:
             bk.close()
             spark.stop()

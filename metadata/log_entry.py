@@ -15,8 +15,11 @@ Stored as a JSON object -- in format 1 an element of the log record's ``ledgers`
 * ``unlisted`` -- true on a format-2 segment record that no longer lists its ledger;
 * ``offloaded`` -- once the ledger's entries are also Parquet files (:mod:`bkspark.log.offload`):
   ``{"location": URI of the log's directory, "files": [{"name", "first", "last", "rows",
-  "bytes", "crc32c"}, ...]}``, each file entries ``first..last`` (a ``crc32c`` of their
-  payloads, chained in entry order) -- set by one change after the files are complete;
+  "bytes", "crc32c"}, ...], "at": ms, "encoding": ...}``, each file entries ``first..last`` (a
+  ``crc32c`` of their payloads, chained in entry order), ``at`` when it was offloaded,
+  ``encoding`` (``record``, ``raw`` or ``arrow``) present if the files give back every entry
+  byte for byte -- set by one change after the files are complete; ``"on_bookies": false``
+  added once the bookies' copy is dropped (the files are then the only one);
 * any other key a writer gave (``info`` of ``LogStore.append_ledgers``): kept as written, in
   :attr:`LogLedger.extra`. A known key holding a value of the wrong type is kept there too,
   so a record always reads back as it was written.

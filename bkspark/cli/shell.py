@@ -154,9 +154,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--beyond", default=None, metavar="BYTES",
                    help="offload ledgers wholly beyond this many bytes of the log's tail "
                         "(10GiB, 500MB)")
+    p.add_argument("--keep-on-bookies", default=None, metavar="AGE",
+                   help="drop the bookies' copy of an offloaded ledger this long after its "
+                        "offload (0, 1d, 7d; default: the bookies keep it); only ledgers "
+                        "whose files give back every entry byte for byte are dropped")
     p.add_argument("--off", action="store_true", help="remove the policy (files stay)")
     p = add("offload", "offload logs' closed ledgers now, as their policies say (what the "
-                       "service does every pass), and remove a crashed offload's files")
+                       "service does every pass): write their files, drop the bookies' "
+                       "copies kept long enough, remove a crashed offload's files")
     p.add_argument("log", nargs="*", help="only these logs (default: every log with a policy)")
     add("zk-acl", "give every record under the ZooKeeper root the ACL of the URI's credentials "
                   "(digest_file / sasl_file): for a tree created before they were set")
@@ -648,7 +653,9 @@ def cmd_logs(args, out):
         policy = RetentionPolicy.from_property(d["retention"])
         offloaded = () if not offloads else ("" if d["offload"] is None else (
             f"{d['offloaded_entries']}, {_human_size(d['offloaded_bytes'])} "
-            f"({d['offload_lag'] if d['offload_lag'] is not None else '?'})"),)
+            f"({d['offload_lag'] if d['offload_lag'] is not None else '?'})" +
+            (f"; {d['dropped_entries']}, {_human_size(d['dropped_bytes'])} only there"
+             if d["dropped_entries"] else "")),)
         rows.append((d["log"], d["segments"], d["entries"], _human_size(d["bytes"]),
                      policy.describe() if policy else "keep everything") + offloaded +
                     (", ".join(f"{c}={v['lag']}" for c, v in d["cursors"].items()),))
@@ -724,7 +731,7 @@ def cmd_apply_retention(args, out):
 def cmd_set_offload(args, out):
     from bkspark.log import LogStore
     from bkspark.log.offload import OffloadPolicy
-    if args.off and (args.location or args.after or args.beyond):
+    if args.off and (args.location or args.after or args.beyond or args.keep_on_bookies):
         raise BadRequestError("--off removes the policy: give it alone")
     if not args.off and (args.location is None or args.after is None and args.beyond is None):
         raise BadRequestError("give --location and --after and/or --beyond (or --off to "
@@ -733,7 +740,8 @@ def cmd_set_offload(args, out):
         logs = LogStore(bk)
         _chosen_logs(logs, [args.log])
         logs.set_offload(args.log, None if args.off else
-                         OffloadPolicy.parse(args.location, args.after, args.beyond))
+                         OffloadPolicy.parse(args.location, args.after, args.beyond,
+                                             args.keep_on_bookies))
         stored = logs.offload_policy(args.log)
     out.table("offload set", ["log", "offload"],
               [(args.log, stored.describe() if stored else "nothing offloaded")],
@@ -757,21 +765,26 @@ def cmd_offload(args, out):
                                           "--after AGE`")
                 continue
             error = None
+            done, dropped = {}, []
             try:
                 done = offload_pass.run(logs, name)
+                dropped = offload_pass.drop_copies(logs, name)
             except offload.OffloadError as exc:
-                done, error = {}, str(exc)
+                error = str(exc)
                 failed.append(name)
             orphans = offload.collect_orphans(logs, name)
             rows.append({"log": name, "location": policy.location, "ledgers": list(done),
+                         "dropped_from_bookies": dropped,
                          "files": sum(len(r["files"]) for r in done.values()),
                          "rows": sum(f["rows"] for r in done.values() for f in r["files"]),
                          "bytes": sum(f["bytes"] for r in done.values() for f in r["files"]),
                          "orphans_removed": len(orphans), "error": error})
     out.table(f"{sum(len(r['ledgers']) for r in rows)} ledgers offloaded",
-              ["log", "location", "ledgers", "rows", "size", "orphans removed", "error"],
+              ["log", "location", "ledgers", "rows", "size", "dropped from bookies",
+               "orphans removed", "error"],
               [(r["log"], r["location"], len(r["ledgers"]), r["rows"], _human_size(r["bytes"]),
-                r["orphans_removed"], r["error"] or "") for r in rows], rows)
+                len(r["dropped_from_bookies"]), r["orphans_removed"], r["error"] or "")
+               for r in rows], rows)
     if failed:
         raise ShellError(f"offload failed for {', '.join(failed)} (see the error column; what "
                          "was offloaded before the failure is recorded)")

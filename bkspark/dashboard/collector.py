@@ -980,7 +980,7 @@ class Census:
                 "cursor_lags": dict(sorted(lags.items(), key=lambda kv: -kv[1])[:CURSORS_KEPT]),
                 "retention": stats["retention"],
                 **{k: stats[k] for k in ("offload", "offloaded_entries", "offloaded_bytes",
-                                         "offload_lag")},
+                                         "offload_lag", "dropped_entries", "dropped_bytes")},
                 "t": time.time(), "added": None, "rate": None}
 
 

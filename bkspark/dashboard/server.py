@@ -312,7 +312,9 @@ def _log_page(doc: dict) -> bytes:
     e = html.escape
     offload = "" if doc.get("offload") is None else (
         f"to {e(str(doc['offload'].get('location')))}: {doc['offloaded_entries']} entries, "
-        f"{doc['offloaded_bytes']} bytes; {doc['offload_lag']} entries not yet")
+        f"{doc['offloaded_bytes']} bytes; {doc['offload_lag']} entries not yet" +
+        (f"; {doc['dropped_entries']} entries, {doc['dropped_bytes']} bytes only there (the "
+         "bookies' copy dropped)" if doc.get("dropped_entries") else ""))
     facts = _table(["segments", "entries", "bytes", "offsets", "retention", "offload"],
                    [(doc["segments"], doc["entries"], doc["bytes"],
                      f"{doc['first_offset']} .. {doc['end_offset']}", e(json.dumps(doc["retention"])),

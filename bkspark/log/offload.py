@@ -6,8 +6,11 @@ offloaded): closed ledgers closed more than ``after_ms`` ago, or lying wholly be
 any URI :func:`pyarrow.fs.FileSystem.from_uri` opens), oldest first. The service that
 applies retention applies it (:mod:`bkspark.recovery.retention`, through
 :func:`bkspark.recovery.offload.run`); ``bkspark shell offload LOG`` runs it now. Spark reads
-offloaded ledgers from their files (:mod:`bkspark.spark.offloaded`); the bookies keep their
-copy, which every other reader still reads (deleting it after a delay is not built yet).
+offloaded ledgers from their files (:mod:`bkspark.spark.offloaded`). The bookies keep their
+copy, which other readers read, until the policy's ``keep_on_bookies_ms`` has passed since the
+offload; then it is dropped (:func:`bkspark.recovery.offload.drop_copies`) if the files give
+back every entry byte for byte (the record's ``encoding``), and every reader reads the files
+(:func:`read_entries`; :func:`on_bookies` says which tier holds a ledger).
 
 Layout: ``<location>/log=<name>/<offset of the file's first entry, 20 digits>-<ledger id>
 .parquet`` -- one directory per log, in Hive style, so ``spark.read.parquet(location)`` reads
@@ -36,6 +39,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from bkspark.errors import BadRequestError, BKError
+from bkspark.log.records import encode_record
 from bkspark.log.retention import closed_at, parse_duration_ms, parse_size_bytes
 from metadata.layout import check_log_name, log_path
 from metadata.log_entry import LogLedger
@@ -66,6 +70,11 @@ MAX_BYTES_PER_PASS = 1 << 30
 SUFFIX = ".parquet"
 
 ARROW_COLUMNS = ("_offset", "_ledger_id", "_entry_id")
+#: rows a batch read from a file holds at most
+READ_BATCH_ROWS = 64 * 1024
+#: head property: how far the bookies' copies of offloaded ledgers were dropped -- the shape
+#: of :data:`PROGRESS` (:func:`bkspark.recovery.offload.drop_copies`)
+DROPPED = "offload.dropped"
 
 
 class OffloadError(BKError):
@@ -82,6 +91,9 @@ class OffloadPolicy:
     location: str
     after_ms: int | None = None
     beyond_bytes: int | None = None
+    #: how long the bookies keep their copy of an offloaded ledger (ms; None: for ever, the
+    #: default): then its files are the only copy (:func:`bkspark.recovery.offload.drop_copies`)
+    keep_on_bookies_ms: int | None = None
 
     def __post_init__(self):
         if not isinstance(self.location, str) or not self.location:
@@ -95,17 +107,24 @@ class OffloadPolicy:
             v = getattr(self, key)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
                 raise BadRequestError(f"offload {key} must be a positive int or None, got {v!r}")
+        v = self.keep_on_bookies_ms
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise BadRequestError(f"offload keep_on_bookies_ms must be an int >= 0 or None (for "
+                                  f"ever), got {v!r}")
         if self.after_ms is None and self.beyond_bytes is None:
             raise BadRequestError("an offload policy needs after_ms and/or beyond_bytes (when a "
                                   "closed ledger is offloaded)")
 
     @classmethod
-    def parse(cls, location: str, after=None, beyond=None) -> "OffloadPolicy":
-        """A policy from user text: ``after`` like ``"1h"``, ``beyond`` like ``"10GiB"``."""
+    def parse(cls, location: str, after=None, beyond=None, keep=None) -> "OffloadPolicy":
+        """A policy from user text: ``after`` like ``"1h"``, ``beyond`` like ``"10GiB"``,
+        ``keep`` (on bookies) like ``"7d"`` or ``"0"``."""
         return cls(location=location,
                    after_ms=None if after is None else parse_duration_ms(after, "offload after"),
                    beyond_bytes=None if beyond is None else parse_size_bytes(beyond,
-                                                                             "offload beyond"))
+                                                                             "offload beyond"),
+                   keep_on_bookies_ms=None if keep is None else parse_duration_ms(
+                       keep, "offload keep-on-bookies", zero=True))
 
     def to_property(self) -> dict:
         return asdict(self)
@@ -124,7 +143,9 @@ class OffloadPolicy:
             parts.append(f"closed over {self.after_ms / 1000:g} s ago")
         if self.beyond_bytes is not None:
             parts.append(f"beyond {self.beyond_bytes} B of the tail")
-        return f"to {self.location} when " + " or ".join(parts)
+        keep = ("the bookies keep their copy" if self.keep_on_bookies_ms is None else
+                f"the bookies' copy dropped {self.keep_on_bookies_ms / 1000:g} s after")
+        return f"to {self.location} when " + " or ".join(parts) + f"; {keep}"
 
 
 # ---- where files go ----------------------------------------------------------------------------
@@ -236,6 +257,116 @@ def parse_file_name(name: str) -> tuple[int, int] | None:
     return int(offset), int(lid)
 
 
+# ---- the entries back from the files ------------------------------------------------------------
+
+#: how an offload record's files give back its ledger's entries byte for byte (its
+#: ``encoding``; checked when they are written: a ledger without one keeps its bookies' copy)
+RECORD, RAW, ARROW = "record", "raw", "arrow"
+
+
+def on_bookies(record: dict | None) -> bool:
+    """Whether the bookies still hold the ledger whose offload record is ``record`` (None: not
+    offloaded). False once :func:`bkspark.recovery.offload.drop_copies` marked it: its files
+    are then its only copy, every reader reads them (:func:`read_entries`)."""
+    return record is None or record.get("on_bookies", True) is not False
+
+
+def files_of(record: dict, first: int, last: int) -> list[dict]:
+    """The files of an offload ``record`` that hold entries of ``first..last``, in order."""
+    return [f for f in record.get("files", []) if f["last"] >= first and f["first"] <= last]
+
+
+def row_groups(pf, column: str, first: int, last: int) -> list[int]:
+    """The row groups of ParquetFile ``pf`` whose ``column`` statistics meet first..last (all
+    of those without statistics)."""
+    md = pf.metadata
+    idx = md.schema.names.index(column)
+    out = []
+    for i in range(md.num_row_groups):
+        st = md.row_group(i).column(idx).statistics
+        if st is None or not st.has_min_max or (st.max >= first and st.min <= last):
+            out.append(i)
+    return out
+
+
+def _entry_runs(batches, eid_col: str):
+    """``(entry id, [row slices])`` of ``batches`` whose rows are in entry order."""
+    cur, parts = None, []
+    for b in batches:
+        eids = b.column(eid_col).to_numpy()
+        if not len(eids):
+            continue
+        cuts = (eids[1:] != eids[:-1]).nonzero()[0] + 1
+        starts = [0, *cuts.tolist()]
+        for s, e in zip(starts, [*cuts.tolist(), len(eids)]):
+            eid = int(eids[s])
+            if eid != cur:
+                if parts:
+                    yield cur, parts
+                cur, parts = eid, []
+            parts.append(b.slice(s, e - s))
+    if parts:
+        yield cur, parts
+
+
+def encode_entries(batches, encoding: str):
+    """``(entry id, bytes)`` of the rows ``batches`` (read from a ledger's files, in entry
+    order) as the ledger held them: record entries re-encoded (:mod:`bkspark.log.records`),
+    raw ones their ``value``, an Arrow entry its rows as one uncompressed IPC record batch
+    message. Whether that is each entry's bytes was checked when the files were written."""
+    import pyarrow as pa
+    if encoding == ARROW:
+        for eid, parts in _entry_runs(batches, "_entry_id"):
+            b = parts[0] if len(parts) == 1 else \
+                pa.Table.from_batches(parts).combine_chunks().to_batches()[0]
+            yield eid, b.drop_columns(list(ARROW_COLUMNS)).serialize().to_pybytes()
+        return
+    for b in batches:
+        eids = b.column("entry_id").to_pylist()
+        values = b.column("value").to_pylist()
+        if encoding == RAW:
+            yield from zip(eids, values)
+            continue
+        keys = b.column("key").to_pylist()
+        tss = b.column("timestamp").cast("int64").to_pylist()
+        hdrs = b.column("headers").to_pylist()
+        for eid, k, v, ts, h in zip(eids, keys, values, tss, hdrs):
+            yield eid, encode_record(v, key=k, timestamp_us=ts, headers=h)
+
+
+def read_entries(where: "Location", name: str, record: dict, first: int, last: int):
+    """``(entry id, bytes)`` of entries ``first..last`` of the offloaded ledger whose record
+    is ``record`` (it has an ``encoding``), read from its files under ``where`` (only the row
+    groups meeting the range; page checksums verified), in order.
+
+    :raises OffloadError: the record has no encoding (its files do not give the entries back).
+    :raises OSError, pyarrow.ArrowException: a file could not be read."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    encoding = record.get("encoding")
+    if encoding not in (RECORD, RAW, ARROW):
+        raise OffloadError(f"log {name}: the offloaded files of entries {first}..{last} do not "
+                           "give the entries back byte for byte; read them from the bookies")
+    eid_col = "_entry_id" if encoding == ARROW else "entry_id"
+    columns = None if encoding == ARROW else (
+        ["entry_id", "value"] if encoding == RAW else
+        ["entry_id", "key", "value", "timestamp", "headers"])
+    directory = where.log_dir(name)
+
+    def batches():
+        for f in files_of(record, first, last):
+            pf = pq.ParquetFile(f"{directory}/{f['name']}", filesystem=where.fs,
+                                page_checksum_verification=True)
+            for b in pf.iter_batches(batch_size=READ_BATCH_ROWS, columns=columns,
+                                     row_groups=row_groups(pf, eid_col, first, last)):
+                if f["first"] < first or f["last"] > last:
+                    eids = b.column(eid_col)
+                    b = b.filter(pc.and_(pc.greater_equal(eids, first),
+                                         pc.less_equal(eids, last)))
+                yield b
+    yield from encode_entries(batches(), encoding)
+
+
 # ---- a pass over one log ------------------------------------------------------------------------
 
 def due(logs, name: str, policy: OffloadPolicy, now_ms: int,
@@ -269,9 +400,10 @@ def due(logs, name: str, policy: OffloadPolicy, now_ms: int,
     return out
 
 
-def progress_of(properties: dict) -> dict:
-    """The :data:`PROGRESS` mark of a head's properties (``{}``: none yet, or not one)."""
-    got = properties.get(PROGRESS)
+def progress_of(properties: dict, key: str = PROGRESS) -> dict:
+    """The :data:`PROGRESS` (or ``key``: :data:`DROPPED`) mark of a head's properties
+    (``{}``: none yet, or not one)."""
+    got = properties.get(key)
     ok = isinstance(got, dict) and all(isinstance(got.get(k), int) and not isinstance(
         got.get(k), bool) for k in ("next", "offset", "byte_offset"))
     return got if ok else {}
@@ -287,10 +419,12 @@ def summary(properties: dict, first_offset, end_offset, first_byte_offset) -> di
     """What :meth:`bkspark.log.LogStore.stats` shows of a log's offload, from its head's
     properties and its ends: ``offload`` (the policy's property, None: none),
     ``offloaded_entries`` / ``offloaded_bytes`` (of the listed entries, those in Parquet; bytes
-    as the bookies hold them) and ``offload_lag`` (entries after them)."""
+    as the bookies hold them), ``offload_lag`` (entries after them) and ``dropped_entries`` /
+    ``dropped_bytes`` (of those, the ones the bookies no longer hold)."""
     policy = properties.get(PROPERTY)
     mark = progress_of(properties)
-    out = {"offload": policy, "offloaded_entries": 0, "offloaded_bytes": 0, "offload_lag": None}
+    out = {"offload": policy, "offloaded_entries": 0, "offloaded_bytes": 0, "offload_lag": None,
+           "dropped_entries": 0, "dropped_bytes": 0}
     if not mark or first_offset is None or end_offset is None:
         if policy is not None and end_offset is not None and first_offset is not None:
             out["offload_lag"] = end_offset - first_offset
@@ -298,6 +432,10 @@ def summary(properties: dict, first_offset, end_offset, first_byte_offset) -> di
     out["offloaded_entries"] = max(0, mark["offset"] - first_offset)
     out["offloaded_bytes"] = max(0, mark["byte_offset"] - (first_byte_offset or 0))
     out["offload_lag"] = max(0, end_offset - max(first_offset, mark["offset"]))
+    dropped = progress_of(properties, DROPPED)
+    if dropped:
+        out["dropped_entries"] = max(0, dropped["offset"] - first_offset)
+        out["dropped_bytes"] = max(0, dropped["byte_offset"] - (first_byte_offset or 0))
     return out
 
 

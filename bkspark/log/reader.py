@@ -12,6 +12,12 @@ ledger of the list. All readers see the same sequence.
 A reader follows the list segment by segment (:mod:`metadata.log_segments`): each batch reads
 the log's head and the current ledger's segment, whatever the list's length.
 
+A ledger whose bookies' copy was dropped after its offload (:mod:`bkspark.log.offload`) is
+read from its Parquet files, which give back its entries byte for byte; a reader whose bookie
+read fails because the copy was dropped meanwhile re-reads the ledger's segment (synced) and
+goes on from the files. No entry is skipped or read twice where the tiers meet: a ledger is
+read from one tier or the other, at the same positions.
+
 A tailing reader watches the log's head record while it waits: a roll or a takeover changes it,
 which ends a long poll at once (bookies do not answer a long poll for a close).
 """
@@ -24,6 +30,7 @@ import weakref
 from typing import TYPE_CHECKING, Iterator, NamedTuple
 
 from bkspark import errors
+from bkspark.log.offload import Location, on_bookies, read_entries
 from bkspark.log.position import Position
 from metadata.layout import log_path
 from metadata.log_entry import LogLedger
@@ -97,6 +104,35 @@ class LogReader:
         self._seq = None if entry is None else entry.seq
         return entry
 
+    def _read_files(self, entry: LogLedger, upto: int) -> list[LogRecord]:
+        """Entries ``self.next``..``upto`` of ``entry``, a ledger whose files are its only
+        copy, read from them (byte for byte what the bookies held:
+        :func:`bkspark.log.offload.read_entries`). :raises BKError: they cannot be read."""
+        rec = entry.offloaded
+        first = self.next.entry_id
+        try:
+            got = [LogRecord(Position(entry.ledger_id, eid), data)
+                   for eid, data in read_entries(Location(rec["location"]), self.name, rec,
+                                                 first, upto)]
+        except errors.BKError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - pyarrow's and the filesystem's errors
+            raise errors.BKError(f"log {self.name}: ledger {entry.ledger_id} entries "
+                                 f"{first}..{upto}: its offloaded files, its only copy, cannot "
+                                 f"be read: {exc}") from exc
+        if [r.position.entry_id for r in got] != list(range(first, upto + 1)):
+            raise errors.BKError(f"log {self.name}: ledger {entry.ledger_id}: its offloaded "
+                                 f"files do not hold entries {first}..{upto} in order")
+        return got
+
+    def _dropped_meanwhile(self, entry: LogLedger) -> bool:
+        """Whether the bookies' copy of ``entry``'s ledger was dropped since the list was read
+        (a read of it failed): decided on a synced read of its segment."""
+        self._drop_handle()
+        self.logs.store.sync(log_path(self.name))
+        got = self.logs.entry_of(self.name, entry.ledger_id)
+        return got is not None and not on_bookies(got.offloaded)
+
     def _reached_end(self) -> bool:
         if self.end is None:
             return False
@@ -135,17 +171,32 @@ class LogReader:
                 raise errors.BKError(f"log {self.name}: position {self.next} is no longer in the log "
                                      "(truncated)")
             lid = entry.ledger_id
-            # the cached handle of this ledger, if any (refreshed if the list says CLOSED);
-            # a ledger not listed CLOSED is read through one, to follow its LAC
-            handle = self._open(lid) if not entry.closed else (
-                self._handle if self._handle_ledger == lid else None)
-            last, final = self.logs.readable_end(entry, handle)
+            dropped = not on_bookies(entry.offloaded)       # (closed: its files hold it)
+            if dropped:
+                last, final = entry.last_entry_id, True
+            else:
+                # the cached handle of this ledger, if any (refreshed if the list says
+                # CLOSED); a ledger not listed CLOSED is read through one, to follow its LAC
+                try:
+                    handle = self._open(lid) if not entry.closed else (
+                        self._handle if self._handle_ledger == lid else None)
+                    last, final = self.logs.readable_end(entry, handle)
+                except errors.BKError:
+                    if not self._dropped_meanwhile(entry):
+                        raise
+                    continue                        # (read from its files now)
             if self.end is not None and self.end.ledger_id == lid:
                 last = min(last, self.end.entry_id - 1)
             if self.next.entry_id <= last:
                 upto = min(last, self.next.entry_id + max_entries - 1)
-                records = [LogRecord(Position(lid, e.entry_id), e.data)
-                           for e in self._open(lid).read(self.next.entry_id, upto)]
+                try:
+                    records = self._read_files(entry, upto) if dropped else [
+                        LogRecord(Position(lid, e.entry_id), e.data)
+                        for e in self._open(lid).read(self.next.entry_id, upto)]
+                except errors.BKError:
+                    if dropped or not self._dropped_meanwhile(entry):
+                        raise
+                    continue                        # (read from its files now)
                 self.next = Position(lid, upto + 1)
                 return records
             if final:

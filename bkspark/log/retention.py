@@ -64,7 +64,7 @@ _SIZE_BYTES = {None: 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1
                "t": 1 << 40, "tb": 1000 ** 4, "tib": 1 << 40}
 
 
-def _quantity(text, what: str, pattern, units: dict, hint: str) -> int:
+def _quantity(text, what: str, pattern, units: dict, hint: str, zero: bool = False) -> int:
     if isinstance(text, int) and not isinstance(text, bool):
         value, unit = text, None
     else:
@@ -73,15 +73,16 @@ def _quantity(text, what: str, pattern, units: dict, hint: str) -> int:
             raise BadRequestError(f"{what} {text!r}: give {hint}")
         value, unit = float(m.group(1)), (m.group(2) or "").lower() or None
     amount = int(value * units[unit])
-    if amount <= 0:
+    if amount < 0 or amount == 0 and not zero:
         raise BadRequestError(f"{what} {text!r} must be more than 0")
     return amount
 
 
-def parse_duration_ms(text, what: str = "retention time") -> int:
-    """``"7d"``, ``"12h"``, ``"90s"``, ``"500ms"`` or a number of milliseconds -> ms."""
+def parse_duration_ms(text, what: str = "retention time", zero: bool = False) -> int:
+    """``"7d"``, ``"12h"``, ``"90s"``, ``"500ms"`` or a number of milliseconds -> ms (0 only
+    with ``zero``)."""
     return _quantity(text, what, _DURATION, _DURATION_MS,
-                     "milliseconds or a number with a unit (500ms, 90s, 30m, 12h, 7d, 2w)")
+                     "milliseconds or a number with a unit (500ms, 90s, 30m, 12h, 7d, 2w)", zero)
 
 
 def parse_size_bytes(text, what: str = "retention size") -> int:

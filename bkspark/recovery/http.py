@@ -24,7 +24,8 @@ answers for the cluster); the metrics are this process's (``autorecovery_*``):
 ``placement_violations`` (ledgers the last placement check found) and
 ``check_age_seconds{check}`` (bookies / entries / placement: since each last ran);
 ``retention_refused_by_skew`` (retention passes refused), ``offloaded_ledgers``,
-``offloaded_bytes`` and ``offload_failures`` (:mod:`bkspark.log.offload`), and
+``offloaded_bytes``, ``offload_failures`` and ``offload_dropped_ledgers`` (offloaded ledgers
+whose bookies' copy was dropped; :mod:`bkspark.log.offload`), and
 ``bkspark_clock_skew_seconds``
 (this host's clock minus the metadata store's, :mod:`metadata.clock`).
 """
@@ -150,6 +151,10 @@ class AutoRecoveryCollector:
             yield CounterMetricFamily("autorecovery_offload_failures",
                                       "Offload passes of a log that failed (retried at the "
                                       "next pass)", value=ar.retention.offload_failures)
+            yield CounterMetricFamily("autorecovery_offload_dropped_ledgers",
+                                      "Offloaded ledgers whose bookies' copy this process "
+                                      "dropped (their files are the only copy)",
+                                      value=ar.retention.dropped_ledgers)
         auditor = ar.auditor
         if auditor is not None and ar.is_auditor:
             lost = GaugeMetricFamily("autorecovery_lost_bookie_seconds",

@@ -24,6 +24,11 @@ one ledger, each safe to crash in:
 So no reader sees a temporary file; a published file whose record is not stored yet (a crash
 between 4 and 5) holds exactly its entries' rows, and the next pass writes and records it
 again. :func:`bkspark.log.offload.collect_orphans` removes what a crash left.
+
+The record also says whether the files give back every entry byte for byte, as every reader
+reads them back (its ``encoding``, checked at step 3 on the file itself). Only then, and once
+the policy's ``keep_on_bookies_ms`` has passed, may :func:`drop_copies` delete the ledger from
+the bookies (its own steps, each safe to crash in, are in its docstring).
 """
 from __future__ import annotations
 
@@ -37,12 +42,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from bkspark.errors import BadRequestError, BKError, NoSuchLedgerError, NoSuchLogError
-from bkspark.log.offload import (ARROW_COLUMNS, FILE_ENTRY_BYTES, MAX_BYTES_PER_PASS,
-                                 MAX_LEDGERS_PER_PASS, TEMP_PREFIX, TEMP_SUFFIX, Location,
-                                 OffloadError, delete_files, due, file_name, progress_after,
-                                 record)
+from bkspark.log.offload import (ARROW, ARROW_COLUMNS, DROPPED, FILE_ENTRY_BYTES,
+                                 MAX_BYTES_PER_PASS, MAX_LEDGERS_PER_PASS, PROGRESS,
+                                 READ_BATCH_ROWS, RECORD, RAW, TEMP_PREFIX, TEMP_SUFFIX,
+                                 Location, OffloadError, delete_files, due, encode_entries,
+                                 file_name, on_bookies, progress_after, progress_of, record)
+from bkspark.log.records import MAGIC, VERSION
 from bkspark.spark import codec
 from metadata.log_entry import LogLedger
+from metadata.update import NoChange
 
 log = logging.getLogger("bkspark.recovery.offload")
 
@@ -123,7 +131,30 @@ def _convert(e, stored, ledger_id: int, base: int):
                            f"{'Arrow' if stored is not None else 'a record'}: {exc}") from None
 
 
-def offload_ledger(logs, name: str, entry: LogLedger, where: Location) -> dict:
+def _kind(data) -> str:
+    """The encoding (:data:`RECORD` or :data:`RAW`) an entry that is not Arrow has."""
+    head = bytes(data[:5])
+    return RECORD if head[:4] == MAGIC and head[4:] == bytes([VERSION]) else RAW
+
+
+def _gives_back(where: Location, path: str, encoding: str, first: int, last: int,
+                crc: int) -> bool:
+    """Whether the file at ``path``, read as every reader reads offloaded entries
+    (:func:`bkspark.log.offload.encode_entries`), gives back entries ``first..last`` whose
+    payloads, chained, have ``crc``: byte for byte the entries read from the bookies."""
+    import pyarrow.parquet as pq
+    pf = pq.ParquetFile(path, filesystem=where.fs)
+    expect, got = first, 0
+    for eid, data in encode_entries(pf.iter_batches(batch_size=READ_BATCH_ROWS), encoding):
+        if eid != expect:
+            return False
+        got = crc32c.crc32c(data, got)
+        expect += 1
+    return expect == last + 1 and got == crc
+
+
+def offload_ledger(logs, name: str, entry: LogLedger, where: Location,
+                   now_ms: int | None = None) -> dict:
     """Write ledger ``entry`` (closed, listed in log ``name``, its offset stamped) as Parquet
     (steps 1-4 of the module docstring); returns the record step 5 stores. A file holds the
     entries whose decoded rows reach :data:`FILE_ENTRY_BYTES` (what it holds in memory: the
@@ -131,7 +162,11 @@ def offload_ledger(logs, name: str, entry: LogLedger, where: Location) -> dict:
 
     :raises OffloadError: an entry does not decode, a file did not read back as converted,
         or the location failed (nothing of that file published).
-    :raises NoSuchLedgerError: the ledger was deleted meanwhile (a retention cut)."""
+    :raises NoSuchLedgerError: the ledger was deleted meanwhile (a retention cut).
+
+    The record's ``encoding`` says how its files give back the entries byte for byte
+    (:func:`_gives_back`, every file checked), ``at`` when it was made (``now_ms``): only such
+    a ledger may lose its bookies' copy (:func:`drop_copies`)."""
     if not entry.closed or entry.offset is None or entry.last_entry_id is None:
         raise BadRequestError(f"log {name}: ledger {entry.ledger_id} is not closed with a "
                               "known offset; it cannot be offloaded yet")
@@ -144,7 +179,8 @@ def offload_ledger(logs, name: str, entry: LogLedger, where: Location) -> dict:
     temps: list[str] = []           # written and verified, not published yet
     batches: list = []
     span: list[int] = []            # first and last entry of the file being filled
-    state = {"size": 0, "crc": 0}
+    # (an empty ledger's nothing is given back in any encoding)
+    state = {"size": 0, "crc": 0, "encoding": ARROW if stored is not None else RAW}
 
     def flush():
         first, last = span
@@ -160,6 +196,11 @@ def offload_ledger(logs, name: str, entry: LogLedger, where: Location) -> dict:
             where.verify(tmp, table, "_offset" if stored is not None else "offset",
                          lambda col: _check(col, stored is not None, first, last, entry.offset,
                                             table.num_rows))
+            if state["encoding"] is not None and not _gives_back(
+                    where, tmp, state["encoding"], first, last, state["crc"]):
+                log.info("%s: its files do not give back its entries byte for byte (%s); "
+                         "the bookies keep their copy", what, state["encoding"])
+                state["encoding"] = None
         except OffloadError as exc:
             raise OffloadError(f"{what}: {exc}") from None
         except (OSError, pa.ArrowException) as exc:
@@ -178,6 +219,8 @@ def offload_ledger(logs, name: str, entry: LogLedger, where: Location) -> dict:
                     span[:] = [e.entry_id, e.entry_id]
                 span[1] = e.entry_id
                 state["crc"] = crc32c.crc32c(e.data, state["crc"])
+                if stored is None and e.entry_id == 0:
+                    state["encoding"] = _kind(e.data)
                 for b in _convert(e, stored, entry.ledger_id, entry.offset):
                     batches.append(b)
                     state["size"] += b.nbytes
@@ -201,7 +244,11 @@ def offload_ledger(logs, name: str, entry: LogLedger, where: Location) -> dict:
         raise
     finally:
         rh.close()
-    return {"location": where.uri, "dir": f"log={name}", "files": files}
+    out = {"location": where.uri, "dir": f"log={name}", "files": files,
+           "at": logs.store.clock.now_ms() if now_ms is None else now_ms}
+    if state["encoding"] is not None:
+        out["encoding"] = state["encoding"]
+    return out
 
 
 # ---- a pass over one log ------------------------------------------------------------------------
@@ -232,7 +279,7 @@ def run(logs, name: str, now_ms: int | None = None,
         budget -= e.sealed_length()
         t = time.perf_counter()
         try:
-            done[e.ledger_id] = offload_ledger(logs, name, e, where)
+            done[e.ledger_id] = offload_ledger(logs, name, e, where, now_ms)
         except NoSuchLedgerError:
             continue                    # cut by retention meanwhile (nothing published)
         except BKError as exc:          # (OffloadError among them)
@@ -255,3 +302,124 @@ def run(logs, name: str, now_ms: int | None = None,
     if failure is not None:
         raise failure
     return done
+
+
+# ---- dropping the bookies' copy -----------------------------------------------------------------
+
+#: ledgers one pass drops the bookies' copy of at most (the next pass goes on)
+MAX_DROPS_PER_PASS = 256
+#: segments the scan reads a request
+_DROP_SCAN = 64
+
+
+def _files_there(where: Location, name: str, rec: dict) -> str | None:
+    """None if every file of offload record ``rec`` is in place with its recorded size, else
+    what is wrong."""
+    directory = where.log_dir(name)
+    for f in rec.get("files", []):
+        info = where.fs.get_file_info(f"{directory}/{f['name']}")
+        if info.size != f["bytes"]:
+            return (f"{directory}/{f['name']} is missing" if info.size is None else
+                    f"{directory}/{f['name']} holds {info.size} bytes, not {f['bytes']}")
+    return None
+
+
+def drop_copies(logs, name: str, now_ms: int | None = None,
+                max_ledgers: int = MAX_DROPS_PER_PASS, still_leader=lambda: True) -> list[int]:
+    """Drop the bookies' copy of log ``name``'s offloaded ledgers once its policy's
+    ``keep_on_bookies_ms`` passed since they were offloaded; returns the ledgers dropped. The
+    steps, each safe to crash in:
+
+    1. scan from the head's :data:`DROPPED` mark up to the offload progress, never the last
+       listed ledger (a writer checks its password): a ledger marked already is dropped again
+       (a crash after step 2); one whose record has no ``encoding`` (its files do not give its
+       entries back byte for byte) is passed over and keeps its copy; one offloaded long
+       enough ago is due -- if every file is in place with its recorded size; the first that
+       is not due stops the scan;
+    2. one change marks the due ones ``on_bookies: false``, their records otherwise as they
+       were (one cut, or offloaded again meanwhile, is not marked; a lost answer is settled by
+       the update loop). From then on every reader reads them from their files
+       (:func:`bkspark.log.offload.read_entries`), and one that opened a ledger before reads
+       its files when the bookies no longer serve it;
+    3. their ledgers are deleted (their metadata; the bookies' garbage collection frees the
+       disk; ledgers already gone are skipped);
+    4. the :data:`DROPPED` mark moves past what was handled.
+
+    :raises OffloadError: a due ledger's files are not in place (those before it are dropped);
+        the next pass tries again."""
+    policy = logs.offload_policy(name)
+    if policy is None:
+        return []
+    keep = policy.keep_on_bookies_ms
+    if now_ms is None:
+        now_ms = logs.store.clock.check_skew(f"dropping bookie copies of log {name}")
+    first, nxt = logs.bounds(name)
+    props = logs.properties(name)
+    upto = min(progress_of(props).get("next", first), nxt - 1)
+    lo = max(first, progress_of(props, DROPPED).get("next", first))
+    scanned: list[tuple[LogLedger, str]] = []       # (entry, "marked" | "due" | "kept")
+    failure = None
+    while lo < upto and failure is None and len(scanned) < max_ledgers:
+        stop = False
+        for e in logs.segments(name, lo, min(upto, lo + _DROP_SCAN)):
+            rec = e.offloaded
+            if rec is None:
+                stop = True
+            elif not on_bookies(rec):
+                scanned.append((e, "marked"))
+            elif rec.get("encoding") is None:
+                scanned.append((e, "kept"))
+            elif keep is not None and isinstance(rec.get("at"), int) and \
+                    rec["at"] + keep <= now_ms:
+                wrong = _files_there(Location(rec["location"]), name, rec)
+                if wrong is not None:
+                    failure = OffloadError(f"log {name}: ledger {e.ledger_id}: {wrong}; the "
+                                           "bookies keep their copy")
+                    stop = True
+                else:
+                    scanned.append((e, "due"))
+            else:
+                stop = True
+            if stop or len(scanned) >= max_ledgers:
+                break
+        if stop:
+            break
+        lo += _DROP_SCAN
+    due_ = [e for e, what in scanned if what == "due"]
+    marked: set[int] = {e.ledger_id for e, what in scanned if what == "marked"}
+    if due_ and still_leader():
+        def mark(edit) -> None:
+            changed = False
+            for e in due_:
+                cur = edit.entry(e.ledger_id)
+                if cur is None or cur.offloaded is None:
+                    continue                        # cut meanwhile
+                if not on_bookies(cur.offloaded):
+                    marked.add(e.ledger_id)         # (a lost answer: applied)
+                elif cur.offloaded == e.offloaded:
+                    edit.mark_offloaded(e.ledger_id, {**cur.offloaded, "on_bookies": False})
+                    marked.add(e.ledger_id)
+                    changed = True
+            if not changed:
+                raise NoChange()
+        logs.update(name, mark)
+    if marked:
+        logs.bk.delete_ledgers(sorted(marked))
+        log.info("log %s: the bookies' copy of %d offloaded ledgers dropped (%s)", name,
+                 len(marked), ", ".join(map(str, sorted(marked))))
+    handled = None                                  # the last of the prefix handled
+    for e, what in scanned:
+        if what != "kept" and e.ledger_id not in marked:
+            break
+        handled = e
+    if handled is not None:
+        mark_to = progress_after(handled)
+
+        def advance(edit) -> None:
+            if progress_of(edit.properties, DROPPED).get("next", -1) >= mark_to["next"]:
+                raise NoChange()
+            edit.properties[DROPPED] = mark_to
+        logs.update(name, advance)
+    if failure is not None:
+        raise failure
+    return sorted(marked)

@@ -55,6 +55,7 @@ class RetentionService:
         self.offloaded_ledgers = 0      # ledgers offloaded so far (bkspark.log.offload)
         self.offloaded_bytes = 0        # ... the bytes of their Parquet files
         self.offload_failures = 0       # offload passes of a log that failed
+        self.dropped_ledgers = 0        # offloaded ledgers whose bookies' copy it dropped
         self._swept: dict[str, float] = {}      # log -> when its offload directory was swept
         # log -> (head mark, store ms): nothing to cut before then while the head keeps
         # that mark (rebuilt by every pass: logs gone drop out)
@@ -163,6 +164,8 @@ class RetentionService:
             done = offload_pass.run(self.logs, name, still_leader=still_leader)
             self.offloaded_ledgers += len(done)
             self.offloaded_bytes += sum(f["bytes"] for rec in done.values() for f in rec["files"])
+            self.dropped_ledgers += len(offload_pass.drop_copies(self.logs, name,
+                                                                 still_leader=still_leader))
             now = time.monotonic()
             if now - self._swept.get(name, -math.inf) >= ORPHAN_SCAN_S:
                 offload.collect_orphans(self.logs, name)

@@ -6,7 +6,7 @@ import logging
 
 from pyspark.sql.datasource import DataSource
 
-from bkspark.errors import BadRequestError, NoSuchLogError
+from bkspark.errors import BadRequestError, NoSuchLedgerError, NoSuchLogError
 from bkspark.spark import codec, conn, importguard
 from bkspark.spark.options import FORMAT_NAME, RECORD, parse_options
 
@@ -66,7 +66,10 @@ class BookKeeperDataSource(importguard.Guarded, DataSource,
         for name in names:
             try:
                 for entry in newest_first(name):
-                    custom = logs.bk.ledger_metadata(entry.ledger_id).custom_metadata
+                    try:        # (one whose bookies' copy was dropped: not there)
+                        custom = logs.bk.ledger_metadata(entry.ledger_id).custom_metadata
+                    except NoSuchLedgerError:
+                        continue
                     js = codec.ledger_spark_schema_json(custom)
                     if js:
                         return StructType.fromJson(json.loads(js))

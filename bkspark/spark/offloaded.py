@@ -11,9 +11,11 @@ the other, so nothing is read twice or skipped where they meet, and an offload f
 while a query runs changes only where a later plan reads a ledger from.
 
 Failures: a file that cannot be opened (missing, unreadable, its footer corrupt) before the
-range yielded anything is read from the bookies instead, while they keep their copy
-(``fallback``); a failure later in a file (a page checksum) fails the task, as a bookie read
-that fails on every replica does.
+range yielded anything is read through ``fallback`` instead -- from the bookies while they
+keep their copy; once it is dropped, the ledger is data loss if the log no longer lists it
+(cut meanwhile), else the task fails (:func:`bkspark.spark.reader.read_ranges`); a failure
+later in a file (a page checksum) fails the task, as a bookie read that fails on every
+replica does.
 """
 from __future__ import annotations
 
@@ -22,31 +24,9 @@ import logging
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bkspark.log.offload import ARROW_COLUMNS, Location
+from bkspark.log.offload import ARROW_COLUMNS, READ_BATCH_ROWS, Location, files_of, row_groups
 
 log = logging.getLogger("bkspark.spark")
-
-#: rows a batch read from a file holds at most
-BATCH_ROWS = 64 * 1024
-
-
-def files_of(record: dict, first: int, last: int) -> list[dict]:
-    """The files of an offload ``record`` that hold entries of ``first..last``, in order."""
-    return [f for f in record.get("files", []) if f["last"] >= first and f["first"] <= last]
-
-
-def _row_groups(pf, column: str, first: int, last: int) -> list[int]:
-    """The row groups of ParquetFile ``pf`` whose ``column`` statistics meet first..last (all
-    of those without statistics)."""
-    md = pf.metadata
-    idx = md.schema.names.index(column)
-    out = []
-    for i in range(md.num_row_groups):
-        st = md.row_group(i).column(idx).statistics
-        if st is None or not st.has_min_max or (st.max >= first and st.min <= last):
-            out.append(i)
-    return out
-
 
 def _headers_to_kafka(col, to_type):
     """A ``map<string, binary>`` column as the Kafka source's ``array<struct<key, value>>``."""
@@ -96,9 +76,9 @@ def read_offloaded(part, fmt_arrow: bool, kafka: bool, target: pa.Schema, fallba
         for f in files_of(record, part.first, part.last):
             pf = pq.ParquetFile(f"{directory}/{f['name']}", filesystem=where.fs,
                                 page_checksum_verification=True)
-            groups = _row_groups(pf, eid_col, part.first, part.last)
+            groups = row_groups(pf, eid_col, part.first, part.last)
             whole = f["first"] >= part.first and f["last"] <= part.last
-            for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=groups):
+            for batch in pf.iter_batches(batch_size=READ_BATCH_ROWS, row_groups=groups):
                 if not whole:
                     eids = batch.column(eid_col)
                     batch = batch.filter(pc.and_(pc.greater_equal(eids, part.first),
@@ -112,4 +92,4 @@ def read_offloaded(part, fmt_arrow: bool, kafka: bool, target: pa.Schema, fallba
         log.warning("log %s: ledger %d entries %d..%d: its offloaded files cannot be read "
                     "(%s); reading them from the bookies", part.log, part.ledger_id,
                     part.first, part.last, exc)
-        yield from fallback()
+        yield from fallback(exc)

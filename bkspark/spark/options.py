@@ -67,6 +67,8 @@ offloadLocation          writes: the offload policy of a log the write creates o
                          under this absolute path or URI (``log=<name>/`` in it) ...
 offloadAfter             ... when closed longer ago than this (``1h``, ``7d``, milliseconds)
 offloadBeyond            ... or when wholly beyond this many bytes of the log's tail
+offloadKeepOnBookies     ... and drop the bookies' copy this long after (``0``, ``7d``;
+                         default: they keep it)
                          (``10GiB``). A log with another policy fails the write: change it
                          with ``bkspark shell set-offload``
 reclaimAbandonedAfter    writes: seconds a write job of the log with no live task stays silent
@@ -111,7 +113,7 @@ KNOWN_OPTIONS = (
     "endingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy", "schema",
     "includeHeaders", "retentionTime", "retentionSize", "retentionPassCursors", "queryName",
     "maxLogsPerWrite", "maxPartitionBytes", "openCostInBytes", "offloadLocation",
-    "offloadAfter", "offloadBeyond", "readOffloaded",
+    "offloadAfter", "offloadBeyond", "offloadKeepOnBookies", "readOffloaded",
     "_testFault",        # test-only fault injection (see bkspark.spark.writer)
 )
 #: Spark's Kafka source and sink option names, and the option each one is here
@@ -597,9 +599,11 @@ def parse_options(options, *, default_uri=None) -> ConnectorOptions:
             raise BadRequestError("option 'offloadLocation' needs 'offloadAfter' and/or "
                                   "'offloadBeyond' (when a closed ledger is offloaded)")
         o.offload = OffloadPolicy.parse(raw["offloadLocation"], raw.get("offloadAfter"),
-                                        raw.get("offloadBeyond"))
-    elif "offloadAfter" in raw or "offloadBeyond" in raw:
-        raise BadRequestError("options 'offloadAfter' / 'offloadBeyond' go with "
+                                        raw.get("offloadBeyond"),
+                                        raw.get("offloadKeepOnBookies"))
+    elif "offloadAfter" in raw or "offloadBeyond" in raw or "offloadKeepOnBookies" in raw:
+        raise BadRequestError("options 'offloadAfter' / 'offloadBeyond' / "
+                              "'offloadKeepOnBookies' go with "
                               "'offloadLocation' (where the Parquet files go)")
     o.test_fault = raw.get("_testFault") or None
     from bkspark.client_settings import client_settings

@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from bkspark.errors import BadRequestError, BKError, NoSuchLedgerError, NoSuchLogError
+from bkspark.log.offload import Location, files_of, on_bookies, read_entries
 from bkspark.log.position import EARLIEST, LATEST, Position
 from bkspark.spark import codec, conn, importguard
-from bkspark.spark.offloaded import files_of, read_offloaded
+from bkspark.spark.offloaded import read_offloaded
 from bkspark.spark.options import ARROW, RECORD, AtOffset, AtTime
+from metadata.layout import log_path
 from metadata.log_entry import LogLedger
 
 log = logging.getLogger("bkspark.spark")
@@ -246,18 +248,38 @@ def seek_time(logs, md, ts_us: int, chunk: int = 1024) -> Position | None:
         last = ledger_last(logs, entry)
         if last < 0:
             continue
-        rh = logs.bk.open_ledger(lid, password=logs.password, recovery=False)
-        try:
-            for lo in range(0, last + 1, chunk):
-                hi = min(last, lo + chunk - 1)
-                read = rh.read if hi <= rh.last_add_confirmed else rh.read_unconfirmed
-                for e in read(lo, hi):
-                    ts = codec.decode_record(e.view)[2]
-                    if ts is not None and ts >= ts_us:
-                        return Position(lid, e.entry_id)
-        finally:
-            rh.close()
+        for eid, data in _ledger_entries(logs, md.name, entry, last, chunk):
+            ts = codec.decode_record(data)[2]
+            if ts is not None and ts >= ts_us:
+                return Position(lid, eid)
     return None
+
+
+def _ledger_entries(logs, name: str, entry: LogLedger, last: int, chunk: int):
+    """``(entry id, data)`` of listed ledger ``entry``'s entries ``0..last``, from the
+    bookies, ``chunk`` a read -- or from its offloaded files once they are its only copy
+    (also when the copy was dropped since ``entry`` was read: decided on a synced re-read)."""
+    if on_bookies(entry.offloaded):
+        try:
+            rh = logs.bk.open_ledger(entry.ledger_id, password=logs.password, recovery=False)
+        except NoSuchLedgerError:
+            logs.store.sync(log_path(name))
+            fresh = logs.entry_of(name, entry.ledger_id)
+            if fresh is None or on_bookies(fresh.offloaded):
+                raise
+            entry = fresh
+        else:
+            try:
+                for lo in range(0, last + 1, chunk):
+                    hi = min(last, lo + chunk - 1)
+                    read = rh.read if hi <= rh.last_add_confirmed else rh.read_unconfirmed
+                    for e in read(lo, hi):
+                        yield e.entry_id, e.view
+            finally:
+                rh.close()
+            return
+    yield from read_entries(Location(entry.offloaded["location"]), name, entry.offloaded, 0,
+                            last)
 
 
 def offset_for(spec, name: str, default: str):
@@ -324,6 +346,11 @@ def plan_ranges(opts, fmt: str, name: str, spans_, clip=None) -> list:
             if first > last:        # pushed filters leave nothing of this span
                 continue
         offloaded = entry.offloaded if opts.read_offloaded else None
+        if offloaded is None and not on_bookies(entry.offloaded):
+            raise BadRequestError(
+                f"log {name!r}: ledger {lid} is offloaded and its files are its only copy "
+                "(the bookies' was dropped, as the log's offload policy says), so "
+                "readOffloaded=false cannot read it: drop that option")
         if offloaded is not None and opts.entries_per_partition is None:
             pieces = [(lid, max(first, f["first"]), min(last, f["last"]))
                       for f in files_of(offloaded, first, last)]
@@ -564,9 +591,21 @@ def read_ranges(opts, fmt: str, schema, ranges: list):
             yield from _read_from_bookies(opts, fmt, target, group)
             continue
         for part in group:
-            yield from read_offloaded(
-                part, fmt == ARROW, opts.schema == "kafka", target,
-                lambda part=part: _read_from_bookies(opts, fmt, target, [part]))
+            yield from _read_files(opts, fmt, target, part)
+
+
+def _read_files(opts, fmt: str, target, part, only_copy: bool = False):
+    """:func:`read_ranges` of one range of an offloaded ledger (``part.offloaded``): from its
+    files; if those cannot be opened, from the bookies (a ledger no longer there: what
+    :func:`_gone` says) -- unless the files are known to be its ``only_copy``: then the read
+    fails."""
+    def fallback(exc):
+        if only_copy:
+            raise BKError(f"log {part.log}: ledger {part.ledger_id} entries {part.first}.."
+                          f"{part.last}: its offloaded files, its only copy (the bookies' was "
+                          f"dropped), cannot be read: {exc}") from exc
+        return _read_from_bookies(opts, fmt, target, [part])
+    yield from read_offloaded(part, fmt == ARROW, opts.schema == "kafka", target, fallback)
 
 
 def _read_from_bookies(opts, fmt: str, target, ranges: list):
@@ -575,26 +614,47 @@ def _read_from_bookies(opts, fmt: str, target, ranges: list):
     to_batch = codec.records_to_kafka_batch if opts.schema == "kafka" else codec.records_to_batch
     rows: list = []                         # record rows not yet in a batch
     for part, rh, entries in _started(_opened(bk, opts, ranges)):
-        if rh is None:
-            removed_since_planning(opts, part)
-            continue
+        done = [part.first]                 # the range's first entry not yielded yet
         try:
+            if rh is None:
+                raise NoSuchLedgerError(f"no such ledger: {part.ledger_id}")
             if isinstance(entries, BKError):
                 raise entries
             if fmt == ARROW:
-                yield from _arrow_batches(target, part, rh, entries)
+                yield from _arrow_batches(target, part, rh, entries, done)
                 continue
             for row in _record_rows(opts, part, entries):
                 rows.append(row)        # (small ledgers' rows make one batch together)
+                done[0] += 1
                 if len(rows) >= RECORD_BATCH_ROWS:
                     yield to_batch(rows, target)
                     rows = []
         except BKError:
-            if _exists(bk, part.ledger_id):
+            if rh is not None and _exists(bk, part.ledger_id):
                 raise
-            removed_since_planning(opts, part)
+            if rows:
+                yield to_batch(rows, target)
+                rows = []
+            yield from _gone(opts, fmt, target, part, done[0])
     if rows:
         yield to_batch(rows, target)
+
+
+def _gone(opts, fmt: str, target, part: LedgerRange, resume: int):
+    """A planned ledger is gone from the bookies, its entries before ``resume`` read. If its
+    bookies' copy was dropped after its offload (decided on a synced read of its segment),
+    the rest of the range is read from its files; else it was removed from the log
+    (:func:`removed_since_planning`)."""
+    logs = conn.log_store(opts)
+    logs.store.sync(log_path(part.log))
+    entry = logs.entry_of(part.log, part.ledger_id)
+    if entry is None or on_bookies(entry.offloaded):
+        removed_since_planning(opts, part)
+        return
+    if resume <= part.last:
+        yield from _read_files(opts, fmt, target, LedgerRange(
+            part.log, part.ledger_id, resume, part.last, part.offset, part.size,
+            entry.offloaded), only_copy=True)
 
 
 def _exists(bk, ledger_id: int) -> bool:
@@ -605,8 +665,9 @@ def _exists(bk, ledger_id: int) -> bool:
         return False
 
 
-def _arrow_batches(target, part: LedgerRange, rh, entries):
-    """RecordBatches of one range of arrow entries (each entry one batch, not copied)."""
+def _arrow_batches(target, part: LedgerRange, rh, entries, done: list):
+    """RecordBatches of one range of arrow entries (each entry one batch, not copied);
+    ``done[0]``: the first entry not yielded yet."""
     stored = codec.ledger_arrow_schema(rh.metadata.custom_metadata)
     if stored is None:
         raise BadRequestError(
@@ -615,6 +676,7 @@ def _arrow_batches(target, part: LedgerRange, rh, entries):
             "entryFormat=record")
     for e in entries:
         batch = codec.decode_arrow(e.view, stored)     # no copy of the payload
+        done[0] = e.entry_id + 1
         if batch.num_rows:
             yield codec.conform(batch, target)
 

@@ -15,7 +15,7 @@ import pytest
 from bkspark.cli.main import main
 from bkspark.client import BookKeeper
 from bkspark.errors import UnauthorizedError
-from bkspark.log import LogStore
+from bkspark.log import EARLIEST, LogStore
 from bkspark.testing.cluster import BookieCluster
 from metadata import registry
 
@@ -428,6 +428,22 @@ def test_offload_commands(cluster, capsys, tmp_path):
         assert "offloaded" in out and "(0)" in out
         t = pq.read_table(str(tmp_path / "log=shell-offloaded"))
         assert sorted(t.column("value").to_pylist()) == [b"row0", b"row1"]
+        # the bookies' copy dropped (all but the last listed ledger), the log read the same
+        code, _, err = sh(capsys, cluster, "set-offload", "shell-offloaded", "--location",
+                          f"file://{tmp_path}", "--after", "1ms", "--keep-on-bookies=-1s")
+        assert code != 0 and "keep-on-bookies '-1s': give" in err
+        code, doc, _ = sh(capsys, cluster, "set-offload", "shell-offloaded", "--location",
+                          f"file://{tmp_path}", "--after", "1ms", "--keep-on-bookies", "0",
+                          as_json=True)
+        assert code == 0 and doc["offload"]["keep_on_bookies_ms"] == 0
+        code, (d,), _ = sh(capsys, cluster, "offload", "shell-offloaded", as_json=True)
+        assert code == 0 and len(d["dropped_from_bookies"]) == 1 and d["ledgers"] == []
+        code, (d,), _ = sh(capsys, cluster, "logs", "shell-offloaded", as_json=True)
+        assert (d["dropped_entries"], d["dropped_bytes"]) == (1, d["offloaded_bytes"] // 2)
+        code, out, _ = sh(capsys, cluster, "logs", "shell-offloaded")
+        assert "only" in out and "there" in out             # (the table wraps the cell)
+        with logs.open_reader("shell-offloaded", EARLIEST, tail=False) as r:
+            assert [x.data for x in r] == [encode_record(b"row0"), encode_record(b"row1")]
         code, doc, _ = sh(capsys, cluster, "set-offload", "shell-offloaded", "--off", as_json=True)
         assert code == 0 and doc["offload"] is None and logs.offload_policy("shell-offloaded") is None
         logs.delete("shell-offloaded")      # (the autorecovery tests count ledgers)

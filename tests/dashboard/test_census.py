@@ -397,3 +397,15 @@ def test_a_log_that_offloads_shows_what_is_offloaded_and_the_lag(logs, tmp_path)
     from bkspark.dashboard.server import _log_page
     page = _log_page({"log": "history", **stats, "cursors": {}, "segments_shown": []})
     assert b"10 entries, 100 bytes; 5 entries not yet" in page
+    assert b"only there" not in page
+
+    def dropped(edit):                  # the bookies' copy of the first dropped
+        edit.properties[offload.DROPPED] = offload.progress_after(first)
+    logs.update("history", dropped)
+    census.run_pass()
+    (row,) = census.rows()
+    assert (row["dropped_entries"], row["dropped_bytes"]) == (4, 40)
+    assert logs.stats("history")["dropped_entries"] == 4
+    page = _log_page({"log": "history", **logs.stats("history"), "cursors": {},
+                      "segments_shown": []})
+    assert b"4 entries, 40 bytes only there" in page

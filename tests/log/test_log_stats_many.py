@@ -53,12 +53,15 @@ def stats_as_before(logs, name) -> dict:
     offload = logs.offload_policy(name)
     offloaded = [e for e in logs.segments(name) if e.offloaded is not None]
     done = sum(e.entry_count() for e in offloaded)
+    dropped = [e for e in offloaded if e.offloaded.get("on_bookies") is False]
     return {"segments": nxt - first, "entries": entries, "bytes": logs.closed_bytes(name),
             "first_offset": span[0] if span else None, "end_offset": span[1] if span else None,
             "retention": policy.to_property() if policy else None,
             "offload": offload.to_property() if offload else None, "offloaded_entries": done,
             "offloaded_bytes": sum(e.length for e in offloaded),
-            "offload_lag": entries - done if offload else None}
+            "offload_lag": entries - done if offload else None,
+            "dropped_entries": sum(e.entry_count() for e in dropped),
+            "dropped_bytes": sum(e.length for e in dropped)}
 
 
 def assert_same_as_per_log(logs, names, got) -> None:
@@ -134,7 +137,7 @@ def test_stats_many_gives_what_stats_gives_for_every_shape_of_log(bk, logs, log_
     assert got[n("empty")] == {"segments": 0, "entries": 0, "bytes": 0, "first_offset": None,
                                "end_offset": None, "retention": None, "cursor_lags": {},
                                "offload": None, "offloaded_entries": 0, "offloaded_bytes": 0,
-                               "offload_lag": None}
+                               "offload_lag": None, "dropped_entries": 0, "dropped_bytes": 0}
     assert (got[n("closed")]["entries"], got[n("closed")]["bytes"]) == (21, 210)
     assert (got[n("truncated")]["segments"], got[n("truncated")]["first_offset"]) == (5, 9)
     assert (got[n("unlisted-first")]["entries"], got[n("unlisted-first")]["bytes"]) == (15, 150)

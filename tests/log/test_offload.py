@@ -466,3 +466,161 @@ def test_the_sweep_judges_files_on_a_synced_read(bk, logs, log_name, tmp_path, m
     assert calls.index("list") < calls.index(("sync", f"/logs/{log_name}")) < \
         len(calls) - 1 - calls[::-1].index("read")
     assert _table(where, log_name).num_rows == 5
+
+
+# ---- the bookies' copy dropped: the files are the only copy ---------------------------------
+
+def _dropping(bk, logs, name, tmp_path, ledgers, keep_ms=0, **fill):
+    """:func:`_offloading`, the policy dropping the bookies' copy ``keep_ms`` after; every
+    entry's bytes, read from the bookies before anything is dropped."""
+    where = _offloading(bk, logs, name, tmp_path, ledgers, **fill)
+    logs.set_offload(name, OffloadPolicy(str(tmp_path), after_ms=1, keep_on_bookies_ms=keep_ms))
+    return where, read_all(logs, name)
+
+
+def _exists(bk, lid) -> bool:
+    try:
+        bk.ledger_metadata(lid)
+        return True
+    except errors.NoSuchLedgerError:
+        return False
+
+
+def test_the_keep_on_bookies_policy_parses_and_bad_values_name_the_fix(tmp_path):
+    p = OffloadPolicy.parse(str(tmp_path), after="1h", keep="7d")
+    assert p.keep_on_bookies_ms == 7 * 86_400_000
+    assert OffloadPolicy.from_property(p.to_property()) == p
+    assert OffloadPolicy.parse(str(tmp_path), after="1h", keep="0").keep_on_bookies_ms == 0
+    assert "bookies keep their copy" in OffloadPolicy(str(tmp_path), after_ms=1).describe()
+    with pytest.raises(errors.BadRequestError, match="keep_on_bookies_ms must be an int >= 0"):
+        OffloadPolicy(str(tmp_path), after_ms=1, keep_on_bookies_ms=-1)
+    with pytest.raises(errors.BadRequestError, match="keep-on-bookies 'soon': give"):
+        OffloadPolicy.parse(str(tmp_path), after="1h", keep="soon")
+
+
+def test_after_keep_on_bookies_the_copy_is_dropped_and_readers_get_the_same_bytes(
+        bk, logs, log_name, tmp_path):
+    logs.create(log_name)
+    _fill(bk, logs, log_name, 3)
+    raw = [b"plain %d" % i for i in range(4)] + [b"", b"\xff\x00 not a record"]
+    logs.append_ledgers(log_name, [closed_ledger(bk, raw)])          # a producer's own bytes
+    _fill(bk, logs, log_name, 2, start=100)
+    logs.set_offload(log_name, OffloadPolicy(str(tmp_path), after_ms=1,
+                                             keep_on_bookies_ms=3_600_000))
+    before = read_all(logs, log_name)
+    time.sleep(0.01)
+    now = logs.store.clock.now_ms()
+    run(logs, log_name, now_ms=now)
+    entries = logs.segments(log_name)
+    assert [e.offloaded.get("encoding") for e in entries] == ["record"] * 3 + ["raw"] + \
+        ["record"] * 2
+    assert offload_pass.drop_copies(logs, log_name, now_ms=now) == []      # kept an hour
+    dropped = offload_pass.drop_copies(logs, log_name, now_ms=now + 3_600_001)
+    assert dropped == [e.ledger_id for e in entries[:-1]]        # never the last listed
+    assert not any(_exists(bk, lid) for lid in dropped) and _exists(bk, entries[-1].ledger_id)
+    again = logs.segments(log_name)
+    assert [offload.on_bookies(e.offloaded) for e in again] == [False] * 5 + [True]
+    assert read_all(logs, log_name) == before                           # byte for byte
+    third = again[2]
+    from bkspark.log import Position
+    with logs.open_reader(log_name, Position(third.ledger_id, 3), tail=False,
+                          batch_size=2) as r:
+        assert [x.data for x in r] == before[13:]
+    stats = logs.stats(log_name)
+    assert stats["dropped_entries"] == 26 and stats["dropped_bytes"] == \
+        sum(e.length for e in entries[:-1])
+    assert offload_pass.drop_copies(logs, log_name, now_ms=now + 3_600_001) == []
+    assert offload.progress_of(logs.properties(log_name), offload.DROPPED)["next"] == \
+        again[-1].seq
+
+
+def test_a_ledger_whose_files_do_not_give_back_its_entries_keeps_its_copy(
+        bk, logs, log_name, tmp_path):
+    from bkspark.spark import codec
+    logs.create(log_name)
+    mixed = [encode_record(b"v", key=b"k"), b"plain"]          # two encodings in one ledger
+    logs.append_ledgers(log_name, [closed_ledger(bk, mixed)])
+    schema = pa.schema([("id", pa.int64())])
+    batch = pa.RecordBatch.from_arrays([pa.array(range(100))], schema=schema)
+    arrow = {}
+    for compression in ("zstd", None):          # compressed: given back, but not byte for byte
+        lh = bk.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2, password=b"pw",
+                              custom_metadata=codec.arrow_ledger_metadata(schema, "{}"))
+        lh.append(bytes(codec.encode_arrow(batch, compression)))
+        lh.append(bytes(codec.encode_arrow(batch.slice(10, 5), compression)))
+        lh.close()
+        logs.append_ledgers(log_name, [lh.ledger_id])
+        arrow[compression] = lh.ledger_id
+    _fill(bk, logs, log_name, 2)
+    logs.set_offload(log_name, OffloadPolicy(str(tmp_path), after_ms=1, keep_on_bookies_ms=0))
+    before = read_all(logs, log_name)
+    time.sleep(0.01)
+    run(logs, log_name)
+    entries = logs.segments(log_name)
+    assert [e.offloaded.get("encoding") for e in entries] == [None, None, "arrow", "record",
+                                                              "record"]
+    dropped = offload_pass.drop_copies(logs, log_name)
+    assert dropped == [arrow[None], entries[3].ledger_id]       # passed over, not stopped at
+    assert _exists(bk, entries[0].ledger_id) and _exists(bk, arrow["zstd"])
+    assert read_all(logs, log_name) == before
+    got = codec.decode_arrow(before[5], schema)                 # (the slice, uncompressed)
+    assert got.column(0).to_pylist() == list(range(10, 15))
+
+
+def test_a_crash_between_marking_and_deleting_is_finished_by_the_next_pass(
+        bk, logs, log_name, tmp_path, monkeypatch):
+    _, before = _dropping(bk, logs, log_name, tmp_path, 3)
+    run(logs, log_name)
+    ids = [e.ledger_id for e in logs.segments(log_name)]
+
+    def crash(ledger_ids):
+        raise errors.MetadataConnectionError("the process died here")
+    monkeypatch.setattr(logs.bk, "delete_ledgers", crash)
+    with lost_answers(logs.store, count=1):             # and the mark's answer lost
+        with pytest.raises(errors.MetadataConnectionError):
+            offload_pass.drop_copies(logs, log_name)
+    assert [offload.on_bookies(e.offloaded) for e in logs.segments(log_name)] == \
+        [False, False, True]
+    assert all(_exists(bk, lid) for lid in ids)         # marked, not deleted yet
+    assert read_all(logs, log_name) == before           # (read from the files already)
+    monkeypatch.undo()
+    assert offload_pass.drop_copies(logs, log_name) == ids[:2]
+    assert not _exists(bk, ids[0]) and not _exists(bk, ids[1])
+    assert read_all(logs, log_name) == before
+
+
+def test_a_reader_whose_ledger_is_dropped_under_it_goes_on_from_the_files(
+        bk, logs, log_name, tmp_path, cluster, monkeypatch):
+    from bkspark.log import EARLIEST
+    from bkspark.testing.cluster import bookie_http
+    _, before = _dropping(bk, logs, log_name, tmp_path, 3)
+    run(logs, log_name)
+    with logs.open_reader(log_name, EARLIEST, tail=False, batch_size=3) as r:
+        got = [x.data for x in r.read_batch()]          # from the bookies, through a handle
+        offload_pass.drop_copies(logs, log_name)
+        for b in cluster.bookies:                       # their entries gone too
+            assert bookie_http(b, "/api/v1/bookie/gc", "POST", {}, timeout=60)[0] == 200
+        stale = r._locate                               # the list as read before the drop
+        monkeypatch.setattr(r, "_locate", lambda first, nxt: monkeypatch.undo() or
+                            stale(first, nxt).copy(offloaded=None))
+        got += [x.data for x in r]
+    assert got == before
+    assert not _exists(bk, logs.segments(log_name)[0].ledger_id)
+
+
+def test_missing_files_keep_the_copy_and_a_cut_removes_a_dropped_ledger(
+        bk, logs, log_name, tmp_path):
+    from bkspark.log import Position
+    where, before = _dropping(bk, logs, log_name, tmp_path, 4)
+    run(logs, log_name)
+    entries = logs.segments(log_name)
+    os.remove(os.path.join(where.log_dir(log_name), entries[1].offloaded["files"][0]["name"]))
+    with pytest.raises(offload.OffloadError, match="is missing; the bookies keep their copy"):
+        offload_pass.drop_copies(logs, log_name)
+    assert [_exists(bk, e.ledger_id) for e in entries] == [False, True, True, True]
+    assert read_all(logs, log_name) == before
+    logs.truncate(log_name, Position(entries[2].ledger_id, 0))    # cuts a dropped ledger
+    assert [e.ledger_id for e in logs.segments(log_name)] == [e.ledger_id for e in entries[2:]]
+    assert sorted(os.listdir(where.log_dir(log_name))) == sorted(
+        e.offloaded["files"][0]["name"] for e in entries[2:])
+    assert read_all(logs, log_name) == before[10:]

@@ -129,9 +129,9 @@ def test_arrow_reads_across_the_tiers_and_a_missing_file_is_read_from_the_bookie
 def test_a_stream_starting_in_the_offloaded_tier_reads_across_it_exactly_once_while_offload_and_retention_run(  # noqa: E501
         spark, uri, logs, log_name, tmp_path):
     """The query starts at the log's start, in the offloaded tier; while it runs, a thread
-    appends ledgers, and the service offloads them and cuts what the query's cursor has
-    read (retention by size, cursors holding it). The sink's log ends with every record
-    once, in order."""
+    appends ledgers, and the service offloads them, drops the bookies' copy at once
+    (keep_on_bookies 0) and cuts what the query's cursor has read (retention by size,
+    cursors holding it). The sink's log ends with every record once, in order."""
     import threading
     from bkspark.log.offload import OffloadPolicy
     from bkspark.log.retention import RetentionPolicy
@@ -145,7 +145,8 @@ def test_a_stream_starting_in_the_offloaded_tier_reads_across_it_exactly_once_wh
                 w.append(f"m{i:02d}-{j:02d}".encode())
     for i in range(4):
         add(i)
-    logs.set_offload(log_name, OffloadPolicy(str(tmp_path / "off"), after_ms=1))
+    logs.set_offload(log_name, OffloadPolicy(str(tmp_path / "off"), after_ms=1,
+                                             keep_on_bookies_ms=0))
     time.sleep(0.01)
     assert len(run(logs, log_name)) >= 3
     dst = log_name + "-out"
@@ -187,3 +188,67 @@ def test_a_stream_starting_in_the_offloaded_tier_reads_across_it_exactly_once_wh
     assert not errors_seen, errors_seen
     assert got == want
     assert service.offloaded_ledgers >= 4 and service.removed >= 1
+    assert service.dropped_ledgers >= 1         # (files the only copy while it ran)
+
+
+# ---- the bookies' copy dropped --------------------------------------------------------------
+
+def _drop(logs, name, tmp_path, bookies=None):
+    """Drop the bookies' copy of the offloaded ledgers of ``name`` now (and, given
+    ``bookies``, have them collect it); their ids."""
+    from bkspark.testing.cluster import bookie_http
+    policy = logs.offload_policy(name)
+    logs.set_offload(name, offload.OffloadPolicy(policy.location, after_ms=1,
+                                                 keep_on_bookies_ms=0))
+    dropped = offload_pass.drop_copies(logs, name)
+    for b in bookies or ():
+        assert bookie_http(b, "/api/v1/bookie/gc", "POST", {}, timeout=60)[0] == 200
+    return dropped
+
+
+@pytest.mark.parametrize("schema", ["record", "kafka"])
+def test_a_log_whose_bookies_copy_is_dropped_reads_the_same_rows(
+        spark, uri, logs, log_name, tmp_path, schema):
+    import datetime
+    _half_offloaded(spark, uri, logs, log_name, tmp_path)
+    extra = {"schema": "kafka", "includeHeaders": "true"} if schema == "kafka" else {}
+    before = rd(spark, uri, log=log_name, readOffloaded="false", **extra).load().collect()
+    assert len(_drop(logs, log_name, tmp_path)) == 2
+    assert rd(spark, uri, log=log_name, **extra).load().collect() == before
+    with pytest.raises(Exception, match="readOffloaded=false cannot read it: drop that option"):
+        rd(spark, uri, log=log_name, readOffloaded="false", **extra).load().collect()
+    # a start by time inside a dropped ledger: its records' times read from its files
+    at = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc) + \
+        datetime.timedelta(seconds=20, milliseconds=500)
+    got = rd(spark, uri, log=log_name, startingTimestamp=str(int(at.timestamp() * 1000)),
+             **extra).load().collect()
+    assert got == before[21:]
+    if schema == "record":          # a file of the only copy lost: the read fails, says why
+        import os
+        first = logs.segments(log_name)[0]
+        os.remove(f"{offload.Location(str(tmp_path)).log_dir(log_name)}/"
+                  f"{first.offloaded['files'][0]['name']}")
+        with pytest.raises(Exception, match="its offloaded files, its only copy .* cannot be "
+                                            "read"):
+            rd(spark, uri, log=log_name).load().collect()
+
+
+def test_a_range_planned_before_the_drop_is_read_from_the_files_not_lost(
+        uri, logs, log_name, tmp_path, bk_cluster):
+    """A task planned while the bookies held the ledgers runs after their copy was dropped and
+    collected: it reads the rest from the files (not a DataLossError, not a row twice)."""
+    from bkspark.spark import codec, reader
+    from bkspark.spark.options import parse_options
+    from tests.spark.test_spark_packing import _small_ledgers
+    logs.create(log_name)
+    values = _small_ledgers(logs, log_name, 3, 40)
+    opts = parse_options({"metadataServiceUri": uri, "log": log_name, "minPartitions": "1"})
+    schema = codec.record_spark_schema()
+    (part,) = reader.BookKeeperBatchReader(opts, schema).partitions()
+    assert all(r.offloaded is None for r in part.ranges)
+    logs.set_offload(log_name, offload.OffloadPolicy(str(tmp_path), after_ms=1))
+    _offload_now(logs, log_name)
+    assert len(_drop(logs, log_name, tmp_path, bk_cluster.bookies)) == 2
+    got = [v.decode() for b in reader.read_range(opts, "record", schema, part)
+           for v in b.column("value").to_pylist()]
+    assert got == values
