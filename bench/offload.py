@@ -68,6 +68,11 @@ def main() -> int:
     p.add_argument("--full", action="store_true", help="2,000,000 rows")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--payload", type=int, default=64, help="bytes of the binary column")
+    p.add_argument("--ledgers", type=int, default=8,
+                   help="ledgers the write makes (its partitions; all but the last dropped)")
+    p.add_argument("--entry-log-mb", type=int, default=16,
+                   help="the bookies' entry_log_max_size_mb: the grain at which the disk of "
+                        "dropped ledgers is freed (an entry log still written is not collected)")
     p.add_argument("--settle", type=float, default=120.0,
                    help="seconds to wait for the bookies' disk to stop shrinking after the drop")
     p.add_argument("--format", default="arrow", choices=("arrow", "record"),
@@ -88,7 +93,8 @@ def main() -> int:
     work = tempfile.mkdtemp(prefix="bkspark-bench-offload-")
     where = os.path.join(work, "history")
     log = "bench-offload"
-    with LocalCluster(num_bookies=3, data_dir=os.path.join(work, "bookies")) as cluster:
+    with LocalCluster(num_bookies=3, data_dir=os.path.join(work, "bookies"),
+                      extra_args=["--entry-log-max-size-mb", str(args.entry_log_mb)]) as cluster:
         uri = cluster.metadata_uri
         spark = (SparkSession.builder.master("local[2]").appName("bkspark-bench-offload")
                  .config("spark.ui.enabled", "false")
@@ -97,7 +103,7 @@ def main() -> int:
         spark.sparkContext.setLogLevel("ERROR")
         bk = BookKeeper(uri)
         try:
-            df = (spark.range(0, rows, numPartitions=2)
+            df = (spark.range(0, rows, numPartitions=args.ledgers)
                   .select(*(["id"] if args.format == "arrow" else []),
                           F.concat(F.lit("key-"), F.lpad(F.col("id").cast("string"), 12, "0"))
                           .alias("key"),
@@ -155,7 +161,7 @@ def main() -> int:
             mb = stored / 1e6
             print(f"# bench/offload.py, {when}: {rows:,} rows ({args.payload} B payload), "
                   f"{args.format} entries, {len(entries)} ledgers, {mb:.1f} MB of entries; "
-                  f"3 local bookies "
+                  f"3 local bookies (entry logs of {args.entry_log_mb} MiB) "
                   f"E=3 Qw=2 Qa=2, sqlite metadata; local[2]; reads best of {args.repeat}, "
                   "interleaved")
             print(f"write (Spark, format bookkeeper)   {mb / write_s:8.1f} MB/s ({write_s:.2f} s)")

@@ -23,6 +23,7 @@ which ends a long poll at once (bookies do not answer a long poll for a close).
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -63,6 +64,8 @@ class LogReader:
         self.batch_size = batch_size
         self._handle = None
         self._handle_ledger = None
+        #: ``((ledger id, next entry), its entries)``: the pass over a dropped ledger's files
+        self._files = None
         self._watch: _ListWatch | None = None
         self._unwatch = None
         self._seq: int | None = None        # segment of self.next's ledger, when known
@@ -70,6 +73,7 @@ class LogReader:
 
     def close(self) -> None:
         self._drop_handle()
+        self._drop_files()
         if self._unwatch is not None:
             self._unwatch()
         self._watch = self._unwatch = None
@@ -107,23 +111,38 @@ class LogReader:
     def _read_files(self, entry: LogLedger, upto: int) -> list[LogRecord]:
         """Entries ``self.next``..``upto`` of ``entry``, a ledger whose files are its only
         copy, read from them (byte for byte what the bookies held:
-        :func:`bkspark.log.offload.read_entries`). :raises BKError: they cannot be read."""
+        :func:`bkspark.log.offload.read_entries`). One pass over the files serves the
+        batches of a reader going forward through the ledger (kept between batches: a row
+        group is decoded once, not once a batch). :raises BKError: they cannot be read."""
         rec = entry.offloaded
         first = self.next.entry_id
+        key = (entry.ledger_id, first)
+        if self._files is None or self._files[0] != key:
+            self._drop_files()
+            self._files = (key, read_entries(Location(rec["location"]), self.name, rec, first,
+                                             entry.last_entry_id))
+        entries = self._files[1]
         try:
             got = [LogRecord(Position(entry.ledger_id, eid), data)
-                   for eid, data in read_entries(Location(rec["location"]), self.name, rec,
-                                                 first, upto)]
-        except errors.BKError:
-            raise
+                   for eid, data in itertools.islice(entries, upto - first + 1)]
         except Exception as exc:  # noqa: BLE001 - pyarrow's and the filesystem's errors
+            self._drop_files()
+            if isinstance(exc, errors.BKError):
+                raise
             raise errors.BKError(f"log {self.name}: ledger {entry.ledger_id} entries "
                                  f"{first}..{upto}: its offloaded files, its only copy, cannot "
                                  f"be read: {exc}") from exc
         if [r.position.entry_id for r in got] != list(range(first, upto + 1)):
+            self._drop_files()
             raise errors.BKError(f"log {self.name}: ledger {entry.ledger_id}: its offloaded "
                                  f"files do not hold entries {first}..{upto} in order")
+        self._files = ((entry.ledger_id, upto + 1), entries)
         return got
+
+    def _drop_files(self) -> None:
+        if self._files is not None:
+            self._files[1].close()
+        self._files = None
 
     def _dropped_meanwhile(self, entry: LogLedger) -> bool:
         """Whether the bookies' copy of ``entry``'s ledger was dropped since the list was read

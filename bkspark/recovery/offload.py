@@ -64,22 +64,24 @@ RECORD_SCHEMA = pa.schema([
 
 # ---- converting entries -------------------------------------------------------------------------
 
-def _record_table(entries: list, ledger_id: int, base: int) -> pa.Table:
-    offsets, eids, keys, values, tss, hdrs = [], [], [], [], [], []
-    for e in entries:
-        k, v, ts, h = codec.decode_record(e.data)
-        offsets.append(base + e.entry_id)
-        eids.append(e.entry_id)
-        keys.append(k)
-        values.append(v)
-        tss.append(ts)
-        hdrs.append(h)
+#: record entries converted together into one batch at most (rows, bytes of their entries)
+RECORD_CHUNK_ROWS = 8192
+RECORD_CHUNK_BYTES = 8 << 20
+
+
+def _record_table(rows: list, ledger_id: int, base: int) -> pa.Table:
+    """The table of decoded record entries ``rows`` (``(entry id, key, value, timestamp_us,
+    headers)``, :func:`bkspark.log.records.decode_record`) of the ledger whose entry 0 is log
+    offset ``base``."""
+    eids = [r[0] for r in rows]
     n = len(eids)
     return pa.Table.from_arrays([
-        pa.array(offsets, pa.int64()), pa.array([ledger_id] * n, pa.int64()),
-        pa.array(eids, pa.int64()), pa.array(keys, pa.binary()), pa.array(values, pa.binary()),
-        pa.array(tss, pa.int64()).cast(TS_TYPE),
-        pa.array(hdrs, RECORD_SCHEMA.field("headers").type)], schema=RECORD_SCHEMA)
+        pa.array([base + eid for eid in eids], pa.int64()),
+        pa.array([ledger_id] * n, pa.int64()), pa.array(eids, pa.int64()),
+        pa.array([r[1] for r in rows], pa.binary()), pa.array([r[2] for r in rows], pa.binary()),
+        pa.array([r[3] for r in rows], pa.int64()).cast(TS_TYPE),
+        pa.array([r[4] for r in rows], RECORD_SCHEMA.field("headers").type)],
+        schema=RECORD_SCHEMA)
 
 
 def _arrow_table(entries: list, ledger_id: int, base: int, stored: pa.Schema) -> pa.Table:
@@ -118,17 +120,28 @@ def _check(col, arrow: bool, first: int, last: int, base: int, rows: int) -> Non
 
 # ---- one ledger ---------------------------------------------------------------------------------
 
-def _convert(e, stored, ledger_id: int, base: int):
-    """The rows of one entry as a RecordBatch (``stored``: the ledger's Arrow schema, None:
-    record entries). :raises OffloadError: the entry does not decode as its format says."""
+_UNDECODABLE = (ValueError, TypeError, IndexError, struct.error, UnicodeDecodeError,
+                pa.ArrowException)
+
+
+def _arrow_batches(e, stored, ledger_id: int, base: int):
+    """The rows of one Arrow entry as RecordBatches (``stored``: the ledger's Arrow schema).
+    :raises OffloadError: the entry does not decode as Arrow."""
     try:
-        if stored is not None:
-            return _arrow_table([e], ledger_id, base, stored).combine_chunks().to_batches()
-        return _record_table([e], ledger_id, base).to_batches()
-    except (ValueError, TypeError, IndexError, struct.error, UnicodeDecodeError,
-            pa.ArrowException) as exc:
+        return _arrow_table([e], ledger_id, base, stored).combine_chunks().to_batches()
+    except _UNDECODABLE as exc:
         raise OffloadError(f"ledger {ledger_id} entry {e.entry_id} does not decode as "
-                           f"{'Arrow' if stored is not None else 'a record'}: {exc}") from None
+                           f"Arrow: {exc}") from None
+
+
+def _record_row(e, ledger_id: int) -> tuple:
+    """``(entry id, key, value, timestamp_us, headers)`` of one record entry (copies: the
+    entry's buffer is not kept). :raises OffloadError: it does not decode as a record."""
+    try:
+        return (e.entry_id, *codec.decode_record(e.data))
+    except _UNDECODABLE as exc:
+        raise OffloadError(f"ledger {ledger_id} entry {e.entry_id} does not decode as "
+                           f"a record: {exc}") from None
 
 
 def _kind(data) -> str:
@@ -184,6 +197,7 @@ def offload_ledger(logs, name: str, entry: LogLedger, where: Location,
 
     def flush():
         first, last = span
+        convert_rows()
         table = pa.Table.from_batches(batches) if batches else (
             _arrow_table([], entry.ledger_id, entry.offset, stored) if stored is not None
             else _record_table([], entry.ledger_id, entry.offset))
@@ -211,6 +225,17 @@ def offload_ledger(logs, name: str, entry: LogLedger, where: Location,
         span.clear()
         state.update(size=0, crc=0)
 
+    rows: list = []                 # record entries decoded, not in a batch yet
+    pending = [0]                   # ... the bytes of their entries
+
+    def convert_rows():
+        if rows:
+            for b in _record_table(rows, entry.ledger_id, entry.offset).to_batches():
+                batches.append(b)
+                state["size"] += b.nbytes
+            rows.clear()
+            pending[0] = 0
+
     published = 0
     try:
         if entry.last_entry_id >= 0:
@@ -221,9 +246,15 @@ def offload_ledger(logs, name: str, entry: LogLedger, where: Location,
                 state["crc"] = crc32c.crc32c(e.data, state["crc"])
                 if stored is None and e.entry_id == 0:
                     state["encoding"] = _kind(e.data)
-                for b in _convert(e, stored, entry.ledger_id, entry.offset):
-                    batches.append(b)
-                    state["size"] += b.nbytes
+                if stored is not None:
+                    for b in _arrow_batches(e, stored, entry.ledger_id, entry.offset):
+                        batches.append(b)
+                        state["size"] += b.nbytes
+                else:
+                    rows.append(_record_row(e, entry.ledger_id))
+                    pending[0] += len(e.data)
+                    if len(rows) >= RECORD_CHUNK_ROWS or pending[0] >= RECORD_CHUNK_BYTES:
+                        convert_rows()
                 if state["size"] >= FILE_ENTRY_BYTES:
                     flush()
             if span:

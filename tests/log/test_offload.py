@@ -423,6 +423,7 @@ def test_a_ledger_is_published_whole_or_not_at_all(bk, logs, log_name, tmp_path,
     sweep kept them -- a listed ledger's)."""
     from bkspark.log import Position
     monkeypatch.setattr(offload_pass, "FILE_ENTRY_BYTES", 1)      # a file per entry
+    monkeypatch.setattr(offload_pass, "RECORD_CHUNK_ROWS", 1)
     logs.create(log_name)
     good = [encode_record(f"v{j}".encode(), timestamp_us=1) for j in range(3)]
     logs.append_ledgers(log_name, [closed_ledger(bk, good + [b"\xffBKR\x01\x02\x00"])])
@@ -499,7 +500,7 @@ def test_the_keep_on_bookies_policy_parses_and_bad_values_name_the_fix(tmp_path)
 
 
 def test_after_keep_on_bookies_the_copy_is_dropped_and_readers_get_the_same_bytes(
-        bk, logs, log_name, tmp_path):
+        bk, logs, log_name, tmp_path, monkeypatch):
     logs.create(log_name)
     _fill(bk, logs, log_name, 3)
     raw = [b"plain %d" % i for i in range(4)] + [b"", b"\xff\x00 not a record"]
@@ -523,9 +524,14 @@ def test_after_keep_on_bookies_the_copy_is_dropped_and_readers_get_the_same_byte
     assert read_all(logs, log_name) == before                           # byte for byte
     third = again[2]
     from bkspark.log import Position
+    from bkspark.log import reader as reader_module
+    passes = []
+    real = reader_module.read_entries
+    monkeypatch.setattr(reader_module, "read_entries", lambda *a: passes.append(a[3]) or real(*a))
     with logs.open_reader(log_name, Position(third.ledger_id, 3), tail=False,
                           batch_size=2) as r:
         assert [x.data for x in r] == before[13:]
+    assert len(passes) == 3             # one pass over each dropped ledger's files, not a batch
     stats = logs.stats(log_name)
     assert stats["dropped_entries"] == 26 and stats["dropped_bytes"] == \
         sum(e.length for e in entries[:-1])
