@@ -40,7 +40,11 @@ end-to-end p99 was 6-25 ms (2026-11-23): most of the tail is the client process 
 threads waiting for a CPU and the GIL) and waiting for the entries' stream to be answered.
 Then where the entries over 10 ms lie in time: a few 100-ms windows with most of their entries
 late are stalls (one bookie's slow sync holds every later entry: acknowledgements go in entry
-order), many windows with a few late entries each is queueing for a CPU.
+order), many windows with a few late entries each is queueing for a CPU. Then where their time
+went (``--trace N``, default 16: one entry in N traced stage by stage,
+:mod:`bkspark.client.add_trace`): per stage the p50 and p99 of the on-time and of the late
+entries, which stage was the longest of each late entry, and the collector passes that
+overlapped late entries.
 
 The bookies authenticate clients as a local cluster does by default (tokens,
 :mod:`bkspark.auth`). ``--auth-compare N`` measures instead what that costs: two clusters, one
@@ -152,6 +156,7 @@ def run(bk, ensemble, qw, qa, size, seconds, batch, rate=None, outstanding=None)
     """Append for `seconds`; return (entries, elapsed, latencies_ms, slow): ``slow`` counts the
     entries over ``SLOW_MS`` by the ``WINDOW_S`` window they were submitted in."""
     lh = bk.create_ledger(ensemble, qw, qa, digest="crc32c", password=b"bench")
+    run.ledger_id = lh.ledger_id
     payload = os.urandom(size)
     lat = array.array("d")      # untracked by the cyclic GC (a list of floats is traversed)
     slow: collections.Counter = collections.Counter()
@@ -275,6 +280,50 @@ def slow_summary(n: int, elapsed: float, slow) -> str:
             f"of their windows' entries late)")
 
 
+#: (label, from stamp, to stamp) of the stages an add's time is split into (add_trace)
+TRACE_STAGES = (
+    ("queued (back-pressure, lock)", "call", "admitted"),
+    ("framed (digest)", "admitted", "framed"),
+    ("held until sent (self-clocking)", "framed", "sent_first"),
+    ("bookies + network (to Qa acks)", "sent_first", "acked_quorum"),
+    ("ack thread (CPU, GIL, lock)", "acked_quorum", "handled"),
+    ("in entry order (earlier entries)", "handled", "completed"),
+    ("callback (appender's thread)", "completed", "callback"),
+)
+
+
+def trace_summary(tracer, ledger_id: int) -> str:
+    """Where the time of the traced entries of ``ledger_id`` went, stage by stage
+    (:data:`TRACE_STAGES`), for those over ``SLOW_MS`` beside the others; which stage was the
+    longest of each late one; and the collector's passes that overlap late entries."""
+    traces = [t for t in tracer.done if t.ledger_id == ledger_id]
+    if not traces:
+        return "    add trace: no entry traced"
+    late = [t for t in traces if (t.callback - t.call) / 1e6 > SLOW_MS]
+    ontime = [t for t in traces if (t.callback - t.call) / 1e6 <= SLOW_MS]
+
+    def stats(group, a, b):
+        vals = sorted(max(0, getattr(t, b) - getattr(t, a)) / 1e6 for t in group)
+        return (f"{percentile(vals, 0.5):7.2f} {percentile(vals, 0.99):8.2f}" if vals
+                else f"{'-':>7} {'-':>8}")
+    longest = collections.Counter(
+        max(TRACE_STAGES, key=lambda s: getattr(t, s[2]) - getattr(t, s[1]))[0] for t in late)
+    lines = [f"    add trace (1 entry in {tracer.every}): {len(traces):,} traced, {len(late):,} "
+             f"over {SLOW_MS:g} ms; ms per stage (p50 p99), on time | late; the stage that "
+             "took longest in each late entry"]
+    for label, a, b in TRACE_STAGES:
+        lines.append(f"      {label:<34} {stats(ontime, a, b)} | {stats(late, a, b)}   "
+                     f"{longest.get(label, 0) / len(late) * 100 if late else 0:4.0f}%")
+    spans = [(t.call, t.callback) for t in late]
+    hit = [p for p in tracer.gc_pauses if any(s <= p[1] and p[0] <= e for s, e in spans)]
+    if late:
+        by_gen = collections.Counter(p[2] for p in hit)
+        lines.append(f"      collector passes overlapping late entries: {len(hit)} "
+                     f"({', '.join(f'gen {g}: {n}' for g, n in sorted(by_gen.items())) or 'none'}"
+                     f"), {sum(e - s for s, e, _ in hit) / 1e6:.1f} ms in all")
+    return "\n".join(lines)
+
+
 def report(label, size, n, elapsed, lat, cpu=None):
     rate = n / elapsed
     extra = ""
@@ -308,6 +357,9 @@ def main():
     ap.add_argument("--paced-seconds", type=float, default=10.0,
                     help="length of each paced run (half peak, --sweep): a p99 needs enough entries that one "
                          "host-level disk stall (see the disk reference line) is not 1%% of them")
+    ap.add_argument("--trace", type=int, default=16, metavar="N",
+                    help="trace 1 entry in N of each paced run stage by stage "
+                         "(bkspark.client.add_trace; 0: off) and print where the time went")
     ap.add_argument("--call-size", action="store_true",
                     help="also run unpaced with the paced run's entries per call")
     ap.add_argument("--sweep", default="",
@@ -352,12 +404,16 @@ def main():
                     for paced_label, frac in paced:
                         settle(c)
                         h0 = storage_histogram(c)
+                        tracer = bk.trace_adds(args.trace) if args.trace else None
                         n, el, lat, slow, cpu = measured(
                             bk, c, lambda: run(bk, e, qw, qa, size, args.paced_seconds, 1,
                                                rate=peak * frac))
+                        bk.stop_tracing_adds()
                         report(paced_label, size, n, el, lat, cpu)
                         print(storage_summary(h0, storage_histogram(c)), flush=True)
                         print(slow_summary(n, el, slow), flush=True)
+                        if tracer is not None:
+                            print(trace_summary(tracer, run.ledger_id), flush=True)
                     if args.call_size:
                         k = max(1, round(peak / 2 / 1000))
                         settle(c)

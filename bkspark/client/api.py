@@ -359,6 +359,25 @@ class BookKeeper:
             self.ctx.metrics = ClientMetrics(registry)
         return self.ctx.metrics.registry
 
+    def trace_adds(self, every: int = 16, capacity: int = 200_000):
+        """Stamp one entry in ``every`` of the adds of this client at each stage of its way
+        (:mod:`bkspark.client.add_trace`), until :meth:`stop_tracing_adds`; returns the
+        :class:`~bkspark.client.add_trace.AddTracer` whose ``done`` holds the finished
+        traces (at most ``capacity``, the newest) and ``gc_pauses`` the collector's passes."""
+        from .add_trace import AddTracer
+        self.stop_tracing_adds()
+        tracer = AddTracer(every, capacity)
+        self.ctx.add_trace = tracer
+        self.ctx.pool.set_trace(tracer)
+        return tracer
+
+    def stop_tracing_adds(self) -> None:
+        """No more stamps (the tracer's traces stay readable)."""
+        tracer, self.ctx.add_trace = self.ctx.add_trace, None
+        self.ctx.pool.set_trace(None)
+        if tracer is not None:
+            tracer.close()
+
     # ---- lifecycle -------------------------------------------------------------------------
     def _check_open(self):
         if self._closed:
@@ -371,6 +390,7 @@ class BookKeeper:
         for lh in list(self._writers):      # nobody will ever ack their pending adds
             lh._abort(errors.BKError("the BookKeeper client was closed"))
         self._ticker_stop.set()
+        self.stop_tracing_adds()
         self._scheduler.stop()
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._pool.close()

@@ -187,6 +187,9 @@ class _AddStream:
             self.backlog -= size
             with self.lock:
                 self._count_sent(len(parts))
+            tracer = client.trace
+            if tracer is not None:
+                tracer.sent(parts)
             yield parts
 
     def use_queue(self) -> None:
@@ -235,6 +238,9 @@ class _AddStream:
             self._count_sent(len(parts))
             self.last_send = time.monotonic()
             force = False
+            tracer = self.client.trace
+            if tracer is not None:
+                tracer.sent(parts)
             rest = direct(parts)
             if rest is not None:        # socket buffer full: never block an appender
                 self.partial = rest
@@ -254,6 +260,9 @@ class _AddStream:
                 responses = msg.responses
                 if not responses:
                     continue
+                tracer = client.trace
+                if tracer is not None:
+                    tracer.ack_arrived()
                 client.ack_messages += 1
                 self.acked_elements += len(responses)
                 self.owed_since = (None if self.acked_elements == self.sent_elements
@@ -575,6 +584,7 @@ class BookieClient:
         self.add_messages = 0
         self.add_elements = 0
         self.ack_messages = 0
+        self.trace = None       # the client's AddTracer, while it traces adds (add_trace)
 
     def _error(self, exc: BaseException) -> errors.BKError:
         return rpc_error(self.bookie_id, exc, self.note)
@@ -1027,6 +1037,15 @@ class BookieClientPool:
         self._clients: dict[str, BookieClient] = {}
         self._lock = threading.Lock()
         self.sinks: dict[int, object] = {}
+        self.trace = None       # the client's AddTracer, while it traces adds (add_trace)
+
+    def set_trace(self, tracer) -> None:
+        """Stamp the sends and acks of every bookie's add stream in ``tracer`` (None: no
+        more)."""
+        with self._lock:
+            self.trace = tracer
+            for c in self._clients.values():
+                c.trace = tracer
 
     def get(self, bookie_id: str) -> BookieClient:
         c = self._clients.get(bookie_id)
@@ -1039,6 +1058,7 @@ class BookieClientPool:
                                  self.on_failure, self.credentials)
                 c.linger, c.max_linger = self.linger, self.max_linger
                 c.max_backlog, c.backlog_wait = self.max_backlog, self.backlog_wait
+                c.trace = self.trace
                 if self._note_for is not None:
                     c.note = self._note_for(bookie_id)
                 self._clients[bookie_id] = c

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Callable
 from metadata import ledgers as ledger_store
 
 if TYPE_CHECKING:
+    from .add_trace import AddTracer
     from .metrics import ClientMetrics
     from metadata.store import MetadataStore
 
@@ -108,6 +109,8 @@ class ClientContext:
     unregister_writer: Callable[[object], None]
     #: the client's Prometheus metrics, once the application enabled them (None: none kept)
     metrics: "ClientMetrics | None" = None
+    #: sampled per-stage stamps of adds, while the application traces them (None: off)
+    add_trace: "AddTracer | None" = None
 
     def read_metadata(self, ledger_id: int, settle: bool = False):
         """``(LedgerMetadata, version)``; ``settle``: read after a sync (see

@@ -83,7 +83,7 @@ _SETTLED = (FencedError, LedgerClosedError, errors.UnauthorizedError, BadRequest
 
 
 class _PendingAdd:
-    __slots__ = ("entry_id", "elem", "size", "length", "acked", "future", "sent", "t0")
+    __slots__ = ("entry_id", "elem", "size", "length", "acked", "future", "sent", "t0", "trace")
 
     def __init__(self, entry_id, elem, size, length, future, t0):
         self.entry_id = entry_id
@@ -94,6 +94,7 @@ class _PendingAdd:
         self.future = future
         self.sent = False
         self.t0 = t0
+        self.trace = None           # its stamps, if the client traces it (add_trace)
 
 
 class LedgerHandle:
@@ -130,6 +131,7 @@ class LedgerHandle:
         self._closed = False
         self._close_future: Future | None = None   # the one close; its outcome is final
         self._done_q: deque = deque()
+        self._traced_done: deque = deque()  # traced entries completed, future not yet resolved
         self._cb_lock = threading.Lock()
         self.ensemble_changes = 0
         # explicit LAC (module docstring); every field under _lock
@@ -224,12 +226,15 @@ class LedgerHandle:
         if self._error is not None:
             self._settle_failure()
         now = time.monotonic()
+        tracer = self._ctx.add_trace
+        t_call = time.perf_counter_ns() if tracer is not None else 0
         sends: dict[str, list] = {}
         with self._lock:
             self._check_writable()
             while self._outstanding > self._max_outstanding and self._error is None:
                 self._space.wait(1.0)
                 self._check_writable()
+            t_admitted = time.perf_counter_ns() if tracer is not None else 0
             first = self._next_id
             last_i = len(datas) - 1
             send = not self._changing
@@ -241,11 +246,15 @@ class LedgerHandle:
             pending, pmap = self._pending, self._pmap
             eid, length = self._next_id, self._length
             elems = self._digest.add_elements(self._prefix, eid, self._lac, length, datas)
+            t_framed = time.perf_counter_ns() if tracer is not None else 0
             outstanding = 0
             for i, (d, elem) in enumerate(zip(datas, elems)):
                 length += len(d)
                 p = _PendingAdd(eid, elem, len(elem), length,
                                 fut if i == last_i else None, now)
+                if tracer is not None and tracer.traced(eid):
+                    p.trace = tracer.start(self.ledger_id, eid, elem, t_call, t_admitted,
+                                           t_framed)
                 pending.append(p)
                 pmap[eid] = p
                 outstanding += p.size
@@ -310,6 +319,8 @@ class LedgerHandle:
                     # only acks of a current write-set member count
                     if idx is not None and has_entry(idx, eid, e, qw):
                         p.acked.add(bookie_id)
+                        if p.trace is not None:
+                            self._ctx.add_trace.acked(p.trace, len(p.acked) == self._Qa)
                 elif status == errors.ETOOMANYREQUESTS:
                     # overloaded, not broken: resend to the same bookie a little later
                     # (if it never accepts, the add timeout replaces it)
@@ -366,6 +377,9 @@ class LedgerHandle:
             del self._pmap[p.entry_id]
             if metrics is not None:
                 metrics.added(now - p.t0, p.size)
+            if p.trace is not None and self._ctx.add_trace is not None:
+                self._ctx.add_trace.completed(p.trace)
+                self._traced_done.append(p.trace)
             self._lac = p.entry_id
             self._lac_length = p.length
             self._outstanding -= p.size
@@ -398,6 +412,12 @@ class LedgerHandle:
                     fut.set_result(eid)
                 else:
                     fut.set_exception(exc)
+                traced = self._traced_done
+                if traced and exc is None and self._ctx.add_trace is not None:
+                    covered = []
+                    while traced and traced[0].entry_id <= eid:
+                        covered.append(traced.popleft())
+                    self._ctx.add_trace.called_back(covered)
 
     def _fail_all(self, exc: BKError):
         """Unrecoverable: fail every pending add and refuse further ones (lock held)."""
@@ -408,6 +428,8 @@ class LedgerHandle:
         for p in self._pending:
             if p.future is not None:
                 self._done_q.append((p.future, p.entry_id, exc))
+        if self._ctx.add_trace is not None:
+            self._ctx.add_trace.forget([p.trace for p in self._pending if p.trace is not None])
         self._pending.clear()
         self._pmap.clear()
         self._outstanding = 0

@@ -33,6 +33,7 @@ class _FakeClient:
         self.linger, self.max_linger = linger, max_linger
         self.sinks = {}
         self.add_messages = self.add_elements = self.ack_messages = 0
+        self.trace = None                   # (no add trace)
         self.calls = []
 
     def _open_add_transport(self, stream):

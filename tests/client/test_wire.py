@@ -92,7 +92,8 @@ def test_ledger_handle_encodes_valid_add_batches():
         def get(self, b):
             return SimpleNamespace(send_adds=lambda elems: sent.setdefault(b, []).extend(elems))
 
-    ctx = SimpleNamespace(conf=ClientConfig(), pool=Pool(), register_writer=lambda h: None)
+    ctx = SimpleNamespace(conf=ClientConfig(), pool=Pool(), register_writer=lambda h: None,
+                          add_trace=None)
     md = LedgerMetadata.new(["a", "b", "c", "d"], 3, 2, ledger_id=300, password=b"pw")
     keys = md.keys.derive(b"pw")
     lh = LedgerHandle(ctx, md, 0, keys)
