@@ -89,6 +89,17 @@ def bookie_cpu_seconds(cluster) -> float:
     return process_cpu_seconds(b.proc.pid for b in cluster.bookies if b.proc is not None)
 
 
+def pin(pids, cpus: set) -> None:
+    """Run every thread of processes ``pids`` on ``cpus`` only (threads they start later
+    inherit it)."""
+    for pid in pids:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                os.sched_setaffinity(int(tid), cpus)
+            except (ProcessLookupError, FileNotFoundError):
+                pass
+
+
 def bookie_metrics(cluster):
     """Every bookie's /metrics, parsed (prometheus_client metric families), one list each."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -360,6 +371,9 @@ def main():
     ap.add_argument("--trace", type=int, default=16, metavar="N",
                     help="trace 1 entry in N of each paced run stage by stage "
                          "(bkspark.client.add_trace; 0: off) and print where the time went")
+    ap.add_argument("--pin", action="store_true",
+                    help="the client on CPU 0, the bookies on CPU 1 (taskset): whether the "
+                         "tail is the two processes' threads waiting for a shared CPU")
     ap.add_argument("--call-size", action="store_true",
                     help="also run unpaced with the paced run's entries per call")
     ap.add_argument("--sweep", default="",
@@ -388,6 +402,11 @@ def main():
                            add_timeout=30,
                            **({} if args.linger is None else {"add_linger": args.linger})) as bk:
             freeze_startup_heap()   # as a latency-sensitive application would (docs/tour.md)
+            if args.pin:
+                pin([os.getpid()], {0})
+                pin([b.proc.pid for b in c.bookies], {1})
+                print("pinned: this client's threads on CPU 0, the bookies' on CPU 1",
+                      flush=True)
             configs = [("E=3 Qw=2 Qa=2 (3 bookies)", 3, 2, 2)]
             if not args.no_single:
                 configs.append(("E=1 Qw=1 Qa=1 (1 bookie)", 1, 1, 1))

@@ -250,6 +250,56 @@ def test_a_process_killed_after_each_step_leaves_nothing_visible_half_done(
     assert all(e.offloaded for e in logs.segments(name))
 
 
+_DROP_CRASHER = """
+import os, signal, sys
+from bkspark.client import BookKeeper
+from bkspark.log import LogStore
+from bkspark.recovery import offload as offload_pass
+step, updates = sys.argv[2], []
+real_update, real_delete = LogStore.update, BookKeeper.delete_ledgers
+
+def update(self, *a, **kw):
+    out = real_update(self, *a, **kw)
+    updates.append(1)
+    if (step, len(updates)) in (("mark", 1), ("advance", 2)):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return out
+
+def delete_ledgers(self, ids):
+    real_delete(self, ids)
+    os.kill(os.getpid(), signal.SIGKILL)
+LogStore.update = update
+if step == "delete":
+    BookKeeper.delete_ledgers = delete_ledgers
+offload_pass.drop_copies(LogStore(BookKeeper(sys.argv[1]), password=b"pw"), sys.argv[3])
+sys.exit(3)         # (not reached)
+"""
+
+
+@pytest.mark.parametrize("step", ["mark", "delete", "advance"])
+def test_a_process_killed_after_each_step_of_a_drop_loses_nothing(
+        bk, logs, log_name, tmp_path, cluster, step):
+    """kill -9 of the process dropping the bookies' copy after marking it, after deleting the
+    ledgers, after moving the mark: every reader reads the log as before, from whichever copy
+    is there, and the next pass finishes the drop exactly."""
+    import subprocess
+    import sys
+    name = f"{log_name}"[:100]
+    _, before = _dropping(bk, logs, name, tmp_path, 3)
+    run(logs, name)
+    ids = [e.ledger_id for e in logs.segments(name)]
+    proc = subprocess.run([sys.executable, "-c", _DROP_CRASHER, cluster.metadata_uri, step,
+                           name], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    assert read_all(logs, name) == before
+    again = offload_pass.drop_copies(logs, name)
+    assert again == ([] if step == "advance" else ids[:2])
+    assert [_exists(bk, lid) for lid in ids] == [False, False, True]
+    assert offload.progress_of(logs.properties(name), offload.DROPPED)["next"] == \
+        logs.segments(name)[-1].seq
+    assert read_all(logs, name) == before
+
+
 # ---- the service, retention ------------------------------------------------------------------
 
 def test_the_retention_service_offloads_and_a_retention_cut_deletes_the_files(
