@@ -101,10 +101,13 @@ def pin(pids, cpus: set) -> None:
 
 
 def bookie_metrics(cluster):
-    """Every bookie's /metrics, parsed (prometheus_client metric families), one list each."""
+    """Every running bookie's /metrics, parsed (prometheus_client metric families), one list
+    each."""
     from prometheus_client.parser import text_string_to_metric_families
     out = []
     for b in cluster.bookies:
+        if not b.alive:
+            continue
         creds = cluster.credentials("client")
         _, raw, _ = creds.http_request(creds.url(b.address, b.http_port, "/metrics"), timeout=5)
         out.append(list(text_string_to_metric_families(raw.decode())))
@@ -163,9 +166,12 @@ SLOW_MS = 10.0          # the issue's p99 target
 WINDOW_S = 0.1
 
 
-def run(bk, ensemble, qw, qa, size, seconds, batch, rate=None, outstanding=None):
+def run(bk, ensemble, qw, qa, size, seconds, batch, rate=None, outstanding=None,
+        timeline=None, event=None):
     """Append for `seconds`; return (entries, elapsed, latencies_ms, slow): ``slow`` counts the
-    entries over ``SLOW_MS`` by the ``WINDOW_S`` window they were submitted in."""
+    entries over ``SLOW_MS`` by the ``WINDOW_S`` window they were submitted in. ``timeline``
+    (a list): filled with ``(seconds after the start it was submitted, ms)`` of every entry;
+    ``event``: ``(seconds, fn)``, ``fn()`` run on a thread that many seconds after the start."""
     lh = bk.create_ledger(ensemble, qw, qa, digest="crc32c", password=b"bench")
     run.ledger_id = lh.ledger_id
     payload = os.urandom(size)
@@ -177,6 +183,8 @@ def run(bk, ensemble, qw, qa, size, seconds, batch, rate=None, outstanding=None)
     lh.append_many([payload] * 16)
     n = 0
     t0 = perf()
+    if event is not None:
+        threading.Timer(event[0], event[1]).start()
     tick = t0
     deadline = t0 + seconds
     last_fut = None
@@ -201,6 +209,8 @@ def run(bk, ensemble, qw, qa, size, seconds, batch, rate=None, outstanding=None)
             ms = (perf() - submit) * 1000.0
             with lock:
                 lat.extend([ms] * k)
+                if timeline is not None:
+                    timeline.append((submit - t0, ms, k))
                 if ms > SLOW_MS:
                     slow[int((submit - t0) / WINDOW_S)] += k
         fut.add_done_callback(done)
@@ -354,6 +364,111 @@ def report(label, size, n, elapsed, lat, cpu=None):
     return rate
 
 
+def window_summary(timeline, lo: float, hi: float) -> str:
+    """p50 / p99 / p99.9 and the share over ``SLOW_MS`` of the entries submitted between
+    ``lo`` and ``hi`` seconds after the start (``timeline`` of :func:`run`)."""
+    lat = sorted(ms for at, ms, k in timeline if lo <= at < hi for _ in range(k))
+    if not lat:
+        return "no entries"
+    late = sum(1 for ms in lat if ms > SLOW_MS)
+    return (f"p50 {percentile(lat, 0.5):6.2f} ms  p99 {percentile(lat, 0.99):7.2f} ms  "
+            f"p99.9 {percentile(lat, 0.999):7.1f} ms  over {SLOW_MS:g} ms "
+            f"{late / len(lat) * 100:5.2f}% ({len(lat):,} entries)")
+
+
+def fault_phases(args, d: str) -> None:
+    """Issue 53, item 5: the paced run's tail while a re-replication runs at the autorecovery's
+    default rate, and in the minute after a bookie of the writer's ensemble is killed.
+
+    Four bookies (E=3 Qw=2 Qa=2 writers; one spare for the ensemble change). The reference:
+    paced at half peak with nothing else running. Kill: the paced writer's ledger loses one
+    of its bookies (SIGKILL) ``--kill-after`` seconds in; its entries before the kill, in its
+    second (the ensemble change) and in the minute after are summarised apart; the bookie is
+    started again. Re-replication: a ledger of ``--rereplicate-mb`` (64 KiB entries, E=3
+    Qw=3) loses a bookie of its ensemble (stopped), and ``bkspark shell recover`` -- its own
+    process, as an autorecovery worker is -- copies its fragments to the spare at the
+    daemon's default rate (``DEFAULT_DAEMON_MB_PER_S``) while the paced writer runs on the
+    three others."""
+    import subprocess
+    from bkspark.recovery.throttle import DEFAULT_DAEMON_MB_PER_S
+    from metadata import registry
+    size = int(args.sizes.split(",")[0])
+    with BookieCluster(f"sqlite://{d}/faults.db", num_bookies=4, data_dir=os.path.join(d, "f"),
+                       fault_injection=False, extra_args=["--gc-interval-s", "3"]) as c, \
+            BookKeeper(c.metadata_uri, max_outstanding_bytes=args.max_outstanding_mb << 20,
+                       add_timeout=5) as bk:
+        freeze_startup_heap()
+        print(f"faults: 4 bookies, E=3 Qw=2 Qa=2 writers of {size} B entries, paced at half "
+              f"peak for {args.paced_seconds:.0f} s a phase", flush=True)
+        settle(c)
+        n, el, lat, _, cpu = measured(bk, c, lambda: run(bk, 3, 2, 2, size, args.seconds, 64))
+        peak = report("peak", size, n, el, lat, cpu)
+        settle(c)
+        n, el, lat, slow, cpu = measured(
+            bk, c, lambda: run(bk, 3, 2, 2, size, args.paced_seconds, 1, rate=peak / 2))
+        report("  reference: paced, nothing else", size, n, el, lat, cpu)
+        reference = percentile(lat, 0.99)
+        # a bookie of the writer's ensemble killed
+        timeline: list = []
+        killed = {}
+
+        def kill():
+            ensemble = bk.ledger_metadata(run.ledger_id).last_ensemble()
+            i = next(i for i, b in enumerate(c.bookies) if b.bookie_id == ensemble[0])
+            killed["at"] = time.monotonic()
+            c.kill(i)
+            killed["bookie"] = ensemble[0]
+        seconds = args.kill_after + 60.0
+        t_start = time.monotonic()
+        n, el, lat, slow, cpu = measured(
+            bk, c, lambda: run(bk, 3, 2, 2, size, seconds, 1, rate=peak / 2,
+                               timeline=timeline, event=(args.kill_after, kill)))
+        at = killed["at"] - t_start
+        report(f"  a bookie killed at {at:.0f} s", size, n, el, lat, cpu)
+        print(f"    before the kill:     {window_summary(timeline, 0, at)}")
+        print(f"    its second:          {window_summary(timeline, at, at + 1)}")
+        print(f"    the minute after it: {window_summary(timeline, at + 1, at + 61)} "
+              f"(reference p99 {reference:.2f} ms)", flush=True)
+        c.start(next(i for i, b in enumerate(c.bookies) if b.bookie_id == killed["bookie"]))
+        c.wait_registered(bk.store)
+        settle(c)
+
+        # re-replication at the daemon's default rate, in its own process
+        big = bk.create_ledger(3, 3, 2, digest="crc32c", password=b"bench")
+        chunk = os.urandom(64 << 10)
+        for _ in range(0, args.rereplicate_mb << 20, 64 << 20):
+            big.append_many([chunk] * 1024)
+        big.close()
+        victim = bk.ledger_metadata(big.ledger_id).last_ensemble()[0]
+        v = next(i for i, b in enumerate(c.bookies) if b.bookie_id == victim)
+        c.stop(v)
+        while victim in registry.list_bookies(bk.store):
+            time.sleep(0.2)
+        wait_idle((b.proc.pid for b in c.bookies if b.alive), 30.0)   # (the big one stays)
+        t0 = time.monotonic()
+        recover = subprocess.Popen(
+            [sys.executable, "-m", "bkspark.cli.main", "shell", "recover", victim,
+             "--rate", str(DEFAULT_DAEMON_MB_PER_S), "--metadata", c.metadata_uri, "--json"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.0)
+        n, el, lat, slow, cpu = measured(
+            bk, c, lambda: run(bk, 3, 2, 2, size, args.paced_seconds, 1, rate=peak / 2))
+        running = recover.poll() is None
+        report(f"  while re-replicating ({DEFAULT_DAEMON_MB_PER_S:g} MB/s)", size, n, el, lat,
+               cpu)
+        out, err = recover.communicate(timeout=600)
+        took = time.monotonic() - t0
+        print(f"    re-replication of {args.rereplicate_mb} MiB: {took:.1f} s "
+              f"({args.rereplicate_mb * 1.048576 / took:.0f} MB/s; "
+              f"{'still running at the end of the paced run' if running else 'done before the paced run ended: a longer ledger covers it'}); "
+              f"exit {recover.returncode}; p99 {percentile(lat, 0.99) / reference:.2f}x the "
+              f"reference", flush=True)
+        if recover.returncode:
+            print(f"    recover failed: {err[-500:]}")
+        c.start(v)
+        c.wait_registered(bk.store)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=5.0)
@@ -374,6 +489,13 @@ def main():
     ap.add_argument("--pin", action="store_true",
                     help="the client on CPU 0, the bookies on CPU 1 (taskset): whether the "
                          "tail is the two processes' threads waiting for a shared CPU")
+    ap.add_argument("--faults", action="store_true",
+                    help="instead of the runs above: the paced tail while a re-replication "
+                         "runs and in the minute after a bookie is killed (4 bookies)")
+    ap.add_argument("--rereplicate-mb", type=int, default=1024,
+                    help="--faults: MiB of the ledger re-replicated under the paced run")
+    ap.add_argument("--kill-after", type=float, default=5.0,
+                    help="--faults: seconds into the paced run the bookie is killed")
     ap.add_argument("--call-size", action="store_true",
                     help="also run unpaced with the paced run's entries per call")
     ap.add_argument("--sweep", default="",
@@ -386,6 +508,11 @@ def main():
     sizes = [int(s) for s in args.sizes.split(",")]
     if args.auth_compare:
         compare_auth(args, sizes)
+        return
+    if args.faults:
+        with tempfile.TemporaryDirectory(prefix="bkspark-bench-faults-") as d:
+            print(disk_reference(d), flush=True)
+            fault_phases(args, d)
         return
     with tempfile.TemporaryDirectory(prefix="bkspark-bench-") as d:
         print(f"load average before the run: {os.getloadavg()[0]:.1f}")
