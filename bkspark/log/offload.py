@@ -313,7 +313,8 @@ def encode_entries(batches, encoding: str):
     """``(entry id, bytes)`` of the rows ``batches`` (read from a ledger's files, in entry
     order) as the ledger held them: record entries re-encoded (:mod:`bkspark.log.records`),
     raw ones their ``value``, an Arrow entry its rows as one uncompressed IPC record batch
-    message. Whether that is each entry's bytes was checked when the files were written."""
+    message. Whether that is each entry's bytes was checked when the files were written (a
+    raw entry that decoded as a record without a value comes back as None: not raw)."""
     import pyarrow as pa
     if encoding == ARROW:
         for eid, parts in _entry_runs(batches, "_entry_id"):

@@ -150,18 +150,28 @@ def _kind(data) -> str:
     return RECORD if head[:4] == MAGIC and head[4:] == bytes([VERSION]) else RAW
 
 
+_LEN = struct.Struct("<I")
+
+
+def _framed_crc(data, crc: int) -> int:
+    """``crc`` chained over ``data``'s length then its bytes: entry boundaries count (a crc of
+    the bytes alone is the same for any split of them into entries)."""
+    return crc32c.crc32c(data, crc32c.crc32c(_LEN.pack(len(data)), crc))
+
+
 def _gives_back(where: Location, path: str, encoding: str, first: int, last: int,
                 crc: int) -> bool:
     """Whether the file at ``path``, read as every reader reads offloaded entries
     (:func:`bkspark.log.offload.encode_entries`), gives back entries ``first..last`` whose
-    payloads, chained, have ``crc``: byte for byte the entries read from the bookies."""
+    lengths and payloads, chained (:func:`_framed_crc`), have ``crc``: byte for byte the
+    entries read from the bookies."""
     import pyarrow.parquet as pq
     pf = pq.ParquetFile(path, filesystem=where.fs)
     expect, got = first, 0
     for eid, data in encode_entries(pf.iter_batches(batch_size=READ_BATCH_ROWS), encoding):
-        if eid != expect:
+        if eid != expect or data is None:
             return False
-        got = crc32c.crc32c(data, got)
+        got = _framed_crc(data, got)
         expect += 1
     return expect == last + 1 and got == crc
 
@@ -193,7 +203,8 @@ def offload_ledger(logs, name: str, entry: LogLedger, where: Location,
     batches: list = []
     span: list[int] = []            # first and last entry of the file being filled
     # (an empty ledger's nothing is given back in any encoding)
-    state = {"size": 0, "crc": 0, "encoding": ARROW if stored is not None else RAW}
+    state = {"size": 0, "crc": 0, "framed": 0,
+             "encoding": ARROW if stored is not None else RAW}
 
     def flush():
         first, last = span
@@ -211,7 +222,7 @@ def offload_ledger(logs, name: str, entry: LogLedger, where: Location,
                          lambda col: _check(col, stored is not None, first, last, entry.offset,
                                             table.num_rows))
             if state["encoding"] is not None and not _gives_back(
-                    where, tmp, state["encoding"], first, last, state["crc"]):
+                    where, tmp, state["encoding"], first, last, state["framed"]):
                 log.info("%s: its files do not give back its entries byte for byte (%s); "
                          "the bookies keep their copy", what, state["encoding"])
                 state["encoding"] = None
@@ -223,7 +234,7 @@ def offload_ledger(logs, name: str, entry: LogLedger, where: Location,
                       "rows": table.num_rows, "bytes": nbytes, "crc32c": state["crc"]})
         batches.clear()
         span.clear()
-        state.update(size=0, crc=0)
+        state.update(size=0, crc=0, framed=0)
 
     rows: list = []                 # record entries decoded, not in a batch yet
     pending = [0]                   # ... the bytes of their entries
@@ -244,6 +255,7 @@ def offload_ledger(logs, name: str, entry: LogLedger, where: Location,
                     span[:] = [e.entry_id, e.entry_id]
                 span[1] = e.entry_id
                 state["crc"] = crc32c.crc32c(e.data, state["crc"])
+                state["framed"] = _framed_crc(e.data, state["framed"])
                 if stored is None and e.entry_id == 0:
                     state["encoding"] = _kind(e.data)
                 if stored is not None:

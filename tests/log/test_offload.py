@@ -596,6 +596,14 @@ def test_a_ledger_whose_files_do_not_give_back_its_entries_keeps_its_copy(
     logs.create(log_name)
     mixed = [encode_record(b"v", key=b"k"), b"plain"]          # two encodings in one ledger
     logs.append_ledgers(log_name, [closed_ledger(bk, mixed)])
+    # a record without a value and bytes after it (decoded without them): the entries'
+    # bytes chained are those re-encoded, split otherwise -- the check counts boundaries
+    from bkspark.log.records import MAGIC
+    shifted = [encode_record(b"v0", key=b"k"), MAGIC + bytes([1, 8]) + MAGIC + bytes([1, 0]),
+               b"hello"]
+    logs.append_ledgers(log_name, [closed_ledger(bk, shifted)])
+    # plain bytes, then a record without a value (no raw entry gives it back)
+    logs.append_ledgers(log_name, [closed_ledger(bk, [b"plain", encode_record(None, key=b"k")])])
     schema = pa.schema([("id", pa.int64())])
     batch = pa.RecordBatch.from_arrays([pa.array(range(100))], schema=schema)
     arrow = {}
@@ -613,13 +621,13 @@ def test_a_ledger_whose_files_do_not_give_back_its_entries_keeps_its_copy(
     time.sleep(0.01)
     run(logs, log_name)
     entries = logs.segments(log_name)
-    assert [e.offloaded.get("encoding") for e in entries] == [None, None, "arrow", "record",
-                                                              "record"]
+    assert [e.offloaded.get("encoding") for e in entries] == [None] * 4 + [
+        "arrow", "record", "record"]
     dropped = offload_pass.drop_copies(logs, log_name)
-    assert dropped == [arrow[None], entries[3].ledger_id]       # passed over, not stopped at
-    assert _exists(bk, entries[0].ledger_id) and _exists(bk, arrow["zstd"])
+    assert dropped == [arrow[None], entries[5].ledger_id]       # passed over, not stopped at
+    assert all(_exists(bk, e.ledger_id) for e in entries[:4])
     assert read_all(logs, log_name) == before
-    got = codec.decode_arrow(before[5], schema)                 # (the slice, uncompressed)
+    got = codec.decode_arrow(before[10], schema)                # (the slice, uncompressed)
     assert got.column(0).to_pylist() == list(range(10, 15))
 
 
