@@ -764,13 +764,18 @@ def cmd_offload(args, out):
                                           f"`bkspark shell set-offload {name} --location URI "
                                           "--after AGE`")
                 continue
-            error = None
+            errors_ = []
             done, dropped = {}, []
             try:
                 done = offload_pass.run(logs, name)
+            except offload.OffloadError as exc:
+                errors_.append(str(exc))
+            try:            # (also after a ledger that failed: the others' copies go)
                 dropped = offload_pass.drop_copies(logs, name)
             except offload.OffloadError as exc:
-                error = str(exc)
+                errors_.append(str(exc))
+            error = "; ".join(errors_) or None
+            if error:
                 failed.append(name)
             orphans = offload.collect_orphans(logs, name)
             rows.append({"log": name, "location": policy.location, "ledgers": list(done),

@@ -280,7 +280,8 @@ def row_groups(pf, column: str, first: int, last: int) -> list[int]:
     """The row groups of ParquetFile ``pf`` whose ``column`` statistics meet first..last (all
     of those without statistics)."""
     md = pf.metadata
-    idx = md.schema.names.index(column)
+    names = md.schema.names
+    idx = len(names) - 1 - names[::-1].index(column)    # (the last: appended to a user's)
     out = []
     for i in range(md.num_row_groups):
         st = md.row_group(i).column(idx).statistics
@@ -289,11 +290,12 @@ def row_groups(pf, column: str, first: int, last: int) -> list[int]:
     return out
 
 
-def _entry_runs(batches, eid_col: str):
-    """``(entry id, [row slices])`` of ``batches`` whose rows are in entry order."""
+def _entry_runs(batches):
+    """``(entry id, [row slices])`` of Arrow ``batches`` whose rows are in entry order (their
+    last column: ``_entry_id``, whatever columns a writer named so before it)."""
     cur, parts = None, []
     for b in batches:
-        eids = b.column(eid_col).to_numpy()
+        eids = b.column(b.num_columns - 1).to_numpy()
         if not len(eids):
             continue
         cuts = (eids[1:] != eids[:-1]).nonzero()[0] + 1
@@ -315,12 +317,17 @@ def encode_entries(batches, encoding: str):
     raw ones their ``value``, an Arrow entry its rows as one uncompressed IPC record batch
     message. Whether that is each entry's bytes was checked when the files were written (a
     raw entry that decoded as a record without a value comes back as None: not raw)."""
+    import numpy as np
     import pyarrow as pa
     if encoding == ARROW:
-        for eid, parts in _entry_runs(batches, "_entry_id"):
-            b = parts[0] if len(parts) == 1 else \
-                pa.Table.from_batches(parts).combine_chunks().to_batches()[0]
-            yield eid, b.drop_columns(list(ARROW_COLUMNS)).serialize().to_pybytes()
+        for eid, parts in _entry_runs(batches):
+            # the entry's rows in fresh buffers (a slice serializes otherwise), whatever
+            # batches and row groups they were read in; the offload columns (last) dropped
+            t = pa.Table.from_batches(parts)
+            t = t.take(pa.array(np.arange(t.num_rows))).combine_chunks()
+            b = t.to_batches()[0]
+            yield eid, b.select(range(b.num_columns - len(ARROW_COLUMNS))).serialize() \
+                .to_pybytes()
         return
     for b in batches:
         eids = b.column("entry_id").to_pylist()
@@ -361,7 +368,7 @@ def read_entries(where: "Location", name: str, record: dict, first: int, last: i
             for b in pf.iter_batches(batch_size=READ_BATCH_ROWS, columns=columns,
                                      row_groups=row_groups(pf, eid_col, first, last)):
                 if f["first"] < first or f["last"] > last:
-                    eids = b.column(eid_col)
+                    eids = b.column(b.num_columns - 1 if encoding == ARROW else "entry_id")
                     b = b.filter(pc.and_(pc.greater_equal(eids, first),
                                          pc.less_equal(eids, last)))
                 yield b
@@ -435,8 +442,14 @@ def summary(properties: dict, first_offset, end_offset, first_byte_offset) -> di
     out["offload_lag"] = max(0, end_offset - max(first_offset, mark["offset"]))
     dropped = progress_of(properties, DROPPED)
     if dropped:
-        out["dropped_entries"] = max(0, dropped["offset"] - first_offset)
-        out["dropped_bytes"] = max(0, dropped["byte_offset"] - (first_byte_offset or 0))
+        first_bytes = first_byte_offset or 0
+        entries = max(0, dropped["offset"] - first_offset)
+        nbytes = max(0, dropped["byte_offset"] - first_bytes)
+        for run in dropped.get("kept") or ():         # (passed over, kept on the bookies)
+            if isinstance(run, list) and len(run) == 4:
+                entries -= max(0, run[0] + run[1] - max(run[0], first_offset))
+                nbytes -= max(0, run[2] + run[3] - max(run[2], first_bytes))
+        out["dropped_entries"], out["dropped_bytes"] = max(0, entries), max(0, nbytes)
     return out
 
 
@@ -446,21 +459,26 @@ def record(logs, name: str, done: dict[int, dict], progress: dict | None,
     change, and the head's :data:`PROGRESS` mark at ``progress``. A ledger the log no longer
     lists where it was offloaded from (``listed_at``: ledger id -> its ``(seq, offset)`` then;
     cut meanwhile -- the cut deleted the files it knew of, not these -- or unlisted and listed
-    again elsewhere, its rows' offsets now wrong) has its files deleted now; their ids are
-    returned."""
+    again elsewhere, its rows' offsets now wrong) has its files deleted now. A ledger another
+    offloader recorded meanwhile keeps that record (never replaced: its bookies' copy may be
+    dropped on its word) and the files it names. The ids of both are returned."""
     gone: set[int] = set()
+    theirs: set[int] = set()
     listed_at = listed_at or {}
 
     def change(edit) -> None:
         changed = False
         gone.clear()
+        theirs.clear()
         for lid, rec in done.items():
             e = edit.entry(lid)
             if e is None or lid in listed_at and (e.seq, e.offset) != listed_at[lid]:
                 gone.add(lid)
-            elif e.offloaded != rec:
+            elif e.offloaded is None:
                 edit.mark_offloaded(lid, rec)
                 changed = True
+            elif e.offloaded != rec:    # (equal: this change, its answer lost)
+                theirs.add(lid)
         if progress is not None and progress_of(edit.properties).get("next", -1) < \
                 progress["next"]:
             edit.properties[PROGRESS] = progress
@@ -470,7 +488,7 @@ def record(logs, name: str, done: dict[int, dict], progress: dict | None,
     logs.update(name, change)
     if gone:
         delete_files(name, {lid: done[lid] for lid in gone})
-    return set(gone)
+    return gone | theirs
 
 
 def delete_files(name: str, records: dict[int, dict]) -> None:

@@ -49,6 +49,7 @@ from bkspark.log.offload import (ARROW, ARROW_COLUMNS, DROPPED, FILE_ENTRY_BYTES
                                  file_name, on_bookies, progress_after, progress_of, record)
 from bkspark.log.records import MAGIC, VERSION
 from bkspark.spark import codec
+from metadata.layout import log_path
 from metadata.log_entry import LogLedger
 from metadata.update import NoChange
 
@@ -168,11 +169,16 @@ def _gives_back(where: Location, path: str, encoding: str, first: int, last: int
     import pyarrow.parquet as pq
     pf = pq.ParquetFile(path, filesystem=where.fs)
     expect, got = first, 0
-    for eid, data in encode_entries(pf.iter_batches(batch_size=READ_BATCH_ROWS), encoding):
-        if eid != expect or data is None:
-            return False
-        got = _framed_crc(data, got)
-        expect += 1
+    try:
+        for eid, data in encode_entries(pf.iter_batches(batch_size=READ_BATCH_ROWS),
+                                        encoding):
+            if eid != expect or data is None:
+                return False
+            got = _framed_crc(data, got)
+            expect += 1
+    except Exception as exc:  # noqa: BLE001 - the check only decides whether to drop, ever
+        log.info("%s: re-encoding its entries failed (%s): not given back", path, exc)
+        return False
     return expect == last + 1 and got == crc
 
 
@@ -272,15 +278,22 @@ def offload_ledger(logs, name: str, entry: LogLedger, where: Location,
             if span:
                 flush()
         # every file is written and verified: only now is any published (a ledger is never
-        # half in the directory)
+        # half in the directory) -- unless another offloader recorded the ledger meanwhile:
+        # its files (the same names) are the ones its record names, never to be replaced
+        if _recorded(logs, name, entry.ledger_id):
+            raise _Recorded(f"log {name}: ledger {entry.ledger_id} was offloaded by another "
+                            "process meanwhile")
         for tmp, f in zip(temps, files):
             where.publish(tmp, f"{directory}/{f['name']}")
             published += 1
     except BaseException as exc:
         for tmp in temps[published:]:
             where.delete(tmp)
-        for f in files[:published]:             # (a rename that failed after others)
-            where.delete(f"{directory}/{f['name']}")
+        # (a rename that failed after others: those published go, unless a record names
+        # them now -- another offloader's, whose only copy they may be)
+        if published and not _recorded(logs, name, entry.ledger_id, unknown=True):
+            for f in files[:published]:
+                where.delete(f"{directory}/{f['name']}")
         if isinstance(exc, OSError):
             raise OffloadError(f"log {name}: ledger {entry.ledger_id}: publishing: {exc}") \
                 from exc
@@ -292,6 +305,23 @@ def offload_ledger(logs, name: str, entry: LogLedger, where: Location,
     if state["encoding"] is not None:
         out["encoding"] = state["encoding"]
     return out
+
+
+class _Recorded(BKError):
+    """The ledger being offloaded was recorded by another offloader meanwhile."""
+
+
+def _recorded(logs, name: str, ledger_id: int, unknown: bool = False) -> bool:
+    """Whether log ``name`` lists ``ledger_id`` with an offload record, on a synced read;
+    ``unknown``: what to say when the store does not answer."""
+    try:
+        logs.store.sync(log_path(name))
+        e = logs.entry_of(name, ledger_id)
+    except BKError:
+        if unknown:
+            return True
+        raise
+    return e is not None and e.offloaded is not None
 
 
 # ---- a pass over one log ------------------------------------------------------------------------
@@ -323,8 +353,9 @@ def run(logs, name: str, now_ms: int | None = None,
         t = time.perf_counter()
         try:
             done[e.ledger_id] = offload_ledger(logs, name, e, where, now_ms)
-        except NoSuchLedgerError:
-            continue                    # cut by retention meanwhile (nothing published)
+        except (NoSuchLedgerError, _Recorded):
+            continue                    # cut by retention meanwhile, or offloaded by another
+                                        # process (nothing published)
         except BKError as exc:          # (OffloadError among them)
             failure = exc
             break
@@ -348,6 +379,29 @@ def run(logs, name: str, now_ms: int | None = None,
 
 
 # ---- dropping the bookies' copy -----------------------------------------------------------------
+
+#: runs of ledgers passed over but kept on the bookies the :data:`DROPPED` mark lists at most
+#: (the oldest merged beyond: the stats then count the ledgers between them kept too)
+MAX_KEPT_RUNS = 64
+
+
+def kept_runs(runs, kept: list[LogLedger]) -> list:
+    """``runs`` (``[[offset, entries, byte_offset, bytes], ...]``: of the log, ledgers the
+    bookies keep below the :data:`DROPPED` mark) with the ledgers ``kept`` added, adjacent
+    ones merged, at most :data:`MAX_KEPT_RUNS`."""
+    out = [list(r) for r in runs or [] if isinstance(r, list) and len(r) == 4]
+    for e in kept:
+        n, size = e.entry_count() or 0, e.sealed_length()
+        if out and out[-1][0] + out[-1][1] == e.offset:
+            out[-1][1] += n
+            out[-1][3] += size
+        else:
+            out.append([e.offset, n, e.byte_offset or 0, size])
+    while len(out) > MAX_KEPT_RUNS:
+        a, b = out[0], out.pop(1)
+        a[1], a[3] = b[0] + b[1] - a[0], b[2] + b[3] - a[2]
+    return out
+
 
 #: ledgers one pass drops the bookies' copy of at most (the next pass goes on)
 MAX_DROPS_PER_PASS = 256
@@ -429,10 +483,13 @@ def drop_copies(logs, name: str, now_ms: int | None = None,
             break
         lo += _DROP_SCAN
     due_ = [e for e, what in scanned if what == "due"]
-    marked: set[int] = {e.ledger_id for e, what in scanned if what == "marked"}
+    found: set[int] = {e.ledger_id for e, what in scanned if what == "marked"}
+    marked: set[int] = set(found)       # ... and those the stored change marks
     if due_ and still_leader():
         def mark(edit) -> None:
             changed = False
+            marked.clear()              # (each attempt decides on what it read)
+            marked.update(found)
             for e in due_:
                 cur = edit.entry(e.ledger_id)
                 if cur is None or cur.offloaded is None:
@@ -451,17 +508,21 @@ def drop_copies(logs, name: str, now_ms: int | None = None,
         log.info("log %s: the bookies' copy of %d offloaded ledgers dropped (%s)", name,
                  len(marked), ", ".join(map(str, sorted(marked))))
     handled = None                                  # the last of the prefix handled
+    kept: list = []                                 # ... its ledgers kept on the bookies
     for e, what in scanned:
         if what != "kept" and e.ledger_id not in marked:
             break
         handled = e
+        if what == "kept":
+            kept.append(e)
     if handled is not None:
         mark_to = progress_after(handled)
 
         def advance(edit) -> None:
-            if progress_of(edit.properties, DROPPED).get("next", -1) >= mark_to["next"]:
+            before = progress_of(edit.properties, DROPPED)
+            if before.get("next", -1) >= mark_to["next"]:
                 raise NoChange()
-            edit.properties[DROPPED] = mark_to
+            edit.properties[DROPPED] = dict(mark_to, kept=kept_runs(before.get("kept"), kept))
         logs.update(name, advance)
     if failure is not None:
         raise failure

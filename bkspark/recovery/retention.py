@@ -156,22 +156,34 @@ class RetentionService:
         return cut.quiet_until_ms if cut.before is None and settled and not offloads else None
 
     def _offload(self, name: str, still_leader) -> None:
-        """Apply log ``name``'s offload policy (failures counted and logged; the next pass
-        retries), and sweep its directory every :data:`ORPHAN_SCAN_S`. Any error of it stays
-        with this log: the pass goes on to the next one."""
-        try:
-            from bkspark.recovery import offload as offload_pass    # (pyarrow: when used)
+        """Apply log ``name``'s offload policy: offload what is due, drop the bookies' copies
+        kept long enough, sweep its directory every :data:`ORPHAN_SCAN_S` -- each step tried
+        whatever the one before did (one ledger that does not offload must not keep the
+        others' copies), a pass with a failure counted once and logged, the next pass
+        retries. Any error of it stays with this log: the pass goes on to the next one."""
+        from bkspark.recovery import offload as offload_pass    # (pyarrow: when used)
+
+        def offload_due():
             done = offload_pass.run(self.logs, name, still_leader=still_leader)
             self.offloaded_ledgers += len(done)
             self.offloaded_bytes += sum(f["bytes"] for rec in done.values() for f in rec["files"])
+
+        def drop():
             self.dropped_ledgers += len(offload_pass.drop_copies(self.logs, name,
                                                                  still_leader=still_leader))
+
+        def sweep():
             now = time.monotonic()
             if now - self._swept.get(name, -math.inf) >= ORPHAN_SCAN_S:
                 offload.collect_orphans(self.logs, name)
                 self._swept[name] = now
-        except NoSuchLogError:
-            pass                        # deleted meanwhile
-        except Exception as exc:  # noqa: BLE001 - one log's failure must not stop the pass
-            self.offload_failures += 1
-            log.warning("offload: log %s: %s (retried at the next pass)", name, exc)
+        failed = False
+        for step in (offload_due, drop, sweep):
+            try:
+                step()
+            except NoSuchLogError:
+                return                  # deleted meanwhile
+            except Exception as exc:  # noqa: BLE001 - one log's failure must not stop the pass
+                failed = True
+                log.warning("offload: log %s: %s (retried at the next pass)", name, exc)
+        self.offload_failures += failed     # (a pass of the log that failed, once)

@@ -44,7 +44,8 @@ def to_target(batch: pa.RecordBatch, fmt_arrow: bool, kafka: bool, log_name: str
     from bkspark.spark import codec
     n = batch.num_rows
     if fmt_arrow:           # (as an entry decodes: the written columns, then conformed)
-        return codec.conform(batch.drop_columns(list(ARROW_COLUMNS)), target)
+        return codec.conform(batch.select(range(batch.num_columns - len(ARROW_COLUMNS))),
+                             target)       # (by position: a writer may name a column so)
     cols = {name: batch.column(name) for name in batch.schema.names}
     log_col = pa.array([log_name] * n, pa.string())
     if kafka:
@@ -80,7 +81,7 @@ def read_offloaded(part, fmt_arrow: bool, kafka: bool, target: pa.Schema, fallba
             whole = f["first"] >= part.first and f["last"] <= part.last
             for batch in pf.iter_batches(batch_size=READ_BATCH_ROWS, row_groups=groups):
                 if not whole:
-                    eids = batch.column(eid_col)
+                    eids = batch.column(batch.num_columns - 1 if fmt_arrow else eid_col)
                     batch = batch.filter(pc.and_(pc.greater_equal(eids, part.first),
                                                  pc.less_equal(eids, part.last)))
                 if batch.num_rows:

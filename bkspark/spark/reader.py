@@ -257,29 +257,32 @@ def seek_time(logs, md, ts_us: int, chunk: int = 1024) -> Position | None:
 
 def _ledger_entries(logs, name: str, entry: LogLedger, last: int, chunk: int):
     """``(entry id, data)`` of listed ledger ``entry``'s entries ``0..last``, from the
-    bookies, ``chunk`` a read -- or from its offloaded files once they are its only copy
-    (also when the copy was dropped since ``entry`` was read: decided on a synced re-read)."""
+    bookies, ``chunk`` a read -- or from its offloaded files once they are its only copy,
+    also when the copy is dropped while it is read (decided on a synced re-read of its
+    segment when the bookies fail it; the files go on from the next entry)."""
+    first = 0
     if on_bookies(entry.offloaded):
         try:
             rh = logs.bk.open_ledger(entry.ledger_id, password=logs.password, recovery=False)
-        except NoSuchLedgerError:
-            logs.store.sync(log_path(name))
-            fresh = logs.entry_of(name, entry.ledger_id)
-            if fresh is None or on_bookies(fresh.offloaded):
-                raise
-            entry = fresh
-        else:
             try:
                 for lo in range(0, last + 1, chunk):
                     hi = min(last, lo + chunk - 1)
                     read = rh.read if hi <= rh.last_add_confirmed else rh.read_unconfirmed
                     for e in read(lo, hi):
                         yield e.entry_id, e.view
+                        first = e.entry_id + 1
             finally:
                 rh.close()
             return
-    yield from read_entries(Location(entry.offloaded["location"]), name, entry.offloaded, 0,
-                            last)
+        except BKError:
+            logs.store.sync(log_path(name))
+            fresh = logs.entry_of(name, entry.ledger_id)
+            if fresh is None or on_bookies(fresh.offloaded):
+                raise
+            entry = fresh
+    if first <= last:
+        yield from read_entries(Location(entry.offloaded["location"]), name, entry.offloaded,
+                                first, last)
 
 
 def offset_for(spec, name: str, default: str):

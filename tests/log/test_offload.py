@@ -688,3 +688,143 @@ def test_missing_files_keep_the_copy_and_a_cut_removes_a_dropped_ledger(
     assert sorted(os.listdir(where.log_dir(log_name))) == sorted(
         e.offloaded["files"][0]["name"] for e in entries[2:])
     assert read_all(logs, log_name) == before[10:]
+
+
+# ---- two offloaders, and what the review of the drop found ------------------------------------
+
+def _second_store(cluster):
+    """Another process's view: its own client and LogStore."""
+    from bkspark.client import BookKeeper
+    from bkspark.log import LogStore
+    other = BookKeeper(cluster.metadata_uri)
+    return other, LogStore(other, password=b"pw", ensemble_size=3, write_quorum=2, ack_quorum=2)
+
+
+def test_an_offloader_that_lost_the_race_never_replaces_the_record_the_drop_relied_on(
+        bk, logs, log_name, tmp_path, cluster, monkeypatch):
+    """A has written ledger 0's files; meanwhile B offloads, records and drops it. A publishes
+    nothing over B's files and records nothing over B's record: the ledger stays readable
+    from the files B's record names."""
+    where, before = _dropping(bk, logs, log_name, tmp_path, 3)
+    other, logs_b = _second_store(cluster)
+    real = offload_pass.offload_ledger
+    calls = []
+
+    def slow_a(logs_, name, entry, where_, now_ms=None):
+        if not calls:
+            calls.append(1)
+            offload_pass.run(logs_b, name)
+            assert offload_pass.drop_copies(logs_b, name)
+        return real(logs_, name, entry, where_, now_ms)
+    monkeypatch.setattr(offload_pass, "offload_ledger", slow_a)
+    assert offload_pass.run(logs, log_name) == {}               # every ledger B's
+    monkeypatch.undo()
+    segs = logs.segments(log_name)
+    assert [offload.on_bookies(e.offloaded) for e in segs] == [False, False, True]
+    assert read_all(logs, log_name) == before
+    first = segs[0]             # and a record of another offloader is never written over
+    theirs = {**first.offloaded, "at": first.offloaded["at"] + 1, "on_bookies": True}
+    assert offload.record(logs, log_name, {first.ledger_id: theirs}, None) == {first.ledger_id}
+    assert logs.segments(log_name)[0].offloaded == first.offloaded
+    assert sorted(os.listdir(where.log_dir(log_name))) == sorted(
+        e.offloaded["files"][0]["name"] for e in segs)
+    other.close()
+
+
+def test_a_drop_deletes_only_what_its_stored_change_marked(
+        bk, logs, log_name, tmp_path, cluster, monkeypatch):
+    """The mark's first attempt loses to a change of ledger 0's record: the attempt that is
+    stored does not mark it, and it is not deleted (it was before: the first attempt's
+    choice was kept)."""
+    _, before = _dropping(bk, logs, log_name, tmp_path, 3)
+    run(logs, log_name)
+    segs = logs.segments(log_name)
+    other, logs_b = _second_store(cluster)
+    rec0 = segs[0].offloaded
+    real_update = logs.update
+    raced = []
+
+    def update(name, change, **kw):
+        def racing(edit):
+            change(edit)
+            if not raced:
+                raced.append(1)
+                logs_b.update(name, lambda e: e.mark_offloaded(segs[0].ledger_id,
+                                                               {**rec0, "at": rec0["at"] + 1}))
+        return real_update(name, racing, **kw)
+    monkeypatch.setattr(logs, "update", update)
+    assert offload_pass.drop_copies(logs, log_name) == [segs[1].ledger_id]
+    monkeypatch.undo()
+    assert _exists(bk, segs[0].ledger_id) and not _exists(bk, segs[1].ledger_id)
+    assert read_all(logs, log_name) == before
+    other.close()
+
+
+def test_a_ledger_that_does_not_offload_keeps_no_other_ledger_on_the_bookies(
+        bk, logs, log_name, tmp_path):
+    """The service drops the others' copies all the same, and the stats count only what was
+    dropped (not what the drop passed over and the bookies keep)."""
+    from bkspark.recovery.retention import RetentionService
+    logs.create(log_name)
+    _fill(bk, logs, log_name, 3)
+    logs.append_ledgers(log_name, [closed_ledger(bk, [b"\xffBKR\x01\x02\x00"])])  # undecodable
+    _fill(bk, logs, log_name, 1, start=100)
+    logs.set_offload(log_name, OffloadPolicy(str(tmp_path), after_ms=1, keep_on_bookies_ms=0))
+    time.sleep(0.01)
+    service = RetentionService(bk, "test-offload-drop")
+    service.run_once()
+    assert service.dropped_ledgers == 3 and service.offload_failures >= 1
+    # a ledger passed over (no encoding: mixed entries) is not counted as dropped
+    name2 = f"{log_name}-kept"
+    logs.create(name2)
+    _fill(bk, logs, name2, 1)
+    logs.append_ledgers(name2, [closed_ledger(bk, [encode_record(b"v"), b"plain"])])
+    _fill(bk, logs, name2, 2, start=10)
+    logs.set_offload(name2, OffloadPolicy(str(tmp_path), after_ms=1, keep_on_bookies_ms=0))
+    time.sleep(0.01)
+    run(logs, name2)
+    assert len(offload_pass.drop_copies(logs, name2)) == 2
+    stats = logs.stats(name2)
+    segs = logs.segments(name2)
+    assert stats["dropped_entries"] == 10 and stats["dropped_bytes"] == \
+        segs[0].length + segs[2].length
+    assert offload_pass.kept_runs([[0, 5, 0, 50]] * 70, [])[0] == [0, 5, 0, 50]
+
+
+def test_an_arrow_column_named_like_the_offload_columns_is_offloaded_and_read(
+        bk, logs, log_name, tmp_path):
+    from bkspark.spark import codec
+    schema = pa.schema([("_entry_id", pa.string()), ("v", pa.int64())])
+    lh = bk.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2, password=b"pw",
+                          custom_metadata=codec.arrow_ledger_metadata(schema, "{}"))
+    for i in range(3):
+        lh.append(bytes(codec.encode_arrow(pa.RecordBatch.from_arrays(
+            [pa.array([f"x{i}", None]), pa.array([i, -i])], schema=schema))))
+    lh.close()
+    logs.create(log_name)
+    logs.append_ledgers(log_name, [lh.ledger_id])
+    _fill(bk, logs, log_name, 1)
+    logs.set_offload(log_name, OffloadPolicy(str(tmp_path), after_ms=1, keep_on_bookies_ms=0))
+    before = read_all(logs, log_name)
+    time.sleep(0.01)
+    assert len(run(logs, log_name)) == 2
+    assert logs.segments(log_name)[0].offloaded.get("encoding") == "arrow"
+    assert offload_pass.drop_copies(logs, log_name) == [lh.ledger_id]
+    assert read_all(logs, log_name) == before
+
+
+def test_a_seek_by_time_reading_a_ledger_whose_copy_is_dropped_goes_on_from_the_files(
+        bk, logs, log_name, tmp_path, cluster):
+    from bkspark.spark.reader import _ledger_entries
+    from bkspark.testing.cluster import bookie_http
+    _, before = _dropping(bk, logs, log_name, tmp_path, 3)
+    run(logs, log_name)
+    entry = logs.segments(log_name)[0]
+    got = _ledger_entries(logs, log_name, entry, entry.last_entry_id, chunk=2)
+    first = [next(got), next(got)]                      # from the bookies
+    offload_pass.drop_copies(logs, log_name)
+    for b in cluster.bookies:
+        assert bookie_http(b, "/api/v1/bookie/gc", "POST", {}, timeout=60)[0] == 200
+    rest = list(got)                                    # the files, from entry 2 on
+    assert [eid for eid, _ in first + rest] == list(range(5))
+    assert [bytes(d) for _, d in first + rest] == before[:5]
