@@ -260,8 +260,24 @@ def parse_file_name(name: str) -> tuple[int, int] | None:
 # ---- the entries back from the files ------------------------------------------------------------
 
 #: how an offload record's files give back its ledger's entries byte for byte (its
-#: ``encoding``; checked when they are written: a ledger without one keeps its bookies' copy)
+#: ``encoding``; checked when they are written: a ledger without one keeps its bookies' copy):
+#: record entries, a producer's own bytes, Arrow entries (``arrow+lz4``, ``arrow+zstd``: their
+#: bodies compressed so -- byte for byte with the pyarrow that checked it, an equal batch with
+#: any, :mod:`bkspark.log.arrow_entries`)
 RECORD, RAW, ARROW = "record", "raw", "arrow"
+ARROW_COMPRESSIONS = (None, "lz4", "zstd")
+
+
+def arrow_encoding(compression: str | None) -> str:
+    return ARROW if compression is None else f"{ARROW}+{compression}"
+
+
+def _arrow_compression(encoding: str):
+    """``(True, compression)`` of an Arrow encoding, ``(False, None)`` of another."""
+    head, _, compression = encoding.partition("+")
+    if head != ARROW or (compression or None) not in ARROW_COMPRESSIONS:
+        return False, None
+    return True, compression or None
 
 
 def on_bookies(record: dict | None) -> bool:
@@ -319,15 +335,17 @@ def encode_entries(batches, encoding: str):
     raw entry that decoded as a record without a value comes back as None: not raw)."""
     import numpy as np
     import pyarrow as pa
-    if encoding == ARROW:
+    arrow, compression = _arrow_compression(encoding)
+    if arrow:
+        from bkspark.log.arrow_entries import encode_arrow
         for eid, parts in _entry_runs(batches):
             # the entry's rows in fresh buffers (a slice serializes otherwise), whatever
             # batches and row groups they were read in; the offload columns (last) dropped
             t = pa.Table.from_batches(parts)
             t = t.take(pa.array(np.arange(t.num_rows))).combine_chunks()
             b = t.to_batches()[0]
-            yield eid, b.select(range(b.num_columns - len(ARROW_COLUMNS))).serialize() \
-                .to_pybytes()
+            yield eid, encode_arrow(b.select(range(b.num_columns - len(ARROW_COLUMNS))),
+                                    compression).to_pybytes()
         return
     for b in batches:
         eids = b.column("entry_id").to_pylist()
@@ -352,11 +370,12 @@ def read_entries(where: "Location", name: str, record: dict, first: int, last: i
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
     encoding = record.get("encoding")
-    if encoding not in (RECORD, RAW, ARROW):
+    arrow = isinstance(encoding, str) and _arrow_compression(encoding)[0]
+    if encoding not in (RECORD, RAW) and not arrow:
         raise OffloadError(f"log {name}: the offloaded files of entries {first}..{last} do not "
                            "give the entries back byte for byte; read them from the bookies")
-    eid_col = "_entry_id" if encoding == ARROW else "entry_id"
-    columns = None if encoding == ARROW else (
+    eid_col = "_entry_id" if arrow else "entry_id"
+    columns = None if arrow else (
         ["entry_id", "value"] if encoding == RAW else
         ["entry_id", "key", "value", "timestamp", "headers"])
     directory = where.log_dir(name)
@@ -368,7 +387,7 @@ def read_entries(where: "Location", name: str, record: dict, first: int, last: i
             for b in pf.iter_batches(batch_size=READ_BATCH_ROWS, columns=columns,
                                      row_groups=row_groups(pf, eid_col, first, last)):
                 if f["first"] < first or f["last"] > last:
-                    eids = b.column(b.num_columns - 1 if encoding == ARROW else "entry_id")
+                    eids = b.column(b.num_columns - 1 if arrow else "entry_id")
                     b = b.filter(pc.and_(pc.greater_equal(eids, first),
                                          pc.less_equal(eids, last)))
                 yield b

@@ -42,11 +42,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from bkspark.errors import BadRequestError, BKError, NoSuchLedgerError, NoSuchLogError
-from bkspark.log.offload import (ARROW, ARROW_COLUMNS, DROPPED, FILE_ENTRY_BYTES,
-                                 MAX_BYTES_PER_PASS, MAX_LEDGERS_PER_PASS, PROGRESS,
-                                 READ_BATCH_ROWS, RECORD, RAW, TEMP_PREFIX, TEMP_SUFFIX,
-                                 Location, OffloadError, delete_files, due, encode_entries,
-                                 file_name, on_bookies, progress_after, progress_of, record)
+from bkspark.log.offload import (ARROW, ARROW_COLUMNS, ARROW_COMPRESSIONS, DROPPED,
+                                 FILE_ENTRY_BYTES, MAX_BYTES_PER_PASS, MAX_LEDGERS_PER_PASS,
+                                 READ_BATCH_ROWS, RAW, RECORD, TEMP_PREFIX, TEMP_SUFFIX,
+                                 Location, OffloadError, arrow_encoding, delete_files, due,
+                                 encode_entries, file_name, on_bookies, progress_after,
+                                 progress_of, record)
 from bkspark.log.records import MAGIC, VERSION
 from bkspark.spark import codec
 from metadata.layout import log_path
@@ -133,6 +134,20 @@ def _arrow_batches(e, stored, ledger_id: int, base: int):
     except _UNDECODABLE as exc:
         raise OffloadError(f"ledger {ledger_id} entry {e.entry_id} does not decode as "
                            f"Arrow: {exc}") from None
+
+
+def _arrow_kind(data, stored) -> str | None:
+    """The Arrow encoding (:func:`bkspark.log.offload.arrow_encoding`) an Arrow entry has: the
+    body compression whose re-encoding of its batch gives its bytes (None: none does)."""
+    from bkspark.log.arrow_entries import encode_arrow
+    try:
+        batch = codec.decode_arrow(data, stored)
+        for compression in ARROW_COMPRESSIONS:
+            if encode_arrow(batch, compression) == pa.py_buffer(data):
+                return arrow_encoding(compression)
+    except _UNDECODABLE:
+        pass                            # (the conversion says what is wrong with it)
+    return None
 
 
 def _record_row(e, ledger_id: int) -> tuple:
@@ -262,8 +277,9 @@ def offload_ledger(logs, name: str, entry: LogLedger, where: Location,
                 span[1] = e.entry_id
                 state["crc"] = crc32c.crc32c(e.data, state["crc"])
                 state["framed"] = _framed_crc(e.data, state["framed"])
-                if stored is None and e.entry_id == 0:
-                    state["encoding"] = _kind(e.data)
+                if e.entry_id == 0:
+                    state["encoding"] = _kind(e.data) if stored is None else \
+                        _arrow_kind(e.data, stored)
                 if stored is not None:
                     for b in _arrow_batches(e, stored, entry.ledger_id, entry.offset):
                         batches.append(b)

@@ -12,15 +12,13 @@ when the body is not compressed.
 from __future__ import annotations
 
 import json
-import struct
 
 import pyarrow as pa
 
 # (the record entry format is the log layer's: bkspark.log.records)
+from bkspark.log.arrow_entries import encode_arrow  # noqa: F401  (part of this interface)
 from bkspark.log.records import (  # noqa: F401  (part of this module's interface)
     F_HDR, F_KEY, F_NULL_VALUE, F_TS, MAGIC, VERSION, decode_record, encode_record)
-
-_I32 = struct.Struct("<i")
 
 # ledger custom-metadata keys
 MD_FORMAT = "bkspark.entryFormat"
@@ -280,27 +278,6 @@ def split_batch(batch: pa.RecordBatch, max_bytes: int):
     rows = max(1, int(n * max_bytes / size))
     for start in range(0, n, rows):
         yield batch.slice(start, rows)
-
-
-#: IPC write options per body codec; one thread: each Spark task already has its core
-_IPC_OPTIONS = {name: pa.ipc.IpcWriteOptions(compression=name, use_threads=False)
-                for name in ("lz4", "zstd")}
-
-
-def encode_arrow(batch: pa.RecordBatch, compression: str | None = None):
-    """The entry of one record batch: its IPC message (a pyarrow Buffer), its body buffers
-    compressed with ``compression`` (``"lz4"`` | ``"zstd"`` | None)."""
-    if compression is None:
-        return batch.serialize()
-    # pyarrow serializes a compressed message only through a stream writer: write the
-    # schema message and this one, and keep the second (zero-copy slice). An encapsulated
-    # schema message is 0xFFFFFFFF, int32 metadata length, metadata, no body.
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema, options=_IPC_OPTIONS[compression]) as writer:
-        writer.write_batch(batch)
-    stream = sink.getvalue()
-    start = 8 + _I32.unpack_from(stream, 4)[0]
-    return stream.slice(start, stream.size - start - 8)       # the last 8 bytes: end of stream
 
 
 def decode_arrow(data, schema: pa.Schema) -> pa.RecordBatch:

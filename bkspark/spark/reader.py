@@ -633,8 +633,10 @@ def _read_from_bookies(opts, fmt: str, target, ranges: list):
                     yield to_batch(rows, target)
                     rows = []
         except BKError:
-            if rh is not None and _exists(bk, part.ledger_id):
-                raise
+            if rh is not None:          # (decided on a synced read: a lagging server's
+                bk.store.sync(log_path(part.log))   # view must not fail what is dropped)
+                if _exists(bk, part.ledger_id):
+                    raise
             if rows:
                 yield to_batch(rows, target)
                 rows = []
