@@ -19,6 +19,10 @@ data source that yields the log's first Arrow batch from memory over the same pa
 Python data source path itself costs next to Parquet's JVM reader. The same source's Arrow
 writer, which only counts the batches it is given, gives the write ratio's ceiling.
 
+The last line: the fixed cost of a query, a 1,000-row read through ``format("bookkeeper")``,
+through the floor source and of ``spark.range`` (a Python data source's planning and task
+start-up, paid by every read whatever its size).
+
 Targets (issue 7): read >= 0.7x Parquet rows/s, write >= 0.5x Parquet rows/s.
 """
 from __future__ import annotations
@@ -251,6 +255,28 @@ def main() -> int:
               f"({fl_t:.2f}s, {floor_opts['partitions']} partitions) | ratio to parquet "
               f"{best['pq_read'] / fl_t:.2f}x: the read ratio's ceiling; bookkeeper read reaches "
               f"{fl_t / best['bk_read'] * 100:.0f}% of it")
+        # the fixed cost of a query: a 1,000-row read of each, best of 5
+        tiny = "bench-warmup"                           # (1,000 rows, written above)
+        tiny_floor = dict(floor_opts, rows="1000", partitions="1")
+
+        def best_of(fn, n=5):
+            out = float("inf")
+            for _ in range(n):
+                t = time.perf_counter()
+                fn()
+                out = min(out, time.perf_counter() - t)
+            return out
+        fixed = {
+            "bookkeeper": best_of(lambda: spark.read.format("bookkeeper").options(**bk_opts)
+                                  .load(tiny).write.format("noop").mode("overwrite").save()),
+            "python floor source": best_of(
+                lambda: spark.read.format("bkspark_bench_floor").options(**tiny_floor).load()
+                .write.format("noop").mode("overwrite").save()),
+            "spark.range": best_of(lambda: spark.range(1000).write.format("noop")
+                                   .mode("overwrite").save()),
+        }
+        print("fixed cost of a query (1,000 rows to noop, best of 5): " + ", ".join(
+            f"{k} {v:.3f}s" for k, v in fixed.items()))
     finally:
         spark.stop()
         if cluster is not None:
