@@ -44,7 +44,8 @@ order), many windows with a few late entries each is queueing for a CPU. Then wh
 went (``--trace N``, default 16: one entry in N traced stage by stage,
 :mod:`bkspark.client.add_trace`): per stage the p50 and p99 of the on-time and of the late
 entries, which stage was the longest of each late entry, and the collector passes that
-overlapped late entries.
+overlapped late entries. The bookie's part is split where its data port stamps a traced
+message: read, stored durably (one host, one monotonic clock).
 
 The bookies authenticate clients as a local cluster does by default (tokens,
 :mod:`bkspark.auth`). ``--auth-compare N`` measures instead what that costs: two clusters, one
@@ -306,7 +307,9 @@ TRACE_STAGES = (
     ("queued (back-pressure, lock)", "call", "admitted"),
     ("framed (digest)", "admitted", "framed"),
     ("held until sent (self-clocking)", "framed", "sent_first"),
-    ("bookies + network (to Qa acks)", "sent_first", "acked_quorum"),
+    ("to the bookie (TCP, its read)", "sent_first", "bookie_received"),
+    ("in the bookie (stored durably)", "bookie_received", "bookie_stored"),
+    ("back (answer, TCP, ack thread)", "bookie_stored", "acked_quorum"),
     ("ack thread (CPU, GIL, lock)", "acked_quorum", "handled"),
     ("in entry order (earlier entries)", "handled", "completed"),
     ("callback (appender's thread)", "completed", "callback"),
@@ -324,11 +327,14 @@ def trace_summary(tracer, ledger_id: int) -> str:
     ontime = [t for t in traces if (t.callback - t.call) / 1e6 <= SLOW_MS]
 
     def stats(group, a, b):
-        vals = sorted(max(0, getattr(t, b) - getattr(t, a)) / 1e6 for t in group)
+        vals = sorted(max(0, getattr(t, b) - getattr(t, a)) / 1e6 for t in group
+                      if getattr(t, a) is not None and getattr(t, b) is not None)
         return (f"{percentile(vals, 0.5):7.2f} {percentile(vals, 0.99):8.2f}" if vals
                 else f"{'-':>7} {'-':>8}")
-    longest = collections.Counter(
-        max(TRACE_STAGES, key=lambda s: getattr(t, s[2]) - getattr(t, s[1]))[0] for t in late)
+    def took(t, stage):
+        a, b = getattr(t, stage[1]), getattr(t, stage[2])
+        return -1 if a is None or b is None else b - a
+    longest = collections.Counter(max(TRACE_STAGES, key=lambda s: took(t, s))[0] for t in late)
     lines = [f"    add trace (1 entry in {tracer.every}): {len(traces):,} traced, {len(late):,} "
              f"over {SLOW_MS:g} ms; ms per stage (p50 p99), on time | late; the stage that "
              "took longest in each late entry"]

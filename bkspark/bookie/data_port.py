@@ -368,9 +368,12 @@ class DataConnection:
                 log.info("data connection closed: its credentials expired")
                 return
             if kind == wire.KIND_ADD_BATCH:
+                traced = payload[:2] == wire.ADD_TRACE_FIELD
+                received = time.perf_counter_ns() if traced else 0
                 raw = service.process_add_batch(payload)
                 if raw:                 # b"": every add dropped by fault injection
-                    send(wire.KIND_ADD_RESPONSES, (raw,))
+                    send(wire.KIND_ADD_RESPONSES, (raw, wire.add_trace_stamps(
+                        received, time.perf_counter_ns())) if traced else (raw,))
             elif kind == wire.KIND_READ_RANGE:
                 self._answer_range(pb.ReadRangeRequest.FromString(payload))
             else:

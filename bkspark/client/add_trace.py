@@ -11,6 +11,10 @@ framed     its ``AddBatch`` element was built (digest, framing)
 sent       its element was first / last handed to a bookie's socket (the add stream holds
            elements while a message is unanswered: self-clocking, see ``bookie_client``;
            with Qw > Qa the last may come after the first acknowledgement)
+bookie     the bookie whose acknowledgement made ``Qa`` had read the message carrying it, and
+           had stored it durably (stamps a bookie's data port sends back for a traced
+           message, on its host's monotonic clock: comparable with these on one host only;
+           None from a bookie that does not stamp, or over gRPC)
 acked      the first acknowledgement of it, and the one that made ``Qa``, arrived on the ack
            threads (a message read from the socket)
 handled    that Qa-th acknowledgement was handled (the ack thread got the handle's lock)
@@ -37,8 +41,8 @@ import threading
 import time
 
 #: the stamps of a :class:`Trace`, in the order an add passes them
-STAGES = ("call", "admitted", "framed", "sent_first", "sent_last", "acked_first", "acked_quorum",
-          "handled", "completed", "callback")
+STAGES = ("call", "admitted", "framed", "sent_first", "sent_last", "bookie_received",
+          "bookie_stored", "acked_first", "acked_quorum", "handled", "completed", "callback")
 
 
 class Trace:
@@ -52,6 +56,7 @@ class Trace:
         self.key = -1               # id() of its element while unsent
         self.call, self.admitted, self.framed = call, admitted, framed
         self.sent_first = self.sent_last = self.acked_first = self.acked_quorum = None
+        self.bookie_received = self.bookie_stored = None
         self.handled = self.completed = self.callback = None
 
     def stamps(self) -> dict:
@@ -100,12 +105,13 @@ class AddTracer:
             self._unsent[t.key] = (element, t)
         return t
 
-    def sent(self, parts) -> None:
-        """Elements ``parts`` were handed to a socket now."""
+    def sent(self, parts) -> bool:
+        """Elements ``parts`` are handed to a socket now; whether one is traced."""
         unsent = self._unsent
         if not unsent:
-            return
+            return False
         now = time.perf_counter_ns()
+        traced = False
         for p in parts:
             got = unsent.get(id(p))
             if got is not None and got[0] is p:
@@ -113,20 +119,29 @@ class AddTracer:
                 if t.sent_first is None:
                     t.sent_first = now
                 t.sent_last = now
+                traced = True
+        return traced
 
-    def ack_arrived(self) -> None:
-        """An ack message was read on this thread now (its acks are handled next)."""
-        self._local.at = time.perf_counter_ns()
+    def ack_arrived(self, received_ns: int = 0, stored_ns: int = 0) -> None:
+        """An ack message was read on this thread now (its acks are handled next), with the
+        bookie's stamps of the message it answers (0: none)."""
+        local = self._local
+        local.at = time.perf_counter_ns()
+        local.bookie = (received_ns, stored_ns) if received_ns else None
 
     def acked(self, t: Trace, quorum: bool) -> None:
         """``t``'s entry was acknowledged by one bookie (``quorum``: the Qa-th): the
         acknowledgement arrived as the last :meth:`ack_arrived` of this thread said."""
-        at = getattr(self._local, "at", None) or time.perf_counter_ns()
+        local = self._local
+        at = getattr(local, "at", None) or time.perf_counter_ns()
         if t.acked_first is None:
             t.acked_first = at
         if quorum and t.acked_quorum is None:
             t.acked_quorum = at
             t.handled = time.perf_counter_ns()
+            bookie = getattr(local, "bookie", None)
+            if bookie is not None:
+                t.bookie_received, t.bookie_stored = bookie
 
     def completed(self, t: Trace) -> None:
         t.completed = time.perf_counter_ns()

@@ -239,8 +239,8 @@ class _AddStream:
             self.last_send = time.monotonic()
             force = False
             tracer = self.client.trace
-            if tracer is not None:
-                tracer.sent(parts)
+            if tracer is not None and tracer.sent(parts):
+                parts = [wire.ADD_TRACE_FIELD, *parts]      # (the bookie's stamps, please)
             rest = direct(parts)
             if rest is not None:        # socket buffer full: never block an appender
                 self.partial = rest
@@ -262,7 +262,7 @@ class _AddStream:
                     continue
                 tracer = client.trace
                 if tracer is not None:
-                    tracer.ack_arrived()
+                    tracer.ack_arrived(msg.trace_received_ns, msg.trace_stored_ns)
                 client.ack_messages += 1
                 self.acked_elements += len(responses)
                 self.owed_since = (None if self.acked_elements == self.sent_elements

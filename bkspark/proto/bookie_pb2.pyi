@@ -69,16 +69,22 @@ class AddResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[StatusCode, str]] = ..., ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., request_id: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class AddBatch(_message.Message):
-    __slots__ = ("adds",)
+    __slots__ = ("adds", "trace")
     ADDS_FIELD_NUMBER: _ClassVar[int]
+    TRACE_FIELD_NUMBER: _ClassVar[int]
     adds: _containers.RepeatedCompositeFieldContainer[AddRequest]
-    def __init__(self, adds: _Optional[_Iterable[_Union[AddRequest, _Mapping]]] = ...) -> None: ...
+    trace: bool
+    def __init__(self, adds: _Optional[_Iterable[_Union[AddRequest, _Mapping]]] = ..., trace: _Optional[bool] = ...) -> None: ...
 
 class AddBatchResponse(_message.Message):
-    __slots__ = ("responses",)
+    __slots__ = ("responses", "trace_received_ns", "trace_stored_ns")
     RESPONSES_FIELD_NUMBER: _ClassVar[int]
+    TRACE_RECEIVED_NS_FIELD_NUMBER: _ClassVar[int]
+    TRACE_STORED_NS_FIELD_NUMBER: _ClassVar[int]
     responses: _containers.RepeatedCompositeFieldContainer[AddResponse]
-    def __init__(self, responses: _Optional[_Iterable[_Union[AddResponse, _Mapping]]] = ...) -> None: ...
+    trace_received_ns: int
+    trace_stored_ns: int
+    def __init__(self, responses: _Optional[_Iterable[_Union[AddResponse, _Mapping]]] = ..., trace_received_ns: _Optional[int] = ..., trace_stored_ns: _Optional[int] = ...) -> None: ...
 
 class ReadRequest(_message.Message):
     __slots__ = ("ledger_id", "entry_id", "flags", "master_key", "has_previous_lac", "previous_lac", "timeout_ms")

@@ -182,6 +182,27 @@ KIND_HELLO = 6              # client -> bookie, once, after DATA_MAGIC: its toke
 KIND_REFUSED = 7            # bookie -> client, after DATA_REFUSED: why the hello was refused
 
 
+#: ``AddBatch.trace = true``, sent as the first field of a traced add message
+#: (bkspark.client.add_trace): a batch of adds starts with field 1 otherwise
+ADD_TRACE_FIELD = b"\x10\x01"
+
+
+def add_trace_stamps(received_ns: int, stored_ns: int) -> bytes:
+    """``AddBatchResponse.trace_received_ns`` and ``trace_stored_ns``, encoded: appended to
+    the answer of a traced add message."""
+    return b"\x10" + _varint(received_ns) + b"\x18" + _varint(stored_ns)
+
+
+def _varint(n: int) -> bytes:
+    n &= (1 << 64) - 1              # (int64 on the wire: two's complement)
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
 class FrameError(Exception):
     """The peer broke the framing (closed mid-frame, unknown kind, oversized frame)."""
 
