@@ -4,12 +4,14 @@ body buffers optionally compressed (LZ4 frame or ZSTD, Arrow's own IPC body comp
 message says which, so readers need no option). The log layer's, as the record format is
 (:mod:`bkspark.log.records`): the Spark connector writes such entries, and a log's offloaded
 rows turn back into them (:mod:`bkspark.log.offload`). For one pyarrow version, encoding the
-same batch with the same compression gives the same bytes.
+same rows with the same compression gives the same bytes -- if they are in fresh buffers
+(:func:`fresh`): a slice serializes otherwise.
 """
 from __future__ import annotations
 
 import struct
 
+import numpy as np
 import pyarrow as pa
 
 _I32 = struct.Struct("<i")
@@ -33,3 +35,11 @@ def encode_arrow(batch: pa.RecordBatch, compression: str | None = None):
     stream = sink.getvalue()
     start = 8 + _I32.unpack_from(stream, 4)[0]
     return stream.slice(start, stream.size - start - 8)       # the last 8 bytes: end of stream
+
+
+def fresh(parts) -> pa.RecordBatch:
+    """The rows of the batches ``parts`` (slices of others, maybe) as one batch in fresh
+    buffers of their exact sizes: the one form :func:`encode_arrow` gives the same bytes of
+    whatever batches the rows came in (a writer's split, a file's row groups)."""
+    t = pa.Table.from_batches(parts)
+    return t.take(pa.array(np.arange(t.num_rows))).combine_chunks().to_batches()[0]

@@ -205,11 +205,12 @@ class Location:
         at = 0
         for i in range(pf.metadata.num_row_groups):
             back = pf.read_row_group(i)
-            if not back.equals(table.slice(at, back.num_rows)):
+            if not _same_rows(back, table.slice(at, back.num_rows)):
                 raise OffloadError(f"the file read back differs from what was written (row "
                                    f"group {i})")
             at += back.num_rows
-        check(pf.read(columns=[offsets]).column(0))
+        got = pf.read(columns=[offsets])        # (the last: a writer may name a column so)
+        check(got.column(got.num_columns - 1))
 
     def publish(self, tmp: str, final: str) -> None:
         """Rename ``tmp`` to ``final`` (replacing a file of that name)."""
@@ -233,6 +234,21 @@ class Location:
                     if i.type == pafs.FileType.File]
         except FileNotFoundError:
             return []
+
+
+def _same_rows(a, b) -> bool:
+    """Whether tables ``a`` and ``b`` hold the same rows, NaNs included (``equals`` says a NaN
+    differs from itself): else their schemas and their rows' bytes, both copied into fresh
+    buffers, are compared."""
+    if a.equals(b):
+        return True
+    if not a.schema.equals(b.schema) or a.num_rows != b.num_rows:
+        return False
+    from bkspark.log.arrow_entries import fresh
+
+    def rows(t) -> bytes:
+        return fresh(t.to_batches()).serialize().to_pybytes() if t.num_rows else b""
+    return rows(a) == rows(b)
 
 
 def _fsync_dir(path: str) -> None:
@@ -333,17 +349,13 @@ def encode_entries(batches, encoding: str):
     raw ones their ``value``, an Arrow entry its rows as one uncompressed IPC record batch
     message. Whether that is each entry's bytes was checked when the files were written (a
     raw entry that decoded as a record without a value comes back as None: not raw)."""
-    import numpy as np
-    import pyarrow as pa
     arrow, compression = _arrow_compression(encoding)
     if arrow:
-        from bkspark.log.arrow_entries import encode_arrow
+        from bkspark.log.arrow_entries import encode_arrow, fresh
         for eid, parts in _entry_runs(batches):
-            # the entry's rows in fresh buffers (a slice serializes otherwise), whatever
-            # batches and row groups they were read in; the offload columns (last) dropped
-            t = pa.Table.from_batches(parts)
-            t = t.take(pa.array(np.arange(t.num_rows))).combine_chunks()
-            b = t.to_batches()[0]
+            # the entry's rows in fresh buffers, whatever batches and row groups they were
+            # read in; the offload columns (last) dropped
+            b = fresh(parts)
             yield eid, encode_arrow(b.select(range(b.num_columns - len(ARROW_COLUMNS))),
                                     compression).to_pybytes()
         return
@@ -442,6 +454,15 @@ def progress_after(entry: LogLedger) -> dict:
             "byte_offset": (entry.byte_offset or 0) + entry.sealed_length()}
 
 
+def valid_runs(runs) -> list:
+    """The well-formed runs (``[offset, entries, byte_offset, bytes]``, ints) of a
+    :data:`DROPPED` mark's ``kept`` (anything else is ignored: another version's, an edit)."""
+    if not isinstance(runs, list):
+        return []
+    return [r for r in runs if isinstance(r, list) and len(r) == 4 and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in r)]
+
+
 def summary(properties: dict, first_offset, end_offset, first_byte_offset) -> dict:
     """What :meth:`bkspark.log.LogStore.stats` shows of a log's offload, from its head's
     properties and its ends: ``offload`` (the policy's property, None: none),
@@ -464,10 +485,9 @@ def summary(properties: dict, first_offset, end_offset, first_byte_offset) -> di
         first_bytes = first_byte_offset or 0
         entries = max(0, dropped["offset"] - first_offset)
         nbytes = max(0, dropped["byte_offset"] - first_bytes)
-        for run in dropped.get("kept") or ():         # (passed over, kept on the bookies)
-            if isinstance(run, list) and len(run) == 4:
-                entries -= max(0, run[0] + run[1] - max(run[0], first_offset))
-                nbytes -= max(0, run[2] + run[3] - max(run[2], first_bytes))
+        for run in valid_runs(dropped.get("kept")):   # (passed over, kept on the bookies)
+            entries -= max(0, run[0] + run[1] - max(run[0], first_offset))
+            nbytes -= max(0, run[2] + run[3] - max(run[2], first_bytes))
         out["dropped_entries"], out["dropped_bytes"] = max(0, entries), max(0, nbytes)
     return out
 

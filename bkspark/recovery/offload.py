@@ -47,7 +47,7 @@ from bkspark.log.offload import (ARROW, ARROW_COLUMNS, ARROW_COMPRESSIONS, DROPP
                                  READ_BATCH_ROWS, RAW, RECORD, TEMP_PREFIX, TEMP_SUFFIX,
                                  Location, OffloadError, arrow_encoding, delete_files, due,
                                  encode_entries, file_name, on_bookies, progress_after,
-                                 progress_of, record)
+                                 progress_of, record, valid_runs)
 from bkspark.log.records import MAGIC, VERSION
 from bkspark.spark import codec
 from metadata.layout import log_path
@@ -305,11 +305,9 @@ def offload_ledger(logs, name: str, entry: LogLedger, where: Location,
     except BaseException as exc:
         for tmp in temps[published:]:
             where.delete(tmp)
-        # (a rename that failed after others: those published go, unless a record names
-        # them now -- another offloader's, whose only copy they may be)
-        if published and not _recorded(logs, name, entry.ledger_id, unknown=True):
-            for f in files[:published]:
-                where.delete(f"{directory}/{f['name']}")
+        # (a rename that failed after others leaves those published: each holds exactly its
+        # entries' rows, the next pass publishes the same names again, and another offloader
+        # may have published -- and recorded -- the same names meanwhile: never deleted here)
         if isinstance(exc, OSError):
             raise OffloadError(f"log {name}: ledger {entry.ledger_id}: publishing: {exc}") \
                 from exc
@@ -327,16 +325,10 @@ class _Recorded(BKError):
     """The ledger being offloaded was recorded by another offloader meanwhile."""
 
 
-def _recorded(logs, name: str, ledger_id: int, unknown: bool = False) -> bool:
-    """Whether log ``name`` lists ``ledger_id`` with an offload record, on a synced read;
-    ``unknown``: what to say when the store does not answer."""
-    try:
-        logs.store.sync(log_path(name))
-        e = logs.entry_of(name, ledger_id)
-    except BKError:
-        if unknown:
-            return True
-        raise
+def _recorded(logs, name: str, ledger_id: int) -> bool:
+    """Whether log ``name`` lists ``ledger_id`` with an offload record, on a synced read."""
+    logs.store.sync(log_path(name))
+    e = logs.entry_of(name, ledger_id)
     return e is not None and e.offloaded is not None
 
 
@@ -405,7 +397,7 @@ def kept_runs(runs, kept: list[LogLedger]) -> list:
     """``runs`` (``[[offset, entries, byte_offset, bytes], ...]``: of the log, ledgers the
     bookies keep below the :data:`DROPPED` mark) with the ledgers ``kept`` added, adjacent
     ones merged, at most :data:`MAX_KEPT_RUNS`."""
-    out = [list(r) for r in runs or [] if isinstance(r, list) and len(r) == 4]
+    out = [list(r) for r in valid_runs(runs)]
     for e in kept:
         n, size = e.entry_count() or 0, e.sealed_length()
         if out and out[-1][0] + out[-1][1] == e.offset:
@@ -538,7 +530,8 @@ def drop_copies(logs, name: str, now_ms: int | None = None,
             before = progress_of(edit.properties, DROPPED)
             if before.get("next", -1) >= mark_to["next"]:
                 raise NoChange()
-            edit.properties[DROPPED] = dict(mark_to, kept=kept_runs(before.get("kept"), kept))
+            edit.properties[DROPPED] = dict(mark_to, kept=kept_runs(
+                before.get("kept"), [e for e in kept if e.seq >= before.get("next", -1)]))
         logs.update(name, advance)
     if failure is not None:
         raise failure

@@ -16,7 +16,7 @@ import json
 import pyarrow as pa
 
 # (the record entry format is the log layer's: bkspark.log.records)
-from bkspark.log.arrow_entries import encode_arrow  # noqa: F401  (part of this interface)
+from bkspark.log.arrow_entries import encode_arrow, fresh  # noqa: F401  (this interface)
 from bkspark.log.records import (  # noqa: F401  (part of this module's interface)
     F_HDR, F_KEY, F_NULL_VALUE, F_TS, MAGIC, VERSION, decode_record, encode_record)
 
@@ -267,7 +267,9 @@ def ledger_spark_schema_json(custom_metadata: dict) -> str | None:
 
 
 def split_batch(batch: pa.RecordBatch, max_bytes: int):
-    """Slices of ``batch`` of about ``max_bytes`` each (zero-copy)."""
+    """Pieces of ``batch`` of about ``max_bytes`` each: ``batch`` itself if it is no larger,
+    else its slices copied into fresh buffers (:func:`bkspark.log.arrow_entries.fresh`: an
+    entry in that form is given back byte for byte by its offloaded rows; a slice is not)."""
     n = batch.num_rows
     if n == 0:
         return
@@ -277,7 +279,7 @@ def split_batch(batch: pa.RecordBatch, max_bytes: int):
         return
     rows = max(1, int(n * max_bytes / size))
     for start in range(0, n, rows):
-        yield batch.slice(start, rows)
+        yield fresh([batch.slice(start, rows)])
 
 
 def decode_arrow(data, schema: pa.Schema) -> pa.RecordBatch:

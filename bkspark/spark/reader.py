@@ -611,8 +611,9 @@ def _read_files(opts, fmt: str, target, part, only_copy: bool = False):
     yield from read_offloaded(part, fmt == ARROW, opts.schema == "kafka", target, fallback)
 
 
-def _read_from_bookies(opts, fmt: str, target, ranges: list):
-    """:func:`read_ranges` of ranges read from the bookies."""
+def _read_from_bookies(opts, fmt: str, target, ranges: list, again: bool = False):
+    """:func:`read_ranges` of ranges read from the bookies (``again``: a range :func:`_gone`
+    found listed and on the bookies, opened once more)."""
     bk = conn.bookkeeper(opts.metadata_uri, opts.client_settings)
     to_batch = codec.records_to_kafka_batch if opts.schema == "kafka" else codec.records_to_batch
     rows: list = []                         # record rows not yet in a batch
@@ -640,21 +641,31 @@ def _read_from_bookies(opts, fmt: str, target, ranges: list):
             if rows:
                 yield to_batch(rows, target)
                 rows = []
-            yield from _gone(opts, fmt, target, part, done[0])
+            yield from _gone(opts, fmt, target, part, done[0], again)
     if rows:
         yield to_batch(rows, target)
 
 
-def _gone(opts, fmt: str, target, part: LedgerRange, resume: int):
-    """A planned ledger is gone from the bookies, its entries before ``resume`` read. If its
-    bookies' copy was dropped after its offload (decided on a synced read of its segment),
-    the rest of the range is read from its files; else it was removed from the log
-    (:func:`removed_since_planning`)."""
+def _gone(opts, fmt: str, target, part: LedgerRange, resume: int, again: bool = False):
+    """A planned ledger is gone from the bookies, its entries before ``resume`` read. Decided
+    on a synced read of its segment: its bookies' copy dropped after its offload -- the rest
+    of the range is read from its files; still listed on the bookies (a server's older view
+    said it was not there) -- it is opened once more; not listed -- it was removed from the
+    log (:func:`removed_since_planning`)."""
     logs = conn.log_store(opts)
     logs.store.sync(log_path(part.log))
     entry = logs.entry_of(part.log, part.ledger_id)
-    if entry is None or on_bookies(entry.offloaded):
+    if entry is None:
         removed_since_planning(opts, part)
+        return
+    if on_bookies(entry.offloaded):
+        if again:
+            raise BKError(f"log {part.log!r}: ledger {part.ledger_id} is listed, but the "
+                          "bookies and its metadata do not serve it; read again")
+        if resume <= part.last:
+            yield from _read_from_bookies(opts, fmt, target, [LedgerRange(
+                part.log, part.ledger_id, resume, part.last, part.offset, part.size, None)],
+                again=True)
         return
     if resume <= part.last:
         yield from _read_files(opts, fmt, target, LedgerRange(

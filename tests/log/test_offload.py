@@ -828,3 +828,50 @@ def test_a_seek_by_time_reading_a_ledger_whose_copy_is_dropped_goes_on_from_the_
     rest = list(got)                                    # the files, from entry 2 on
     assert [eid for eid, _ in first + rest] == list(range(5))
     assert [bytes(d) for _, d in first + rest] == before[:5]
+
+
+def test_what_the_second_review_of_the_drop_found(bk, logs, log_name, tmp_path, monkeypatch):
+    """A NaN offloads (verification said a NaN differed from itself, and stopped the log's
+    offload for good); entries a writer split from one batch are given back byte for byte
+    (a slice encoded otherwise); a drop pass that scanned a kept ledger another pass already
+    counted does not count it twice; a malformed kept list is ignored."""
+    from bkspark.spark import codec
+    schema = pa.schema([("x", pa.float64()), ("s", pa.string())])
+    big = pa.RecordBatch.from_arrays([pa.array([float("nan"), 1.5, None] * 4000),
+                                      pa.array(["a", None, "bc"] * 4000)], schema=schema)
+    lh = bk.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2, password=b"pw",
+                          custom_metadata=codec.arrow_ledger_metadata(schema, "{}"))
+    pieces = list(codec.split_batch(big, 40 << 10))
+    assert len(pieces) > 2
+    for p in pieces:
+        lh.append(bytes(codec.encode_arrow(p, "lz4")))
+    lh.close()
+    logs.create(log_name)
+    logs.append_ledgers(log_name, [lh.ledger_id])
+    logs.append_ledgers(log_name, [closed_ledger(bk, [encode_record(b"v"), b"mixed"])])  # kept
+    _fill(bk, logs, log_name, 2)
+    logs.set_offload(log_name, OffloadPolicy(str(tmp_path), after_ms=1, keep_on_bookies_ms=0))
+    before = read_all(logs, log_name)
+    time.sleep(0.01)
+    assert len(run(logs, log_name)) == 4
+    segs = logs.segments(log_name)
+    assert [e.offloaded.get("encoding") for e in segs] == ["arrow+lz4", None, "record", "record"]
+    stale = logs.properties(log_name)               # a pass that scanned before another moved
+    assert offload_pass.drop_copies(logs, log_name) == [lh.ledger_id, segs[2].ledger_id]
+    assert read_all(logs, log_name) == before
+    mark = offload.progress_of(logs.properties(log_name), offload.DROPPED)
+    real = logs.properties
+
+    def rewound(name):                      # (the other pass's view: the mark not moved yet)
+        return stale if name == log_name else real(name)
+    logs.update(log_name, lambda e: e.properties.update({offload.DROPPED: {**mark, "next": 2}}))
+    monkeypatch.setattr(logs, "properties", rewound)
+    offload_pass.drop_copies(logs, log_name)
+    monkeypatch.undo()
+    got = offload.progress_of(logs.properties(log_name), offload.DROPPED)["kept"]
+    assert got == [[segs[1].offset, 2, segs[1].byte_offset, segs[1].length]]
+    # junk in the mark's kept list: ignored by the stats and the next drop
+    logs.update(log_name, lambda e: e.properties.update(
+        {offload.DROPPED: {**mark, "kept": [7, [0, 5, 0, None], ["0", 5, 0, 10]]}}))
+    assert logs.stats(log_name)["dropped_entries"] == mark["offset"]
+    assert offload_pass.kept_runs(7, []) == [] and offload.valid_runs([[1, 2, 3, True]]) == []

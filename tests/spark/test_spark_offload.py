@@ -252,3 +252,31 @@ def test_a_range_planned_before_the_drop_is_read_from_the_files_not_lost(
     got = [v.decode() for b in reader.read_range(opts, "record", schema, part)
            for v in b.column("value").to_pylist()]
     assert got == values
+
+
+def test_a_task_whose_open_saw_an_older_view_reads_a_listed_ledger_not_data_loss(
+        uri, logs, log_name, monkeypatch):
+    """The task's open of a ledger answers "no such ledger" (a ZooKeeper server behind the
+    planner's): a synced read of the log lists it on the bookies, so it is opened again and
+    read, neither skipped (failOnDataLoss=false) nor reported removed."""
+    from bkspark.spark import codec, conn, reader
+    from bkspark.spark.options import parse_options
+    from tests.spark.test_spark_packing import _small_ledgers
+    logs.create(log_name)
+    values = _small_ledgers(logs, log_name, 3, 20)
+    opts = parse_options({"metadataServiceUri": uri, "log": log_name, "minPartitions": "1",
+                          "failOnDataLoss": "false"})
+    schema = codec.record_spark_schema()
+    (part,) = reader.BookKeeperBatchReader(opts, schema).partitions()
+    bk = conn.bookkeeper(opts.metadata_uri, opts.client_settings)
+    real_open = type(bk).open_ledgers
+    lagging = [part.ranges[1].ledger_id]
+
+    def lagging_open(self, ledger_ids, password=b""):
+        got = real_open(self, ledger_ids, password)
+        return [None if lid in lagging and not lagging.remove(lid) else h
+                for lid, h in zip(ledger_ids, got)]
+    monkeypatch.setattr(type(bk), "open_ledgers", lagging_open)
+    got = [v.decode() for b in reader.read_range(opts, "record", schema, part)
+           for v in b.column("value").to_pylist()]
+    assert got == values and not lagging
