@@ -12,9 +12,11 @@ one ledger, each safe to crash in:
 4. once every file of the ledger is written and verified, publish them by rename to their
    final names (on a local filesystem an atomic replace, then an fsync of the directory; a
    retry replaces a published file with the same rows). A failure before (an entry that does
-   not decode, the ledger deleted by a cut, the location failing) publishes nothing of the
-   ledger; only a crash amid the renames of a ledger of several files leaves part of it
-   published, until the next pass publishes the rest;
+   not decode, the ledger deleted by a cut, the location failing, the ledger recorded by
+   another offloader meanwhile -- checked on a synced read just before) publishes nothing of
+   the ledger; only a crash or a failed rename amid the renames of a ledger of several files
+   leaves part of it published (never deleted: another offloader may have published and
+   recorded the same names), until the next pass publishes the rest;
 5. one metadata change (per pass, of every ledger it offloaded) records each ledger's files:
    location, names, entry ranges, rows, bytes, and a crc32c of the entries' payloads chained
    in entry order (:attr:`metadata.log_entry.LogLedger.offloaded`). A lost answer is settled
