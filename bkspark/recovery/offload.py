@@ -514,6 +514,11 @@ def drop_copies(logs, name: str, now_ms: int | None = None,
                 raise NoChange()
         logs.update(name, mark)
     if marked:
+        # every one is stored ``on_bookies: false``: marked by the change the update loop
+        # stored (its last attempt decided on what it read; after a lost answer it reads
+        # again after a sync), or read so by the scan -- a mark is never undone (record()
+        # never replaces a record, and a deleted ledger cannot be listed again), so even a
+        # server's older view that shows it shows what is stored
         logs.bk.delete_ledgers(sorted(marked))
         log.info("log %s: the bookies' copy of %d offloaded ledgers dropped (%s)", name,
                  len(marked), ", ".join(map(str, sorted(marked))))
