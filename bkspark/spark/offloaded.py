@@ -47,11 +47,11 @@ def to_target(batch: pa.RecordBatch, fmt_arrow: bool, kafka: bool, log_name: str
         return codec.conform(batch.select(range(batch.num_columns - len(ARROW_COLUMNS))),
                              target)       # (by position: a writer may name a column so)
     cols = {name: batch.column(name) for name in batch.schema.names}
-    log_col = pa.array([log_name] * n, pa.string())
+    log_col = pa.repeat(pa.scalar(log_name, pa.string()), n)
     if kafka:
         ts = cols["timestamp"]
         arrays = {"key": cols["key"], "value": cols["value"], "topic": log_col,
-                  "partition": pa.array([0] * n, pa.int32()), "offset": cols["offset"],
+                  "partition": pa.repeat(pa.scalar(0, pa.int32()), n), "offset": cols["offset"],
                   "timestamp": ts,
                   "timestampType": pc.if_else(pc.is_null(ts), -1, 0).cast(pa.int32())}
         if "headers" in target.names:

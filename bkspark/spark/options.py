@@ -48,7 +48,8 @@ compression              arrow writes: ``lz4`` | ``zstd`` | ``none``, Arrow IPC 
 entriesPerPartition      reads: split a ledger into ranges of this many entries (auto: ~128 MiB
                          per partition for arrow, 100000 entries for record)
 minPartitions            reads: at least this many partitions (as Kafka's): the largest ranges
-                         are halved until there are (default: one per ledger or range)
+                         are halved until there are; also the parallelism packs are cut for
+                         (default: the planner's CPUs, at most 16; reader.pack)
 maxPartitionBytes        reads: small ledger ranges, of one log or several, are packed into
                          one partition up to this many bytes (128MiB; Spark's
                          spark.sql.files.maxPartitionBytes) ...

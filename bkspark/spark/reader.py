@@ -365,34 +365,64 @@ def plan_ranges(opts, fmt: str, name: str, spans_, clip=None) -> list:
     return out
 
 
-#: the partitions a large read is spread over at least, when packing: Spark divides a
-#: file scan by the cluster's cores, which a Python data source cannot see (minPartitions
-#: sets it)
-ASSUMED_PARALLELISM = 16
+#: the most task slots the planner assumes (:func:`assumed_parallelism`): a data source cannot
+#: see the cluster's cores, so a read smaller than 16 x ``maxPartitionBytes`` is spread over
+#: at most 16 packs unless ``minPartitions`` says more
+MAX_ASSUMED_PARALLELISM = 16
+
+
+def assumed_parallelism() -> int:
+    """The task slots a read is planned for when ``minPartitions`` is not set: the CPUs this
+    (planning) process may run on, at most :data:`MAX_ASSUMED_PARALLELISM`.
+
+    Spark divides a file scan by the cluster's cores, which a Python data source's planner
+    cannot see; it runs in a Python worker on the driver. In local mode, its CPUs are the
+    cores tasks run on. On a cluster whose cores outnumber the driver's, a read smaller than
+    cores x ``maxPartitionBytes`` is spread over fewer tasks than there are cores: set
+    ``minPartitions`` to the cores. Fewer, fuller tasks matter because every Python data source
+    task costs a fixed ~50-65 ms on a 2-vCPU machine (the package README's performance notes),
+    so a ``local[2]`` read planned as 8 tasks instead of 2 spends a quarter of its time
+    starting tasks."""
+    import os
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):        # (not Linux)
+        cpus = os.cpu_count() or MAX_ASSUMED_PARALLELISM
+    return max(1, min(MAX_ASSUMED_PARALLELISM, cpus))
 
 
 def pack(parts: list, opts) -> list:
-    """Group consecutive ranges into partitions of at most ``maxPartitionBytes``, each range
-    counting its bytes plus ``openCostInBytes`` (Spark's rule for small files): many small
-    ledgers, of one log or several, are read by one task each pack. Order is kept (a pack
-    holds consecutive ranges of the plan), and pieces of one ledger that planning split are
-    never joined again. As Spark's rule, a pack is also at most the total over the
-    parallelism (``minPartitions``, else :data:`ASSUMED_PARALLELISM`), and with
-    ``minPartitions`` the largest packs are halved until there are that many (when there
-    are that many ranges). A pack of one range is that range. With ``entriesPerPartition``
-    nothing is packed (the user chose each partition's entries)."""
+    """Group consecutive ranges into partitions -- Spark's rule for small files, with the
+    packs balanced: each range costs its bytes plus ``openCostInBytes``; a read of ``total``
+    is cut into ``max(total / maxPartitionBytes, min(P, total / openCostInBytes))`` packs of
+    about equal cost, P the parallelism (``minPartitions``, else :func:`assumed_parallelism`):
+    a range joins the pack its cost's midpoint falls in, the share of each pack taken anew
+    from what is left (so one range larger than a share stands alone and the rest are still
+    balanced). A pack never holds more than ``maxPartitionBytes`` unless it is one range, and
+    pieces of one ledger that planning split are never joined again. Order is kept: a pack
+    holds consecutive ranges of the plan, so many small ledgers, of one log or several, are
+    read by few tasks in order. With ``minPartitions`` the largest packs are then halved
+    until there are that many (when there are that many ranges). A pack of one range is that
+    range. With ``entriesPerPartition`` nothing is packed (the user chose each partition's
+    entries)."""
     if not parts or opts.entries_per_partition is not None:
         return parts
     cost = [(p.size if p.size is not None else UNKNOWN_ENTRY_BYTES * (p.last - p.first + 1))
             + opts.open_cost_bytes for p in parts]
-    target = min(opts.max_partition_bytes,
-                 max(opts.open_cost_bytes,
-                     sum(cost) // (opts.min_partitions or ASSUMED_PARALLELISM)))
+    left = sum(cost)
+    parallelism = opts.min_partitions or assumed_parallelism()
+    packs_left = max(-(-left // opts.max_partition_bytes),
+                     min(parallelism, left // opts.open_cost_bytes), 1)
+    share = left / packs_left
     out, current, used = [], [], 0
     for p, c in zip(parts, cost):
         joined = current and current[-1].ledger_id == p.ledger_id
-        if current and (used + c > target or joined):
+        if current and (joined or used + c / 2 > share
+                        or used + c > opts.max_partition_bytes):
             out.append(current)
+            left -= used
+            packs_left = max(1, packs_left - 1)
+            share = left / packs_left
             current, used = [], 0
         current.append(p)
         used += c

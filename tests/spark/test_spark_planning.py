@@ -192,12 +192,14 @@ def test_min_partitions_halves_the_largest_ranges_in_order():
     assert [(p.ledger_id, p.first, p.last) for p in spread(tiny, 10)] == [(1, 0, 0), (1, 1, 1), (2, 7, 7)]
 
 
-def test_small_ranges_are_packed_in_order_up_to_the_target():
-    """Spark's small-file rule over ledgers: consecutive ranges -- of one log or several --
-    share a partition up to maxPartitionBytes, each counting its bytes + openCostInBytes;
-    pieces of one ledger that planning split stay apart; a pack is at most the total over
-    the parallelism; minPartitions is honoured whatever the sizes; entriesPerPartition
+def test_small_ranges_are_packed_in_order_up_to_the_target(monkeypatch):
+    """Spark's small-file rule over ledgers, balanced: consecutive ranges -- of one log or
+    several -- share a partition, each counting its bytes + openCostInBytes, cut into about
+    equal packs, as many as the parallelism asks (or maxPartitionBytes forces); pieces of one
+    ledger that planning split stay apart; a range larger than a share stands alone and the
+    rest stay balanced; minPartitions is honoured whatever the sizes; entriesPerPartition
     turns packing off."""
+    from bkspark.spark import reader
     from bkspark.spark.reader import LedgerRange, PackedRanges, pack
 
     def shape(packs):
@@ -206,6 +208,7 @@ def test_small_ranges_are_packed_in_order_up_to_the_target():
     def flat(packs):
         return [r for p in packs for r in (p.ranges if isinstance(p, PackedRanges) else [p])]
 
+    monkeypatch.setattr(reader, "assumed_parallelism", lambda: 16)
     opts = parse_options({"metadataServiceUri": "sqlite:///x", "log": "a",
                           "maxPartitionBytes": "10KiB", "openCostInBytes": "1KiB"})
     filler = [LedgerRange("z", 100 + i, 0, 0, 0, 0) for i in range(200)]   # 1 KiB each
@@ -215,12 +218,23 @@ def test_small_ranges_are_packed_in_order_up_to_the_target():
              + filler)
     packs = pack(parts, opts)
     assert flat(packs) == parts                                 # every range, in order
-    assert shape(packs)[:5] == [5, 3, 1, 1, 9]  # 5 x 2 KiB; 3 + ...; the big one alone;
+    assert shape(packs)[:5] == [5, 3, 1, 1, 8]  # 5 x 2 KiB; 3 + ...; the big one alone;
     # c's first piece; its second piece apart from the first, packed with the filler
     assert isinstance(packs[0], PackedRanges) and not isinstance(packs[2], PackedRanges)
-    # the parallelism caps a pack: 100 ranges of 1 KiB (open) cost 100 KiB, over 16
+    assert max(shape(packs)[4:]) <= 10                         # 10 KiB at most a pack
+    # the parallelism sets the packs: 100 ranges of 1 KiB (open) cost 100 KiB, 16 packs
     many = [LedgerRange("a", i, 0, 0, 0, 0) for i in range(100)]
-    assert shape(pack(many, opts)) == [6] * 16 + [4]
+    assert sorted(set(shape(pack(many, opts)))) == [6, 7] and len(pack(many, opts)) == 16
+    # eight ledgers of ~10 MB on 2 slots: two packs of four (not 4 + 3 + 1: a third wave)
+    monkeypatch.setattr(reader, "assumed_parallelism", lambda: 2)
+    default = parse_options({"metadataServiceUri": "sqlite:///x", "log": "a"})
+    eight = [LedgerRange("a", i, 0, 99, 0, 10_400_000 + 37_000 * (i % 3)) for i in range(8)]
+    assert shape(pack(eight, default)) == [4, 4]
+    # one range larger than a share stands alone; the others share the rest evenly
+    big = [LedgerRange("a", 1, 0, 0, 0, 100 << 20)] + \
+        [LedgerRange("a", i, 0, 0, 0, 1 << 20) for i in range(2, 22)]
+    monkeypatch.setattr(reader, "assumed_parallelism", lambda: 3)
+    assert shape(pack(big, default)) == [1, 10, 10]
     # minPartitions, even when one range outweighs all others together
     uneven = parse_options({"metadataServiceUri": "sqlite:///x", "log": "a",
                             "minPartitions": "4"})
@@ -289,3 +303,14 @@ def test_an_offloaded_span_that_pushed_filters_empty_plans_nothing():
                                                    lambda f, l: (max(f, 60), l))] == [(60, 99)]
     assert plan_ranges(opts, "record", "a", spans_, lambda f, l: (max(f, 120), min(l, 40))) == []
     assert plan_ranges(opts, "record", "a", spans_, lambda f, l: (max(f, 70), min(l, 60))) == []
+
+
+def test_the_planner_assumes_the_cpus_it_may_run_on_at_most_16(monkeypatch):
+    """The parallelism a read is packed for, when minPartitions does not say: the planning
+    process's CPUs (local mode: the cores tasks run on), 1 to 16."""
+    import os
+
+    from bkspark.spark import reader
+    for cpus, expected in ((set(), 1), ({0, 1}, 2), (set(range(64)), 16)):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, c=cpus: c)
+        assert reader.assumed_parallelism() == expected
