@@ -10,13 +10,13 @@ one ledger, each safe to crash in:
 3. verify: read the file back one row group at a time (page checksums verified) and compare
    it with what was converted -- rows, values, offsets contiguous from the ledger's offset;
 4. once every file of the ledger is written and verified, publish them by rename to their
-   final names (on a local filesystem an atomic replace, then an fsync of the directory; a
-   retry replaces a published file with the same rows). A failure before (an entry that does
-   not decode, the ledger deleted by a cut, the location failing, the ledger recorded by
-   another offloader meanwhile -- checked on a synced read just before) publishes nothing of
-   the ledger; only a crash or a failed rename amid the renames of a ledger of several files
-   leaves part of it published (never deleted: another offloader may have published and
-   recorded the same names), until the next pass publishes the rest;
+   final names, in offset order (on a local filesystem an atomic replace, then an fsync of
+   the directory; a retry replaces a published file with the same rows). A failure before
+   (an entry that does not decode, the ledger deleted by a cut, the location failing, the
+   ledger recorded by another offloader meanwhile -- checked on a synced read just before)
+   publishes nothing of the ledger; a crash or a failed rename amid the renames of a ledger
+   of several files leaves its first files published (never deleted: another offloader may
+   have published and recorded the same names), until the next pass publishes the rest;
 5. one metadata change (per pass, of every ledger it offloaded) records each ledger's files:
    location, names, entry ranges, rows, bytes, and a crc32c of the entries' payloads chained
    in entry order (:attr:`metadata.log_entry.LogLedger.offloaded`). A lost answer is settled
@@ -25,7 +25,14 @@ one ledger, each safe to crash in:
 
 So no reader sees a temporary file; a published file whose record is not stored yet (a crash
 between 4 and 5) holds exactly its entries' rows, and the next pass writes and records it
-again. :func:`bkspark.log.offload.collect_orphans` removes what a crash left.
+again. Ledgers are offloaded oldest first and their files published in offset order, so a
+reader of the directory always sees a prefix of the log's offloaded rows (from the oldest
+ledger retention keeps), each row once, whatever step a crash stopped. The file names are a
+fixed rule of the entries (:data:`bkspark.log.offload.FILE_ENTRY_BYTES` of decoded rows, as
+pyarrow counts them, a file), so the next pass publishes the same names -- with another
+pyarrow build, a ledger of several files may split elsewhere, and rows of a file left by the
+crashed pass show twice until :func:`bkspark.log.offload.collect_orphans`, which removes
+what a crash left, deletes the files its record does not name.
 
 The record also says whether the files give back every entry byte for byte, as every reader
 reads them back (its ``encoding``, checked at step 3 on the file itself). Only then, and once

@@ -205,15 +205,22 @@ from bkspark.log import LogStore, offload
 from bkspark.recovery import offload as offload_pass
 step = sys.argv[2]
 
-def crash_after(fn):
+calls = []
+
+def crash_after(fn, nth=1):
     def wrapped(*a, **kw):
         out = fn(*a, **kw)
-        os.kill(os.getpid(), signal.SIGKILL)
+        calls.append(1)
+        if len(calls) == nth:
+            os.kill(os.getpid(), signal.SIGKILL)
         return out
     return wrapped
 
 if step == "record":
     offload_pass.record = crash_after(offload_pass.record)
+elif step == "amid-renames":        # a file per entry: killed after the 2nd of 5 renames
+    offload_pass.FILE_ENTRY_BYTES, offload_pass.RECORD_CHUNK_ROWS = 1, 1
+    offload.Location.publish = crash_after(offload.Location.publish, 2)
 else:
     setattr(offload.Location, step, crash_after(getattr(offload.Location, step)))
 bk = BookKeeper(sys.argv[1])
@@ -222,13 +229,14 @@ sys.exit(3)         # (not reached: every step it can crash after is taken)
 """
 
 
-@pytest.mark.parametrize("step", ["write", "verify", "publish", "record"])
+@pytest.mark.parametrize("step", ["write", "verify", "publish", "amid-renames", "record"])
 def test_a_process_killed_after_each_step_leaves_nothing_visible_half_done(
-        bk, logs, log_name, tmp_path, cluster, step):
+        bk, logs, log_name, tmp_path, cluster, step, monkeypatch):
     """kill -9 of the offloading process after writing the temp file, after reading it back,
-    after publishing it, after recording it: a Parquet reader of the directory sees each
-    entry once or not at all, nothing is recorded that is not complete, and the next pass
-    completes the log exactly once."""
+    after publishing it, amid the renames of a ledger of several files, after recording it:
+    a Parquet reader of the directory sees a prefix of the log, each entry once (whole
+    files, published in offset order), nothing is recorded that is not complete, and the
+    next pass completes the log exactly once."""
     import subprocess
     import sys
     name = f"{log_name}"[:100]
@@ -239,15 +247,21 @@ def test_a_process_killed_after_each_step_leaves_nothing_visible_half_done(
     where = Location(str(tmp_path))
     t = _table(where, name)
     seen = t.column("offset").to_pylist() if t.num_columns else []
-    assert seen == list(range(len(seen))) and len(seen) % 5 == 0    # nothing twice or torn
+    assert seen == list(range(len(seen)))           # a prefix: nothing twice, no gap
+    # whole ledgers -- or, amid the renames of one, its first files: offsets 0 and 1
+    assert len(seen) == 2 if step == "amid-renames" else len(seen) % 5 == 0
     for e in logs.segments(name):
         if e.offloaded:             # recorded: its files are there, whole
             for f in e.offloaded["files"]:
                 assert pq.read_metadata(os.path.join(where.log_dir(name), f["name"])).num_rows \
                     == f["rows"]
+    if step == "amid-renames":      # (the same rule as the killed pass: the same file names)
+        monkeypatch.setattr(offload_pass, "FILE_ENTRY_BYTES", 1)
+        monkeypatch.setattr(offload_pass, "RECORD_CHUNK_ROWS", 1)
     run(logs, name)
     assert _table(where, name).column("offset").to_pylist() == list(range(10))
     assert all(e.offloaded for e in logs.segments(name))
+    assert collect_orphans(logs, name) == []
 
 
 _DROP_CRASHER = """
