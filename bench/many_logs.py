@@ -11,7 +11,7 @@ entries, E=3 Qw=2 Qa=2, 3 local bookies, sqlite metadata), best of ``--repeat``:
   (the reference, same run): the ratio is what small ledgers cost (target: within 2x); and
   the same read as one task per core (``minPartitions=2, openCostInBytes=4KiB``; by default
   a range counts 256 KiB more than its bytes, so 10,000 ranges fill 20 packs of 128 MiB, and
-  a data source cannot see the cores: it packs into at least 16);
+  a data source cannot see the cores: it packs for the planner's CPUs, at most 16);
 * ``--logs`` logs x 2 ledgers x 3 records, read by one ``logPattern`` (target at 1,000 logs:
   <= 5 s).
 

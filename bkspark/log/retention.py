@@ -72,6 +72,9 @@ def _quantity(text, what: str, pattern, units: dict, hint: str, zero: bool = Fal
         if not m:
             raise BadRequestError(f"{what} {text!r}: give {hint}")
         value, unit = float(m.group(1)), (m.group(2) or "").lower() or None
+    if value * units[unit] >= 1 << 63:          # (also inf: a float past its range)
+        raise BadRequestError(f"{what} {text!r} is too large: give at most 2^63 - 1 "
+                              "(bytes or milliseconds)")
     amount = int(value * units[unit])
     if amount < 0 or amount == 0 and not zero:
         raise BadRequestError(f"{what} {text!r} must be more than 0")

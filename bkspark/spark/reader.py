@@ -376,10 +376,12 @@ def assumed_parallelism() -> int:
     (planning) process may run on, at most :data:`MAX_ASSUMED_PARALLELISM`.
 
     Spark divides a file scan by the cluster's cores, which a Python data source's planner
-    cannot see; it runs in a Python worker on the driver. In local mode, its CPUs are the
-    cores tasks run on. On a cluster whose cores outnumber the driver's, a read smaller than
-    cores x ``maxPartitionBytes`` is spread over fewer tasks than there are cores: set
-    ``minPartitions`` to the cores. Fewer, fuller tasks matter because every Python data source
+    cannot see; it runs in a Python worker on the driver and inherits its CPU affinity. With
+    ``local[*]`` those are the task slots; with ``local[N]`` on a machine of more CPUs, or in
+    a container whose CPU quota (not its affinity) limits it, there are more packs than slots
+    (tasks run in waves, as before this rule); on a cluster whose cores outnumber the
+    driver's, a read smaller than cores x ``maxPartitionBytes`` is spread over fewer tasks
+    than there are cores. In each of those, set ``minPartitions`` to the slots. Fewer, fuller tasks matter because every Python data source
     task costs a fixed ~50-65 ms on a 2-vCPU machine (the package README's performance notes),
     so a ``local[2]`` read planned as 8 tasks instead of 2 spends a quarter of its time
     starting tasks."""
@@ -395,11 +397,13 @@ def pack(parts: list, opts) -> list:
     """Group consecutive ranges into partitions -- Spark's rule for small files, with the
     packs balanced: each range costs its bytes plus ``openCostInBytes``; a read of ``total``
     is cut into ``max(total / maxPartitionBytes, min(P, total / openCostInBytes))`` packs of
-    about equal cost, P the parallelism (``minPartitions``, else :func:`assumed_parallelism`):
-    a range joins the pack its cost's midpoint falls in, the share of each pack taken anew
-    from what is left (so one range larger than a share stands alone and the rest are still
-    balanced). A pack never holds more than ``maxPartitionBytes`` unless it is one range, and
-    pieces of one ledger that planning split are never joined again. Order is kept: a pack
+    about equal cost, P the parallelism (``minPartitions``, else
+    :func:`assumed_parallelism`): a range joins the pack its cost's midpoint falls in, each
+    pack's share taken anew from what is left over the packs still to make (so a range
+    larger than a share leaves the rest balanced, and a pack cut short counts as the part
+    of a pack it holds). A pack never
+    holds more than ``maxPartitionBytes`` unless it is one range, and pieces of one ledger
+    that planning split are never joined again. Order is kept: a pack
     holds consecutive ranges of the plan, so many small ledgers, of one log or several, are
     read by few tasks in order. With ``minPartitions`` the largest packs are then halved
     until there are that many (when there are that many ranges). A pack of one range is that
@@ -411,18 +415,20 @@ def pack(parts: list, opts) -> list:
             + opts.open_cost_bytes for p in parts]
     left = sum(cost)
     parallelism = opts.min_partitions or assumed_parallelism()
-    packs_left = max(-(-left // opts.max_partition_bytes),
-                     min(parallelism, left // opts.open_cost_bytes), 1)
-    share = left / packs_left
+    packs = max(-(-left // opts.max_partition_bytes),
+                min(parallelism, left // opts.open_cost_bytes), 1)
+    budget, share = packs, left / packs     # packs still to make, each one's cost
     out, current, used = [], [], 0
     for p, c in zip(parts, cost):
         joined = current and current[-1].ledger_id == p.ledger_id
-        if current and (joined or used + c / 2 > share
-                        or used + c > opts.max_partition_bytes):
+        full = used + c / 2 > share
+        if current and (joined or full or used + c > opts.max_partition_bytes):
             out.append(current)
             left -= used
-            packs_left = max(1, packs_left - 1)
-            share = left / packs_left
+            # (a pack cut short -- a ledger's pieces, the byte cap -- uses up only its part
+            # of the budget: the rest stay near their share)
+            budget -= 1 if full else min(1.0, used / share)
+            share = left / max(1.0, budget)
             current, used = [], 0
         current.append(p)
         used += c

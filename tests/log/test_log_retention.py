@@ -38,6 +38,11 @@ def test_policy_values_parse_with_units_and_bad_ones_name_the_fix():
         parse_duration_ms("7 days")
     with pytest.raises(errors.BadRequestError, match="must be more than 0"):
         parse_size_bytes("0")
+    for huge in ("9" * 400, "9000000000TiB", "1" + "0" * 30):  # (an OverflowError before)
+        with pytest.raises(errors.BadRequestError, match="is too large: give at most 2"):
+            parse_size_bytes(huge)
+    with pytest.raises(errors.BadRequestError, match="is too large"):
+        parse_duration_ms("9" * 400)
     with pytest.raises(errors.BadRequestError, match="retention ms must be a positive int"):
         RetentionPolicy(ms=-1)
     with pytest.raises(errors.BadRequestError, match="bad retention property"):

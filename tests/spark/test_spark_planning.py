@@ -230,11 +230,16 @@ def test_small_ranges_are_packed_in_order_up_to_the_target(monkeypatch):
     default = parse_options({"metadataServiceUri": "sqlite:///x", "log": "a"})
     eight = [LedgerRange("a", i, 0, 99, 0, 10_400_000 + 37_000 * (i % 3)) for i in range(8)]
     assert shape(pack(eight, default)) == [4, 4]
-    # one range larger than a share stands alone; the others share the rest evenly
+    # a range larger than a share: the others share the rest evenly
     big = [LedgerRange("a", 1, 0, 0, 0, 100 << 20)] + \
         [LedgerRange("a", i, 0, 0, 0, 1 << 20) for i in range(2, 22)]
     monkeypatch.setattr(reader, "assumed_parallelism", lambda: 3)
     assert shape(pack(big, default)) == [1, 10, 10]
+    # packs cut short (a ledger's pieces) do not use up the budget: the rest stay balanced
+    monkeypatch.setattr(reader, "assumed_parallelism", lambda: 4)
+    pieces = [LedgerRange("a", 1, i, i, 0, 1 << 20) for i in range(4)] + \
+        [LedgerRange("a", 2 + i, 0, 0, 0, 1 << 20) for i in range(100)]
+    assert shape(pack(pieces, default)) == [1, 1, 1, 26, 26, 26, 23]
     # minPartitions, even when one range outweighs all others together
     uneven = parse_options({"metadataServiceUri": "sqlite:///x", "log": "a",
                             "minPartitions": "4"})
