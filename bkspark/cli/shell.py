@@ -777,7 +777,7 @@ def cmd_offload(args, out):
             error = "; ".join(errors_) or None
             if error:
                 failed.append(name)
-            orphans = offload.collect_orphans(logs, name)
+            orphans = offload.sweep_locations(logs, name)
             rows.append({"log": name, "location": policy.location, "ledgers": list(done),
                          "dropped_from_bookies": dropped,
                          "files": sum(len(r["files"]) for r in done.values()),

@@ -72,6 +72,13 @@ SUFFIX = ".parquet"
 ARROW_COLUMNS = ("_offset", "_ledger_id", "_entry_id")
 #: rows a batch read from a file holds at most
 READ_BATCH_ROWS = 64 * 1024
+#: head property: locations a log's policy named before its current one whose directory may
+#: still hold its files -- ``[{"location": uri, "left": ms the policy left it}, ...]``, most
+#: recent last -- each swept as the current one (:func:`sweep_locations`) until it holds none
+#: (and :data:`TEMP_GRACE_S` has passed since it was left: a pass that read the old policy
+#: may still write there); the oldest is forgotten past :data:`MAX_PREVIOUS_LOCATIONS`
+PREVIOUS = "offload.previous"
+MAX_PREVIOUS_LOCATIONS = 8
 #: head property: how far the bookies' copies of offloaded ledgers were dropped -- the shape
 #: of :data:`PROGRESS` (:func:`bkspark.recovery.offload.drop_copies`)
 DROPPED = "offload.dropped"
@@ -547,10 +554,11 @@ def delete_files(name: str, records: dict[int, dict]) -> None:
 
 def collect_orphans(logs, name: str, where: Location | None = None,
                     now_s: float | None = None) -> list[str]:
-    """Remove what no reader should see under log ``name``'s directory: temporary files older
-    than :data:`TEMP_GRACE_S`, and final files of ledgers the log does not list any more
-    (removed by retention or a truncation) or whose record names other files. Files of a
-    listed ledger without a record are kept (the next pass records them). Returns the names
+    """Remove what no reader should see under log ``name``'s directory at ``where`` (default:
+    its policy's location): temporary files older than :data:`TEMP_GRACE_S`, and final files
+    of ledgers the log does not list any more (removed by retention or a truncation) or whose
+    record names other files or another location. Files of a listed ledger without a record
+    are kept (the next pass records them -- at the policy's location: then these are swept). Returns the names
     removed. Reads the log's segments up to its :data:`PROGRESS` mark, :data:`SWEEP_CHUNK` a
     read, once -- not a lookup per file -- after a ``sync`` of the log's head, made once the
     files are listed: a file is judged on what the store held when it was seen, never on a
@@ -574,8 +582,11 @@ def collect_orphans(logs, name: str, where: Location | None = None,
         out: dict[int, set | None] = {}
         for lo in range(first, stop, SWEEP_CHUNK):
             for e in logs.segments(name, lo, min(stop, lo + SWEEP_CHUNK)):
-                out[e.ledger_id] = None if e.offloaded is None else {
-                    f["name"] for f in e.offloaded.get("files", [])}
+                rec = e.offloaded
+                # (a ledger recorded at another location has no file here)
+                out[e.ledger_id] = None if rec is None else set() \
+                    if rec.get("location") != where.uri else {
+                        f["name"] for f in rec.get("files", [])}
         return out
     for info in infos:
         base = info.base_name
@@ -601,4 +612,68 @@ def collect_orphans(logs, name: str, where: Location | None = None,
             removed.append(base)
     if removed:
         log.info("log %s: removed %d orphan offload files", name, len(removed))
+    return removed
+
+
+def previous_locations(properties: dict) -> list[dict]:
+    """The :data:`PREVIOUS` entries of a head's properties (anything malformed: none)."""
+    value = properties.get(PREVIOUS)
+    if not isinstance(value, list):
+        return []
+    return [p for p in value if isinstance(p, dict) and isinstance(p.get("location"), str)
+            and isinstance(p.get("left"), int)]
+
+
+def left_location(properties: dict, location: str, now_ms: int) -> None:
+    """Remember in ``properties`` (a head's, being edited) that the policy left ``location``
+    at ``now_ms`` (:data:`PREVIOUS`)."""
+    kept = [p for p in previous_locations(properties) if p["location"] != location]
+    properties[PREVIOUS] = (kept + [{"location": location, "left": now_ms}])[
+        -MAX_PREVIOUS_LOCATIONS:]
+
+
+def returned_to(properties: dict, location: str) -> None:
+    """Forget ``location`` in ``properties`` (a head's, being edited): the policy names it."""
+    kept = [p for p in previous_locations(properties) if p["location"] != location]
+    if kept:
+        properties[PREVIOUS] = kept
+    else:
+        properties.pop(PREVIOUS, None)
+
+
+def sweep_locations(logs, name: str, now_s: float | None = None) -> list[str]:
+    """:func:`collect_orphans` at log ``name``'s policy location and at each location it named
+    before (:data:`PREVIOUS`); a previous location whose directory holds none of the log's
+    files any more -- nothing recorded there is kept by retention, nothing left of a crash --
+    and that was left over :data:`TEMP_GRACE_S` ago is forgotten (one change, decided on what
+    the head holds then). Returns the names removed. A location that fails is retried at the
+    next sweep; the others are swept all the same, and the first failure is raised once they
+    are."""
+    removed: list[str] = []
+    failure = None
+    policy = logs.offload_policy(name)
+    current = policy.location if policy is not None else None
+    now_ms = logs.store.clock.now_ms()
+    done: list[str] = []
+    for uri, left in ([(current, None)] if current else []) + [
+            (p["location"], p["left"]) for p in previous_locations(logs.properties(name))]:
+        try:
+            where = Location(uri)
+            removed += collect_orphans(logs, name, where, now_s)
+            if left is not None and now_ms - left >= TEMP_GRACE_S * 1000 and \
+                    not where.files(where.log_dir(name)):
+                done.append(uri)
+        except Exception as exc:  # noqa: BLE001 - one location must not stop the others
+            failure = failure or exc
+            log.warning("log %s: sweeping offload location %s: %s", name, uri, exc)
+    if done:
+        def change(edit) -> None:
+            now = previous_locations(edit.properties)
+            if not any(p["location"] in done for p in now):
+                raise NoChange()
+            for uri in done:
+                returned_to(edit.properties, uri)
+        logs.update(name, change)
+    if failure is not None:
+        raise failure
     return removed

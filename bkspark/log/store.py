@@ -295,11 +295,23 @@ class LogStore:
 
     def set_offload(self, name: str, policy: "off.OffloadPolicy | None") -> None:
         """Set (None: remove) the log's offload policy; the retention service applies it from
-        its next pass. Files already offloaded stay, and stay recorded."""
+        its next pass. Files already offloaded stay, and stay recorded. A location the policy
+        named before is kept in :data:`bkspark.log.offload.PREVIOUS`, to be swept of what a
+        crash left there (:func:`bkspark.log.offload.sweep_locations`)."""
+        now_ms = self.store.clock.now_ms()
+
         def change(edit: seg.LogEdit) -> None:
             now = edit.properties.get(off.PROPERTY)
             if policy is None and now is None or policy is not None and now == policy.to_property():
                 raise NoChange()
+            try:
+                before = off.OffloadPolicy.from_property(now)
+            except BadRequestError:
+                before = None           # (another version's: nothing to sweep it by)
+            if before is not None and (policy is None or policy.location != before.location):
+                off.left_location(edit.properties, before.location, now_ms)
+            if policy is not None:
+                off.returned_to(edit.properties, policy.location)
             if policy is None:
                 edit.properties.pop(off.PROPERTY)
             else:

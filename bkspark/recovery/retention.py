@@ -143,7 +143,8 @@ class RetentionService:
         """Apply the policy of log ``name``, whose head record is ``data``; returns until when
         (the store's ms) nothing is to be cut while that head is unchanged, or None."""
         head = LogStore.parse_head(name, data)
-        offloads = head.properties.get(offload.PROPERTY) is not None
+        offloads = head.properties.get(offload.PROPERTY) is not None or \
+            bool(offload.previous_locations(head.properties))   # (left to sweep)
         if offloads:
             self._offload(name, still_leader)
         if RetentionPolicy.from_property(head.properties.get(PROPERTY)) is None:
@@ -157,7 +158,8 @@ class RetentionService:
 
     def _offload(self, name: str, still_leader) -> None:
         """Apply log ``name``'s offload policy: offload what is due, drop the bookies' copies
-        kept long enough, sweep its directory every :data:`ORPHAN_SCAN_S` -- each step tried
+        kept long enough, sweep its directory -- and those of locations it named before --
+        every :data:`ORPHAN_SCAN_S` -- each step tried
         whatever the one before did (one ledger that does not offload must not keep the
         others' copies), a pass with a failure counted once and logged, the next pass
         retries. Any error of it stays with this log: the pass goes on to the next one."""
@@ -175,8 +177,8 @@ class RetentionService:
         def sweep():
             now = time.monotonic()
             if now - self._swept.get(name, -math.inf) >= ORPHAN_SCAN_S:
-                offload.collect_orphans(self.logs, name)
-                self._swept[name] = now
+                self._swept[name] = now         # (a location that fails: next hour)
+                offload.sweep_locations(self.logs, name)
         failed = False
         for step in (offload_due, drop, sweep):
             try:

@@ -174,6 +174,49 @@ def test_lost_answers_of_the_record_are_settled_not_doubled(bk, logs, log_name, 
     assert _table(Location(str(tmp_path)), log_name).num_rows == 10
 
 
+def test_a_location_the_policy_left_is_swept_until_it_holds_nothing(bk, logs, log_name,
+                                                                    tmp_path, monkeypatch):
+    """The policy moves from A to B: A is remembered and swept as the current location is --
+    the file a crash published at A for a ledger then recorded at B goes, an old temp file
+    goes, a file recorded at A stays (retention's) -- and A is forgotten once it holds nothing
+    of the log and an hour has passed since the policy left it (a pass that read the old
+    policy may still write there). Before, only B was swept: A's crashed files stayed for
+    good, visible to ``spark.read.parquet`` of A as rows of a ledger that lives at B."""
+    def previous():
+        return [p["location"] for p in offload.previous_locations(logs.properties(log_name))]
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    where_a = _offloading(bk, logs, log_name, a, 3)
+    run(logs, log_name, max_ledgers=1)                          # ledger 0 recorded at A
+    first, second, third = logs.segments(log_name)
+    crashed = offload_pass.offload_ledger(logs, log_name, second, where_a)   # not recorded
+    d = where_a.log_dir(log_name)
+    old_tmp = os.path.join(d, "_tmp-00000000000000000005-1.parquet.dead.inprogress")
+    open(old_tmp, "wb").close()
+    os.utime(old_tmp, (time.time() - 2 * offload.TEMP_GRACE_S,) * 2)
+    logs.set_offload(log_name, OffloadPolicy(b, after_ms=1))
+    assert previous() == [a]
+    assert sorted(run(logs, log_name)) == [second.ledger_id, third.ledger_id]    # at B
+    removed = offload.sweep_locations(logs, log_name)
+    assert sorted(removed) == sorted([crashed["files"][0]["name"], os.path.basename(old_tmp)])
+    assert _visible(where_a, log_name) == [first.offloaded["files"][0]["name"]]
+    assert previous() == [a]                                    # it still holds one
+    assert _table(Location(b), log_name).column("offset").to_pylist() == list(range(5, 15))
+    logs.truncate_segments(log_name, first.seq + 1)             # retention cuts ledger 0
+    assert _visible(where_a, log_name) == []
+    assert offload.sweep_locations(logs, log_name) == [] and previous() == [a]   # (< 1 h)
+    monkeypatch.setattr(offload, "TEMP_GRACE_S", 0.0)
+    assert offload.sweep_locations(logs, log_name) == []
+    assert offload.PREVIOUS not in logs.properties(log_name)    # empty, left long ago
+    # removing the policy remembers its location; naming it again forgets it; at most 8
+    logs.set_offload(log_name, None)
+    assert previous() == [b]
+    logs.set_offload(log_name, OffloadPolicy(b, after_ms=1))
+    assert offload.PREVIOUS not in logs.properties(log_name)
+    for i in range(10):
+        logs.set_offload(log_name, OffloadPolicy(str(tmp_path / f"m{i}"), after_ms=1))
+    assert previous() == [str(tmp_path / f"m{i}") for i in range(1, 9)]   # (B, m0: oldest)
+
+
 def test_orphans_are_collected_published_unrecorded_files_kept(bk, logs, log_name, tmp_path):
     where = _offloading(bk, logs, log_name, tmp_path, 3)
     run(logs, log_name, max_ledgers=2)
