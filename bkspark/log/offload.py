@@ -177,6 +177,14 @@ class Location:
         self.local = isinstance(self.fs, pafs.LocalFileSystem)
         self._pafs = pafs
 
+    @property
+    def place(self) -> tuple[str, str]:
+        """What identifies the directory whatever the spelling of its URI (a trailing ``/``,
+        ``file:///x`` or ``/x``): the filesystem's type and the normalized root (local
+        directories are compared by :func:`same_place` as files: symlinks, mounts)."""
+        root = os.path.normpath(self.root) if self.local else self.root.rstrip("/")
+        return self.fs.type_name, root
+
     def log_dir(self, name: str) -> str:
         return f"{self.root.rstrip('/')}/log={check_log_name(name)}"
 
@@ -241,6 +249,25 @@ class Location:
                     if i.type == pafs.FileType.File]
         except FileNotFoundError:
             return []
+
+
+def same_place(a, b) -> bool | None:
+    """Whether location URIs ``a`` and ``b`` name the same directory (:attr:`Location.place`);
+    None when that is unknown (one is missing or does not parse): callers then keep files."""
+    if not isinstance(a, str) or not isinstance(b, str):
+        return None
+    if a == b:
+        return True
+    try:
+        la, lb = Location(a), Location(b)
+    except BadRequestError:
+        return None
+    if la.local and lb.local:       # (a symlink, a bind mount: the same directory)
+        try:
+            return os.path.samefile(la.root, lb.root)
+        except OSError:
+            return os.path.realpath(la.root) == os.path.realpath(lb.root)
+    return la.place == lb.place
 
 
 def _same_rows(a, b) -> bool:
@@ -583,11 +610,19 @@ def collect_orphans(logs, name: str, where: Location | None = None,
         for lo in range(first, stop, SWEEP_CHUNK):
             for e in logs.segments(name, lo, min(stop, lo + SWEEP_CHUNK)):
                 rec = e.offloaded
-                # (a ledger recorded at another location has no file here)
-                out[e.ledger_id] = None if rec is None else set() \
-                    if rec.get("location") != where.uri else {
-                        f["name"] for f in rec.get("files", [])}
+                if rec is None:
+                    out[e.ledger_id] = None
+                    continue
+                here = places.get(rec.get("location"))
+                if here is None and rec.get("location") not in places:
+                    here = places[rec.get("location")] = same_place(rec.get("location"),
+                                                                    where.uri)
+                # a ledger recorded at another location has no file here; where that is not
+                # known (no location, one that does not parse), its files are kept
+                out[e.ledger_id] = set() if here is False else None if here is None else {
+                    f["name"] for f in rec.get("files", [])}
         return out
+    places: dict = {}
     for info in infos:
         base = info.base_name
         if base.startswith(TEMP_PREFIX) or base.endswith(TEMP_SUFFIX):
@@ -627,14 +662,14 @@ def previous_locations(properties: dict) -> list[dict]:
 def left_location(properties: dict, location: str, now_ms: int) -> None:
     """Remember in ``properties`` (a head's, being edited) that the policy left ``location``
     at ``now_ms`` (:data:`PREVIOUS`)."""
-    kept = [p for p in previous_locations(properties) if p["location"] != location]
+    kept = [p for p in previous_locations(properties) if not same_place(p["location"], location)]
     properties[PREVIOUS] = (kept + [{"location": location, "left": now_ms}])[
         -MAX_PREVIOUS_LOCATIONS:]
 
 
 def returned_to(properties: dict, location: str) -> None:
     """Forget ``location`` in ``properties`` (a head's, being edited): the policy names it."""
-    kept = [p for p in previous_locations(properties) if p["location"] != location]
+    kept = [p for p in previous_locations(properties) if not same_place(p["location"], location)]
     if kept:
         properties[PREVIOUS] = kept
     else:
@@ -658,21 +693,26 @@ def sweep_locations(logs, name: str, now_s: float | None = None) -> list[str]:
     for uri, left in ([(current, None)] if current else []) + [
             (p["location"], p["left"]) for p in previous_locations(logs.properties(name))]:
         try:
+            if left is not None and same_place(uri, current):
+                continue                # (the current one, spelt otherwise: swept above)
             where = Location(uri)
             removed += collect_orphans(logs, name, where, now_s)
             if left is not None and now_ms - left >= TEMP_GRACE_S * 1000 and \
                     not where.files(where.log_dir(name)):
-                done.append(uri)
+                done.append({"location": uri, "left": left})
         except Exception as exc:  # noqa: BLE001 - one location must not stop the others
             failure = failure or exc
             log.warning("log %s: sweeping offload location %s: %s", name, uri, exc)
     if done:
-        def change(edit) -> None:
+        def change(edit) -> None:   # (an entry left again meanwhile has another "left")
             now = previous_locations(edit.properties)
-            if not any(p["location"] in done for p in now):
+            keep = [p for p in now if p not in done]
+            if keep == now:
                 raise NoChange()
-            for uri in done:
-                returned_to(edit.properties, uri)
+            if keep:
+                edit.properties[PREVIOUS] = keep
+            else:
+                edit.properties.pop(PREVIOUS, None)
         logs.update(name, change)
     if failure is not None:
         raise failure

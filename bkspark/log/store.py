@@ -308,7 +308,8 @@ class LogStore:
                 before = off.OffloadPolicy.from_property(now)
             except BadRequestError:
                 before = None           # (another version's: nothing to sweep it by)
-            if before is not None and (policy is None or policy.location != before.location):
+            if before is not None and (policy is None or not off.same_place(policy.location,
+                                                                            before.location)):
                 off.left_location(edit.properties, before.location, now_ms)
             if policy is not None:
                 off.returned_to(edit.properties, policy.location)

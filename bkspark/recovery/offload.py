@@ -32,7 +32,11 @@ fixed rule of the entries (:data:`bkspark.log.offload.FILE_ENTRY_BYTES` of decod
 pyarrow counts them, a file), so the next pass publishes the same names -- with another
 pyarrow build, a ledger of several files may split elsewhere, and rows of a file left by the
 crashed pass show twice until :func:`bkspark.log.offload.collect_orphans`, which removes
-what a crash left, deletes the files its record does not name.
+what a crash left, deletes the files its record does not name; and two offloaders of
+different builds racing on one ledger can leave its record naming a file the other replaced
+with fewer rows (readers then fail on it, loudly; once the bookies' copy is dropped, the rows
+it lacks are lost): run one pyarrow build wherever the offload runs (the service's leader,
+``shell offload``).
 
 The record also says whether the files give back every entry byte for byte, as every reader
 reads them back (its ``encoding``, checked at step 3 on the file itself). Only then, and once

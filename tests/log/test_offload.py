@@ -217,6 +217,55 @@ def test_a_location_the_policy_left_is_swept_until_it_holds_nothing(bk, logs, lo
     assert previous() == [str(tmp_path / f"m{i}") for i in range(1, 9)]   # (B, m0: oldest)
 
 
+@pytest.mark.parametrize("spelling", ["slash", "uri", "symlink"])
+def test_the_same_directory_spelt_otherwise_is_not_a_move_and_keeps_its_files(
+        bk, logs, log_name, tmp_path, spelling):
+    """The policy set again naming its directory another way -- a trailing ``/``, a
+    ``file://`` URI, a symlink to it -- is not a move, and the sweep deletes none of the files
+    recorded under the first spelling (before: every one, the only copy once dropped)."""
+    hist = str(tmp_path / "hist")
+    logs.create(log_name)
+    _fill(bk, logs, log_name, 3)
+    logs.set_offload(log_name, OffloadPolicy(hist, after_ms=1, keep_on_bookies_ms=0))
+    time.sleep(0.01)
+    assert len(run(logs, log_name)) == 3 and len(offload_pass.drop_copies(logs, log_name)) == 2
+    before = read_all(logs, log_name)
+    assert len(before) == 15
+    if spelling == "symlink":
+        os.symlink(hist, str(tmp_path / "link"))
+    same = {"slash": hist + "/", "uri": "file://" + hist, "symlink": str(tmp_path / "link")}
+    logs.set_offload(log_name, OffloadPolicy(same[spelling], after_ms=1, keep_on_bookies_ms=0))
+    assert offload.PREVIOUS not in logs.properties(log_name)
+    assert offload.sweep_locations(logs, log_name) == []
+    assert read_all(logs, log_name) == before
+
+
+def test_a_location_left_again_while_the_sweep_judged_it_is_kept(bk, logs, log_name, tmp_path,
+                                                                 monkeypatch):
+    """The sweep judges previous location A empty and left long ago; meanwhile the policy
+    returns to A and leaves it again: A, left just now, stays remembered (before: forgotten by
+    name)."""
+    a, c = str(tmp_path / "a"), str(tmp_path / "c")
+    logs.create(log_name)
+    logs.set_offload(log_name, OffloadPolicy(a, after_ms=1))
+    logs.set_offload(log_name, OffloadPolicy(c, after_ms=1))
+    monkeypatch.setattr(offload, "TEMP_GRACE_S", 0.0)           # A: left long enough ago
+    real_files = Location.files
+
+    def files(self, directory):
+        out = real_files(self, directory)
+        if self.uri == a and directory.endswith(f"log={log_name}") and not moved:
+            moved.append(1)             # (A listed: judged on the entry read before)
+            logs.set_offload(log_name, OffloadPolicy(a, after_ms=1))
+            logs.set_offload(log_name, OffloadPolicy(c, after_ms=1))
+        return out
+    moved: list = []
+    monkeypatch.setattr(Location, "files", files)
+    offload.sweep_locations(logs, log_name)
+    assert moved and [p["location"] for p in
+                      offload.previous_locations(logs.properties(log_name))] == [a]
+
+
 def test_orphans_are_collected_published_unrecorded_files_kept(bk, logs, log_name, tmp_path):
     where = _offloading(bk, logs, log_name, tmp_path, 3)
     run(logs, log_name, max_ledgers=2)
