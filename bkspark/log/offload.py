@@ -585,11 +585,12 @@ def collect_orphans(logs, name: str, where: Location | None = None,
     its policy's location): temporary files older than :data:`TEMP_GRACE_S`, and final files
     of ledgers the log does not list any more (removed by retention or a truncation) or whose
     record names other files or another location. Files of a listed ledger without a record
-    are kept (the next pass records them -- at the policy's location: then these are swept). Returns the names
-    removed. Reads the log's segments up to its :data:`PROGRESS` mark, :data:`SWEEP_CHUNK` a
-    read, once -- not a lookup per file -- after a ``sync`` of the log's head, made once the
-    files are listed: a file is judged on what the store held when it was seen, never on a
-    server's older view (a ledger listed and offloaded by another process meanwhile)."""
+    are kept (the next pass records them -- at the policy's location: then these are swept).
+    Returns the names removed. Reads the log's segments up to its :data:`PROGRESS` mark,
+    :data:`SWEEP_CHUNK` a read, once -- not a lookup per file -- after a ``sync`` of the log's
+    head, made once the files are listed: a file is judged on what the store held when it was
+    seen, never on a server's older view (a ledger listed and offloaded by another process
+    meanwhile)."""
     if where is None:
         policy = logs.offload_policy(name)
         if policy is None:
@@ -613,14 +614,13 @@ def collect_orphans(logs, name: str, where: Location | None = None,
                 if rec is None:
                     out[e.ledger_id] = None
                     continue
-                here = places.get(rec.get("location"))
-                if here is None and rec.get("location") not in places:
-                    here = places[rec.get("location")] = same_place(rec.get("location"),
-                                                                    where.uri)
+                at = rec.get("location") if isinstance(rec.get("location"), str) else None
+                if at not in places:
+                    places[at] = same_place(at, where.uri)
                 # a ledger recorded at another location has no file here; where that is not
                 # known (no location, one that does not parse), its files are kept
-                out[e.ledger_id] = set() if here is False else None if here is None else {
-                    f["name"] for f in rec.get("files", [])}
+                out[e.ledger_id] = set() if places[at] is False else \
+                    None if places[at] is None else {f["name"] for f in rec.get("files", [])}
         return out
     places: dict = {}
     for info in infos:
@@ -689,7 +689,7 @@ def sweep_locations(logs, name: str, now_s: float | None = None) -> list[str]:
     policy = logs.offload_policy(name)
     current = policy.location if policy is not None else None
     now_ms = logs.store.clock.now_ms()
-    done: list[str] = []
+    done: list[dict] = []
     for uri, left in ([(current, None)] if current else []) + [
             (p["location"], p["left"]) for p in previous_locations(logs.properties(name))]:
         try:

@@ -381,10 +381,11 @@ def assumed_parallelism() -> int:
     a container whose CPU quota (not its affinity) limits it, there are more packs than slots
     (tasks run in waves, as before this rule); on a cluster whose cores outnumber the
     driver's, a read smaller than cores x ``maxPartitionBytes`` is spread over fewer tasks
-    than there are cores. In each of those, set ``minPartitions`` to the slots. Fewer, fuller tasks matter because every Python data source
-    task costs a fixed ~50-65 ms on a 2-vCPU machine (the package README's performance notes),
-    so a ``local[2]`` read planned as 8 tasks instead of 2 spends a quarter of its time
-    starting tasks."""
+    than there are cores. In each of those, set ``minPartitions`` to the slots.
+
+    Fewer, fuller tasks matter because every Python data source task costs a fixed ~50-65 ms
+    on a 2-vCPU machine (the package README's performance notes), so a ``local[2]`` read
+    planned as 8 tasks instead of 2 spends a quarter of its time starting tasks."""
     import os
     try:
         cpus = len(os.sched_getaffinity(0))
