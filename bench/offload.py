@@ -10,8 +10,9 @@ One run, on a fresh 3-bookie local cluster (E=3 Qw=2 Qa=2) and Spark ``local[2]`
    tier (``readOffloaded=false``) and by ``spark.read.parquet`` of the offloaded directory
    (and the offloaded tier planned a task a ledger, ``minPartitions``: the plan before
    packing followed the planner's CPUs -- every Python task's fixed cost paid per ledger),
-   interleaved ``--repeat`` times (best and median of each; the targets use the median);
-   each read ends in Spark's ``noop`` sink.
+   interleaved ``--repeat`` times (best and median of each; the targets use the median;
+   the CPU seconds each read costs the Spark JVM, its Python workers and the bookies, on
+   average); each read ends in Spark's ``noop`` sink.
 
 4. the bookies' copy dropped (``keep_on_bookies_ms=0``, :func:`bkspark.recovery.offload.
    drop_copies`; every ledger but the last), each bookie's garbage collection run: the
@@ -37,7 +38,25 @@ import time
 
 import checkout  # noqa: E402,F401  (this checkout in every Spark Python)
 
+from procstat import process_cpu_seconds  # noqa: E402  (bench/ is sys.path[0])
+
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
+def _spark_pids() -> dict[str, list[int]]:
+    """This machine's Spark JVM and Python worker processes (by command line)."""
+    out: dict[str, list[int]] = {"JVM": [], "Python workers": []}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if b"java" in cmd and b"spark" in cmd:
+            out["JVM"].append(int(pid))
+        elif b"pyspark.daemon" in cmd or b"pyspark.worker" in cmd:
+            out["Python workers"].append(int(pid))
+    return out
 
 
 def _entry_log_bytes(cluster) -> int:
@@ -158,11 +177,18 @@ def main() -> int:
             for fn in reads.values():           # warm-up: JVM, Python workers, both paths
                 fn()
             times = {k: [] for k in reads}
+            bookie_pids = [b.proc.pid for b in cluster.bookies]
+            cpu = {k: {g: 0.0 for g in ("JVM", "Python workers", "bookies")}
+                   for k in reads}                          # CPU seconds a read, on average
             for _ in range(args.repeat):
                 for k, fn in reads.items():
+                    groups = dict(_spark_pids(), bookies=bookie_pids)   # (workers come, go)
+                    before = {g: process_cpu_seconds(p) for g, p in groups.items()}
                     t = time.perf_counter()
                     fn()
                     times[k].append(time.perf_counter() - t)
+                    for g, p in groups.items():
+                        cpu[k][g] += (process_cpu_seconds(p) - before[g]) / args.repeat
             best = {k: min(v) for k, v in times.items()}
             median = {k: statistics.median(v) for k, v in times.items()}
             when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
@@ -182,6 +208,9 @@ def main() -> int:
                       f"best {best[k]:.2f} s) = {pq_t / median[k]:.2f}x plain Parquet "
                       f"(best {pq_best / best[k]:.2f}x), "
                       f"{median['bookie tier'] / median[k]:.2f}x the bookie tier")
+            print("CPU seconds a read (" + "; ".join(
+                f"{k}: " + ", ".join(f"{g} {v:.2f}" for g, v in cpu[k].items())
+                for k in reads) + ")")
             ratio_pq = pq_t / median["offloaded tier"]
             ratio_bk = median["bookie tier"] / median["offloaded tier"]
             print(f"targets: offloaded tier >= 0.9x plain Parquet: {ratio_pq:.2f}x "
