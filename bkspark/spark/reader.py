@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 from dataclasses import dataclass
 
 from pyspark.sql.datasource import DataSourceReader, InputPartition
@@ -386,7 +387,6 @@ def assumed_parallelism() -> int:
     Fewer, fuller tasks matter because every Python data source task costs a fixed ~50-65 ms
     on a 2-vCPU machine (the package README's performance notes), so a ``local[2]`` read
     planned as 8 tasks instead of 2 spends a quarter of its time starting tasks."""
-    import os
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):        # (not Linux)
@@ -402,11 +402,10 @@ def pack(parts: list, opts) -> list:
     :func:`assumed_parallelism`): a range joins the pack its cost's midpoint falls in, each
     pack's share taken anew from what is left over the packs still to make (so a range
     larger than a share leaves the rest balanced, and a pack cut short counts as the part
-    of a pack it holds). A pack never
-    holds more than ``maxPartitionBytes`` unless it is one range, and pieces of one ledger
-    that planning split are never joined again. Order is kept: a pack
-    holds consecutive ranges of the plan, so many small ledgers, of one log or several, are
-    read by few tasks in order. With ``minPartitions`` the largest packs are then halved
+    of a pack it holds). A pack never holds more than ``maxPartitionBytes`` unless it is one
+    range, and pieces of one ledger that planning split are never joined again. Order is
+    kept: a pack holds consecutive ranges of the plan, so many small ledgers, of one log or
+    several, are read by few tasks in order. With ``minPartitions`` the largest packs are then halved
     until there are that many (when there are that many ranges). A pack of one range is that
     range. With ``entriesPerPartition`` nothing is packed (the user chose each partition's
     entries)."""
