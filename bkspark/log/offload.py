@@ -19,7 +19,8 @@ location + "/log=NAME")``: one log), and the files sort in log order. (Partition
 infers types: logs named ``007`` and ``7`` would both read as the number 7 -- read such logs'
 directories one by one, or turn ``spark.sql.sources.partitionColumnTypeInference.enabled``
 off, pyarrow's ``partitioning="hive"`` with a string ``log`` field.) A ledger becomes one
-file per :data:`FILE_ENTRY_BYTES` of entries (a fixed rule, so a retry writes the same names).
+file per :data:`FILE_ENTRY_BYTES` of entries (a rule of the entries' bytes, so a retry writes the
+same names).
 Columns: record entries -- ``offset``, ``ledger_id``, ``entry_id``, ``key``, ``value``,
 ``timestamp`` (UTC, microseconds), ``headers``; Arrow entries -- the written columns plus
 ``_offset``, ``_ledger_id``, ``_entry_id``. Row groups of at most :data:`ROW_GROUP_ROWS` rows,
@@ -51,7 +52,8 @@ PROPERTY = "offload"                    # the head property holding a log's poli
 #: head property: how far offload went -- ``{"next": the first segment not offloaded yet,
 #: "offset", "byte_offset": the log offset and byte offset where that segment starts}``
 PROGRESS = "offload.progress"
-#: entry payload bytes per Parquet file (a fixed rule: a retry writes the same file names)
+#: entry bytes (:func:`bkspark.recovery.offload.entry_cost`) per Parquet file: a rule of the
+#: entries alone, so a retry or a racing offloader writes the same file names
 FILE_ENTRY_BYTES = 128 << 20
 ROW_GROUP_ROWS = 1 << 20
 #: ledgers one pass offloads at most (the next pass goes on)

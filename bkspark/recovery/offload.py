@@ -27,16 +27,13 @@ So no reader sees a temporary file; a published file whose record is not stored 
 between 4 and 5) holds exactly its entries' rows, and the next pass writes and records it
 again. Ledgers are offloaded oldest first and their files published in offset order, so a
 reader of the directory always sees a prefix of the log's offloaded rows (from the oldest
-ledger retention keeps), each row once, whatever step a crash stopped. The file names are a
-fixed rule of the entries (:data:`bkspark.log.offload.FILE_ENTRY_BYTES` of decoded rows, as
-pyarrow counts them, a file), so the next pass publishes the same names -- with another
-pyarrow build, a ledger of several files may split elsewhere, and rows of a file left by the
-crashed pass show twice until :func:`bkspark.log.offload.collect_orphans`, which removes
-what a crash left, deletes the files its record does not name; and two offloaders of
-different builds racing on one ledger can leave its record naming a file the other replaced
-with fewer rows (readers then fail on it, loudly; once the bookies' copy is dropped, the rows
-it lacks are lost): run one pyarrow build wherever the offload runs (the service's leader,
-``shell offload``).
+ledger retention keeps), each row once, whatever step a crash stopped. Where a ledger is cut
+into files is a rule of its entries' bytes alone (:func:`entry_cost`, whatever pyarrow build
+decodes them), so the next pass -- or another offloader racing on the same ledger --
+publishes the same names holding the same rows. (A racing offloader of another pyarrow build
+may replace a published file with one of the same rows and another size; the record names
+the first one's size, so :func:`drop_copies` stops on it with an error naming the file, and
+the bookies keep their copy.)
 
 The record also says whether the files give back every entry byte for byte, as every reader
 reads them back (its ``encoding``, checked at step 3 on the file itself). Only then, and once
@@ -82,6 +79,27 @@ RECORD_SCHEMA = pa.schema([
 #: record entries converted together into one batch at most (rows, bytes of their entries)
 RECORD_CHUNK_ROWS = 8192
 RECORD_CHUNK_BYTES = 8 << 20
+#: what a row's fixed-width columns add to its entry's bytes in :func:`entry_cost`
+#: (record: offset, ledger id, entry id, timestamp, three value offsets; Arrow: the three
+#: ``_`` columns)
+RECORD_ROW_COST = 44
+ARROW_ROW_COST = 24
+
+
+def entry_cost(data, batch: pa.RecordBatch | None = None) -> int:
+    """The bytes one entry counts for in the split of a ledger into files
+    (:data:`FILE_ENTRY_BYTES` a file): a record entry's length plus
+    :data:`RECORD_ROW_COST`; an Arrow entry's ``batch`` (decoded from it), the sizes of the
+    buffers its IPC message declares plus :data:`ARROW_ROW_COST` a row -- about what its
+    rows hold in memory once converted. A function of the entry's bytes alone, whatever
+    pyarrow build decodes them (not ``nbytes``, whose accounting differs between builds,
+    nor where converted rows happen to be cut into batches): every offloader splits a
+    ledger at the same entries, so a retry or a racing offloader publishes the same names
+    with the same rows."""
+    if batch is None:
+        return len(data) + RECORD_ROW_COST
+    return sum(buf.size for col in batch.columns for buf in col.buffers() if buf is not None) \
+        + ARROW_ROW_COST * batch.num_rows
 
 
 def _record_table(rows: list, ledger_id: int, base: int) -> pa.Table:
@@ -99,18 +117,19 @@ def _record_table(rows: list, ledger_id: int, base: int) -> pa.Table:
         schema=RECORD_SCHEMA)
 
 
-def _arrow_table(entries: list, ledger_id: int, base: int, stored: pa.Schema) -> pa.Table:
+def _arrow_table(decoded: list, ledger_id: int, base: int, stored: pa.Schema) -> pa.Table:
+    """The table of Arrow entries ``decoded`` (``(entry id, its batch)``) with their positions'
+    columns, of the ledger whose entry 0 is log offset ``base``."""
     schema = stored
     for col in ARROW_COLUMNS:
         schema = schema.append(pa.field(col, pa.int64(), nullable=False))
     batches = []
-    for e in entries:
-        b = codec.decode_arrow(e.data, stored)
+    for eid, b in decoded:
         n = b.num_rows
         batches.append(pa.RecordBatch.from_arrays(
-            list(b.columns) + [pa.array([base + e.entry_id] * n, pa.int64()),
+            list(b.columns) + [pa.array([base + eid] * n, pa.int64()),
                                pa.array([ledger_id] * n, pa.int64()),
-                               pa.array([e.entry_id] * n, pa.int64())], schema=schema))
+                               pa.array([eid] * n, pa.int64())], schema=schema))
     return pa.Table.from_batches(batches, schema=schema)
 
 
@@ -139,11 +158,13 @@ _UNDECODABLE = (ValueError, TypeError, IndexError, struct.error, UnicodeDecodeEr
                 pa.ArrowException)
 
 
-def _arrow_batches(e, stored, ledger_id: int, base: int):
-    """The rows of one Arrow entry as RecordBatches (``stored``: the ledger's Arrow schema).
-    :raises OffloadError: the entry does not decode as Arrow."""
+def _arrow_batches(e, stored, ledger_id: int, base: int) -> tuple[list, int]:
+    """The rows of one Arrow entry as RecordBatches (``stored``: the ledger's Arrow schema),
+    and its :func:`entry_cost`. :raises OffloadError: the entry does not decode as Arrow."""
     try:
-        return _arrow_table([e], ledger_id, base, stored).combine_chunks().to_batches()
+        b = codec.decode_arrow(e.data, stored)
+        table = _arrow_table([(e.entry_id, b)], ledger_id, base, stored)
+        return table.combine_chunks().to_batches(), entry_cost(e.data, b)
     except _UNDECODABLE as exc:
         raise OffloadError(f"ledger {ledger_id} entry {e.entry_id} does not decode as "
                            f"Arrow: {exc}") from None
@@ -214,8 +235,8 @@ def offload_ledger(logs, name: str, entry: LogLedger, where: Location,
                    now_ms: int | None = None) -> dict:
     """Write ledger ``entry`` (closed, listed in log ``name``, its offset stamped) as Parquet
     (steps 1-4 of the module docstring); returns the record step 5 stores. A file holds the
-    entries whose decoded rows reach :data:`FILE_ENTRY_BYTES` (what it holds in memory: the
-    rows converted, then one row group read back at a time).
+    entries whose :func:`entry_cost` reaches :data:`FILE_ENTRY_BYTES` (about what it holds in
+    memory: the rows converted, then one row group read back at a time).
 
     :raises OffloadError: an entry does not decode, a file did not read back as converted,
         or the location failed (nothing of that file published).
@@ -275,9 +296,7 @@ def offload_ledger(logs, name: str, entry: LogLedger, where: Location,
 
     def convert_rows():
         if rows:
-            for b in _record_table(rows, entry.ledger_id, entry.offset).to_batches():
-                batches.append(b)
-                state["size"] += b.nbytes
+            batches.extend(_record_table(rows, entry.ledger_id, entry.offset).to_batches())
             rows.clear()
             pending[0] = 0
 
@@ -294,12 +313,13 @@ def offload_ledger(logs, name: str, entry: LogLedger, where: Location,
                     state["encoding"] = _kind(e.data) if stored is None else \
                         _arrow_kind(e.data, stored)
                 if stored is not None:
-                    for b in _arrow_batches(e, stored, entry.ledger_id, entry.offset):
-                        batches.append(b)
-                        state["size"] += b.nbytes
+                    converted, cost = _arrow_batches(e, stored, entry.ledger_id, entry.offset)
+                    batches.extend(converted)
+                    state["size"] += cost
                 else:
                     rows.append(_record_row(e, entry.ledger_id))
                     pending[0] += len(e.data)
+                    state["size"] += entry_cost(e.data)
                     if len(rows) >= RECORD_CHUNK_ROWS or pending[0] >= RECORD_CHUNK_BYTES:
                         convert_rows()
                 if state["size"] >= FILE_ENTRY_BYTES:

@@ -144,6 +144,73 @@ def test_arrow_entries_keep_their_columns_plus_offsets(bk, logs, log_name, tmp_p
     assert t.column("_offset").to_pylist() == [0, 0, 1, 1, 2, 2]
 
 
+def _cuts(costs: list[int], limit: int) -> list[tuple[int, int]]:
+    """The entry ranges of a ledger's files: a file ends with the entry whose cost reaches
+    ``limit``, summed from the file's first entry."""
+    out, first, size = [], 0, 0
+    for eid, c in enumerate(costs):
+        size += c
+        if size >= limit:
+            out.append((first, eid))
+            first, size = eid + 1, 0
+    return out + ([(first, len(costs) - 1)] if first < len(costs) else [])
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 4, 8192])
+def test_a_ledger_is_cut_into_files_by_its_entries_bytes_alone(bk, logs, log_name, tmp_path,
+                                                               monkeypatch, chunk_rows):
+    """Where a ledger of record entries is cut into files follows the entries' lengths
+    (their length plus 44 bytes a row), not how converted rows happen to be batched (before:
+    a file could end only where a batch of 8192 converted rows did, so a pass converting in
+    other batches -- another pyarrow build, another chunk size -- published other names,
+    and a crashed pass's file showed its rows twice)."""
+    monkeypatch.setattr(offload_pass, "RECORD_CHUNK_ROWS", chunk_rows)
+    datas = [encode_record(b"v" * (7 * j % 50), key=b"k", timestamp_us=j) for j in range(12)]
+    costs = [len(d) + 44 for d in datas]
+    monkeypatch.setattr(offload_pass, "FILE_ENTRY_BYTES", sum(costs[:3]))
+    logs.create(log_name)
+    logs.append_ledgers(log_name, [closed_ledger(bk, datas)])
+    logs.set_offload(log_name, OffloadPolicy(str(tmp_path), after_ms=1))
+    time.sleep(0.01)
+    run(logs, log_name)
+    files = logs.segments(log_name)[0].offloaded["files"]
+    want = _cuts(costs, sum(costs[:3]))
+    assert [(f["first"], f["last"]) for f in files] == want and len(want) > 3
+    assert sorted(os.listdir(Location(str(tmp_path)).log_dir(log_name))) == \
+        [offload.file_name(first, logs.segments(log_name)[0].ledger_id) for first, _ in want]
+    assert _table(Location(str(tmp_path)), log_name).column("offset").to_pylist() == \
+        list(range(12))
+
+
+def test_an_arrow_ledger_is_cut_by_the_buffers_its_entries_declare(bk, logs, log_name,
+                                                                   tmp_path, monkeypatch):
+    """An Arrow entry counts the sizes of the buffers its IPC message declares plus 24 bytes
+    a row (the three position columns): a fact of its bytes, whatever build decodes it."""
+    from bkspark.spark import codec
+    schema = pa.schema([("id", pa.int64()), ("s", pa.string())])
+    lh = bk.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2, password=b"pw",
+                          custom_metadata=codec.arrow_ledger_metadata(schema, "{}"))
+    costs = []
+    for n in (100, 50, 200, 10, 300, 40, 60):
+        strings = [f"s{i}" for i in range(n)]
+        b = pa.RecordBatch.from_arrays([pa.array(range(n), pa.int64()), pa.array(strings)],
+                                       schema=schema)
+        lh.append(bytes(codec.encode_arrow(b)))
+        # int64 values; string offsets (n + 1 int32) and characters; no validity bitmaps
+        costs.append(8 * n + 4 * (n + 1) + sum(map(len, strings)) + 24 * n)
+    lh.close()
+    limit = costs[0] + costs[1] + 1
+    monkeypatch.setattr(offload_pass, "FILE_ENTRY_BYTES", limit)
+    logs.create(log_name)
+    logs.append_ledgers(log_name, [lh.ledger_id])
+    logs.set_offload(log_name, OffloadPolicy(str(tmp_path), after_ms=1))
+    time.sleep(0.01)
+    run(logs, log_name)
+    files = logs.segments(log_name)[0].offloaded["files"]
+    assert [(f["first"], f["last"]) for f in files] == _cuts(costs, limit) == \
+        [(0, 2), (3, 4), (5, 6)]
+
+
 # ---- crash safety --------------------------------------------------------------------------
 
 def test_a_file_that_does_not_read_back_as_written_is_not_published_or_recorded(
@@ -311,7 +378,7 @@ def crash_after(fn, nth=1):
 if step == "record":
     offload_pass.record = crash_after(offload_pass.record)
 elif step == "amid-renames":        # a file per entry: killed after the 2nd of 5 renames
-    offload_pass.FILE_ENTRY_BYTES, offload_pass.RECORD_CHUNK_ROWS = 1, 1
+    offload_pass.FILE_ENTRY_BYTES = 1
     offload.Location.publish = crash_after(offload.Location.publish, 2)
 else:
     setattr(offload.Location, step, crash_after(getattr(offload.Location, step)))
@@ -579,7 +646,6 @@ def test_a_ledger_is_published_whole_or_not_at_all(bk, logs, log_name, tmp_path,
     sweep kept them -- a listed ledger's)."""
     from bkspark.log import Position
     monkeypatch.setattr(offload_pass, "FILE_ENTRY_BYTES", 1)      # a file per entry
-    monkeypatch.setattr(offload_pass, "RECORD_CHUNK_ROWS", 1)
     logs.create(log_name)
     good = [encode_record(f"v{j}".encode(), timestamp_us=1) for j in range(3)]
     logs.append_ledgers(log_name, [closed_ledger(bk, good + [b"\xffBKR\x01\x02\x00"])])
