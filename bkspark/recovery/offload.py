@@ -31,9 +31,13 @@ ledger retention keeps), each row once, whatever step a crash stopped. Where a l
 into files is a rule of its entries' bytes alone (:func:`entry_cost`, whatever pyarrow build
 decodes them), so the next pass -- or another offloader racing on the same ledger --
 publishes the same names holding the same rows. (A racing offloader of another pyarrow build
-may replace a published file with one of the same rows and another size; the record names
-the first one's size, so :func:`drop_copies` stops on it with an error naming the file, and
-the bookies keep their copy.)
+may replace a published file with one of the same rows and other bytes;
+:func:`drop_copies` accepts a file whose size is not the recorded one only once it gives
+back the record's entries.) Offloaders of bkspark versions whose split rules differ do not
+agree: the next pass after a crash may publish other names, whose rows a reader of the
+directory sees twice until :func:`bkspark.log.offload.collect_orphans` deletes the files no
+record names -- so upgrade the offloading processes (the service's leader, ``shell
+offload``) together, and not while one is mid-pass.
 
 The record also says whether the files give back every entry byte for byte, as every reader
 reads them back (its ``encoding``, checked at step 3 on the file itself). Only then, and once
@@ -83,6 +87,9 @@ RECORD_CHUNK_BYTES = 8 << 20
 #: (record: offset, ledger id, entry id, timestamp, three value offsets; Arrow: the three
 #: ``_`` columns)
 RECORD_ROW_COST = 44
+#: converted Arrow entries merged into one batch (a copy of their rows) once this many wait
+#: for their file: the memory a file holds stays about its entries' :func:`entry_cost`
+ARROW_MERGE_BATCHES = 8192
 ARROW_ROW_COST = 24
 
 
@@ -90,12 +97,15 @@ def entry_cost(data, batch: pa.RecordBatch | None = None) -> int:
     """The bytes one entry counts for in the split of a ledger into files
     (:data:`FILE_ENTRY_BYTES` a file): a record entry's length plus
     :data:`RECORD_ROW_COST`; an Arrow entry's ``batch`` (decoded from it), the sizes of the
-    buffers its IPC message declares plus :data:`ARROW_ROW_COST` a row -- about what its
-    rows hold in memory once converted. A function of the entry's bytes alone, whatever
+    buffers it decodes to (their lengths in its IPC message, after decompression) plus
+    :data:`ARROW_ROW_COST` a row -- about what its rows hold in memory once converted (and
+    merged: :data:`ARROW_MERGE_BATCHES`). A function of the entry's bytes alone, whatever
     pyarrow build decodes them (not ``nbytes``, whose accounting differs between builds,
-    nor where converted rows happen to be cut into batches): every offloader splits a
-    ledger at the same entries, so a retry or a racing offloader publishes the same names
-    with the same rows."""
+    nor where converted rows happen to be cut into batches): every offloader of one bkspark
+    version splits a ledger at the same entries, so a retry or a racing offloader publishes
+    the same names with the same rows. The rule and its constants are part of the offloaded
+    layout: a version that changes them splits ledgers elsewhere (see the module
+    docstring)."""
     if batch is None:
         return len(data) + RECORD_ROW_COST
     return sum(buf.size for col in batch.columns for buf in col.buffers() if buf is not None) \
@@ -209,12 +219,17 @@ def _framed_crc(data, crc: int) -> int:
     return crc32c.crc32c(data, crc32c.crc32c(_LEN.pack(len(data)), crc))
 
 
+def _plain_crc(data, crc: int) -> int:
+    """``crc`` chained over ``data`` (a file record's ``crc32c``)."""
+    return crc32c.crc32c(data, crc)
+
+
 def _gives_back(where: Location, path: str, encoding: str, first: int, last: int,
-                crc: int) -> bool:
+                crc: int, chain=_framed_crc) -> bool:
     """Whether the file at ``path``, read as every reader reads offloaded entries
     (:func:`bkspark.log.offload.encode_entries`), gives back entries ``first..last`` whose
-    lengths and payloads, chained (:func:`_framed_crc`), have ``crc``: byte for byte the
-    entries read from the bookies."""
+    lengths and payloads, chained (:func:`_framed_crc`; or only their payloads,
+    :func:`_plain_crc`), have ``crc``: byte for byte the entries read from the bookies."""
     import pyarrow.parquet as pq
     pf = pq.ParquetFile(path, filesystem=where.fs)
     expect, got = first, 0
@@ -223,7 +238,7 @@ def _gives_back(where: Location, path: str, encoding: str, first: int, last: int
                                         encoding):
             if eid != expect or data is None:
                 return False
-            got = _framed_crc(data, got)
+            got = chain(data, got)
             expect += 1
     except Exception as exc:  # noqa: BLE001 - the check only decides whether to drop, ever
         log.info("%s: re-encoding its entries failed (%s): not given back", path, exc)
@@ -258,7 +273,7 @@ def offload_ledger(logs, name: str, entry: LogLedger, where: Location,
     batches: list = []
     span: list[int] = []            # first and last entry of the file being filled
     # (an empty ledger's nothing is given back in any encoding)
-    state = {"size": 0, "crc": 0, "framed": 0,
+    state = {"size": 0, "crc": 0, "framed": 0, "merged": 0,
              "encoding": ARROW if stored is not None else RAW}
 
     def flush():
@@ -289,7 +304,15 @@ def offload_ledger(logs, name: str, entry: LogLedger, where: Location,
                       "rows": table.num_rows, "bytes": nbytes, "crc32c": state["crc"]})
         batches.clear()
         span.clear()
-        state.update(size=0, crc=0, framed=0)
+        state.update(size=0, crc=0, framed=0, merged=0)
+
+    def merge_tail():
+        # (many small entries: each batch keeps its objects and its entry's whole buffer --
+        # ~4 KB an entry for a row of a few bytes; merged, only their rows are kept)
+        tail = pa.Table.from_batches(batches[state["merged"]:]).combine_chunks().to_batches()
+        del batches[state["merged"]:]
+        batches.extend(tail)
+        state["merged"] = len(batches)
 
     rows: list = []                 # record entries decoded, not in a batch yet
     pending = [0]                   # ... the bytes of their entries
@@ -316,6 +339,8 @@ def offload_ledger(logs, name: str, entry: LogLedger, where: Location,
                     converted, cost = _arrow_batches(e, stored, entry.ledger_id, entry.offset)
                     batches.extend(converted)
                     state["size"] += cost
+                    if len(batches) - state["merged"] >= ARROW_MERGE_BATCHES:
+                        merge_tail()
                 else:
                     rows.append(_record_row(e, entry.ledger_id))
                     pending[0] += len(e.data)
@@ -451,14 +476,19 @@ _DROP_SCAN = 64
 
 
 def _files_there(where: Location, name: str, rec: dict) -> str | None:
-    """None if every file of offload record ``rec`` is in place with its recorded size, else
-    what is wrong."""
+    """None if every file of offload record ``rec`` is in place: with its recorded size, or
+    -- replaced by a racing offloader of another pyarrow build -- giving back the entries it
+    is recorded with (their payloads' crc); else what is wrong."""
     directory = where.log_dir(name)
     for f in rec.get("files", []):
-        info = where.fs.get_file_info(f"{directory}/{f['name']}")
-        if info.size != f["bytes"]:
-            return (f"{directory}/{f['name']} is missing" if info.size is None else
-                    f"{directory}/{f['name']} holds {info.size} bytes, not {f['bytes']}")
+        path = f"{directory}/{f['name']}"
+        info = where.fs.get_file_info(path)
+        if info.size is None:
+            return f"{path} is missing"
+        if info.size != f["bytes"] and not ("crc32c" in f and _gives_back(
+                where, path, rec["encoding"], f["first"], f["last"], f["crc32c"], _plain_crc)):
+            return (f"{path} holds {info.size} bytes, not {f['bytes']}, and does not give "
+                    f"back entries {f['first']}..{f['last']} as recorded")
     return None
 
 
