@@ -10,16 +10,18 @@ that keeps going, against the same writer with the bookies idle, in one run:
 2. ``--garbage-mb`` of ``--garbage-size`` entries written into three ledgers at once (their entries interleave in every
    entry log), the bookies left to flush it, then two of the three deleted: every entry log
    is two-thirds dead, below the compaction threshold (0.5 by default);
-3. at once, the same paced run, ``--gc-seconds`` long, while the bookies collect and compact
+3. the same paced run once they are idle, before the delete: a second reference, on the
+   machine as the garbage left it (its page cache, the index's own compactions);
+4. at once after the delete, the same paced run, ``--gc-seconds`` long, while the bookies collect and compact
    (garbage collection every ``--gc-interval`` s) -- the line says how many bytes they
    compacted meanwhile (counted when a pass ends), how long their re-pointing held flushes
    off, and how long adds waited for a full write cache;
-4. the same paced run once they are idle again (the machine may have changed: a second
+5. the same paced run once they are idle again (the machine may have changed: a third
    reference).
 
 Each paced line prints the client's p50/p99/p99.9, the bookie side of the latency (time to
 store an add message durably, from their /metrics), the bookies' CPU, and the p99 ratio to
-the first reference (target: <= 2x).
+the first reference; the collecting line also its ratio to the second (target: <= 2x).
 
     python bench/gc_stall.py [--size 65536] [--garbage-mb 768] [--seconds 10]
                              [--compaction-rate 16] [--bookies 3]
@@ -134,9 +136,13 @@ def main() -> int:
         ids = garbage(bk, e, qw, qa, args.garbage_mb, args.garbage_size)
         print(f"    (garbage written in {time.perf_counter() - t:.0f} s)", flush=True)
         wait_idle(b.proc.pid for b in c.bookies)     # their flushes of it done
+        before = paced("  ... after the garbage, before the delete", reference)
+        settle(c)
         bk.delete_ledgers(ids[:2])
         t = time.perf_counter()
-        paced("  ... while they collect + compact", reference, args.gc_seconds)
+        during = paced("  ... while they collect + compact", reference, args.gc_seconds)
+        print(f"    p99 {during / before:.2f}x the reference taken after the garbage, before the "
+              "delete (target <= 2x)", flush=True)
         # (a paced compaction uses little CPU: idle means no compaction running, too)
         wait_idle((b.proc.pid for b in c.bookies), limit=600,
                   also=lambda: storage_counter(c, "compaction_copying_bytes") == 0)

@@ -5,6 +5,7 @@
 /* ---------------------------------------------------------------- compaction */
 #define REPOINT_BATCH 1024 /* copied entries re-pointed per index batch (each holds off flushes) */
 #define REPOINT_MAX_NS 20000000ull /* ... and at most this long looking them up */
+#define REPOINT_LOOKUPS 256u /* ... looked up this many at a time, sorted (repoint_lookup) */
 /* Test hook (eng_set_alloc_fail): every allocation of a pass is counted (alloc_count, reset when
  * the pass starts), and number alloc_fail_at returns NULL, so a test can fail each in turn.
  * compact_mu held. */
@@ -96,6 +97,66 @@ static int moved_cmp(const void *a, const void *b)
     if (x->ledger != y->ledger)
         return x->ledger < y->ledger ? -1 : 1;
     return x->loc.entry < y->loc.entry ? -1 : x->loc.entry > y->loc.entry;
+}
+
+#ifndef COMPACT_CHUNK_BYTES
+#define COMPACT_CHUNK_BYTES (8u << 20)
+#endif
+
+/* a copied entry to look up, and where it is in the pass's list */
+typedef struct {
+    uint64_t ledger;
+    int64_t entry;
+    size_t k;
+} LookupKey;
+
+static int lookup_cmp(const void *a, const void *b)
+{
+    const LookupKey *x = a, *y = b;
+    if (x->ledger != y->ledger)
+        return x->ledger < y->ledger ? -1 : 1;
+    return x->entry < y->entry ? -1 : x->entry > y->entry;
+}
+
+/* Mark w[a..b) (b - a <= REPOINT_LOOKUPS) whose copy is to replace the original: copied, and the
+ * index still points at the original (state 1; else 0).  The entries are looked up sorted, one
+ * iterator a ledger (kv_get_locs: a point lookup each, ~25 us, held flushes off for seconds in a
+ * pass over small entries); those of a ledger deleted since they were copied are dead, not looked
+ * up.  E_OK, or E_IO (a read error of the index). */
+static int repoint_lookup(Engine *e, WItem *w, const int *copied, size_t a, size_t b)
+{
+    LookupKey keys[REPOINT_LOOKUPS];
+    int64_t entries[REPOINT_LOOKUPS];
+    Loc locs[REPOINT_LOOKUPS];
+    int found[REPOINT_LOOKUPS];
+    size_t n = 0;
+    for (size_t k = a; k < b; k++) {
+        w[k].state = 0;
+        if (copied[k])
+            keys[n++] = (LookupKey){w[k].ledger, w[k].entry, k};
+    }
+    qsort(keys, n, sizeof *keys, lookup_cmp);
+    for (size_t s0 = 0, s1; s0 < n; s0 = s1) {
+        for (s1 = s0; s1 < n && keys[s1].ledger == keys[s0].ledger; s1++)
+            entries[s1 - s0] = keys[s1].entry;
+        Ledger *l;
+        pthread_mutex_lock(&e->mu);
+        int lr = led_lookup(e, keys[s0].ledger, &l);
+        pthread_mutex_unlock(&e->mu);
+        if (lr != E_OK)
+            return E_IO;
+        if (!l)
+            continue;
+        if (kv_get_locs(e, keys[s0].ledger, entries, s1 - s0, locs, found) < 0)
+            return E_IO;
+        for (size_t j = s0; j < s1; j++) {
+            const WItem *x = &w[keys[j].k];
+            const Loc *cur = &locs[j - s0];
+            if (found[j - s0] && cur->where == (uint32_t)x->cache_off && cur->off == x->off)
+                w[keys[j].k].state = 1;
+        }
+    }
+    return E_OK;
 }
 
 /* Wait until `copied` bytes are due at the compaction rate (from t0), or close aborts the pass;
@@ -268,7 +329,7 @@ int eng_compact(Engine *e, CompactStats *cs)
     while (i < wn && rc == E_OK) {
         size_t cn = 0;
         uint64_t cbytes = 0;
-        for (; i < wn && (cn == 0 || cbytes + w[i].len <= (8u << 20)); i++) {
+        for (; i < wn && (cn == 0 || cbytes + w[i].len <= COMPACT_CHUNK_BYTES); i++) {
             WItem *x = &w[i];
             unsigned char *body = C_MALLOC(e, x->len ? x->len : 1);
             if (!body) { /* (not a corrupt entry: the pass is given up) */
@@ -327,38 +388,15 @@ int eng_compact(Engine *e, CompactStats *cs)
         KvBatch *b = rc == E_OK ? kvb_new() : NULL;
         if (rc == E_OK && !b)
             rc = E_IO;
-        /* which entries the index still points at the originals of: a batch ends after
-         * REPOINT_BATCH of them or REPOINT_MAX_NS, whichever comes first (a lookup in a range a
-         * delete just dropped took ~2 ms: 2026-12-07); the entries of a ledger deleted since
-         * they were copied are dead, not looked up */
-        uint64_t gone = UINT64_MAX, seen = UINT64_MAX;
-        for (; k1 < kmax && rc == E_OK; k1++) {
-            WItem *x = &w[k1];
-            x->state = 0;
+        /* which entries the index still points at the originals of, REPOINT_LOOKUPS at a time
+         * (repoint_lookup); a batch ends after REPOINT_BATCH of them or REPOINT_MAX_NS, whichever
+         * comes first (a lookup in a range a delete just dropped took ~2 ms: 2026-12-07) */
+        while (k1 < kmax && rc == E_OK) {
             if (k1 > k0 && now_ns() - repoint_t0 > REPOINT_MAX_NS)
                 break;
-            if (!copied[k1])
-                continue;
-            if (x->ledger != seen) {
-                Ledger *l;
-                pthread_mutex_lock(&e->mu);
-                int lr = led_lookup(e, x->ledger, &l);
-                pthread_mutex_unlock(&e->mu);
-                if (lr != E_OK) {
-                    rc = E_IO;
-                    break;
-                }
-                seen = x->ledger;
-                gone = l ? UINT64_MAX : x->ledger;
-            }
-            if (x->ledger == gone)
-                continue;
-            Loc cur;
-            int found = kv_get_loc(e, x->ledger, x->entry, &cur);
-            if (found < 0)
-                rc = E_IO;
-            else if (found && cur.where == (uint32_t)x->cache_off && cur.off == x->off)
-                x->state = 1;
+            size_t g1 = kmax - k1 > REPOINT_LOOKUPS ? k1 + REPOINT_LOOKUPS : kmax;
+            rc = repoint_lookup(e, w, copied, k1, g1);
+            k1 = g1;
         }
         int last = k1 == wn;
         /* the moved entries' new locations, per ledger in entry order, replacing (cutting) the

@@ -369,6 +369,7 @@ void kv_close(Kv *kv);
 int kv_destroy(Engine *e, const char *path);
 uint64_t kv_memory(Kv *kv);
 int kv_get_loc(Engine *e, uint64_t ledger, int64_t entry, Loc *out); /* 1 found, 0 absent, -1 error */
+int kv_get_locs(Engine *e, uint64_t ledger, const int64_t *entries, size_t n, Loc *out, int *found);
 int kv_get_ledger(Engine *e, uint64_t ledger, Ledger *l);          /* fills inc, flags, key, lac */
 int kv_last_entry(Engine *e, uint64_t ledger, int64_t *last);
 int kv_scan_locs(Engine *e, uint64_t ledger, int64_t from, int64_t to, int (*cb)(void *, const Loc *), void *arg);

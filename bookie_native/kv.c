@@ -481,6 +481,39 @@ int kv_get_loc(Engine *e, uint64_t ledger, int64_t entry, Loc *out)
     return found;
 }
 
+/* kv_get_loc of entries[0..n) of `ledger`, in ascending order (repeats allowed): found[i] 1 with
+ * out[i], or 0.  One iterator for them all, each run sought and decoded once and walked forward
+ * (kv_get_loc creates an iterator and walks a run from its start for every entry: compaction's
+ * re-point of hundreds of thousands of small entries spent seconds so).  0, or -1 on a read
+ * error (or a malformed record: the error is set). */
+int kv_get_locs(Engine *e, uint64_t ledger, const int64_t *entries, size_t n, Loc *out, int *found)
+{
+    unsigned char lo[KV_EKEY], hi[KV_EKEY];
+    rocksdb_readoptions_t *ro;
+    rocksdb_iterator_t *it = ledger_iter(e, ledger, lo, hi, &ro);
+    Run r;
+    RunCursor c;
+    int have = 0, rc = 0; /* have: r covers entries from r.first + c.pos on */
+    for (size_t i = 0; i < n; i++) {
+        int64_t x = entries[i];
+        if (!(have == 1 && x >= r.first + (int64_t)c.pos && x < r.first + (int64_t)r.count)) {
+            have = run_seek(e, it, ledger, x, &r);
+            if (have < 0) {
+                rc = -1;
+                break;
+            }
+            if (have == 1)
+                run_cursor(&r, &c);
+        }
+        found[i] = have == 1;
+        if (have == 1)
+            run_loc(&r, (uint32_t)(x - r.first), &c, &out[i]);
+    }
+    if (kv_iter_end(e, it, ro) < 0)
+        rc = -1;
+    return rc;
+}
+
 int kv_last_entry(Engine *e, uint64_t ledger, int64_t *last)
 {
     unsigned char lo[KV_EKEY], hi[KV_EKEY];
