@@ -99,9 +99,7 @@ static int moved_cmp(const void *a, const void *b)
     return x->loc.entry < y->loc.entry ? -1 : x->loc.entry > y->loc.entry;
 }
 
-#ifndef COMPACT_CHUNK_BYTES
-#define COMPACT_CHUNK_BYTES (8u << 20)
-#endif
+#define COMPACT_CHUNK_BYTES (8u << 20) /* copied (read, written, synced) at most this much at a time */
 
 /* a copied entry to look up, and where it is in the pass's list */
 typedef struct {
