@@ -502,7 +502,15 @@ int eng_compact(Engine *e, CompactStats *cs)
         for (size_t v = 0; v < nv; v++) {
             char p[4200];
             lpath(e, victims[v]->dir, victims[v]->id, "log", p, sizeof p);
-            unlink(p);
+            /* (removed from the list at its re-point: no new reader; one still reading keeps it
+             * whole, unlinked at once) */
+            pthread_mutex_lock(&e->mu);
+            int alone = victims[v]->refs == 1;
+            pthread_mutex_unlock(&e->mu);
+            if (alone)
+                unlink_gradually(e, p);
+            else
+                unlink(p);
             lpath(e, victims[v]->dir, victims[v]->id, "idx", p, sizeof p);
             unlink(p);
             if (fsync_dir(e->ledger_dirs[victims[v]->dir]) < 0) /* (the files may come back: removed at the next open) */

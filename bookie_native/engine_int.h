@@ -339,6 +339,7 @@ int buf_reserve(Buf *b, size_t extra);
 int write_full(int fd, const void *buf, size_t len, uint64_t off);
 int read_full(int fd, void *buf, size_t len, uint64_t off);
 int fsync_dir(const char *dir);
+void unlink_gradually(Engine *e, const char *path);
 int write_atomic(const char *dir, const char *name, const void *data, size_t len);
 void swap_for_flush(Engine *e);
 void pause_point(Engine *e, const char *name); /* test hook; mu held (released while paused) */

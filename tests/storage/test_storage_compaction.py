@@ -108,6 +108,41 @@ def test_lastlogmark_and_journal_gc(tmp_path):
         s.close()
 
 
+@pytest.mark.timeout(120)
+def test_an_old_journal_larger_than_a_step_is_cut_before_its_unlink(tmp_path):
+    """A journal file the checkpoint no longer needs, larger than a step (32 MiB), shrinks a
+    step at a time before its unlink (as a compacted-away entry log does); mid-way adds go
+    on, and after a reopen every entry reads."""
+    d = str(tmp_path)
+    s = Storage(cfg(d, journal_max_size_mb=40, journal_max_backups=0, checkpoint_interval_s=3600))
+    body = b"j" * (64 << 10)
+    try:
+        for at in range(0, 1280, 64):           # 80 MiB: two full journal files
+            assert s.add_entries([(1, e, b"k", False, body) for e in range(at, at + 64)]) == \
+                [0] * 64
+        oldest = min(glob.glob(os.path.join(d, "j", "*.txn")))
+        size = os.path.getsize(oldest)
+        assert size > 36 << 20
+        s._store.set_pause_point("delete-cut")
+        t = threading.Thread(target=s.checkpoint)
+        t.start()
+        assert s._store.pause_wait(60.0), "the old journal was not cut before its unlink"
+        assert os.path.getsize(oldest) == size - (32 << 20)
+        assert s.add_entries([(2, 0, b"k", False, b"meanwhile")]) == [0]
+        s._store.pause_release()
+        t.join(60)
+        assert not os.path.exists(oldest)
+    finally:
+        s._store.pause_release()
+        s.close()
+    s = Storage(cfg(d))
+    try:
+        assert s.read_range(1, 0, 1279) == [(e, body) for e in range(1280)]
+        assert s.read_range(2, 0, 0) == [(0, b"meanwhile")]
+    finally:
+        s.close()
+
+
 def test_concurrent_add_read_checkpoint_compact(tmp_path):
     d = str(tmp_path)
     s = Storage(cfg(d, write_cache_bytes=256 << 10, entry_log_max_size=64 << 10, compaction_threshold=0.7,
@@ -460,5 +495,48 @@ def test_entries_written_again_mid_pass_keep_their_new_location(tmp_path):
     s = Storage(cfg(d, replace_entries=True))
     try:
         assert s.read_range(3, 5000, 5099) == [(e, d_) for _, e, _, _, d_ in again]
+    finally:
+        s.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_large_victim_log_is_cut_a_step_at_a_time_before_its_unlink(tmp_path):
+    """A compacted-away entry log larger than a step (32 MiB) shrinks a step at a time before
+    it is unlinked: freeing its blocks at once stalled the journal's fdatasyncs (ext4 with
+    ``discard``; bench/fs_delete_stall.py). Mid-way the file is shorter and unlisted; the
+    surviving ledger reads, and after the pass and a reopen the file is gone."""
+    d = str(tmp_path)
+    s = Storage(cfg(d, compaction_threshold=0.5, entry_log_max_size=40 << 20,
+                    compaction_max_bytes_per_pass=1 << 30))
+    body = b"x" * (64 << 10)
+    try:
+        for at in range(0, 640, 64):            # 40 MiB of ledger 1: a log of its own
+            assert s.add_entries([(1, e, b"k", False, body) for e in range(at, at + 64)]) == \
+                [0] * 64
+        s.checkpoint()
+        assert s.add_entries([(2, e, b"k", False, b"two %d" % e) for e in range(10)]) == [0] * 10
+        s.checkpoint()
+        big = max(logs(d), key=os.path.getsize)
+        size = os.path.getsize(big)
+        assert size > 40 << 20
+        s.delete_ledger(1)
+        s.checkpoint()
+        s._store.set_pause_point("delete-cut")
+        res = {}
+        t = threading.Thread(target=lambda: res.update(st=s.compact()))
+        t.start()
+        assert s._store.pause_wait(60.0), "the log was not cut before its unlink"
+        assert os.path.getsize(big) == size - (32 << 20)
+        assert s.read_range(2, 0, 9) == [(e, b"two %d" % e) for e in range(10)]
+        s._store.pause_release()
+        t.join(60)
+        assert not os.path.exists(big) and res["st"]["logs_deleted"] >= 1, res
+    finally:
+        s._store.pause_release()
+        s.close()
+    s = Storage(cfg(d))
+    try:
+        assert not os.path.exists(big)
+        assert s.read_range(2, 0, 9) == [(e, b"two %d" % e) for e in range(10)]
     finally:
         s.close()
