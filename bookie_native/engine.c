@@ -89,11 +89,12 @@ int fsync_dir(const char *dir)
 /* Remove the file at `path` (one that no row lists and no reader holds): cut DELETE_STEP_BYTES off
  * its end at a time, DELETE_PAUSE_NS apart, then unlink it.  Freeing a large file's blocks at once
  * -- on ext4 mounted with `discard`, as here, the discards ride the filesystem journal's commit --
- * stalled every fdatasync meanwhile: a 1 GiB unlink held a 4 KiB fdatasync up to 48-73 ms, cut
- * 32 MiB at a time 20 ms apart at most 9-10 ms (2026-12-07; a bookie unlinks compacted entry logs
- * and old journal files while the journal syncs adds).  A crash midway leaves a shorter file of
- * the same name, which the caller's rules already remove (no row lists it).  Closing (e->closing)
- * stops the pauses; a file that cannot be opened or cut is unlinked at once. */
+ * stalled every fdatasync meanwhile: a 1 GiB unlink held a 4 KiB fdatasync 48-73 ms, cut 32 MiB at
+ * a time 20 ms apart 9-28 ms (2026-12-07, bench/fs_delete_stall.py).  The caller's thread sleeps
+ * meanwhile (~0.6 s a GiB): never the checkpoint thread, which alone flushes the write cache.  A
+ * crash midway leaves a shorter file of the same name, which the caller's rules must already
+ * remove unread (compaction's victims: no row lists them).  Closing (e->closing) stops the
+ * cutting; a file that cannot be opened or cut is unlinked at once. */
 #define DELETE_STEP_BYTES (32ull << 20)
 #define DELETE_PAUSE_NS 20000000L
 void unlink_gradually(Engine *e, const char *path)
@@ -102,15 +103,15 @@ void unlink_gradually(Engine *e, const char *path)
     struct stat st;
     if (fd >= 0 && fstat(fd, &st) == 0) {
         for (uint64_t size = (uint64_t)st.st_size; size > DELETE_STEP_BYTES;) {
+            pthread_mutex_lock(&e->mu);
+            int closing = e->closing;
+            pthread_mutex_unlock(&e->mu);
             size -= DELETE_STEP_BYTES;
-            if (ftruncate(fd, (off_t)size) < 0)
+            if (closing || ftruncate(fd, (off_t)size) < 0)
                 break;
             pthread_mutex_lock(&e->mu);
             pause_point(e, "delete-cut"); /* (test hook: after a cut) */
-            int closing = e->closing;
             pthread_mutex_unlock(&e->mu);
-            if (closing)
-                break;
             nanosleep(&(struct timespec){0, DELETE_PAUSE_NS}, NULL);
         }
     }

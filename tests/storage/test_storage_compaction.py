@@ -108,41 +108,6 @@ def test_lastlogmark_and_journal_gc(tmp_path):
         s.close()
 
 
-@pytest.mark.timeout(120)
-def test_an_old_journal_larger_than_a_step_is_cut_before_its_unlink(tmp_path):
-    """A journal file the checkpoint no longer needs, larger than a step (32 MiB), shrinks a
-    step at a time before its unlink (as a compacted-away entry log does); mid-way adds go
-    on, and after a reopen every entry reads."""
-    d = str(tmp_path)
-    s = Storage(cfg(d, journal_max_size_mb=40, journal_max_backups=0, checkpoint_interval_s=3600))
-    body = b"j" * (64 << 10)
-    try:
-        for at in range(0, 1280, 64):           # 80 MiB: two full journal files
-            assert s.add_entries([(1, e, b"k", False, body) for e in range(at, at + 64)]) == \
-                [0] * 64
-        oldest = min(glob.glob(os.path.join(d, "j", "*.txn")))
-        size = os.path.getsize(oldest)
-        assert size > 36 << 20
-        s._store.set_pause_point("delete-cut")
-        t = threading.Thread(target=s.checkpoint)
-        t.start()
-        assert s._store.pause_wait(60.0), "the old journal was not cut before its unlink"
-        assert os.path.getsize(oldest) == size - (32 << 20)
-        assert s.add_entries([(2, 0, b"k", False, b"meanwhile")]) == [0]
-        s._store.pause_release()
-        t.join(60)
-        assert not os.path.exists(oldest)
-    finally:
-        s._store.pause_release()
-        s.close()
-    s = Storage(cfg(d))
-    try:
-        assert s.read_range(1, 0, 1279) == [(e, body) for e in range(1280)]
-        assert s.read_range(2, 0, 0) == [(0, b"meanwhile")]
-    finally:
-        s.close()
-
-
 def test_concurrent_add_read_checkpoint_compact(tmp_path):
     d = str(tmp_path)
     s = Storage(cfg(d, write_cache_bytes=256 << 10, entry_log_max_size=64 << 10, compaction_threshold=0.7,
