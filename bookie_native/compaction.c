@@ -78,12 +78,18 @@ static int gather_live(void *arg, const Loc *lc)
     return 0;
 }
 
+/* the order of (ledger, entry) pairs: by ledger, then entry */
+static int ledger_entry_cmp(uint64_t la, int64_t ea, uint64_t lb, int64_t eb)
+{
+    if (la != lb)
+        return la < lb ? -1 : 1;
+    return ea < eb ? -1 : ea > eb;
+}
+
 static int witem_loc_cmp(const void *a, const void *b)
 {
     const WItem *x = a, *y = b;
-    if (x->ledger != y->ledger)
-        return x->ledger < y->ledger ? -1 : 1;
-    return x->entry < y->entry ? -1 : x->entry > y->entry;
+    return ledger_entry_cmp(x->ledger, x->entry, y->ledger, y->entry);
 }
 
 typedef struct {
@@ -94,9 +100,7 @@ typedef struct {
 static int moved_cmp(const void *a, const void *b)
 {
     const MovedLoc *x = a, *y = b;
-    if (x->ledger != y->ledger)
-        return x->ledger < y->ledger ? -1 : 1;
-    return x->loc.entry < y->loc.entry ? -1 : x->loc.entry > y->loc.entry;
+    return ledger_entry_cmp(x->ledger, x->loc.entry, y->ledger, y->loc.entry);
 }
 
 #define COMPACT_CHUNK_BYTES (8u << 20) /* copied (read, written, synced) at most this much at a time */
@@ -111,9 +115,7 @@ typedef struct {
 static int lookup_cmp(const void *a, const void *b)
 {
     const LookupKey *x = a, *y = b;
-    if (x->ledger != y->ledger)
-        return x->ledger < y->ledger ? -1 : 1;
-    return x->entry < y->entry ? -1 : x->entry > y->entry;
+    return ledger_entry_cmp(x->ledger, x->entry, y->ledger, y->entry);
 }
 
 /* Mark w[a..b) (b - a <= REPOINT_LOOKUPS) whose copy is to replace the original: copied, and the
