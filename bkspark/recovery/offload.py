@@ -87,10 +87,10 @@ RECORD_CHUNK_BYTES = 8 << 20
 #: (record: offset, ledger id, entry id, timestamp, three value offsets; Arrow: the three
 #: ``_`` columns)
 RECORD_ROW_COST = 44
+ARROW_ROW_COST = 24
 #: converted Arrow entries merged into one batch (a copy of their rows) once this many wait
 #: for their file: the memory a file holds stays about its entries' :func:`entry_cost`
 ARROW_MERGE_BATCHES = 8192
-ARROW_ROW_COST = 24
 
 
 def entry_cost(data, batch: pa.RecordBatch | None = None) -> int:
