@@ -3,10 +3,10 @@
 A bookie removes entry logs a compaction emptied (up to ``entry_log_max_size``, 1 GiB) and
 journal files the checkpoint no longer needs (up to 512 MiB) while its journal syncs adds. A
 thread here writes 4 KiB and fdatasyncs in a loop (a journal's pattern) in ``--dir``; meanwhile
-a ``--mb`` MiB file, written and synced before, is removed -- by one ``unlink`` (as old journals
-still are), or as bookie_native's ``unlink_gradually`` removes compacted entry logs
-(bookie_native/engine.c: cut 32 MiB off its end at a time, 20 ms apart, then unlink; the
-constants are repeated here). Prints, for each way and
+a ``--mb`` MiB file, written and synced before, is removed -- by one ``unlink``, or as
+bookie_native's ``unlink_gradually`` removes compacted entry logs and (on its reaper thread)
+old journals (bookie_native/engine.c: cut 32 MiB off its end at a time, 20 ms apart, then
+unlink; the constants are repeated here). Prints, for each way and
 ``--rounds`` interleaved rounds, the fdatasync's p50/p99/max from the removal's start to 1.5 s
 after it, beside the same loop's figures just before (the reference).
 

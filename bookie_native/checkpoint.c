@@ -114,9 +114,12 @@ uint64_t *list_journals(Journal *j, size_t *n)
 
 /* Delete the journal files the LastLogMark no longer needs beyond max_backups (once per new
  * mark).  Runs without ckpt_mu: unlinking a 512 MiB file takes ~130 ms here, flushes need not wait.
- * At once, not a step at a time (unlink_gradually): this is the checkpoint thread, whose pauses
- * held the write cache's flushes (adds waited 0.4-0.7 s), and a cut file under its journal name
- * is a prefix a replay without a readable mark would read. */
+ * Each is renamed out of the journal names first (REAP_SUFFIX: no replay lists it, open removes
+ * it) and handed to the reaper thread, which cuts it a step at a time (unlink_gradually): a
+ * 512 MiB unlink at once held the journal's fdatasyncs for tens of ms on ext4 with discard, and
+ * cutting it here, on the checkpoint thread -- the write cache's only flusher -- held adds
+ * 0.4-0.7 s.  A rename a crash loses leaves the journal as it was: older than the mark, never
+ * replayed, deleted by the next pass. */
 static void gc_journal(Engine *e, Journal *j)
 {
     pthread_mutex_lock(&e->mu);
@@ -137,8 +140,13 @@ static void gc_journal(Engine *e, Journal *j)
     size_t keep = (size_t)(e->max_backups > 0 ? e->max_backups : 0);
     for (size_t i = 0; i + keep < older; i++) {
         char p[4200];
+        char del[4300];
         jpath(j, ids[i], p, sizeof p);
-        unlink(p);
+        snprintf(del, sizeof del, "%s" REAP_SUFFIX, p);
+        if (rename(p, del) == 0)
+            reap_later(e, del);
+        else
+            unlink(p);
     }
     free(ids);
 }

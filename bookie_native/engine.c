@@ -91,9 +91,10 @@ int fsync_dir(const char *dir)
  * -- on ext4 mounted with `discard`, as here, the discards ride the filesystem journal's commit --
  * stalled every fdatasync meanwhile: a 1 GiB unlink held a 4 KiB fdatasync 48-73 ms, cut 32 MiB at
  * a time 20 ms apart 9-28 ms (2026-12-07, bench/fs_delete_stall.py).  The caller's thread sleeps
- * meanwhile (~0.6 s a GiB): never the checkpoint thread, which alone flushes the write cache.  A
- * crash midway leaves a shorter file of the same name, which the caller's rules must already
- * remove unread (compaction's victims: no row lists them).  Closing (e->closing) stops the
+ * meanwhile (~0.6 s a GiB): never the checkpoint thread, which alone flushes the write cache (it
+ * hands old journals to the reaper: reap_later).  A crash midway leaves a shorter file of the
+ * same name, which the caller's rules must already remove unread (compaction's victims: no row
+ * lists them; reaped journals: renamed with REAP_SUFFIX, removed at open).  Closing (e->closing) stops the
  * cutting; a file that cannot be opened or cut is unlinked at once. */
 #define DELETE_STEP_BYTES (32ull << 20)
 #define DELETE_PAUSE_NS 20000000L
@@ -118,6 +119,48 @@ void unlink_gradually(Engine *e, const char *path)
     if (fd >= 0)
         close(fd);
     unlink(path);
+}
+
+/* Hand `path` (a file nothing reads any more, whose name no open trusts) to the reaper thread, which
+ * removes it a step at a time (unlink_gradually) off the caller's thread; without the thread, or
+ * with REAP_QUEUE files waiting, it is unlinked at once. */
+void reap_later(Engine *e, const char *path)
+{
+    char *copy = strdup(path);
+    pthread_mutex_lock(&e->mu);
+    int queued = copy && e->rthread_started && !e->r_stop && e->reap_n < REAP_QUEUE;
+    if (queued) {
+        e->reap_q[e->reap_n++] = copy;
+        pthread_cond_broadcast(&e->r_cv);
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (!queued) {
+        unlink(path);
+        free(copy);
+    }
+}
+
+/* the reaper thread: removes queued files in order, one at a time, until close (which sets
+ * closing first: what is left is then unlinked at once) */
+static void *reap_thread(void *arg)
+{
+    Engine *e = arg;
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+        while (!e->reap_n && !e->r_stop)
+            cond_wait_ns(&e->r_cv, &e->mu, 1000000000ull);
+        if (!e->reap_n)
+            break;
+        char *path = e->reap_q[0];
+        memmove(&e->reap_q[0], &e->reap_q[1], (e->reap_n - 1) * sizeof *e->reap_q);
+        e->reap_n--;
+        pthread_mutex_unlock(&e->mu);
+        unlink_gradually(e, path);
+        free(path);
+        pthread_mutex_lock(&e->mu);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
 }
 
 static int mkdirs(const char *path)
@@ -616,6 +659,7 @@ int eng_open(const EngineConfig *cfg, Engine **out, char *err, size_t errlen)
     crc = crc ? crc : cond_init_monotonic(&e->ckpt_cv);
     crc = crc ? crc : cond_init_monotonic(&e->compact_cv);
     crc = crc ? crc : cond_init_monotonic(&e->pause_cv);
+    crc = crc ? crc : cond_init_monotonic(&e->r_cv);
     e->jg_max = JG_MAX;
     e->nbuckets = 1024;
     e->buckets = calloc(e->nbuckets, sizeof *e->buckets);
@@ -660,6 +704,7 @@ int eng_open(const EngineConfig *cfg, Engine **out, char *err, size_t errlen)
     }
     int have_mark = 0;
     if (rc == E_OK) {
+        remove_reaped_journals(e);
         have_mark = read_lastmark(e);
         rc = have_mark < 0 ? E_IO : open_index(e, have_mark); /* (converting a format-1 directory first) */
     }
@@ -701,6 +746,8 @@ int eng_open(const EngineConfig *cfg, Engine **out, char *err, size_t errlen)
             if (e->jsync && pthread_create(&j->zthread, NULL, jzero_thread, j) == 0)
                 j->zthread_started = 1; /* optional: without it the journal uses fallocate'd space */
         }
+        if (rc == E_OK && pthread_create(&e->rthread, NULL, reap_thread, e) == 0)
+            e->rthread_started = 1; /* optional: without it files are unlinked at once */
         if (rc == E_OK && pthread_create(&e->cthread, NULL, ckpt_thread, e) == 0)
             e->cthread_started = 1;
         if (rc != E_OK || !e->cthread_started) {
@@ -752,6 +799,14 @@ void eng_close(Engine *e, int do_checkpoint)
     pthread_mutex_unlock(&e->compact_mu);
     if (e->cthread_started)
         pthread_join(e->cthread, NULL);
+    if (e->rthread_started) { /* (after the checkpoint thread: nothing queues any more) */
+        pthread_mutex_lock(&e->mu);
+        e->r_stop = 1;
+        pthread_cond_broadcast(&e->r_cv);
+        pthread_mutex_unlock(&e->mu);
+        pthread_join(e->rthread, NULL);
+        e->rthread_started = 0;
+    }
     for (int k = 0; k < e->njournals; k++) {
         Journal *j = e->jn[k];
         if (j->jthread_started)

@@ -45,6 +45,8 @@ enum { JR_ADD = 1, JR_MKEY = 2, JR_FENCE = 3, JR_LAC = 4, JR_DELETE = 5 };
 #define L_MAGIC "BKSL"
 #define L_VERSION 1u
 #define L_HDR 64u
+#define REAP_QUEUE 64 /* files waiting for the reaper thread (more: removed at once) */
+#define REAP_SUFFIX ".del" /* a journal handed to the reaper is renamed so (open removes such files) */
 #define DIO_ALIGN 4096u /* O_DIRECT offset, length and buffer alignment (>= any logical block size) */
 #define LR_HDR 24u /* u32 len(=16+body), u32 crc, u64 ledger, i64 entry */
 
@@ -256,6 +258,13 @@ struct Engine {
     /* checkpoint thread */
     pthread_t cthread;
     int cthread_started, c_stop;
+    /* reaper thread (reap_later): files to remove a step at a time, off the thread that found them
+     * (mu guards the queue) */
+    pthread_t rthread;
+    int rthread_started, r_stop;
+    pthread_cond_t r_cv;
+    char *reap_q[REAP_QUEUE];
+    size_t reap_n;
     int ckpt_waiting; /* checkpoint/close calls waiting for ckpt_mu (a paced flush hurries) */
     uint64_t last_full_ns;   /* time of the last state+lastMark write */
     uint64_t st_flushes, st_paced_flushes, st_hurried_flushes; /* paced: see entrylog.c "paced flushes" */
@@ -340,6 +349,8 @@ int write_full(int fd, const void *buf, size_t len, uint64_t off);
 int read_full(int fd, void *buf, size_t len, uint64_t off);
 int fsync_dir(const char *dir);
 void unlink_gradually(Engine *e, const char *path);
+void reap_later(Engine *e, const char *path);
+void remove_reaped_journals(Engine *e);
 int write_atomic(const char *dir, const char *name, const void *data, size_t len);
 void swap_for_flush(Engine *e);
 void pause_point(Engine *e, const char *name); /* test hook; mu held (released while paused) */

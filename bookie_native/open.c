@@ -754,6 +754,25 @@ static int read_mark_file(Engine *e, int k, uint64_t *id_out, uint64_t *pos_out)
     return have;
 }
 
+/* Remove the journals a reaper did not finish (renamed with REAP_SUFFIX, older than their mark:
+ * nothing reads them). */
+void remove_reaped_journals(Engine *e)
+{
+    for (int k = 0; k < e->njournals; k++) {
+        DIR *d = opendir(e->jn[k]->dir);
+        if (!d)
+            continue;
+        struct dirent *de;
+        size_t sl = strlen(REAP_SUFFIX);
+        while ((de = readdir(d))) {
+            size_t L = strlen(de->d_name);
+            if (L > sl && strcmp(de->d_name + L - sl, REAP_SUFFIX) == 0)
+                unlinkat(dirfd(d), de->d_name, 0);
+        }
+        closedir(d);
+    }
+}
+
 int read_lastmark(Engine *e)
 {
     int any = 0;

@@ -108,6 +108,47 @@ def test_lastlogmark_and_journal_gc(tmp_path):
         s.close()
 
 
+@pytest.mark.timeout(120)
+def test_an_old_journal_is_renamed_and_cut_by_the_reaper_not_the_checkpoint(tmp_path):
+    """A journal the checkpoint no longer needs is renamed out of the journal names and handed
+    to the reaper thread, which cuts it a step at a time (32 MiB) before its unlink: the
+    checkpoint returns at once (cutting on its thread, the write cache's only flusher, held
+    adds 0.4-0.7 s), adds go on, and a leftover renamed journal -- a kill mid-cut -- is
+    removed at the next open, never replayed."""
+    d = str(tmp_path)
+    s = Storage(cfg(d, journal_max_size_mb=40, journal_max_backups=0, checkpoint_interval_s=3600))
+    body = b"j" * (64 << 10)
+    try:
+        for at in range(0, 1280, 64):           # 80 MiB: two full journal files
+            assert s.add_entries([(1, e, b"k", False, body) for e in range(at, at + 64)]) == \
+                [0] * 64
+        oldest = min(glob.glob(os.path.join(d, "j", "*.txn")))
+        size = os.path.getsize(oldest)
+        assert size > 36 << 20
+        s._store.set_pause_point("delete-cut")
+        s.checkpoint()                          # (returns: the reaper does the cutting)
+        assert s._store.pause_wait(60.0), "the old journal was not cut before its unlink"
+        assert not os.path.exists(oldest)
+        assert os.path.getsize(oldest + ".del") == size - (32 << 20)
+        assert s.add_entries([(2, 0, b"k", False, b"meanwhile")]) == [0]
+        s.checkpoint()
+        with open(oldest + ".left", "wb") as f:         # what a kill mid-cut leaves
+            f.write(b"\0" * 4096)
+        os.rename(oldest + ".left", os.path.join(d, "j", "00000000000000ff.txn.del"))
+        s._store.pause_release()
+    finally:
+        s._store.pause_release()
+        s.close()
+    assert not os.path.exists(oldest + ".del")
+    s = Storage(cfg(d))
+    try:
+        assert glob.glob(os.path.join(d, "j", "*.del")) == []
+        assert s.read_range(1, 0, 1279) == [(e, body) for e in range(1280)]
+        assert s.read_range(2, 0, 0) == [(0, b"meanwhile")]
+    finally:
+        s.close()
+
+
 def test_concurrent_add_read_checkpoint_compact(tmp_path):
     d = str(tmp_path)
     s = Storage(cfg(d, write_cache_bytes=256 << 10, entry_log_max_size=64 << 10, compaction_threshold=0.7,
