@@ -138,15 +138,26 @@ static void gc_journal(Engine *e, Journal *j)
         if (ids[i] < mark_id)
             older++;
     size_t keep = (size_t)(e->max_backups > 0 ? e->max_backups : 0);
+    size_t renamed = 0; /* (their ids moved to the front of ids) */
+    char p[4200], del[4300];
     for (size_t i = 0; i + keep < older; i++) {
-        char p[4200];
-        char del[4300];
         jpath(j, ids[i], p, sizeof p);
         snprintf(del, sizeof del, "%s" REAP_SUFFIX, p);
         if (rename(p, del) == 0)
-            reap_later(e, del);
+            ids[renamed++] = ids[i];
         else
             unlink(p);
+    }
+    /* the renames durable before any cut (a cut a crash kept under the journal's own name would be
+     * a prefix a replay without a readable mark reads); if they cannot be made so, unlinked now */
+    int durable = renamed && fsync_dir(j->dir) == 0;
+    for (size_t i = 0; i < renamed; i++) {
+        jpath(j, ids[i], p, sizeof p);
+        snprintf(del, sizeof del, "%s" REAP_SUFFIX, p);
+        if (durable)
+            reap_later(e, del);
+        else
+            unlink(del);
     }
     free(ids);
 }

@@ -510,7 +510,7 @@ int eng_compact(Engine *e, CompactStats *cs)
             int alone = victims[v]->refs == 1;
             pthread_mutex_unlock(&e->mu);
             if (alone)
-                unlink_gradually(e, p);
+                unlink_gradually(e, p, "delete-cut");
             else
                 unlink(p);
             lpath(e, victims[v]->dir, victims[v]->id, "idx", p, sizeof p);

@@ -98,7 +98,7 @@ int fsync_dir(const char *dir)
  * cutting; a file that cannot be opened or cut is unlinked at once. */
 #define DELETE_STEP_BYTES (32ull << 20)
 #define DELETE_PAUSE_NS 20000000L
-void unlink_gradually(Engine *e, const char *path)
+void unlink_gradually(Engine *e, const char *path, const char *pause)
 {
     int fd = open(path, O_WRONLY | O_CLOEXEC);
     struct stat st;
@@ -111,7 +111,7 @@ void unlink_gradually(Engine *e, const char *path)
             if (closing || ftruncate(fd, (off_t)size) < 0)
                 break;
             pthread_mutex_lock(&e->mu);
-            pause_point(e, "delete-cut"); /* (test hook: after a cut) */
+            pause_point(e, pause); /* (test hook: after a cut) */
             pthread_mutex_unlock(&e->mu);
             nanosleep(&(struct timespec){0, DELETE_PAUSE_NS}, NULL);
         }
@@ -121,41 +121,70 @@ void unlink_gradually(Engine *e, const char *path)
     unlink(path);
 }
 
-/* Hand `path` (a file nothing reads any more, whose name no open trusts) to the reaper thread, which
- * removes it a step at a time (unlink_gradually) off the caller's thread; without the thread, or
- * with REAP_QUEUE files waiting, it is unlinked at once. */
+/* Hand `path` -- a journal renamed with REAP_SUFFIX (nothing reads it any more, open removes it) --
+ * to the reaper thread, which removes it a step at a time (unlink_gradually) off the caller's
+ * thread.  With REAP_QUEUE files waiting it stays on disk under that name: the reaper looks for
+ * such files once its queue is empty (the caller -- the checkpoint thread -- never removes a
+ * large file itself).  Without the thread (not started, or stopping) it is unlinked at once. */
 void reap_later(Engine *e, const char *path)
 {
     char *copy = strdup(path);
     pthread_mutex_lock(&e->mu);
-    int queued = copy && e->rthread_started && !e->r_stop && e->reap_n < REAP_QUEUE;
-    if (queued) {
+    int running = e->rthread_started && !e->r_stop;
+    int queued = copy && running && e->reap_n < REAP_QUEUE;
+    if (queued)
         e->reap_q[e->reap_n++] = copy;
-        pthread_cond_broadcast(&e->r_cv);
-    }
+    else if (running)
+        e->reap_rescan = 1;
+    pthread_cond_broadcast(&e->r_cv);
     pthread_mutex_unlock(&e->mu);
-    if (!queued) {
-        unlink(path);
+    if (!queued)
         free(copy);
-    }
+    if (!running)
+        unlink(path);
 }
 
-/* the reaper thread: removes queued files in order, one at a time, until close (which sets
- * closing first: what is left is then unlinked at once) */
+/* each_reaped_journal callback of the reaper: queue `path` while there is room */
+static int queue_reaped(Engine *e, const char *path)
+{
+    char *copy = strdup(path);
+    pthread_mutex_lock(&e->mu);
+    int room = copy && e->reap_n < REAP_QUEUE;
+    if (room)
+        e->reap_q[e->reap_n++] = copy;
+    else
+        e->reap_rescan = 1; /* (the rest at the next look) */
+    pthread_mutex_unlock(&e->mu);
+    if (!room)
+        free(copy);
+    return !room;
+}
+
+/* the reaper thread: removes queued files in order, one at a time, and looks for renamed journals
+ * the queue had no room for once it is empty; until close (which sets closing first: what is
+ * queued then is unlinked at once; what is only on disk, at the next open) */
 static void *reap_thread(void *arg)
 {
     Engine *e = arg;
+    pthread_setname_np(pthread_self(), "bks-reap");
     pthread_mutex_lock(&e->mu);
     for (;;) {
-        while (!e->reap_n && !e->r_stop)
+        while (!e->reap_n && !e->r_stop && !e->reap_rescan)
             cond_wait_ns(&e->r_cv, &e->mu, 1000000000ull);
+        if (!e->reap_n && e->reap_rescan && !e->r_stop) {
+            e->reap_rescan = 0;
+            pthread_mutex_unlock(&e->mu);
+            each_reaped_journal(e, queue_reaped);
+            pthread_mutex_lock(&e->mu);
+            continue;
+        }
         if (!e->reap_n)
             break;
         char *path = e->reap_q[0];
         memmove(&e->reap_q[0], &e->reap_q[1], (e->reap_n - 1) * sizeof *e->reap_q);
         e->reap_n--;
         pthread_mutex_unlock(&e->mu);
-        unlink_gradually(e, path);
+        unlink_gradually(e, path, "reap-cut");
         free(path);
         pthread_mutex_lock(&e->mu);
     }
@@ -704,7 +733,7 @@ int eng_open(const EngineConfig *cfg, Engine **out, char *err, size_t errlen)
     }
     int have_mark = 0;
     if (rc == E_OK) {
-        remove_reaped_journals(e);
+        each_reaped_journal(e, unlink_reaped); /* (a reaper a stop or a kill cut short) */
         have_mark = read_lastmark(e);
         rc = have_mark < 0 ? E_IO : open_index(e, have_mark); /* (converting a format-1 directory first) */
     }
@@ -805,7 +834,9 @@ void eng_close(Engine *e, int do_checkpoint)
         pthread_cond_broadcast(&e->r_cv);
         pthread_mutex_unlock(&e->mu);
         pthread_join(e->rthread, NULL);
+        pthread_mutex_lock(&e->mu);
         e->rthread_started = 0;
+        pthread_mutex_unlock(&e->mu);
     }
     for (int k = 0; k < e->njournals; k++) {
         Journal *j = e->jn[k];

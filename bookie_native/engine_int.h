@@ -265,6 +265,7 @@ struct Engine {
     pthread_cond_t r_cv;
     char *reap_q[REAP_QUEUE];
     size_t reap_n;
+    int reap_rescan; /* renamed journals the queue had no room for wait on disk */
     int ckpt_waiting; /* checkpoint/close calls waiting for ckpt_mu (a paced flush hurries) */
     uint64_t last_full_ns;   /* time of the last state+lastMark write */
     uint64_t st_flushes, st_paced_flushes, st_hurried_flushes; /* paced: see entrylog.c "paced flushes" */
@@ -348,9 +349,10 @@ int buf_reserve(Buf *b, size_t extra);
 int write_full(int fd, const void *buf, size_t len, uint64_t off);
 int read_full(int fd, void *buf, size_t len, uint64_t off);
 int fsync_dir(const char *dir);
-void unlink_gradually(Engine *e, const char *path);
+void unlink_gradually(Engine *e, const char *path, const char *pause);
 void reap_later(Engine *e, const char *path);
-void remove_reaped_journals(Engine *e);
+void each_reaped_journal(Engine *e, int (*cb)(Engine *, const char *));
+int unlink_reaped(Engine *e, const char *path);
 int write_atomic(const char *dir, const char *name, const void *data, size_t len);
 void swap_for_flush(Engine *e);
 void pause_point(Engine *e, const char *name); /* test hook; mu held (released while paused) */

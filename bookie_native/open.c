@@ -3,6 +3,8 @@
 #define _GNU_SOURCE
 #include "engine_int.h"
 
+#include <ctype.h>
+
 static void index_path(Engine *e, const char *name, char *out, size_t n)
 {
     snprintf(out, n, "%s/%s", e->ledger_dirs[0], name);
@@ -754,23 +756,45 @@ static int read_mark_file(Engine *e, int k, uint64_t *id_out, uint64_t *pos_out)
     return have;
 }
 
-/* Remove the journals a reaper did not finish (renamed with REAP_SUFFIX, older than their mark:
- * nothing reads them). */
-void remove_reaped_journals(Engine *e)
+/* whether `name` is a journal renamed for the reaper: <16 hex digits>.txn + REAP_SUFFIX */
+static int reaped_name(const char *name)
+{
+    if (strlen(name) != 16 + strlen(".txn" REAP_SUFFIX))
+        return 0;
+    for (int i = 0; i < 16; i++)
+        if (!isxdigit((unsigned char)name[i]))
+            return 0;
+    return strcmp(name + 16, ".txn" REAP_SUFFIX) == 0;
+}
+
+/* Call cb(e, path) for each journal renamed for the reaper (older than its mark: nothing reads it)
+ * in the journal directories, until it returns nonzero. */
+void each_reaped_journal(Engine *e, int (*cb)(Engine *, const char *))
 {
     for (int k = 0; k < e->njournals; k++) {
         DIR *d = opendir(e->jn[k]->dir);
         if (!d)
             continue;
         struct dirent *de;
-        size_t sl = strlen(REAP_SUFFIX);
-        while ((de = readdir(d))) {
-            size_t L = strlen(de->d_name);
-            if (L > sl && strcmp(de->d_name + L - sl, REAP_SUFFIX) == 0)
-                unlinkat(dirfd(d), de->d_name, 0);
+        int stop = 0;
+        while (!stop && (de = readdir(d))) {
+            char p[4300];
+            if (!reaped_name(de->d_name))
+                continue;
+            snprintf(p, sizeof p, "%s/%s", e->jn[k]->dir, de->d_name);
+            stop = cb(e, p);
         }
         closedir(d);
+        if (stop)
+            return;
     }
+}
+
+int unlink_reaped(Engine *e, const char *path)
+{
+    (void)e;
+    unlink(path);
+    return 0;
 }
 
 int read_lastmark(Engine *e)

@@ -3,6 +3,7 @@ import glob
 import os
 import random
 import threading
+import time
 
 import pytest
 
@@ -125,7 +126,7 @@ def test_an_old_journal_is_renamed_and_cut_by_the_reaper_not_the_checkpoint(tmp_
         oldest = min(glob.glob(os.path.join(d, "j", "*.txn")))
         size = os.path.getsize(oldest)
         assert size > 36 << 20
-        s._store.set_pause_point("delete-cut")
+        s._store.set_pause_point("reap-cut")
         s.checkpoint()                          # (returns: the reaper does the cutting)
         assert s._store.pause_wait(60.0), "the old journal was not cut before its unlink"
         assert not os.path.exists(oldest)
@@ -146,6 +147,48 @@ def test_an_old_journal_is_renamed_and_cut_by_the_reaper_not_the_checkpoint(tmp_
         assert s.read_range(1, 0, 1279) == [(e, body) for e in range(1280)]
         assert s.read_range(2, 0, 0) == [(0, b"meanwhile")]
     finally:
+        s.close()
+
+
+@pytest.mark.timeout(180)
+def test_more_old_journals_than_the_reapers_queue_wait_renamed_for_it(tmp_path):
+    """More old journals than the reaper's queue holds (64): the checkpoint renames them all and
+    removes none itself (a large unlink on its thread stalls flushes); the reaper takes the rest
+    from the directory once its queue is empty. Only journals' reaper names are taken: an
+    operator's ``notes.del`` stays."""
+    d = str(tmp_path)
+    jdir = os.path.join(d, "j")
+    s = Storage(cfg(d, journal_max_size_mb=40, journal_max_backups=1000))
+    body = b"j" * (64 << 10)
+    try:
+        for at in range(0, 1280, 64):           # a first journal to cut (40 MiB)
+            assert s.add_entries([(1, e, b"k", False, body) for e in range(at, at + 64)]) == \
+                [0] * 64
+    finally:
+        s.close()
+    for i in range(70):                         # ... and 70 small ones (one an open)
+        s = Storage(cfg(d, journal_max_size_mb=40, journal_max_backups=1000))
+        try:
+            assert s.add_entries([(2, i, b"k", False, b"x")]) == [0]
+        finally:
+            s.close()
+    open(os.path.join(jdir, "notes.del"), "wb").close()
+    old = len(glob.glob(os.path.join(jdir, "*.txn"))) - 1
+    s = Storage(cfg(d, journal_max_size_mb=40, journal_max_backups=0))
+    try:
+        s._store.set_pause_point("reap-cut")
+        s.checkpoint()
+        assert s._store.pause_wait(60.0)
+        assert len(glob.glob(os.path.join(jdir, "*.txn.del"))) >= old      # none unlinked
+        s._store.pause_release()
+        deadline = time.monotonic() + 60
+        while glob.glob(os.path.join(jdir, "*.txn.del")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert glob.glob(os.path.join(jdir, "*.txn.del")) == []
+        assert os.path.exists(os.path.join(jdir, "notes.del"))
+        assert s.read_range(2, 0, 69) == [(i, b"x") for i in range(70)]
+    finally:
+        s._store.pause_release()
         s.close()
 
 
