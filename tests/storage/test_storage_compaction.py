@@ -192,6 +192,58 @@ def test_more_old_journals_than_the_reapers_queue_wait_renamed_for_it(tmp_path):
         s.close()
 
 
+_KILLED_MID_REAP = """
+import sys, time
+from bkspark.bookie.storage import Storage, StorageConfig
+d = sys.argv[1]
+s = Storage(StorageConfig(journal_dir=d + "/j", ledger_dirs=[d + "/l0"], journal_max_size_mb=40,
+                          journal_max_backups=0, checkpoint_interval_s=3600))
+s.add_entries([(5, e, b"k", False, b"five") for e in range(10)])
+body = b"j" * (64 << 10)
+for at in range(0, 576, 64):
+    s.add_entries([(1, e, b"k", False, body) for e in range(at, at + 64)])
+s.delete_ledger(5)                      # near the end of the first journal
+for at in range(576, 1280, 64):
+    s.add_entries([(1, e, b"k", False, body) for e in range(at, at + 64)])
+s._store.set_pause_point("reap-cut")
+s.checkpoint()
+assert s._store.pause_wait(60)
+print("PAUSED", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_journal_killed_mid_cut_is_never_replayed_even_without_a_mark(tmp_path):
+    """kill -9 while the reaper cuts an old journal, then every lastMark copy lost (a replay
+    then reads every journal it finds): the cut journal, renamed before the cut, is removed at
+    open, not replayed -- its prefix would bring back a ledger deleted past the cut."""
+    import signal
+    import subprocess
+    import sys
+    d = str(tmp_path)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    p = subprocess.Popen([sys.executable, "-c", _KILLED_MID_REAP, d], stdout=subprocess.PIPE,
+                         text=True, env=dict(os.environ, PYTHONPATH=root))
+    try:
+        for line in p.stdout:
+            if line.startswith("PAUSED"):
+                break
+        assert glob.glob(os.path.join(d, "j", "*.txn.del")), "not killed mid-cut"
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    for mark in glob.glob(os.path.join(d, "l0", "lastMark*")):
+        os.unlink(mark)
+    s = Storage(StorageConfig(journal_dir=os.path.join(d, "j"), ledger_dirs=[os.path.join(d, "l0")]))
+    try:
+        assert not s.has_ledger(5)
+        assert glob.glob(os.path.join(d, "j", "*.del")) == []
+        assert len(s.read_range(1, 0, 1279)) == 1280
+    finally:
+        s.close()
+
+
 def test_concurrent_add_read_checkpoint_compact(tmp_path):
     d = str(tmp_path)
     s = Storage(cfg(d, write_cache_bytes=256 << 10, entry_log_max_size=64 << 10, compaction_threshold=0.7,
