@@ -175,7 +175,14 @@ static void *reap_thread(void *arg)
             e->reap_rescan = 0;
             pthread_mutex_unlock(&e->mu);
             each_reaped_journal(e, queue_reaped);
+            /* (a rename gc_journal made and has not synced yet may be among them: synced here,
+             * after the listing, before any cut; failing that, they wait for the next open) */
+            int synced = 1;
+            for (int k = 0; k < e->njournals; k++)
+                synced &= fsync_dir(e->jn[k]->dir) == 0;
             pthread_mutex_lock(&e->mu);
+            for (; !synced && e->reap_n; e->reap_n--)
+                free(e->reap_q[e->reap_n - 1]);
             continue;
         }
         if (!e->reap_n)
