@@ -120,9 +120,9 @@ static int lookup_cmp(const void *a, const void *b)
 
 /* Mark w[a..b) (b - a <= REPOINT_LOOKUPS) whose copy is to replace the original: copied, and the
  * index still points at the original (state 1; else 0).  The entries are looked up sorted, one
- * iterator a ledger (kv_get_locs: a point lookup each, ~25 us, held flushes off for seconds in a
- * pass over small entries); those of a ledger deleted since they were copied are dead, not looked
- * up.  E_OK, or E_IO (a read error of the index). */
+ * iterator a ledger (kv_get_locs; a point lookup each, ~5 us, held flushes off 1.5 s for 300,000
+ * small entries: bench/repoint.py); those of a ledger deleted since they were copied are dead, not
+ * looked up.  E_OK, or E_IO (a read error of the index). */
 static int repoint_lookup(Engine *e, WItem *w, const int *copied, size_t a, size_t b)
 {
     LookupKey keys[REPOINT_LOOKUPS];
