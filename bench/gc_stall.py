@@ -21,7 +21,11 @@ that keeps going, against the same writer with the bookies idle, in one run:
 
 Each paced line prints the client's p50/p99/p99.9, the bookie side of the latency (time to
 store an add message durably, from their /metrics), the bookies' CPU, and the p99 ratio to
-the first reference; the collecting line also its ratio to the second (target: <= 2x).
+the first reference; the collecting line also its ratio to the second (target: <= 2x). Under
+it: the bookies' CPU by thread (``bookie-gc`` collects and compacts, ``bookie-data-con``
+serves adds, ``bks-ckpt`` flushes, ``rocksdb:*`` is the index's own work), their block I/O
+and the disk's busy time and discards (bench/procstat.py ``Activity``), and where the late
+adds' time went, stage by stage (``--trace``, the client's add trace).
 
     python bench/gc_stall.py [--size 65536] [--garbage-mb 768] [--seconds 10]
                              [--compaction-rate 16] [--bookies 3]
@@ -37,8 +41,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from client import (BookKeeper, BookieCluster, bookie_metrics, freeze_startup_heap,  # noqa: E402
                     measured, percentile, report, run, settle, slow_summary, storage_histogram,
-                    storage_summary)
-from procstat import wait_idle  # noqa: E402
+                    storage_summary, trace_summary)
+from procstat import Activity, wait_idle  # noqa: E402
 
 
 def storage_counter(cluster, name: str) -> float:
@@ -84,6 +88,9 @@ def main() -> int:
     ap.add_argument("--compaction-rate", type=float, default=None,
                     help="the bookies' compaction_rate_mb_per_s (default: theirs, 16; 0: unlimited)")
     ap.add_argument("--bookies", type=int, default=3, choices=(1, 3))
+    ap.add_argument("--trace", type=int, default=16, metavar="N",
+                    help="stamp 1 add in N at each stage of its way and print where the late "
+                         "ones' time went (0: off)")
     args = ap.parse_args()
     e, qw, qa = (3, 2, 2) if args.bookies == 3 else (1, 1, 1)
     extra = ["--gc-interval-s", str(args.gc_interval)]
@@ -113,11 +120,17 @@ def main() -> int:
             compacted0 = storage_counter(c, "compacted_bytes")
             waits0 = storage_counter(c, "cache_full_waits")
             timers0 = {t: storage_counter(c, f"t_{t}_ns") for t in ("cache_wait", "c_repoint")}
+            activity = Activity((b.proc.pid for b in c.bookies), d)
+            tracer = bk.trace_adds(args.trace) if args.trace else None
             n, el, lat, slow, cpu = measured(
                 bk, c, lambda: run(bk, e, qw, qa, args.size, seconds or args.seconds, 1, rate=rate))
+            bk.stop_tracing_adds()
             report(label, args.size, n, el, lat, cpu)
+            print(activity.summary(), flush=True)
             print(storage_summary(h0, storage_histogram(c)), flush=True)
             print(slow_summary(n, el, slow), flush=True)
+            if tracer is not None:
+                print(trace_summary(tracer, run.ledger_id), flush=True)
             p99 = percentile(lat, 0.99)
             compacted = storage_counter(c, "compacted_bytes") - compacted0
             waits = storage_counter(c, "cache_full_waits") - waits0

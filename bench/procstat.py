@@ -41,3 +41,98 @@ def wait_idle(pids, limit: float = 30.0, cores: float = 0.05, also=lambda: True)
         if process_cpu_seconds(pids) - c0 < cores * 0.5 and also():
             break
     return time.monotonic() - t0
+
+
+def thread_cpu_by_name(pids) -> dict[str, float]:
+    """CPU seconds used so far by these processes' threads, summed by thread name
+    (``comm``: RocksDB's ``rocksdb:low``/``rocksdb:high``, the engine's ``bks-*``, Python's
+    own threads under the process name). Threads that ended before the call are not counted:
+    take two samples and compare names present in both."""
+    tick = os.sysconf("SC_CLK_TCK")
+    by_name: dict[str, float] = {}
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    raw = f.read()
+            except OSError:
+                continue
+            name = raw[raw.index("(") + 1:raw.rindex(")")]
+            fields = raw.rsplit(")", 1)[1].split()
+            by_name[name] = by_name.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return by_name
+
+
+def process_io_bytes(pids) -> tuple[int, int]:
+    """(read_bytes, write_bytes) these processes have caused to be fetched from or sent to
+    the block layer so far (/proc/<pid>/io; page-cache hits and writes not yet written back
+    are not in it)."""
+    rd = wr = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/io") as f:
+                io = dict(line.split(": ") for line in f.read().splitlines())
+            rd += int(io["read_bytes"])
+            wr += int(io["write_bytes"])
+        except (OSError, KeyError, ValueError):
+            pass
+    return rd, wr
+
+
+def disk_busy(device: str) -> tuple[float, int, int]:
+    """(seconds the device was busy, sectors written, sectors discarded) so far,
+    from /proc/diskstats (``device`` as named there, e.g. ``vda``); zeros if absent."""
+    try:
+        with open("/proc/diskstats") as f:
+            for line in f:
+                v = line.split()
+                if v[2] == device:
+                    discarded = int(v[16]) if len(v) > 16 else 0
+                    return int(v[12]) / 1000.0, int(v[9]), discarded
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0.0, 0, 0
+
+
+def root_device(path: str) -> str:
+    """The /proc/diskstats name of the block device holding ``path`` (its whole disk), or ''."""
+    try:
+        st = os.stat(path)
+        dev = os.path.realpath(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
+        if os.path.exists(os.path.join(dev, "partition")):
+            dev = os.path.dirname(dev)
+        return os.path.basename(dev)
+    except OSError:
+        return ""
+
+
+class Activity:
+    """What these processes and their disk did between ``__init__`` and ``summary()``:
+    CPU seconds by thread name (the top ``top``), bytes read and written through the block
+    layer, and the disk's busy time and discards -- so a phase's stall can be named
+    (RocksDB's compactions, the checkpoint, the journal, Python)."""
+
+    def __init__(self, pids, directory: str, top: int = 8):
+        self.pids = list(pids)
+        self.device = root_device(directory)
+        self.top = top
+        self.t0 = time.monotonic()
+        self.cpu0 = thread_cpu_by_name(self.pids)
+        self.io0 = process_io_bytes(self.pids)
+        self.disk0 = disk_busy(self.device)
+
+    def summary(self) -> str:
+        elapsed = time.monotonic() - self.t0
+        cpu = thread_cpu_by_name(self.pids)
+        rd, wr = (b - a for a, b in zip(self.io0, process_io_bytes(self.pids)))
+        busy, written, discarded = (b - a for a, b in zip(self.disk0, disk_busy(self.device)))
+        used = sorted(((v - self.cpu0.get(k, 0.0), k) for k, v in cpu.items()), reverse=True)
+        threads = ", ".join(f"{k} {v:.2f}" for v, k in used[:self.top] if v > 0)
+        return (f"    bookie threads' CPU-s: {threads or 'none'}; block I/O: read "
+                f"{rd / 1e6:.0f} MB, written {wr / 1e6:.0f} MB; disk {self.device or '?'} busy "
+                f"{100 * busy / max(elapsed, 1e-9):.0f}% ({written * 512 / 1e6:.0f} MB written, "
+                f"{discarded * 512 / 1e6:.0f} MB discarded)")

@@ -4,6 +4,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <unistd.h>
+#include <pthread.h>
 
 #include "addframe.h"
 #include "crc32c.h"
@@ -1582,7 +1583,26 @@ static PyObject *mod_io_crash(PyObject *m, PyObject *unused)
     Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
 
+/* name_thread(name): the calling OS thread's name (its /proc comm, at most 15 bytes, cut
+ * there): what `top -H`, `ps -L` and bench/procstat.py show for a bookie's Python threads, which
+ * Python 3.11 leaves all named after the process */
+static PyObject *mod_name_thread(PyObject *m, PyObject *arg)
+{
+    Py_ssize_t n;
+    const char *name = PyUnicode_AsUTF8AndSize(arg, &n);
+    if (!name)
+        return NULL;
+    char buf[16];
+    size_t k = n < (Py_ssize_t)sizeof buf - 1 ? (size_t)n : sizeof buf - 1;
+    memcpy(buf, name, k);
+    buf[k] = 0;
+    pthread_setname_np(pthread_self(), buf);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef mod_methods[] = {
+    {"name_thread", mod_name_thread, METH_O,
+     "name_thread(name): name the calling OS thread (its first 15 bytes; seen in top -H, /proc)"},
     {"io_fault", (PyCFunction)(void (*)(void))mod_io_fault, METH_VARARGS | METH_KEYWORDS,
      "test hook: io_fault(op, path, errno, after=0, times=1, lose=True, short=False, at=-1) fails (or shortens) "
      "the engine's matching system calls (bookie_native/iofault.h; at: a read only when it includes that "

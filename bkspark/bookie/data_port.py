@@ -31,6 +31,7 @@ import threading
 import time
 
 from bkspark.auth import roles
+from bkspark.bookie import threads
 from bkspark.bookie.service import RangeBuffer
 from bkspark.errors import BadRequestError, UnauthorizedError
 from bkspark.logging_setup import LogBudget
@@ -71,8 +72,7 @@ class DataPortServer:
         self._budget = LogBudget(10, 60.0)      # warnings about refused connections
         self._lock = threading.Lock()
         self._stopped = False
-        self._thread = threading.Thread(target=self._accept_loop, daemon=True,
-                                        name="bookie-data-accept")
+        self._thread = threads.thread(self._accept_loop, "bookie-data-accept")
 
     def start(self) -> "DataPortServer":
         self._thread.start()
@@ -107,8 +107,7 @@ class DataPortServer:
                                 if withheld else "")
                 conn.close()
                 continue
-            threading.Thread(target=self._serve, args=(conn, peer), daemon=True,
-                             name="bookie-data-conn").start()
+            threads.thread(self._serve, "bookie-data-conn", (conn, peer)).start()
 
     def _refuse_why(self, peer: str) -> str:
         """Why a new connection from ``peer`` is refused ("" if it is taken; then it counts

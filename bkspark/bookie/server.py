@@ -22,6 +22,7 @@ from bkspark.auth import roles
 from bkspark.auth.certs import server_tls_context
 from bkspark.auth.guard import Guard
 from bkspark.bookie import cookie as cookies
+from bkspark.bookie import threads
 from bkspark.bookie.config import BookieConfig
 from bkspark.bookie.data_port import DataPortServer
 from bkspark.bookie.http_admin import AdminHttpServer
@@ -219,7 +220,7 @@ class BookieServer:
                  ",".join(cfg.journal_dirs or [cfg.journal_dir]), ",".join(cfg.ledger_dirs))
 
     def _spawn(self, target, name: str) -> None:
-        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread = threads.thread(target, name)
         thread.start()
         self._threads.append(thread)
 
@@ -322,7 +323,7 @@ class BookieServer:
         log.warning("metadata session lost; re-registering id=%s", self.config.bookie_id)
         with self._register_lock:
             self.state.registered_as = None
-        threading.Thread(target=self._register_quietly, daemon=True).start()
+        threads.thread(self._register_quietly, "bookie-register").start()
 
     def _register_quietly(self) -> None:
         try:
@@ -453,5 +454,4 @@ class BookieServer:
 
 
 def _thread_pool(workers: int):
-    from concurrent.futures import ThreadPoolExecutor
-    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bookie-grpc")
+    return threads.pool(workers, "bookie-grpc")

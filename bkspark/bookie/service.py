@@ -14,12 +14,12 @@ import queue
 import struct
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 from google.protobuf.message import DecodeError
 
 from bkspark import _native, errors
+from bkspark.bookie import threads
 from bkspark.bookie.faults import ANY_ENTRY, Fault, FaultInjector, FaultRule
 from bkspark.logging_setup import LogBudget
 from bkspark.proto import bookie_pb2 as pb
@@ -170,7 +170,7 @@ class BookieService(pb_grpc.BookieServicer):
         self._key_lookups = threading.BoundedSemaphore(MAX_KEY_LOOKUPS)
         self._admitted: dict[int, bytes] = {}       # see _check_new_ledgers
         self._replace_refusals = LogBudget(10, 60.0)    # adds that would replace an entry
-        self._add_pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="bookie-add")
+        self._add_pool = threads.pool(16, "bookie-add")
         self._stopping = False
         self.data_port = 0              # set by the server once its data port listens
 
@@ -412,7 +412,7 @@ class BookieService(pb_grpc.BookieServicer):
             finally:
                 out.put(submitted)      # an int: the reader's end, with its batch count
 
-        threading.Thread(target=reader, name="bookie-addstream-reader", daemon=True).start()
+        threads.thread(reader, "bookie-addstream-reader").start()
         answered = 0
         total = None            # batches submitted, once the reader ended
         get, get_nowait = out.get, out.get_nowait

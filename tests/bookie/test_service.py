@@ -1,6 +1,7 @@
 """Every status-code path of the bookie service, against a real bookie process."""
 import itertools
 import json
+import os
 import threading
 import time
 
@@ -285,3 +286,17 @@ def test_metrics_of_reads_errors_and_directories(one_bookie, stub):
     assert {dict(k)["kind"] for k in used} == {"journal", "ledger"}
     for k in used:
         assert used[k] > 0 and 0 < free[k] <= total[k]
+
+
+def test_a_bookies_threads_carry_their_names_to_the_os(one_bookie, stub):
+    """``top -H`` and bench/procstat.py name a stall's thread: the Python ones are not all
+    ``python3`` (bkspark/bookie/threads.py), the engine's and RocksDB's name themselves."""
+    lid = new_ledger_id()
+    assert stub.Add(add_request(lid, 0), timeout=20).status == errors.EOK
+    pid = one_bookie.bookies[0].proc.pid
+    names = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/comm") as f:
+            names.add(f.read().strip())
+    assert {"bookie-gc", "bookie-disk-mon", "bookie-grpc", "bks-ckpt"} <= names, names
+    assert any(n.startswith("rocksdb:") for n in names), names
