@@ -43,6 +43,18 @@ def wait_idle(pids, limit: float = 30.0, cores: float = 0.05, also=lambda: True)
     return time.monotonic() - t0
 
 
+CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def machine_cpu_split() -> dict[str, int]:
+    """Jiffies of the whole machine since boot by kind (/proc/stat's first line): ``steal``
+    is time the hypervisor gave this VM's CPUs to others, ``system``/``softirq`` the kernel's
+    own work (writeback, the network stack), which no process's account shows."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:1 + len(CPU_FIELDS)]]
+    return dict(zip(CPU_FIELDS, v))
+
+
 def thread_cpu_by_name(pids) -> dict[str, float]:
     """CPU seconds used so far by these processes' threads, summed by thread name
     (``comm``: RocksDB's ``rocksdb:low``/``rocksdb:high``, the engine's ``bks-*``, Python's
@@ -124,6 +136,7 @@ class Activity:
         self.cpu0 = thread_cpu_by_name(self.pids)
         self.io0 = process_io_bytes(self.pids)
         self.disk0 = disk_busy(self.device)
+        self.machine0 = machine_cpu_split()
 
     def summary(self) -> str:
         elapsed = time.monotonic() - self.t0
@@ -132,7 +145,11 @@ class Activity:
         busy, written, discarded = (b - a for a, b in zip(self.disk0, disk_busy(self.device)))
         used = sorted(((v - self.cpu0.get(k, 0.0), k) for k, v in cpu.items()), reverse=True)
         threads = ", ".join(f"{k} {v:.2f}" for v, k in used[:self.top] if v > 0)
+        machine = {k: v - self.machine0[k] for k, v in machine_cpu_split().items()}
+        total = max(1, sum(machine.values()))
+        split = ", ".join(f"{k} {100 * machine[k] / total:.0f}%"
+                          for k in ("user", "system", "softirq", "iowait", "steal", "idle"))
         return (f"    bookie threads' CPU-s: {threads or 'none'}; block I/O: read "
                 f"{rd / 1e6:.0f} MB, written {wr / 1e6:.0f} MB; disk {self.device or '?'} busy "
                 f"{100 * busy / max(elapsed, 1e-9):.0f}% ({written * 512 / 1e6:.0f} MB written, "
-                f"{discarded * 512 / 1e6:.0f} MB discarded)")
+                f"{discarded * 512 / 1e6:.0f} MB discarded); the machine's CPUs: {split}")

@@ -22,6 +22,7 @@ from bkspark.auth import roles
 from bkspark.auth.certs import server_tls_context
 from bkspark.auth.guard import Guard
 from bkspark.bookie import cookie as cookies
+from bkspark.bookie import mounts
 from bkspark.bookie import threads
 from bkspark.bookie.config import BookieConfig
 from bkspark.bookie.data_port import DataPortServer
@@ -137,6 +138,9 @@ class BookieServer:
         cfg = self.config
         for directory in [*(cfg.journal_dirs or [cfg.journal_dir]), *cfg.ledger_dirs]:
             private.make_dir(directory)
+        for directory, mount in mounts.online_discard_dirs(
+                [*(cfg.journal_dirs or [cfg.journal_dir]), *cfg.ledger_dirs]):
+            log.warning("%s", mounts.discard_warning(directory, mount))
         self.store = open_store(cfg.metadata_uri, session_timeout=cfg.metadata_session_timeout_s,
                                 create=True)    # the first bookie of a cluster creates its store
         registry.ensure_layout(self.store)

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from bkspark import errors
+from bkspark.bookie import mounts
 from bkspark.client.digest import DigestManager
 from bkspark.proto import bookie_pb2 as pb
 from bkspark.testing.cluster import BookieCluster, bookie_http
@@ -300,3 +301,15 @@ def test_a_bookies_threads_carry_their_names_to_the_os(one_bookie, stub):
             names.add(f.read().strip())
     assert {"bookie-gc", "bookie-disk-mon", "bookie-grpc", "bks-ckpt"} <= names, names
     assert any(n.startswith("rocksdb:") for n in names), names
+
+
+def test_a_bookie_on_a_filesystem_with_online_discard_says_so_at_start(one_bookie):
+    """The warning is logged exactly when the bookie's directory's real mount has online
+    discard (this machine's / has; a CI host may not): no false alarm, no silence."""
+    bookie = one_bookie.bookies[0]
+    expected = mounts.online_discard_dirs([bookie.dir])
+    with open(bookie.log_path) as f:
+        log_text = f.read()
+    assert ("mounted with online discard" in log_text) == bool(expected), expected
+    if expected:
+        assert "fstrim" in log_text and expected[0][1].device in log_text
