@@ -52,15 +52,15 @@ def syncing(path: str, stop: threading.Event, lat: list) -> None:
         os.close(fd)
 
 
-def remove(path: str, gradually: bool) -> None:
+def remove(path: str, gradually: bool, step: int = STEP_BYTES, pause: float = PAUSE_S) -> None:
     if gradually:
         fd = os.open(path, os.O_WRONLY)
         try:
             size = os.fstat(fd).st_size
-            while size > STEP_BYTES:
-                size -= STEP_BYTES
+            while size > step:
+                size -= step
                 os.ftruncate(fd, size)
-                time.sleep(PAUSE_S)
+                time.sleep(pause)
         finally:
             os.close(fd)
     os.unlink(path)
@@ -76,6 +76,10 @@ def main() -> int:
     ap.add_argument("--mb", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--dir", default=None, help="where (default: a temporary directory)")
+    ap.add_argument("--step-mb", type=int, default=STEP_BYTES >> 20,
+                    help="the cut of the gradual removal (default: the engine's)")
+    ap.add_argument("--pause-ms", type=float, default=PAUSE_S * 1e3,
+                    help="the pause between two cuts (default: the engine's)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bkspark-bench-delete-", dir=args.dir) as d:
         st = os.statvfs(d)
@@ -92,13 +96,14 @@ def main() -> int:
                 time.sleep(0.5)
                 n0 = len(lat)
                 t0 = time.perf_counter()
-                remove(target, gradually)
+                remove(target, gradually, args.step_mb << 20, args.pause_ms / 1e3)
                 took = time.perf_counter() - t0
                 time.sleep(1.5)
                 stop.set()
                 t.join()
                 before, after = lat[:n0], lat[n0:]
-                way = "cut 32 MiB a step, then unlink" if gradually else "one unlink"
+                way = (f"cut {args.step_mb} MiB a step ({args.pause_ms:g} ms), unlink" if gradually
+                       else "one unlink")
                 print(f"{way:<32} took {took * 1e3:7.1f} ms | fdatasync meanwhile: p50 "
                       f"{ms(after, 0.5)} p99 {ms(after, 0.99)} max {max(after) * 1e3:.1f} ms "
                       f"({len(after)}) | before: p50 {ms(before, 0.5)} max "

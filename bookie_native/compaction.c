@@ -280,7 +280,12 @@ int eng_compact(Engine *e, CompactStats *cs)
                     hi = en > hi ? en : hi;
                 }
                 g.ledger = ledger;
-                if (kv_scan_locs(e, ledger, lo, hi, gather_live, &g) < 0 || g.oom)
+                int gone = led_gone(e, ledger); /* (deleted: nothing of it is live) */
+                if (gone == 1) {
+                    cs->deleted_skipped++;
+                    continue;
+                }
+                if (gone < 0 || kv_scan_locs(e, ledger, lo, hi, gather_live, &g) < 0 || g.oom)
                     oom = 1; /* (an index read error or no memory: give the pass up) */
                 nomem |= g.oom;
             }

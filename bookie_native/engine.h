@@ -89,6 +89,7 @@ typedef struct {
 typedef struct {
     uint64_t logs_examined, logs_compacted, logs_deleted, bytes_copied, bytes_reclaimed, entries_copied,
         corrupt_entries;
+    uint64_t deleted_skipped; /* ledgers of the chosen logs' blocks not looked up: deleted (led_gone) */
 } CompactStats;
 
 int eng_open(const EngineConfig *cfg, Engine **out, char *err, size_t errlen);

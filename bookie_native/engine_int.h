@@ -362,6 +362,7 @@ static inline int pause_armed(Engine *e) { return __atomic_load_n(&e->pause_arme
 Ledger *led_mem(Engine *e, uint64_t id); /* in memory (tombstones included), or NULL */
 int led_lookup(Engine *e, uint64_t id, Ledger **out); /* memory, else the index; *out NULL: no such ledger */
 int led_lookup_durable(Engine *e, uint64_t id, Ledger **out); /* ... NULL only once its delete is durable (may release mu) */
+int led_gone(Engine *e, uint64_t id); /* 1: deleted, its locations gone or going; 0: not; -1: index error (takes mu) */
 Ledger *led_create(Engine *e, uint64_t id, uint64_t inc); /* after led_lookup found none; inc 0: a new one */
 void led_delete(Engine *e, Ledger *l);
 void led_dirty(Engine *e, Ledger *l);
@@ -385,6 +386,7 @@ uint64_t kv_memory(Kv *kv);
 int kv_get_loc(Engine *e, uint64_t ledger, int64_t entry, Loc *out); /* 1 found, 0 absent, -1 error */
 int kv_get_locs(Engine *e, uint64_t ledger, const int64_t *entries, size_t n, Loc *out, int *found);
 int kv_get_ledger(Engine *e, uint64_t ledger, Ledger *l);          /* fills inc, flags, key, lac */
+int kv_has_ledger(Engine *e, uint64_t ledger);                      /* its record is there: 1, 0, -1 */
 int kv_last_entry(Engine *e, uint64_t ledger, int64_t *last);
 int kv_scan_locs(Engine *e, uint64_t ledger, int64_t from, int64_t to, int (*cb)(void *, const Loc *), void *arg);
 int kv_scan_runs(Engine *e, uint64_t ledger, int (*cb)(void *, int64_t, int64_t), void *arg);

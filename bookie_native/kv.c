@@ -209,6 +209,15 @@ static int kv_get(Engine *e, const unsigned char *k, size_t kl, unsigned char *v
 
 
 
+/* whether the index holds ledger `ledger`'s record: 1, 0, or -1 on a read error (set) */
+int kv_has_ledger(Engine *e, uint64_t ledger)
+{
+    unsigned char k[9], v[1];
+    size_t n = 0;
+    lkey(k, ledger);
+    return kv_get(e, k, sizeof k, v, 0, &n, NULL);
+}
+
 int kv_get_ledger(Engine *e, uint64_t ledger, Ledger *l)
 {
     unsigned char k[9], *v = NULL;

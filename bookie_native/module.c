@@ -1166,10 +1166,10 @@ static PyObject *Store_compact(StoreObject *self, PyObject *unused)
     int rc;
     BKS_BEGIN rc = eng_compact(e, &cs);
     BKS_END if (rc != E_OK) return raise_rc(self, rc, "compaction failed");
-    return Py_BuildValue("{sKsKsKsKsKsKsK}", "logs_examined", cs.logs_examined, "logs_compacted", cs.logs_compacted,
-                         "logs_deleted", cs.logs_deleted, "bytes_copied", cs.bytes_copied, "bytes_reclaimed",
-                         cs.bytes_reclaimed, "entries_copied", cs.entries_copied, "corrupt_entries",
-                         cs.corrupt_entries);
+    return Py_BuildValue("{sKsKsKsKsKsKsKsK}", "logs_examined", cs.logs_examined, "logs_compacted",
+                         cs.logs_compacted, "logs_deleted", cs.logs_deleted, "bytes_copied", cs.bytes_copied,
+                         "bytes_reclaimed", cs.bytes_reclaimed, "entries_copied", cs.entries_copied,
+                         "corrupt_entries", cs.corrupt_entries, "deleted_skipped", cs.deleted_skipped);
 }
 
 static PyObject *Store_last_log_mark(StoreObject *self, PyObject *unused)
