@@ -114,7 +114,7 @@ def test_lastlogmark_and_journal_gc(tmp_path):
 @pytest.mark.timeout(120)
 def test_an_old_journal_is_renamed_and_cut_by_the_reaper_not_the_checkpoint(tmp_path):
     """A journal the checkpoint no longer needs is renamed out of the journal names and handed
-    to the reaper thread, which cuts it a step at a time (32 MiB) before its unlink: the
+    to the reaper thread, which cuts it a step at a time (8 MiB) before its unlink: the
     checkpoint returns at once (cutting on its thread, the write cache's only flusher, held
     adds 0.4-0.7 s), adds go on, and a leftover renamed journal -- a kill mid-cut -- is
     removed at the next open, never replayed."""
@@ -132,7 +132,7 @@ def test_an_old_journal_is_renamed_and_cut_by_the_reaper_not_the_checkpoint(tmp_
         s.checkpoint()                          # (returns: the reaper does the cutting)
         assert s._store.pause_wait(60.0), "the old journal was not cut before its unlink"
         assert not os.path.exists(oldest)
-        assert os.path.getsize(oldest + ".del") == size - (32 << 20)
+        assert os.path.getsize(oldest + ".del") == size - (8 << 20)
         assert s.add_entries([(2, 0, b"k", False, b"meanwhile")]) == [0]
         s.checkpoint()
         with open(oldest + ".left", "wb") as f:         # what a kill mid-cut leaves
@@ -627,7 +627,7 @@ def test_entries_written_again_mid_pass_keep_their_new_location(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_a_large_victim_log_is_cut_a_step_at_a_time_before_its_unlink(tmp_path):
-    """A compacted-away entry log larger than a step (32 MiB) shrinks a step at a time before
+    """A compacted-away entry log larger than a step (8 MiB) shrinks a step at a time before
     it is unlinked: freeing its blocks at once stalled the journal's fdatasyncs (ext4 with
     ``discard``; bench/fs_delete_stall.py). Mid-way the file is shorter and unlisted; the
     surviving ledger reads, and after the pass and a reopen the file is gone."""
@@ -652,7 +652,7 @@ def test_a_large_victim_log_is_cut_a_step_at_a_time_before_its_unlink(tmp_path):
         t = threading.Thread(target=lambda: res.update(st=s.compact()))
         t.start()
         assert s._store.pause_wait(60.0), "the log was not cut before its unlink"
-        assert os.path.getsize(big) == size - (32 << 20)
+        assert os.path.getsize(big) == size - (8 << 20)
         assert s.read_range(2, 0, 9) == [(e, b"two %d" % e) for e in range(10)]
         s._store.pause_release()
         t.join(60)
