@@ -6,8 +6,7 @@ past ``journal_max_backups`` and each entry log compaction empties is removed. T
 queue in front of the journal's ``fdatasync`` calls, and the adds wait. Measured on a
 virtio disk under ext4 (2026-12-07, ``python bench/fs_delete_stall.py``), removing a 1 GiB
 file held a concurrent 4 KiB ``fdatasync`` for up to 37-39 ms with ``discard`` and 6.5-8.1 ms
-without. In ``python bench/gc_stall.py`` the bookies' paced 64 KiB adds had a p99 of 5-6 ms
-without ``discard`` and 27 ms with it, with the same code on the same machine.
+without.
 
 The usual advice for databases holds here too: mount without ``discard``, and trim on a
 schedule (``fstrim``, e.g. systemd's ``fstrim.timer``). btrfs's ``discard=async`` queues its
@@ -18,7 +17,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-MOUNTS = "/proc/self/mounts"
+MOUNTINFO = "/proc/self/mountinfo"
 
 
 @dataclass(frozen=True)
@@ -26,7 +25,8 @@ class Mount:
     device: str
     point: str
     fstype: str
-    options: tuple[str, ...]
+    options: tuple[str, ...]        # the mount's own, then its filesystem's (super options)
+    dev: tuple[int, int] = (-1, -1)  # its device's major:minor
 
     @property
     def online_discard(self) -> bool:
@@ -35,7 +35,7 @@ class Mount:
 
 
 def _unescape(field: str) -> str:
-    """A /proc/mounts field with its octal escapes (``\\040`` for a space) decoded."""
+    """A mountinfo field with its octal escapes (``\\040`` for a space) decoded."""
     out, i = [], 0
     while i < len(field):
         if field[i] == "\\" and i + 3 < len(field) and field[i + 1:i + 4].isdigit():
@@ -47,42 +47,63 @@ def _unescape(field: str) -> str:
     return "".join(out)
 
 
-def parse_mounts(text: str) -> list[Mount]:
-    """The mounts of a /proc/mounts text, in its order (later lines mount over earlier ones);
-    malformed lines are skipped."""
+def parse_mountinfo(text: str) -> list[Mount]:
+    """The mounts of a /proc/self/mountinfo text (proc(5)), in its order (later lines mount
+    over earlier ones); malformed lines are skipped."""
     mounts = []
     for line in text.splitlines():
         fields = line.split()
-        if len(fields) < 4:
+        try:
+            sep = fields.index("-", 6)
+            major, minor = (int(x) for x in fields[2].split(":"))
+            fstype, source, super_options = fields[sep + 1:sep + 4]
+        except ValueError:
             continue
-        mounts.append(Mount(_unescape(fields[0]), _unescape(fields[1]), fields[2],
-                            tuple(fields[3].split(","))))
+        mounts.append(Mount(_unescape(source), _unescape(fields[4]), fstype,
+                            tuple(fields[5].split(",")) + tuple(super_options.split(",")),
+                            (major, minor)))
     return mounts
 
 
+def _under(path: str, point: str) -> bool:
+    point = point.rstrip("/") or "/"
+    return path == point or path.startswith(point if point == "/" else point + "/")
+
+
 def mount_of(path: str, mounts: list[Mount]) -> Mount | None:
-    """The mount ``path`` (resolved) lies on: the longest mount point containing it, the
-    last one mounted where several share it."""
-    path = os.path.realpath(path)
+    """The mount ``path`` lies on. Its device decides (a mount hidden by a later one over a
+    parent directory has another device than the path); among the mounts of that device (bind
+    mounts share one filesystem, and its options) the one whose point holds the path, else
+    the last. A device no mount lists (a btrfs subvolume's own) falls back to the longest
+    mount point holding the path."""
+    real = os.path.realpath(path)
+    try:
+        st = os.stat(real)
+        same = [m for m in mounts if m.dev == (os.major(st.st_dev), os.minor(st.st_dev))]
+    except OSError:
+        same = []
+    if same:
+        holding = [m for m in same if _under(real, m.point)]
+        return (holding or same)[-1]
     best = None
     for m in mounts:
-        point = m.point.rstrip("/") or "/"
-        inside = path == point or path.startswith(point if point == "/" else point + "/")
-        if inside and (best is None or len(point) >= len(best.point.rstrip("/") or "/")):
+        longer = best is None or len(m.point.rstrip("/")) >= len(best.point.rstrip("/"))
+        if _under(real, m.point) and longer:
             best = m
     return best
 
 
-def online_discard_dirs(dirs, mounts_text: str | None = None) -> list[tuple[str, Mount]]:
+def online_discard_dirs(dirs, mountinfo_text: str | None = None) -> list[tuple[str, Mount]]:
     """``(directory, its mount)`` for each of ``dirs`` on a filesystem mounted with online
-    discard; empty where /proc/self/mounts cannot be read (not Linux)."""
-    if mounts_text is None:
+    discard; empty where /proc/self/mountinfo cannot be read (not Linux). Undecodable bytes in
+    it (a mount point's name) are kept as ``os`` keeps them in paths."""
+    if mountinfo_text is None:
         try:
-            with open(MOUNTS) as f:
-                mounts_text = f.read()
-        except OSError:
+            with open(MOUNTINFO, encoding="utf-8", errors="surrogateescape") as f:
+                mountinfo_text = f.read()
+        except (OSError, ValueError):
             return []
-    mounts = parse_mounts(mounts_text)
+    mounts = parse_mountinfo(mountinfo_text)
     found = []
     for d in dirs:
         m = mount_of(d, mounts)
