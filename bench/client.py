@@ -75,7 +75,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, os.environ.get("PYT
 from bkspark.client import BookKeeper  # noqa: E402
 from bkspark.heap import freeze_startup_heap  # noqa: E402
 from bkspark.testing.cluster import BookieCluster  # noqa: E402
-from procstat import process_cpu_seconds, wait_idle  # noqa: E402  (bench/ is sys.path[0])
+from procstat import discards_settled, process_cpu_seconds, wait_idle  # noqa: E402  (bench/ is sys.path[0])
 
 
 def percentile(sorted_vals, q):
@@ -159,9 +159,11 @@ def settle(cluster, limit: float = 30.0, keep: int = 0) -> float:
     own steady state rather than the backlog of the run before it -- deleting gigabytes of
     entry logs under a run stalled journal syncs for over a second; return the seconds
     waited. ``keep``: the ledgers the bookies still hold then, summed over them (a ledger of
-    ensemble E counts E)."""
+    ensemble E counts E). Their removal a step at a time must be over too: the disk has sent
+    no discard for 0.5 s (:func:`procstat.discards_settled`)."""
+    quiet = discards_settled(cluster.bookies[0].dir)
     return wait_idle((b.proc.pid for b in cluster.bookies if b.proc is not None), limit,
-                     also=lambda: stored_ledgers(cluster) <= keep)
+                     also=lambda: quiet() and stored_ledgers(cluster) <= keep)
 
 
 SLOW_MS = 10.0          # the issue's p99 target

@@ -122,6 +122,27 @@ def root_device(path: str) -> str:
         return ""
 
 
+def discards_settled(directory: str):
+    """A test for :func:`wait_idle`'s ``also``: true when the disk holding ``directory`` has
+    completed no discard since the previous call. A bookie removes a deleted ledger's entry
+    logs a step at a time, sleeping between the cuts, so its CPU is idle long before the files
+    are gone; on a filesystem mounted with ``discard`` the disk keeps discarding them, and a
+    run started then measures those removals (e.g. 21 GB discarded within a 10 s reference).
+    Each call first syncs: ext4 sends the discards of freed blocks only once the journal
+    transaction that freed them commits -- every 5 s on an idle filesystem -- so without it a
+    quiet half second could come before the removals' discards."""
+    device = root_device(directory)
+    os.sync()
+    last = [disk_busy(device)[2]]
+
+    def settled() -> bool:
+        os.sync()
+        now = disk_busy(device)[2]
+        quiet, last[0] = now == last[0], now
+        return quiet
+    return settled
+
+
 class Activity:
     """What these processes and their disk did between ``__init__`` and ``summary()``:
     CPU seconds by thread name (the top ``top``), bytes read and written through the block
