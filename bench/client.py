@@ -130,6 +130,12 @@ def storage_histogram(cluster) -> dict[float, float]:
     return buckets
 
 
+def storage_counter(cluster, name: str) -> float:
+    """``bookie_storage_<name>`` summed over the bookies."""
+    return sum(sample.value for families in bookie_metrics(cluster) for family in families
+               if family.name == f"bookie_storage_{name}" for sample in family.samples)
+
+
 def stored_ledgers(cluster) -> int:
     """Ledgers the bookies still store (``bookie_storage_ledgers``): 0 once their garbage
     collection removed every deleted one."""
@@ -159,11 +165,18 @@ def settle(cluster, limit: float = 30.0, keep: int = 0) -> float:
     own steady state rather than the backlog of the run before it -- deleting gigabytes of
     entry logs under a run stalled journal syncs for over a second; return the seconds
     waited. ``keep``: the ledgers the bookies still hold then, summed over them (a ledger of
-    ensemble E counts E). Their removal a step at a time must be over too: the disk has sent
-    no discard for 0.5 s (:func:`procstat.discards_settled`)."""
+    ensemble E counts E). No compaction may be copying (its victims are removed after the copy,
+    at a rate that leaves the CPU idle), and the removal of files a step at a time must be over
+    too: the disk has sent no discard for 0.5 s (:func:`procstat.discards_settled`). Says so
+    when ``limit`` passes first."""
     quiet = discards_settled(cluster.bookies[0].dir)
-    return wait_idle((b.proc.pid for b in cluster.bookies if b.proc is not None), limit,
-                     also=lambda: quiet() and stored_ledgers(cluster) <= keep)
+    waited = wait_idle((b.proc.pid for b in cluster.bookies if b.proc is not None), limit,
+                       also=lambda: quiet() and stored_ledgers(cluster) <= keep
+                       and storage_counter(cluster, "compaction_copying_bytes") == 0)
+    if waited >= limit:
+        print(f"    (the bookies did not settle within {limit:g} s: the next run starts anyway)",
+              flush=True)
+    return waited
 
 
 SLOW_MS = 10.0          # the issue's p99 target

@@ -44,16 +44,10 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from client import (BookKeeper, BookieCluster, bookie_metrics, freeze_startup_heap,  # noqa: E402
+from client import (BookKeeper, BookieCluster, freeze_startup_heap,  # noqa: E402
                     measured, percentile, report, run, settle, slow_summary, storage_histogram,
-                    storage_summary, stored_ledgers, trace_summary)
+                    storage_counter, storage_summary, stored_ledgers, trace_summary)
 from procstat import Activity, discards_settled, wait_idle  # noqa: E402
-
-
-def storage_counter(cluster, name: str) -> float:
-    """``bookie_storage_<name>`` summed over the bookies."""
-    return sum(sample.value for families in bookie_metrics(cluster) for family in families
-               if family.name == f"bookie_storage_{name}" for sample in family.samples)
 
 
 def garbage(bk, ensemble: int, qw: int, qa: int, mb: int, size: int) -> list:

@@ -1,6 +1,7 @@
 """CPU accounting from /proc for the bench scripts (Linux)."""
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 
@@ -110,16 +111,35 @@ def disk_busy(device: str) -> tuple[float, int, int]:
     return 0.0, 0, 0
 
 
-def root_device(path: str) -> str:
-    """The /proc/diskstats name of the block device holding ``path`` (its whole disk), or ''."""
+def block_device(path: str) -> str:
+    """The /proc/diskstats name of the block device holding ``path`` (a partition's own, whose
+    line counts only its filesystem's I/O since Linux 4.18), or '' if it has none (tmpfs,
+    btrfs's anonymous devices, overlay)."""
     try:
         st = os.stat(path)
-        dev = os.path.realpath(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
-        if os.path.exists(os.path.join(dev, "partition")):
-            dev = os.path.dirname(dev)
-        return os.path.basename(dev)
+        name = os.path.basename(os.path.realpath(
+            f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}"))
     except OSError:
         return ""
+    return "" if ":" in name else name
+
+
+def syncfs(directory: str) -> None:
+    """Commit the filesystem holding ``directory`` (syncfs(2)), not every filesystem."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        ctypes.CDLL(None, use_errno=True).syncfs(fd)
+    finally:
+        os.close(fd)
+
+
+def disk_discards_counted(device: str) -> bool:
+    """Whether /proc/diskstats has ``device`` with its discard columns (Linux 4.18 and later)."""
+    try:
+        with open("/proc/diskstats") as f:
+            return any(len(v) > 16 and v[2] == device for v in map(str.split, f))
+    except OSError:
+        return False
 
 
 def discards_settled(directory: str):
@@ -128,15 +148,21 @@ def discards_settled(directory: str):
     logs a step at a time, sleeping between the cuts, so its CPU is idle long before the files
     are gone; on a filesystem mounted with ``discard`` the disk keeps discarding them, and a
     run started then measures those removals (e.g. 21 GB discarded within a 10 s reference).
-    Each call first syncs: ext4 sends the discards of freed blocks only once the journal
-    transaction that freed them commits -- every 5 s on an idle filesystem -- so without it a
-    quiet half second could come before the removals' discards."""
-    device = root_device(directory)
-    os.sync()
+    Each call first syncs that filesystem: ext4 sends the discards of freed blocks only once
+    the journal transaction that freed them commits -- every 5 s on an idle filesystem -- so
+    without it a quiet half second could come before the removals' discards. Watches the
+    partition's own counters (other filesystems' discards do not count); says so once and
+    always answers true where there are none."""
+    device = block_device(directory)
+    if not device or not disk_discards_counted(device):
+        print(f"    (discards of {directory!r} not watched: no block device with discard "
+              "counters holds it)", flush=True)
+        return lambda: True
+    syncfs(directory)
     last = [disk_busy(device)[2]]
 
     def settled() -> bool:
-        os.sync()
+        syncfs(directory)
         now = disk_busy(device)[2]
         quiet, last[0] = now == last[0], now
         return quiet
@@ -151,7 +177,7 @@ class Activity:
 
     def __init__(self, pids, directory: str, top: int = 8):
         self.pids = list(pids)
-        self.device = root_device(directory)
+        self.device = block_device(directory)
         self.top = top
         self.t0 = time.monotonic()
         self.cpu0 = thread_cpu_by_name(self.pids)

@@ -67,3 +67,26 @@ def test_the_warning_names_the_problem_and_the_fix():
 
 def test_no_mount_table_reports_nothing():
     assert mounts.online_discard_dirs(["/x"], "") == []
+
+
+def test_names_with_characters_the_kernel_leaves_unescaped_keep_their_line():
+    """Only space, tab, newline and backslash are escaped in mountinfo; a form feed or an
+    ideographic space in a mount point is written raw and must not split the line or the field,
+    an empty source is two spaces, and a stray backslash is no escape."""
+    text = ("27 1 254:0 / / rw - ext4 /dev/vda rw,discard\n"
+            "60 27 0:70 / /srv/a\x0cb rw - tmpfs tmp rw\n"
+            "61 27 0:71 / /srv/\u30de\u3000\u30c7 rw - ext4 /dev/vdg rw,discard\n"
+            "62 27 0:72 / /srv/empty rw - tmpfs  rw\n"
+            "63 27 0:73 / /srv/odd\\089 rw - ext4 /dev/vdh rw\n")
+    found = dict(mounts.online_discard_dirs(
+        ["/srv/a\x0cb/j", "/srv/\u30de\u3000\u30c7/j", "/srv/empty/j", "/srv/odd\\089/j"], text))
+    assert set(found) == {"/srv/\u30de\u3000\u30c7/j"}, found
+    assert found["/srv/\u30de\u3000\u30c7/j"].device == "/dev/vdg"
+
+
+def test_discard_with_a_value_is_online_unless_queued():
+    text = ("70 1 0:80 / /jfs rw - jfs /dev/vdi rw,discard=4096\n"
+            "71 1 0:81 / /f2fs rw - f2fs /dev/vdj rw,discard\n"
+            "72 1 0:82 / /btrfs rw - btrfs /dev/vdk rw,discard=async\n")
+    found = mounts.online_discard_dirs(["/jfs/j", "/f2fs/j", "/btrfs/j"], text)
+    assert [d for d, _ in found] == ["/jfs/j"]
