@@ -92,7 +92,7 @@ int fsync_dir(const char *dir)
  * stalled every fdatasync meanwhile: a 1 GiB unlink held a 4 KiB fdatasync 48-73 ms, cut 32 MiB at
  * a time 20 ms apart 9-28 ms (2026-12-07, bench/fs_delete_stall.py).  Smaller cuts at the same
  * rate hold each sync for less: in five rounds of `--step-mb 32 --pause-ms 20` against `--step-mb
- * 8 --pause-ms 5` (2026-12-07 22:45 UTC), the sync's max meanwhile was 5.0-14.7 ms (median 5.6)
+ * 8 --pause-ms 5` (2026-12-07 ~22:40 UTC), the sync's max meanwhile was 5.0-14.7 ms (median 5.6)
  * against 1.7-9.0 ms (median 2.5), the removal's time 0.78-0.80 s against 0.82-0.85 s a GiB; 4 MiB
  * cuts raised the sync's p99 (0.5 ms against 0.15).  The caller's thread sleeps meanwhile (~0.8 s
  * a GiB): never the checkpoint thread, which alone flushes the write cache (it

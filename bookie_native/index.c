@@ -213,8 +213,8 @@ int led_lookup_durable(Engine *e, uint64_t id, Ledger **out)
  * and all its locations in one batch, and a flush never writes a ledger's locations without its
  * record, so an index without the record holds none of its locations.  Compaction's gather skips
  * such a ledger instead of scanning its range: right after a retention cut that range is under
- * the delete's range tombstone, and each seek into it walked back over every covered key (a
- * third of the collector's CPU in bench/gc_stall.py, 2026-12-07).  A ledger created again after
+ * the delete's range tombstone, and each seek into it walked back over every covered key (over
+ * half of the collector's CPU samples under bench/gc_stall.py, perf, 2026-12-07).  A ledger created again after
  * the look is new: its entries go to logs no pass has chosen yet.  Takes mu; returns 1 gone, 0
  * not, -1 on an index read error (set). */
 int led_gone(Engine *e, uint64_t id)
