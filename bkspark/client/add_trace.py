@@ -131,10 +131,13 @@ class AddTracer:
 
     def acked(self, t: Trace, quorum: bool) -> None:
         """``t``'s entry was acknowledged by one bookie (``quorum``: the Qa-th): the
-        acknowledgement arrived as the last :meth:`ack_arrived` of this thread said."""
+        acknowledgement arrived as the last :meth:`ack_arrived` of this thread said.
+        ``acked_first`` is the earliest arrival: the ack threads handle acks in the order they
+        take the handle's lock, not the order they read them, so the first handled may have
+        been read after the one that made the quorum."""
         local = self._local
         at = getattr(local, "at", None) or time.perf_counter_ns()
-        if t.acked_first is None:
+        if t.acked_first is None or at < t.acked_first:
             t.acked_first = at
         if quorum and t.acked_quorum is None:
             t.acked_quorum = at

@@ -75,3 +75,35 @@ def test_the_grpc_transport_is_stamped_too_and_a_failed_entry_is_forgotten(mem_c
 def test_a_bad_sampling_rate_is_refused():
     with pytest.raises(ValueError, match="N must be an int >= 1"):
         AddTracer(every=0)
+
+
+def test_the_first_ack_is_the_earliest_read_even_when_handled_second():
+    """Two ack threads: A reads its ack first, B second, but B takes the handle's lock first
+    and is handled first; the quorum ack (A's) must not come before the first."""
+    import threading
+
+    from bkspark.client.add_trace import Trace
+
+    tracer = AddTracer(every=1, capacity=4)
+    t = Trace(7, 0, 1, 2, 3)
+    read_a, b_done = threading.Event(), threading.Event()
+
+    def ack_thread_a():
+        tracer.ack_arrived()
+        read_a.set()
+        b_done.wait(10)
+        tracer.acked(t, quorum=True)
+
+    def ack_thread_b():
+        read_a.wait(10)
+        tracer.ack_arrived()
+        tracer.acked(t, quorum=False)
+        b_done.set()
+
+    threads = [threading.Thread(target=ack_thread_a), threading.Thread(target=ack_thread_b)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(10)
+    assert t.acked_first <= t.acked_quorum, (t.acked_first, t.acked_quorum)
+    tracer.close()
