@@ -46,8 +46,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from client import (BookKeeper, BookieCluster, freeze_startup_heap,  # noqa: E402
                     measured, percentile, report, run, settle, slow_summary, storage_histogram,
-                    storage_counter, storage_summary, stored_ledgers, trace_summary)
-from procstat import Activity, discards_settled, wait_idle  # noqa: E402
+                    storage_counter, storage_summary, trace_summary)
+from procstat import Activity, wait_idle  # noqa: E402
 
 
 def garbage(bk, ensemble: int, qw: int, qa: int, mb: int, size: int) -> list:
@@ -157,11 +157,7 @@ def main() -> int:
         during = paced("  ... while they collect + compact", reference, args.gc_seconds)
         print(f"    p99 {during / before:.2f}x the reference taken after the garbage, before the "
               "delete (target <= 2x)", flush=True)
-        # (a paced compaction uses little CPU: idle means no compaction running, too)
-        quiet = discards_settled(d)
-        wait_idle((b.proc.pid for b in c.bookies), limit=600,
-                  also=lambda: quiet() and storage_counter(c, "compaction_copying_bytes") == 0
-                  and stored_ledgers(c) <= len(ids[2:]) * e)
+        settle(c, limit=600, keep=len(ids[2:]) * e)    # (its compaction done, too)
         print(f"    (bookies idle again {time.perf_counter() - t:.0f} s after the delete)")
         paced("  ... idle again", reference)
         bk.delete_ledgers(ids[2:])
